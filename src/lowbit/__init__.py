@@ -1,0 +1,36 @@
+"""lowbit: the number formats of deep learning, exact and visible.
+
+``import lowbit`` loads numpy and ml_dtypes only; torch, transformers and matplotlib are
+imported by the parts that need them.
+"""
+
+from __future__ import annotations
+
+from lowbit._enums import Inf, NaN, Rounding
+from lowbit.base import Format
+from lowbit.catalog import ALIASES, FORMATS, format, p3109
+from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError, UnknownFormatError
+from lowbit.floatformat import FloatFormat
+from lowbit.intformat import IntFormat
+from lowbit.valueset import ValueSetFormat
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALIASES",
+    "FORMATS",
+    "CodeRangeError",
+    "FloatFormat",
+    "Format",
+    "Inf",
+    "IntFormat",
+    "LowbitError",
+    "NaN",
+    "NaNPolicyError",
+    "Rounding",
+    "UnknownFormatError",
+    "ValueSetFormat",
+    "__version__",
+    "format",
+    "p3109",
+]

@@ -1,0 +1,100 @@
+"""Turning user input into numpy arrays, and random bits for stochastic rounding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+# Input dtypes whose values convert to float64 exactly.
+_EXACT_FLOAT_KINDS = "f"
+
+
+def as_float64(x: Any) -> np.ndarray:
+    """Return ``x`` as a float64 array holding exactly the same values.
+
+    Accepts Python scalars and (nested) lists, numpy arrays of any float dtype (float16,
+    float32, float64, ml_dtypes' bfloat16/float8/...), integer and bool arrays (converted
+    exactly when |x| < 2**53), and torch tensors (converted on the CPU).
+
+    Raises:
+        LowbitError: for non-numeric input (strings, objects, complex numbers).
+    """
+    x = _from_torch(x)
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:  # ragged lists and the like
+        raise LowbitError(f"cannot read input as a numeric array: {exc}") from None
+    if arr.dtype == np.float64:
+        return arr
+    if arr.dtype.kind in "fiub" or _is_ml_float(arr.dtype):
+        with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly
+            return arr.astype(np.float64)
+    raise LowbitError(f"input must be numeric (float, int or bool), got dtype {arr.dtype}")
+
+
+def _is_ml_float(dtype: np.dtype) -> bool:
+    try:
+        ml_dtypes.finfo(dtype)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _from_torch(x: Any) -> Any:
+    """Convert a torch tensor to numpy without importing torch ourselves."""
+    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        t = x.detach().cpu()
+        name = str(t.dtype).removeprefix("torch.")
+        if name in ("float64", "float32", "float16") or not t.is_floating_point():
+            return t.numpy()
+        # bfloat16 and float8 tensors have no numpy view: widen exactly to float32
+        return t.float().numpy()
+    return x
+
+
+def random_bits(shape: tuple[int, ...], seed: Any) -> np.ndarray:
+    """Uniform 64-bit random integers for stochastic rounding, from a seed or a Generator."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return rng.integers(0, 2**64, size=shape, dtype=np.uint64, endpoint=False)
+
+
+def check_random_bits(bits: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Validate caller-supplied random bits: uint64, broadcastable to ``shape``."""
+    arr = np.asarray(bits)
+    if arr.dtype != np.uint64:
+        raise LowbitError(f"random_bits must be uint64, got {arr.dtype}")
+    try:
+        return np.broadcast_to(arr, shape)
+    except ValueError:
+        raise LowbitError(
+            f"random_bits of shape {arr.shape} do not broadcast to the input shape {shape}"
+        ) from None
+
+
+def code_dtype(bits: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds a ``bits``-bit code."""
+    for dt in (np.uint8, np.uint16, np.uint32, np.uint64):
+        if bits <= np.dtype(dt).itemsize * 8:
+            return np.dtype(dt)
+    raise LowbitError(f"codes wider than 64 bits are not supported (got {bits})")
+
+
+def check_codes(codes: Any, bits: int, name: str) -> np.ndarray:
+    """Validate codes: an integer array whose values fit in ``bits`` bits."""
+    arr = np.asarray(codes)
+    if arr.dtype.kind not in "iu":
+        raise LowbitError(f"codes for {name} must be an integer array, got dtype {arr.dtype}")
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= 1 << bits:
+            from lowbit.errors import CodeRangeError
+
+            bad = lo if lo < 0 else hi
+            raise CodeRangeError(
+                f"code {bad} is out of range for {name}: a {bits}-bit code is 0..{(1 << bits) - 1}"
+            )
+    return arr.astype(np.uint64, copy=False)

@@ -1,0 +1,139 @@
+"""Formats that are an explicit list of values: NF4, binary, ternary, or your own."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowbit._arrays import as_float64, check_codes
+from lowbit._enums import Rounding, as_rounding
+from lowbit.base import Format
+from lowbit.codec import check_nan_policy, prepare_random
+from lowbit.errors import LowbitError, NaNPolicyError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValueSetFormat(Format):
+    """A format whose code ``i`` means ``table[i]`` (``table`` strictly increasing).
+
+    Rounding picks between the two table entries around a value; ties in the nearest
+    modes go to the even code (``nearest_even``) or to the larger magnitude
+    (``nearest_away``). Values outside the table saturate to its ends: these formats
+    are used with a scale, which is where range comes from.
+    """
+
+    name: str
+    table: tuple[float, ...]
+    description: str = field(default="", compare=False)
+    source: str = field(default="", compare=False)
+
+    kind = "valueset"
+
+    def __post_init__(self) -> None:
+        t = np.asarray(self.table, dtype=np.float64)
+        if t.ndim != 1 or t.size < 2 or not np.all(np.isfinite(t)) or np.any(np.diff(t) <= 0):
+            raise LowbitError(
+                f"value table of {self.name!r} must be finite and strictly increasing"
+            )
+
+    @property
+    def bits(self) -> int:
+        return max(1, math.ceil(math.log2(len(self.table))))
+
+    @property
+    def _t(self) -> np.ndarray:
+        return np.asarray(self.table, dtype=np.float64)
+
+    @property
+    def max(self) -> float:
+        return float(self.table[-1])
+
+    @property
+    def min(self) -> float:
+        return float(self.table[0])
+
+    @property
+    def smallest_positive(self) -> float:
+        t = self._t
+        return float(t[t > 0].min())
+
+    @property
+    def smallest_normal(self) -> float:
+        return self.smallest_positive
+
+    @property
+    def eps(self) -> float:
+        t = self._t
+        above = t[t > 1.0]
+        return float(above.min() - 1.0) if 1.0 in self.table and above.size else float("nan")
+
+    @property
+    def digits(self) -> float:
+        return math.log10(len(self.table))
+
+    @property
+    def finite_count(self) -> int:
+        return len(self.table)
+
+    def values(self) -> np.ndarray:
+        return self._t.copy()
+
+    def encode(
+        self,
+        x: Any,
+        *,
+        rounding: str = "nearest_even",
+        saturate: bool | None = None,
+        seed: Any = None,
+        random_bits: Any = None,
+        nan: str = "raise",
+    ) -> np.ndarray:
+        """Index of the table entry each value rounds to (values beyond the ends saturate)."""
+        mode = as_rounding(rounding)
+        check_nan_policy(nan)
+        x = as_float64(x)
+        t = self._t
+        isnan = np.isnan(x)
+        if isnan.any():
+            if nan == "raise":
+                raise NaNPolicyError(f"input contains NaN and {self.name} has no NaN code")
+            x = np.where(isnan, 0.0, x)
+        xc = np.clip(x, t[0], t[-1])
+        hi = np.searchsorted(t, xc, side="left")  # t[hi-1] < xc <= t[hi]
+        hi = np.clip(hi, 1, t.size - 1)
+        lo = hi - 1
+        exact_lo = xc == t[lo]
+        exact_hi = xc == t[hi]
+        dlo = xc - t[lo]
+        dhi = t[hi] - xc
+        if mode is Rounding.NEAREST_EVEN:
+            up = (dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0))
+        elif mode is Rounding.NEAREST_AWAY:
+            up = (dhi < dlo) | ((dhi == dlo) & (np.abs(t[hi]) >= np.abs(t[lo])))
+        elif mode is Rounding.TOWARD_ZERO:
+            up = t[hi] <= 0
+        elif mode is Rounding.TOWARD_POSITIVE:
+            up = np.ones(x.shape, dtype=bool)
+        elif mode is Rounding.TOWARD_NEGATIVE:
+            up = np.zeros(x.shape, dtype=bool)
+        else:
+            rb = prepare_random(mode, x.shape, seed, random_bits).reshape(x.shape)
+            frac = dlo / (t[hi] - t[lo])
+            limit = np.nextafter(2.0**64, 0.0)
+            up = rb < np.minimum(np.ceil(np.ldexp(frac, 64)), limit).astype(np.uint64)
+        up = np.where(exact_lo, False, np.where(exact_hi, True, up))
+        return np.where(up, hi, lo).astype(self.code_dtype)
+
+    def decode(self, codes: Any, dtype: Any = np.float32) -> np.ndarray:
+        """Table values of the codes."""
+        c = check_codes(codes, self.bits, self.name)
+        if c.size and int(c.max()) >= len(self.table):
+            from lowbit.errors import CodeRangeError
+
+            raise CodeRangeError(
+                f"code {int(c.max())} is out of range for {self.name}: codes are 0..{len(self.table) - 1}"
+            )
+        return self._t.astype(dtype)[c.astype(np.intp)]
