@@ -16,7 +16,33 @@ from lowbit.valueset import ValueSetFormat
 
 __version__ = "0.1.0"
 
+# Parts beyond the formats load on first use, so ``import lowbit`` stays light.
+_LAZY = {
+    "quantize": "lowbit.quant",
+    "quantize_dynamic": "lowbit.quant",
+    "dequantize": "lowbit.quant",
+    "QuantizedTensor": "lowbit.quant",
+    "Scheme": "lowbit.scheme",
+    "error": "lowbit.metrics",
+    "pack": "lowbit.packing",
+    "unpack": "lowbit.packing",
+    "plan": "lowbit.planner",
+    "load": "lowbit.checkpoints",
+    "load_model": "lowbit.checkpoints",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
+    *_LAZY,
     "ALIASES",
     "FORMATS",
     "CodeRangeError",

@@ -1,0 +1,78 @@
+"""The ``lowbit`` command: a thin layer over the public functions.
+
+Every module ``lowbit/cli/cmd_*.py`` is a subcommand: it defines ``register(sub)`` which
+adds its parser to the argparse sub-parsers and sets ``func=run`` with
+``run(args) -> int``. Modules import heavy dependencies inside ``run`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from lowbit import __version__
+from lowbit.errors import LowbitError
+
+_DESCRIPTION = """\
+lowbit makes the number formats of deep learning exact and visible: what a format
+looks like in bits, what range and precision it has, what it costs per value, and
+what happens to your numbers when you convert them -- from one value to a whole
+checkpoint.
+
+Start with:
+  lowbit formats                 every format, with range, precision and cost
+  lowbit show 0.3952             one value in every format, bit by bit
+  lowbit decode e4m3 0x7e        what a bit pattern means
+  lowbit values fp4              every value of a small format
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lowbit",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"lowbit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    package = importlib.import_module("lowbit.cli")
+    names = sorted(
+        m.name for m in pkgutil.iter_modules(package.__path__) if m.name.startswith("cmd_")
+    )
+    for name in names:
+        importlib.import_module(f"lowbit.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (2 for bad input, with a one-line message)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except LowbitError as exc:
+        print(f"lowbit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        print(f"lowbit {args.command}: error: {exc.strerror}: {exc.filename}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        if "pip install" in str(exc):
+            print(f"lowbit {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+        raise
+    except KeyboardInterrupt:
+        print(f"lowbit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Shared CLI helpers: --json, tables, colour, parsing lists of formats."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    """Add the ``--json`` flag every command has."""
+    parser.add_argument(
+        "--json", action="store_true", help="print machine-readable JSON instead of a table"
+    )
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Make numpy scalars/arrays, NaN and inf JSON-safe (NaN/inf become strings)."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return to_jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    return obj
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(to_jsonable(obj), indent=2))
+
+
+def use_colour(stream: Any = None) -> bool:
+    stream = stream or sys.stdout
+    return hasattr(stream, "isatty") and stream.isatty() and "NO_COLOR" not in os.environ
+
+
+def colour(text: str, code: str, enabled: bool) -> str:
+    return f"\033[{code}m{text}\033[0m" if enabled and text else text
+
+
+def fmt_num(v: Any, digits: int = 6) -> str:
+    """Compact number formatting for tables."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    v = float(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    if 1e-4 <= abs(v) < 1e7:
+        return f"{v:.{digits}g}"
+    return f"{v:.{max(digits - 3, 2)}e}"
+
+
+def print_table(
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    *,
+    align: str | None = None,
+    stream: Any = None,
+) -> None:
+    """Print a plain-text table; ``align`` is one of l/r per column (default: r for numbers)."""
+    stream = stream or sys.stdout
+    cells = [[c if isinstance(c, str) else fmt_num(c) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], _visible_len(c))
+    if align is None:
+        align = "".join(
+            "r"
+            if rows
+            and isinstance(rows[0][i], (int, float, np.number))
+            and not isinstance(rows[0][i], bool)
+            else "l"
+            for i in range(len(headers))
+        )
+
+    def line(vals: Sequence[str]) -> str:
+        out = []
+        for i, v in enumerate(vals):
+            pad = widths[i] - _visible_len(v)
+            out.append(" " * pad + v if align[i] == "r" else v + " " * pad)
+        return "  ".join(out).rstrip()
+
+    print(line(headers), file=stream)
+    print(line(["-" * w for w in widths]), file=stream)
+    for row in cells:
+        print(line(row), file=stream)
+
+
+def _visible_len(s: str) -> int:
+    import re
+
+    return len(re.sub(r"\033\[[0-9;]*m", "", s))
+
+
+def parse_list(text: str | None) -> list[str]:
+    """Split a comma-separated option into stripped, non-empty items."""
+    if not text:
+        return []
+    return [t.strip() for t in text.split(",") if t.strip()]
