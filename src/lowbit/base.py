@@ -112,7 +112,8 @@ class Format(ABC):
     @property
     def dynamic_range_binades(self) -> float:
         """log2(max / smallest_positive): how many powers of two the format spans."""
-        return math.log2(self.max / self.smallest_positive)
+        # two logs, not log2 of the quotient: float64's max / 2**-1074 overflows to inf
+        return math.log2(self.max) - math.log2(self.smallest_positive)
 
     @property
     def ml_dtype(self) -> np.dtype | None:
