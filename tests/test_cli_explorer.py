@@ -358,3 +358,29 @@ def test_building_parser_is_light() -> None:
     parser = build_parser()
     args = parser.parse_args(["decode", "e4m3", "0x7e"])
     assert args.command == "decode" and args.code == "0x7e"
+
+
+def test_convert_every_catalog_format_on_special_values() -> None:
+    """convert never fails on specials and edges; 'exact' means value == input."""
+    from lowbit.catalog import FORMATS
+
+    texts = ["0", "-0", "1", "-2.5", "0.3952", "1e-40", "-1e40", "inf", "-inf", "nan", "5e-324"]
+    for f in FORMATS.values():
+        for text in texts:
+            x = explain.parse_value(text)
+            for saturate in (False, True):
+                r = explain.convert(text, f, saturate=saturate)
+                if r["status"] == "exact":
+                    assert r["value"] == x, (f.name, text)
+                if r["status"] == "unrepresentable":
+                    assert math.isnan(x) and not f.has_nan
+                if saturate and r["value"] is not None and not math.isnan(x):
+                    assert not math.isnan(r["value"]) or x < 0, (f.name, text)
+
+
+def test_toward_zero_overflow_is_saturated() -> None:
+    """IEEE 754 §7.4: rounding toward zero never overflows to inf; it is labelled saturated."""
+    r = explain.convert(1e6, "e5m2", rounding="toward_zero")
+    assert r["value"] == 57344.0 and r["status"] == "saturated"
+    r = explain.convert(1e6, "e5m2", rounding="toward_positive")
+    assert r["value"] == math.inf and r["status"] == "overflow"

@@ -239,8 +239,8 @@ def convert(
     abs_err = rel_err = None
     if math.isfinite(x) and math.isfinite(v):
         diff = abs(Fraction(v) - Fraction(x))
-        abs_err = float(diff)
-        rel_err = float(diff / abs(Fraction(x))) if x != 0 else (0.0 if v == 0 else None)
+        abs_err = _as_float(diff)
+        rel_err = _as_float(diff / abs(Fraction(x))) if x != 0 else (0.0 if v == 0 else None)
     subnormal = f.kind == "float" and 0 < abs(v) < f.smallest_normal
     status, what = _classify(f, x, v, mode, seed, subnormal)
     out.update(
@@ -257,6 +257,14 @@ def convert(
         what=what,
     )
     return out
+
+
+def _as_float(q: Fraction) -> float:
+    """q as a float; inf beyond float64's range (a relative error can exceed it)."""
+    try:
+        return float(q)
+    except OverflowError:
+        return math.inf
 
 
 def _classify(

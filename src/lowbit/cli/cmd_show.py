@@ -177,11 +177,14 @@ def _input_line(text: str, x: float, explain: Any) -> str:
 
 def _row(r: dict[str, Any], colour: bool) -> list[str]:
     name = r["format"] + ("*" if r["kind"] != "float" else "")
-    what = _common.colour(r["what"], _STATUS_COLOUR.get(r["status"], ""), colour)
+    status_colour = _STATUS_COLOUR.get(r["status"])
+    what = _common.colour(r["what"], status_colour, colour) if status_colour else r["what"]
     if r["code"] is None:
         return [name, "-", "-", "-", "-", "-", what]
     bits = " ".join(
-        _common.colour(v, _FIELD_COLOUR.get(k, ""), colour) for k, v in r["fields"].items() if v
+        _common.colour(v, _FIELD_COLOUR[k], colour) if k in _FIELD_COLOUR else v
+        for k, v in r["fields"].items()
+        if v
     )
     return [
         name,
