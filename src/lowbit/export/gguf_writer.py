@@ -24,6 +24,7 @@ import numpy as np
 from lowbit._arrays import _is_ml_float
 from lowbit.errors import LowbitError
 from lowbit.export import gguf_q
+from lowbit.export._arrays import as_numpy
 from lowbit.export._atomic import atomic_file
 
 __all__ = ["GGUFTensor", "gguf_from_quantized", "write_gguf"]
@@ -73,23 +74,6 @@ def _ggml_type(name: str) -> Any:
         return GGMLQuantizationType[key]
     except KeyError:
         raise LowbitError(f"unknown GGML tensor type {name!r}") from None
-
-
-def _as_array(x: Any) -> np.ndarray:
-    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
-        t = x.detach().cpu()
-        if str(t.dtype) == "torch.bfloat16":
-            import ml_dtypes
-            import torch
-
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        if not t.is_floating_point() or str(t.dtype) in _TORCH_NUMPY_FLOATS:
-            return t.numpy()
-        return t.float().numpy()  # float8 and others widen exactly
-    return np.asarray(x)
-
-
-_TORCH_NUMPY_FLOATS = ("torch.float16", "torch.float32", "torch.float64")
 
 
 def _is_quantized_tensor(x: Any) -> bool:
@@ -146,7 +130,7 @@ def _plan(name: str, value: Any) -> _Planned:
     if _is_quantized_tensor(value):
         value = gguf_from_quantized(value)
     if not isinstance(value, GGUFTensor):
-        arr = _as_array(value)
+        arr = as_numpy(value)
         if arr.dtype == np.float16:
             qtype = "F16"
         elif arr.dtype.name == "bfloat16":
@@ -174,7 +158,7 @@ def _plan(name: str, value: Any) -> _Planned:
         shape = (*raw.shape[:-1], raw.shape[-1] // size * block)
         return _Planned(shape, gtype, raw.nbytes, lambda: np.ascontiguousarray(raw))
 
-    arr = _as_array(value.data)
+    arr = as_numpy(value.data)
     shape = tuple(arr.shape)
     if arr.dtype.kind not in "fiu" and not _is_ml_float(arr.dtype):
         raise LowbitError(f"tensor {name!r}: expected real numbers, got dtype {arr.dtype}")
@@ -273,15 +257,18 @@ def _array_type(values: list[Any] | tuple[Any, ...]) -> Any:
     raise LowbitError("GGUF metadata arrays need elements of one kind (bool, int, float or str)")
 
 
-def _source_fields(source: str | os.PathLike[str]) -> dict[str, Any]:
+def _source_fields(source: Any) -> dict[str, Any]:
     """Every metadata key of a GGUF file, as typed ``GGUFValue``s (header fields left out)."""
     from gguf import GGUFReader, GGUFValueType
     from gguf.gguf_writer import GGUFValue
 
-    try:
-        reader = GGUFReader(source)
-    except (OSError, ValueError) as exc:
-        raise LowbitError(f"cannot read GGUF metadata from {source}: {exc}") from None
+    if isinstance(source, GGUFReader):
+        reader = source
+    else:
+        try:
+            reader = GGUFReader(source)
+        except (OSError, ValueError) as exc:
+            raise LowbitError(f"cannot read GGUF metadata from {source}: {exc}") from None
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key in _HEADER_KEYS or not field.types:
@@ -324,7 +311,7 @@ def write_gguf(
     tensors: Mapping[str, Any],
     *,
     metadata: Mapping[str, Any] | None = None,
-    source: str | os.PathLike[str] | None = None,
+    source: str | os.PathLike[str] | Any | None = None,
     arch: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
@@ -343,8 +330,9 @@ def write_gguf(
             llama.cpp uses: bool BOOL, int UINT32 (INT32 if negative, 64-bit if large), float
             FLOAT32, str STRING, lists ARRAY (ints INT32). Pass a ``gguf.GGUFValue`` for another
             type. ``general.file_type`` is derived from the tensors unless given here.
-        source: a GGUF file whose metadata (architecture, hyperparameters, tokenizer, chat
-            template) is copied with its exact types.
+        source: a GGUF file (path, or an open ``gguf.GGUFReader``: opening one parses its
+            whole vocabulary, seconds for a real model) whose metadata (architecture,
+            hyperparameters, tokenizer, chat template) is copied with its exact types.
         arch: ``general.architecture``; default: from ``metadata`` or ``source``.
         overwrite: replace an existing ``path``.
         progress: show a tqdm progress bar (if tqdm is installed).
