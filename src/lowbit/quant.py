@@ -67,15 +67,18 @@ def _as_input(x: Any) -> tuple[np.ndarray, bool]:
     arr = np.asarray(x) if isinstance(x, np.ndarray) else None
     if arr is None:
         arr = as_float64(x)
-    if arr.dtype == np.float32:
-        return np.ascontiguousarray(arr), is_torch
-    if arr.dtype == np.float64:
-        return np.ascontiguousarray(arr), is_torch
+    if arr.dtype in (np.float32, np.float64):
+        return _contiguous(arr), is_torch
     if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16",) or _is_small_ml_float(arr.dtype):
         if np.dtype(arr.dtype).itemsize <= 2:  # float16, bfloat16, float8: exact in float32
             with np.errstate(invalid="ignore"):
-                return np.ascontiguousarray(arr.astype(np.float32)), is_torch
-    return np.ascontiguousarray(as_float64(arr)), is_torch
+                return _contiguous(arr.astype(np.float32)), is_torch
+    return _contiguous(as_float64(arr)), is_torch
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
 
 
 def _is_small_ml_float(dtype: np.dtype) -> bool:

@@ -1,0 +1,221 @@
+"""``lowbit compare``: several quantization choices on the same data, ranked by SQNR."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lowbit.cli import _common
+from lowbit.errors import LowbitError
+
+DEFAULT_FORMATS = "int8,int4,nf4,fp4_e2m1,mxfp4,fp8_e4m3"
+DISTRIBUTIONS = ("normal", "laplace", "student-t", "uniform")
+
+_EPILOG = """\
+Each format is applied with the same options (--group, --scale-method, ...); MX formats
+always use their blocks of 32 and E8M0 scales, and NF4 its blocks of 64 unless --group
+says otherwise. Rows are sorted by SQNR (higher is better).
+
+examples:
+  lowbit compare                                     the default six on N(0,1) data
+  lowbit compare --group 64                          4-bit formats at block 64
+  lowbit compare --formats int4,nf4 --group 64 --data laplace
+  lowbit compare --data w.npy --formats int8,int4,nf4 --group 128
+  lowbit compare --data model.safetensors:lm_head.weight --plot out.png
+  lowbit compare --plot out.png --levels nf4         histogram with NF4's levels
+"""
+
+
+def register(sub: Any) -> None:
+    from lowbit.cli.cmd_quantize_tensor import add_scheme_options
+
+    p = sub.add_parser(
+        "compare",
+        help="compare formats and scale choices on the same data (bits/value vs error)",
+        description="Quantize the same data with several formats and print one table of "
+        "bits per value and error, sorted by SQNR.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--formats", default=DEFAULT_FORMATS, help=f"comma-separated (default {DEFAULT_FORMATS})"
+    )
+    p.add_argument(
+        "--data",
+        default="normal",
+        metavar="SOURCE",
+        help="normal | laplace | student-t | uniform | FILE.npy | FILE.safetensors[:TENSOR]",
+    )
+    p.add_argument(
+        "--size", type=int, default=1 << 18, help="values of synthetic data (default 262144)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of synthetic data and stochastic rounding"
+    )
+    add_scheme_options(p, required=False, seed=False)
+    p.add_argument(
+        "--plot", metavar="OUT.png", help="draw error vs bits/value and a histogram (matplotlib)"
+    )
+    p.add_argument(
+        "--levels",
+        metavar="FORMAT",
+        help="format whose levels the histogram shows (default: the first)",
+    )
+    _common.add_json(p)
+    p.set_defaults(func=run)
+
+
+def make_data(kind: str, size: int, seed: int) -> Any:
+    """Synthetic data: ``size`` float32 values from a named distribution (unit scale)."""
+    import numpy as np
+
+    if size < 1:
+        raise LowbitError(f"--size must be >= 1, got {size}")
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        x = rng.standard_normal(size)
+    elif kind == "laplace":
+        x = rng.laplace(0.0, 1.0, size)
+    elif kind == "student-t":
+        x = rng.standard_t(4.0, size)
+    elif kind == "uniform":
+        x = rng.uniform(-1.0, 1.0, size)
+    else:
+        raise LowbitError(f"unknown distribution {kind!r}; allowed: {', '.join(DISTRIBUTIONS)}")
+    return x.astype(np.float32)
+
+
+def _scheme_for(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    from lowbit.cli.cmd_quantize_tensor import scheme_kwargs
+    from lowbit.mx import is_mx_name
+
+    kw = scheme_kwargs(args)
+    if is_mx_name(name):
+        kw["group_size"] = None
+        kw["scale_format"] = "float32"
+        kw["scale_method"] = None
+    fmt_kind = None if is_mx_name(name) else _kind(name)
+    if fmt_kind != "int":
+        kw["symmetric"] = True
+        kw["restricted_range"] = False
+    if name.strip().lower() != "nf4":
+        kw["double_quant"] = False
+    if kw["group_size"] is not None and kw["axis"] is None:
+        kw["axis"] = -1
+    return kw
+
+
+def _kind(name: str) -> str:
+    import lowbit
+
+    return lowbit.format(name).kind
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import lowbit
+
+    if args.data in DISTRIBUTIONS:
+        data = make_data(args.data, args.size, args.seed)
+        label = f"{args.data} (n={data.size:,}, seed {args.seed})"
+    else:
+        from lowbit.cli.cmd_quantize_tensor import load_tensor
+
+        data, name = load_tensor(args.data)
+        label = f"{name} {tuple(np.shape(data))}"
+    names = _common.parse_list(args.formats)
+    if not names:
+        raise LowbitError("--formats is empty")
+    rows = []
+    results = []
+    qts = {}
+    for name in names:
+        qt = lowbit.quantize(data, name, seed=args.seed, **_scheme_for(name, args))
+        err = lowbit.error(data, qt)
+        qts[name] = qt
+        results.append(
+            {
+                "format": name,
+                "scheme": qt.scheme.describe(),
+                "bits_per_value": qt.bits_per_value,
+                "bytes": qt.nbytes,
+                **err,
+            }
+        )
+    results.sort(key=lambda r: -r["sqnr_db"])
+    if args.plot:
+        _plot(args.plot, data, results, qts, args.levels or names[0])
+    if args.json:
+        _common.print_json({"data": label, "results": results, "plot": args.plot})
+        return 0
+    print(f"data: {label}")
+    for r in results:
+        rows.append(
+            [
+                r["scheme"],
+                f"{r['bits_per_value']:.3f}",
+                f"{r['sqnr_db']:.2f}",
+                _common.fmt_num(r["rmse"], 4),
+                _common.fmt_num(r["max_abs"], 4),
+                _common.fmt_num(r["rel_fro"], 4),
+                f"{r['cosine']:.6f}",
+            ]
+        )
+    _common.print_table(
+        rows, ["scheme", "bits/value", "SQNR dB", "RMSE", "max |err|", "rel. Frob.", "cosine"],
+        align="lrrrrrr",
+    )  # fmt: skip
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _levels(qt: Any) -> Any:
+    """The values the first group of ``qt`` can take (scaled element values)."""
+    import numpy as np
+
+    fmt = qt.format
+    vals = fmt.values().astype(np.float64) if fmt.bits <= 16 else np.array([])
+    s = float(qt.scale.reshape(-1)[0])
+    zp = float(qt.zero_point.reshape(-1)[0]) if qt.zero_point is not None else 0.0
+    return (vals - zp) * s
+
+
+def _plot(
+    path: str, data: Any, results: list[dict[str, Any]], qts: dict[str, Any], levels: str
+) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'lowbit[plot]'") from None
+    import numpy as np
+
+    if levels not in qts:
+        raise LowbitError(f"--levels {levels!r} is not one of --formats ({', '.join(qts)})")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in results:
+        ax1.scatter(r["bits_per_value"], r["sqnr_db"])
+        ax1.annotate(r["scheme"], (r["bits_per_value"], r["sqnr_db"]), fontsize=8,
+                     xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    ax1.set_xlabel("bits per value (incl. scales)")
+    ax1.set_ylabel("SQNR (dB)")
+    ax1.set_title("error against storage")
+    ax1.grid(alpha=0.3)
+    flat = np.asarray(data, dtype=np.float64).reshape(-1)
+    flat = flat[np.isfinite(flat)]
+    ax2.hist(flat, bins=200, color="0.6")
+    qt = qts[levels]
+    lv = _levels(qt)
+    lo, hi = np.percentile(flat, [0.01, 99.99]) if flat.size else (-1, 1)
+    span = max(abs(lo), abs(hi), float(np.max(np.abs(lv))) if lv.size else 0.0)
+    for v in lv:
+        ax2.axvline(v, color="C3", lw=0.6, alpha=0.8)
+    ax2.set_xlim(-1.05 * span, 1.05 * span)
+    ax2.set_title(f"data with the levels of {qt.scheme.describe()} (first group)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

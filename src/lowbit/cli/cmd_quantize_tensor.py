@@ -1,0 +1,202 @@
+"""``lowbit quantize-tensor``: quantize one tensor from a file; bits, bytes and error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lowbit.cli import _common
+from lowbit.errors import LowbitError
+
+_EPILOG = """\
+SOURCE is a .npy file or a tensor inside a .safetensors file (FILE.safetensors:NAME;
+the name may be left out when the file holds one tensor).
+
+examples:
+  lowbit quantize-tensor w.npy --to int4 --group 128 --scale-format fp16
+  lowbit quantize-tensor model.safetensors:layers.0.mlp.down_proj.weight --to nf4
+  lowbit quantize-tensor w.npy --to int8 --axis 0            per-channel (rows)
+  lowbit quantize-tensor w.npy --to mxfp4 --out w_mxfp4.safetensors
+  lowbit quantize-tensor w.npy --to int4 --group 64 --asym --scale-method mse --json
+
+--out writes the codes, scales and zero points as safetensors arrays named
+TENSOR.codes, TENSOR.scale, ... with the scheme in the file's metadata (key "lowbit"),
+which lowbit.quant.QuantizedTensor.from_arrays reads back bit for bit.
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "quantize-tensor",
+        help="quantize one tensor (.npy or .safetensors) and report bits and error",
+        description="Quantize one tensor and print its bits per value, bytes and the "
+        "error it costs (MSE, SQNR, max abs, relative Frobenius, cosine).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", metavar="SOURCE", help="FILE.npy or FILE.safetensors[:TENSOR]")
+    add_scheme_options(p, required=True)
+    p.add_argument("--out", metavar="OUT.safetensors", help="write the quantized tensor")
+    _common.add_json(p)
+    p.set_defaults(func=run)
+
+
+def add_scheme_options(p: argparse.ArgumentParser, required: bool, seed: bool = True) -> None:
+    """Options that build a Scheme (shared with ``lowbit compare``)."""
+    if required:
+        p.add_argument(
+            "--to",
+            required=True,
+            metavar="FORMAT",
+            help="element format (int4, nf4, mxfp4, fp8_e4m3, ...)",
+        )
+    p.add_argument("--group", type=int, metavar="N", help="values per scale along --axis")
+    p.add_argument(
+        "--axis", type=int, metavar="A", help="channel axis, or the axis groups run along"
+    )
+    p.add_argument(
+        "--scale-method",
+        default=None,
+        choices=["absmax", "percentile", "meanstd", "mse", "meanabs"],
+        help="how each group's clipping range is chosen (default absmax)",
+    )
+    p.add_argument("--percentile", type=float, default=99.9, help="for --scale-method percentile")
+    p.add_argument("--k-std", type=float, default=3.0, help="for --scale-method meanstd")
+    p.add_argument(
+        "--scale-format", default="float32", metavar="F", help="float32 | fp16 | bf16 | e8m0"
+    )
+    p.add_argument("--asym", action="store_true", help="integer formats: add a zero point")
+    p.add_argument(
+        "--restricted", action="store_true", help="integers: symmetric range ±(2^(n-1)-1)"
+    )
+    p.add_argument("--double-quant", action="store_true", help="NF4: QLoRA double quantization")
+    p.add_argument("--rounding", default="nearest_even", help="element rounding (or stochastic)")
+    if seed:
+        p.add_argument("--seed", type=int, default=None, help="seed for stochastic rounding")
+
+
+def scheme_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "axis": args.axis,
+        "group_size": args.group,
+        "scale_method": args.scale_method,
+        "percentile": args.percentile,
+        "k_std": args.k_std,
+        "scale_format": args.scale_format,
+        "symmetric": not args.asym,
+        "restricted_range": args.restricted,
+        "double_quant": args.double_quant,
+        "rounding": args.rounding,
+    }
+
+
+def load_tensor(source: str) -> tuple[Any, str]:
+    """(array, name) from FILE.npy or FILE.safetensors[:TENSOR]."""
+    import numpy as np
+
+    path, _, name = source.partition(":") if ".safetensors:" in source else (source, "", "")
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(2, "No such file or directory", path)
+    if p.suffix == ".npy":
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except ValueError as exc:
+            raise LowbitError(f"cannot read {path} as a numeric .npy file: {exc}") from None
+        return arr, p.stem
+    if p.suffix != ".safetensors":
+        raise LowbitError(f"{path}: expected a .npy or .safetensors file")
+    try:
+        from safetensors import safe_open
+    except ImportError:  # pragma: no cover
+        raise ImportError("reading .safetensors needs: pip install 'lowbit[models]'") from None
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            names = list(f.keys())
+            if not name:
+                if len(names) != 1:
+                    shown = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+                    raise LowbitError(
+                        f"{path} holds {len(names)} tensors; name one as {path}:NAME ({shown})"
+                    )
+                name = names[0]
+            if name not in names:
+                raise LowbitError(f"no tensor {name!r} in {path}")
+            t = f.get_tensor(name)
+    except LowbitError:
+        raise
+    except Exception as exc:  # safetensors raises its own error types
+        raise LowbitError(f"cannot read {path}: {exc}") from None
+    if t.is_floating_point() and str(t.dtype) != "torch.float64":
+        t = t.float()  # bfloat16 / float16 / float8 widen exactly
+    return t.numpy(), name
+
+
+def save_quantized(qt: Any, name: str, out: str) -> None:
+    """Write ``qt`` as safetensors (temp file, then rename)."""
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:  # pragma: no cover
+        raise ImportError("writing .safetensors needs: pip install 'lowbit[models]'") from None
+    arrays, meta = qt.to_arrays(prefix=name + ".")
+    target = Path(out)
+    fd, tmp = tempfile.mkstemp(dir=target.parent or Path("."), suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(
+            dict(arrays),
+            tmp,
+            metadata={"lowbit": json.dumps({name: meta})},
+        )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import lowbit
+
+    arr, name = load_tensor(args.source)
+    qt = lowbit.quantize(arr, args.to, seed=args.seed, **scheme_kwargs(args))
+    err = lowbit.error(arr, qt)
+    orig_bytes = int(np.asarray(arr).nbytes)
+    result = {
+        "tensor": name,
+        "shape": list(qt.shape),
+        "dtype": str(np.asarray(arr).dtype),
+        "scheme": qt.scheme.to_dict(),
+        "label": qt.scheme.describe(),
+        "bits_per_value": qt.bits_per_value,
+        "bytes": qt.nbytes,
+        "original_bytes": orig_bytes,
+        "compression": orig_bytes / qt.nbytes,
+        "error": err,
+    }
+    if args.out:
+        save_quantized(qt, name, args.out)
+        result["out"] = args.out
+    if args.json:
+        _common.print_json(result)
+        return 0
+    print(f"{name} {tuple(qt.shape)} {result['dtype']} -> {qt.scheme.describe()}")
+    rows = [
+        ["bits/value", f"{qt.bits_per_value:.4f}"],
+        ["bytes", f"{qt.nbytes:,} (from {orig_bytes:,}: {result['compression']:.2f}x smaller)"],
+        ["SQNR", f"{err['sqnr_db']:.2f} dB"],
+        ["MSE", _common.fmt_num(err["mse"])],
+        ["RMSE", _common.fmt_num(err["rmse"])],
+        ["max |error|", _common.fmt_num(err["max_abs"])],
+        ["rel. Frobenius", _common.fmt_num(err["rel_fro"])],
+        ["cosine", f"{err['cosine']:.6f}"],
+    ]
+    _common.print_table(rows, ["quantity", "value"], align="ll")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
