@@ -82,7 +82,12 @@ def read_safetensors_header(path: str | Path) -> tuple[list[TensorInfo], dict[st
                 f"{end - begin} bytes, expected {expect}"
             )
         tensors.append(
-            (begin, TensorInfo(name, shape, classify(name, len(shape)), dtype, end - begin))
+            (
+                begin,
+                TensorInfo(
+                    name, shape, classify(name, len(shape)), dtype, end - begin, offset=begin
+                ),
+            )
         )
     tensors.sort(key=lambda bt: bt[0])
     return [t for _, t in tensors], {str(k): str(v) for k, v in dict(meta).items()}
@@ -148,7 +153,9 @@ def read_gguf_header(path: str | Path) -> tuple[list[TensorInfo], dict[str, Any]
 
     Shapes are returned in row-major order (GGUF lists the fastest dimension first). Stored
     bytes come from GGML's block sizes (``gguf.GGML_QUANT_SIZES``); large metadata arrays
-    (the vocabulary) are returned as their length.
+    (the vocabulary) are returned as their length. ``TensorInfo.offset`` is relative to the
+    data section, which starts at ``meta["__data_offset__"]`` (aligned to
+    ``meta["__alignment__"]``, ``general.alignment`` or 32).
 
     Raises:
         LowbitError: not a GGUF file, or a header that does not fit the file.
@@ -213,6 +220,9 @@ def read_gguf_header(path: str | Path) -> tuple[list[TensorInfo], dict[str, Any]
         if data_start + offset + nbytes > size:
             raise LowbitError(f"malformed GGUF {p}: tensor {name!r} runs past the end of the file")
         shape = tuple(reversed(dims))
-        tensors.append(TensorInfo(name, shape, classify(name, len(shape)), qtype.name, nbytes))
+        tensors.append(
+            TensorInfo(name, shape, classify(name, len(shape)), qtype.name, nbytes, offset=offset)
+        )
     meta["__data_offset__"] = data_start
+    meta["__alignment__"] = alignment
     return tensors, meta

@@ -37,6 +37,7 @@ class TensorInfo:
         use: the fraction of this tensor read to produce one token (0 for embedding tables
             that are only looked up, k/E for each expert of a mixture of E experts with k
             active, 1 otherwise).
+        offset: for checkpoints, where the data starts, relative to the data section.
     """
 
     name: str
@@ -45,6 +46,7 @@ class TensorInfo:
     dtype: str | None = None
     nbytes: int | None = None
     use: float = 1.0
+    offset: int | None = None
 
     @property
     def numel(self) -> int:

@@ -36,7 +36,8 @@ MX_ELEMENTS = {
     "mxfp4": "float4_e2m1fn",
     "mxint8": "int8",
 }
-_MX_ALIASES = {"mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e3m2"}
+_MX_ALIASES = {"mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e3m2", "mxfp4_e2m1": "mxfp4",
+               "mxfp8_e4m3fn": "mxfp8_e4m3"}  # fmt: skip
 GRANULARITIES = ("none", "tensor", "channel", "group", "block")
 
 #: Named schemes: llama.cpp's legacy block types (ggml-common.h) and NVIDIA NVFP4.
@@ -56,9 +57,9 @@ _SHORT = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "
           "float6_e2m3fn": "fp6_e2m3", "float4_e2m1fn": "fp4", "float8_e8m0fnu": "e8m0",
           "tensorfloat32": "tf32"}  # fmt: skip
 # Scheme.to_dict() keys the planner reads or may safely ignore.
-_SCHEME_KEYS = {"format", "granularity", "group_size", "symmetric", "scale_format",
+_SCHEME_KEYS = {"format", "granularity", "axis", "group_size", "symmetric", "scale_format",
                 "double_quant", "zero_point_bits", "name"}  # fmt: skip
-_IGNORED_KEYS = {"axis", "scale_method", "percentile", "k_std", "restricted_range", "rounding",
+_IGNORED_KEYS = {"scale_method", "percentile", "k_std", "restricted_range", "rounding", "pad",
                  "version"}  # fmt: skip
 DQ_BLOCK = 256  # QLoRA double quantization: 8-bit scales, one FP32 constant per 256 of them
 
@@ -76,8 +77,10 @@ class WeightScheme:
     Attributes:
         format: catalog name or alias, or an MX block format (``mxfp4``, ``mxfp8_e4m3``, ...).
         granularity: ``none`` (a plain cast, no scale), ``tensor``, ``channel`` (one scale per
-            row, axis 0), ``group`` (``group_size`` consecutive values along the last axis),
-            ``block`` (OCP MX: 32 values, E8M0 scale).
+            index along ``axis``, default 0: per output row), ``group`` (``group_size``
+            consecutive values along ``axis``, default -1), ``block`` (OCP MX: 32 values,
+            E8M0 scale).
+        axis: as ``lowbit.Scheme``: the channel axis, or the axis groups run along.
         group_size: values per scale for ``group``/``block``.
         scale_format: catalog name of the scales (default FP32, as ``lowbit.Scheme``).
         symmetric: False adds one zero point per scale.
@@ -89,6 +92,7 @@ class WeightScheme:
 
     format: str
     granularity: str = "none"
+    axis: int | None = None
     group_size: int | None = None
     scale_format: str | None = None
     symmetric: bool = True
@@ -126,6 +130,10 @@ class WeightScheme:
             object.__setattr__(
                 self, "scale_format", _catalog_format(self.scale_format or "float32").name
             )
+        if self.axis is not None and (
+            isinstance(self.axis, bool) or not isinstance(self.axis, int)
+        ):
+            raise LowbitError(f"axis must be an integer, got {self.axis!r}")
         if self.zero_point_bits is not None and (
             isinstance(self.zero_point_bits, bool) or not 1 <= int(self.zero_point_bits) <= 64
         ):
@@ -164,6 +172,9 @@ class WeightScheme:
             parts.append(f"g{self.group_size}")
         elif self.granularity in ("channel", "tensor"):
             parts.append("ch" if self.granularity == "channel" else "t")
+        default_axis = 0 if self.granularity == "channel" else -1
+        if self.axis is not None and self.axis != default_axis:
+            parts.append(f"ax{self.axis}")
         if self.scale_format:
             parts.append(_SHORT.get(self.scale_format, self.scale_format))
         if not self.symmetric:
@@ -177,16 +188,29 @@ class WeightScheme:
         return self.granularity == "none"
 
     def n_scales(self, shape: Sequence[int]) -> int:
-        """How many scales a tensor of this shape carries."""
+        """How many scales a tensor of this shape carries.
+
+        Channel: one per index along ``axis`` (default 0; a 1-D tensor gets one).
+        Group/block: ``ceil(len / G)`` per line along ``axis`` (default -1), the last group
+        padded, as ``lowbit.quantize`` does.
+        """
         n = math.prod(shape)
         if self.granularity == "none" or n == 0:
             return 0
-        if self.granularity == "tensor":
+        if self.granularity == "tensor" or not shape:
             return 1
         if self.granularity == "channel":
-            return shape[0] if len(shape) >= 2 else 1
-        last = shape[-1] if shape else 1
-        return (n // last) * -(-last // self.group_size)  # type: ignore[operator]
+            if len(shape) < 2 and self.axis is None:
+                return 1
+            return shape[self._axis(shape, 0)]
+        along = shape[self._axis(shape, -1)]
+        return (n // along) * -(-along // self.group_size)  # type: ignore[operator]
+
+    def _axis(self, shape: Sequence[int], default: int) -> int:
+        axis = default if self.axis is None else self.axis
+        if not -len(shape) <= axis < len(shape):
+            raise LowbitError(f"axis {axis} is out of range for a tensor of shape {tuple(shape)}")
+        return axis
 
     def tensor_bytes(self, shape: Sequence[int]) -> int:
         """Stored bytes of one tensor: codes, scales and zero points, each packed to bytes."""
@@ -212,6 +236,7 @@ class WeightScheme:
         return {
             "format": self.format,
             "granularity": self.granularity,
+            "axis": self.axis,
             "group_size": self.group_size,
             "scale_format": self.scale_format,
             "symmetric": self.symmetric,
@@ -261,6 +286,8 @@ def _parse_string(text: str) -> WeightScheme:
             kw["granularity"] = "channel"
         elif tok in ("t", "tensor"):
             kw["granularity"] = "tensor"
+        elif tok.startswith("ax") and tok[2:].lstrip("-").isdigit():
+            kw["axis"] = int(tok[2:])
         elif tok == "asym":
             kw["symmetric"] = False
         elif tok.startswith("zp") and tok[2:].isdigit():
@@ -309,11 +336,16 @@ def _from_mapping(d: Mapping[str, Any]) -> WeightScheme:
             gran = "group"
         elif d.get("axis") is not None:
             gran = "channel"
+        elif fmt == "nf4":  # QLoRA blocks of 64, as lowbit.Scheme derives it
+            gran = "group"
+            kw.setdefault("group_size", 64)
         else:
             gran = "tensor"
     kw["granularity"] = str(gran).lower()
     if kw["granularity"] in ("tensor", "channel"):
         kw.pop("group_size", None)
+    if kw["granularity"] in ("tensor", "none"):
+        kw.pop("axis", None)
     if kw["granularity"] == "none":
         kw.pop("scale_format", None)
     return WeightScheme(**kw)
