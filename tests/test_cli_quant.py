@@ -118,7 +118,7 @@ def test_compare_table_and_distributions(capsys, weight) -> None:
     rc, out, _ = _run(capsys, "compare", "--data", str(path), "--formats", "int8,mxfp4")
     assert rc == 0 and "w (32, 256)" in out
     rc, _, err = _run(capsys, "compare", "--data", "cauchy")
-    assert rc == 2 and "unknown distribution" in err
+    assert rc == 2 and "neither a distribution" in err
 
 
 def test_compare_plot(capsys, tmp_path) -> None:

@@ -120,8 +120,17 @@ def run(args: argparse.Namespace) -> int:
         data = make_data(args.data, args.size, args.seed)
         label = f"{args.data} (n={data.size:,}, seed {args.seed})"
     else:
+        from pathlib import Path
+
         from lowbit.cli.cmd_quantize_tensor import load_tensor
 
+        src = args.data
+        file = src.partition(".safetensors:")[0] + ".safetensors" if ".safetensors:" in src else src
+        if not Path(file).exists():
+            raise LowbitError(
+                f"--data {args.data!r} is neither a distribution ({', '.join(DISTRIBUTIONS)}) "
+                "nor an existing .npy / .safetensors file"
+            )
         data, name = load_tensor(args.data)
         label = f"{name} {tuple(np.shape(data))}"
     names = _common.parse_list(args.formats)
