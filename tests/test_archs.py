@@ -321,6 +321,26 @@ def test_safetensors_unknown_arch_falls_back_to_tensors(tmp_path: Path) -> None:
     assert spec.kv_elements_per_token is None
 
 
+def test_sharded_folder_uses_the_index(tmp_path: Path) -> None:
+    """A folder with an index counts the shards it names, not other .safetensors files."""
+    one = json.dumps({"a.weight": {"dtype": "F16", "shape": [2, 3], "data_offsets": [0, 12]}})
+    two = json.dumps({"b.weight": {"dtype": "F16", "shape": [5], "data_offsets": [0, 10]}})
+    _safetensors(tmp_path / "model-00001-of-00002.safetensors", one.encode(), b"\0" * 12)
+    _safetensors(tmp_path / "model-00002-of-00002.safetensors", two.encode(), b"\0" * 10)
+    _safetensors(tmp_path / "consolidated.safetensors", one.encode(), b"\0" * 12)
+    assert archs.spec_from_checkpoint(tmp_path).params == 6 + 5 + 6
+    index = {"metadata": {"total_size": 22}, "weight_map": {
+        "a.weight": "model-00001-of-00002.safetensors",
+        "b.weight": "model-00002-of-00002.safetensors"}}  # fmt: skip
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    spec = archs.spec_from_checkpoint(tmp_path)
+    assert (spec.params, spec.stored_bytes) == (11, 22)
+    index["weight_map"]["c.weight"] = "model-00003-of-00003.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(LowbitError, match="names shards that are not there"):
+        archs.spec_from_checkpoint(tmp_path)
+
+
 def test_malformed_gguf(tmp_path: Path, smollm2_gguf: Path) -> None:
     """Wrong magic, a truncated header or an unknown version is a clear error."""
     bad = tmp_path / "x.gguf"

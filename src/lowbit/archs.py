@@ -552,8 +552,24 @@ def _gguf_spec(path: Path) -> ModelSpec:
     )  # fmt: skip
 
 
+def _shard_files(folder: Path) -> list[Path]:
+    """The shards an index names (a folder may also hold e.g. consolidated.safetensors)."""
+    index = folder / "model.safetensors.index.json"
+    if not index.exists():
+        return sorted(folder.glob("*.safetensors"))
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise LowbitError(f"malformed {index}: {exc!r}") from None
+    missing = [n for n in names if not (folder / n).exists()]
+    if missing:
+        raise LowbitError(f"{index} names shards that are not there: {', '.join(missing)}")
+    return [folder / n for n in names]
+
+
 def _safetensors_spec(path: Path) -> ModelSpec:
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    files = _shard_files(path) if path.is_dir() else [path]
     if not files:
         raise LowbitError(f"no *.safetensors files in {path}")
     tensors: list[TensorInfo] = []

@@ -20,6 +20,7 @@ group_size, symmetric, scale_format, double_quant), so a plan accepts a Scheme, 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -430,6 +431,10 @@ def plan(
         rule_list += file_rules
     elif rules is not None:
         rule_list += [parse_rule(r) for r in rules]
+
+    for r in rule_list:
+        if not any(r.matches(t) for t in spec.parameters):
+            warnings.warn(f"plan rule {r.to_dict()} matches no tensor of {spec.name}", stacklevel=2)
 
     rows_spec: list[tuple[WeightScheme, str | None]] = []
     if precisions is not None:
