@@ -111,17 +111,18 @@ def run(args: argparse.Namespace) -> int:
         hardware_file=args.hardware_file,
         memory_fraction=args.memory_fraction,
     )
-    if args.plot:
-        _plot(result, Path(args.plot))
-    if args.json:
-        _common.print_json(result.to_dict())
-        return 0
     if devices is None and names != ["all"]:
         catalog = load_hardware(args.hardware_file)
         ids = {d.id for d in catalog}
         columns = [d.id for d in select_devices([c for c in DEFAULT_COLUMNS if c in ids], catalog)]
     else:
         columns = [d.id for d in result.devices]
+    if args.plot:
+        shown = {d.id: d for d in result.devices}
+        _plot(result, Path(args.plot), [shown[c] for c in columns])
+    if args.json:
+        _common.print_json(result.to_dict())
+        return 0
     _print(result, columns)
     if args.plot:
         print(f"\nplot written to {args.plot}")
@@ -325,7 +326,7 @@ def _print_training(p: Any, columns: list[str]) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _plot(p: Any, out: Path) -> None:
+def _plot(p: Any, out: Path, devices: list[Any]) -> None:
     try:
         import matplotlib
 
@@ -337,7 +338,7 @@ def _plot(p: Any, out: Path) -> None:
     weights = [r.weight_bytes / GB for r in p.rows]
     kv = [(r.kv_bytes or 0) / GB for r in p.rows]
     act = [(r.activation_bytes or 0) / GB for r in p.rows]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(labels) + 2), 4.8))
+    fig, ax = plt.subplots(figsize=(max(7.5, 0.55 * len(labels) + 3.5), 4.8))
     x = range(len(labels))
     ax.bar(x, weights, label="weights", color="#4c72b0")
     if any(kv):
@@ -346,20 +347,22 @@ def _plot(p: Any, out: Path) -> None:
         bottom = [a + b for a, b in zip(weights, kv, strict=True)]
         ax.bar(x, act, bottom=bottom, label="activations", color="#55a868")
     top = max(a + b + c for a, b, c in zip(weights, kv, act, strict=True))
-    shown = 0
-    for d in sorted(p.devices, key=lambda d: d.memory_gb):
-        cap = d.memory_bytes / GB
-        if cap <= top * 1.6 and shown < 6:
-            ax.axhline(cap, linestyle="--", linewidth=0.8, color="grey")
-            ax.text(len(labels) - 0.5, cap, f" {d.name} ({d.memory_gb:g} GB)", va="bottom",
-                    ha="right", fontsize=7, color="dimgrey")  # fmt: skip
-            shown += 1
+    by_cap: dict[float, list[str]] = {}
+    for d in devices:
+        by_cap.setdefault(d.memory_gb, []).append(d.id)
+    for cap_gb in sorted(by_cap)[:8]:
+        cap = cap_gb * GIB / GB
+        if cap > top * 1.6:
+            break
+        ax.axhline(cap, linestyle="--", linewidth=0.8, color="grey")
+        ax.text(len(labels) - 0.5, cap, f"{' / '.join(by_cap[cap_gb])} ({cap_gb:g} GiB)",
+                va="bottom", ha="right", fontsize=7, color="dimgrey")  # fmt: skip
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("GB (10^9 bytes)")
     ctx = f", context {p.context}, batch {p.batch}" if p.context else ""
     ax.set_title(f"{p.model.name}: memory by precision{ctx}", fontsize=10)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=out.suffix or ".png", dir=out.parent)
