@@ -415,8 +415,11 @@ def plan(
     spec = load_spec(model, name)
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise LowbitError(f"batch must be a positive integer, got {batch!r}")
-    if context is not None and (not isinstance(context, int) or context < 1):
-        raise LowbitError(f"context must be a positive integer, got {context!r}")
+    for what, value in (("context", context), ("train_context", train_context)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise LowbitError(f"{what} must be a positive integer, got {value!r}")
     if not 0 < memory_fraction <= 1:
         raise LowbitError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
 
