@@ -97,8 +97,9 @@ class IntFormat(Format):
         """Round to integers and return the two's complement codes.
 
         Args:
-            rounding: as for float formats; stochastic rounds up with probability exactly
-                the fractional part (``random_bits < frac * 2**64``).
+            rounding: as for float formats; stochastic rounds away from zero with
+                probability exactly the fractional part of ``|x|``
+                (iff ``random_bits < frac(|x|) * 2**64``).
             saturate: True or None (default) clamps to [min, max]; False wraps modulo
                 2**bits as a C cast (and ml_dtypes) does.
             nan: NaN input: ``"raise"`` (default) or ``"zero"``.
@@ -157,6 +158,12 @@ def round_to_integer(x: np.ndarray, mode: Rounding, rbits: np.ndarray | None) ->
         up = np.zeros(x.shape, dtype=bool)
     else:
         assert rbits is not None
-        up = rbits.reshape(x.shape) < np.ceil(np.ldexp(frac, 64)).astype(np.uint64)
-        up &= frac > 0
+        # as for float formats: away from zero iff rbits < r * 2**64, r = the fraction
+        # of the gap from the neighbour nearer zero (so SR(-x) = -SR(x) for the same bits)
+        ax = np.abs(np.where(finite, x, 0.0))
+        afl = np.floor(ax)
+        afrac = ax - afl  # exact for float64
+        away = rbits.reshape(x.shape) < np.ceil(np.ldexp(afrac, 64)).astype(np.uint64)
+        away &= afrac > 0
+        return np.where(finite, np.copysign(afl + away, x), x)
     return np.where(finite, fl + up, x)

@@ -114,16 +114,16 @@ class ValueSetFormat(Format):
         elif mode is Rounding.NEAREST_AWAY:
             up = (dhi < dlo) | ((dhi == dlo) & (np.abs(t[hi]) >= np.abs(t[lo])))
         elif mode is Rounding.TOWARD_ZERO:
-            up = t[hi] <= 0
+            # the neighbour nearer zero; in a gap around zero (no 0 in the table, e.g.
+            # binary) the one of x's sign, so that the sign is kept
+            up = (t[hi] <= 0) | ((t[lo] < 0) & (t[hi] > 0) & (xc > 0))
         elif mode is Rounding.TOWARD_POSITIVE:
             up = np.ones(x.shape, dtype=bool)
         elif mode is Rounding.TOWARD_NEGATIVE:
             up = np.zeros(x.shape, dtype=bool)
         else:
             rb = prepare_random(mode, x.shape, seed, random_bits).reshape(x.shape)
-            frac = dlo / (t[hi] - t[lo])
-            limit = np.nextafter(2.0**64, 0.0)
-            up = rb < np.minimum(np.ceil(np.ldexp(frac, 64)), limit).astype(np.uint64)
+            up = _stochastic_up(xc, t[lo], t[hi], rb)
         up = np.where(exact_lo, False, np.where(exact_hi, True, up))
         return np.where(up, hi, lo).astype(self.code_dtype)
 
@@ -137,3 +137,34 @@ class ValueSetFormat(Format):
                 f"code {int(c.max())} is out of range for {self.name}: codes are 0..{len(self.table) - 1}"
             )
         return self._t.astype(dtype)[c.astype(np.intp)]
+
+
+def _stochastic_up(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, rb: np.ndarray) -> np.ndarray:
+    """``rb < (x - lo) / (hi - lo) * 2**64``, exactly (lo <= x <= hi elementwise).
+
+    The fraction is computed in float64 (relative error a few ulps, so the threshold is
+    within 2**14 of exact); the rare elements whose random bits fall within 2**20 of it
+    are decided again with exact rationals.
+    """
+    with np.errstate(invalid="ignore", divide="ignore"):
+        approx = np.ldexp((x - lo) / (hi - lo), 64)
+    rbf = rb.astype(np.float64)  # within 2**11 of rb
+    up = rbf < approx
+    unsure = np.abs(rbf - approx) <= 2.0**20
+    if unsure.any():
+        from fractions import Fraction
+
+        idx = np.flatnonzero(unsure)
+        for i, xi, li, hi_, ri in zip(
+            idx,
+            x.reshape(-1)[idx],
+            lo.reshape(-1)[idx],
+            hi.reshape(-1)[idx],
+            rb.reshape(-1)[idx],
+            strict=True,
+        ):
+            r = (Fraction(float(xi)) - Fraction(float(li))) / (
+                Fraction(float(hi_)) - Fraction(float(li))
+            )
+            up.reshape(-1)[i] = int(ri) < r * 2**64
+    return up
