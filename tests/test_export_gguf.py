@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -410,3 +412,33 @@ def test_gguf_from_quantized_lowbit(tmp_path: Path, rng: np.random.Generator) ->
         np.testing.assert_array_equal(_bits(back[name][1]), _bits(qt.dequantize()))
     with pytest.raises(LowbitError, match="float16 scales"):
         gguf_from_quantized(quant.quantize(w, "int4", axis=-1, group_size=32))
+
+
+class _LazyArrays(Mapping):
+    """Makes each float array on access and records how many made values are still alive."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.alive, self.most_alive, self.calls = n, weakref.WeakSet(), 0, 0
+
+    def __getitem__(self, key: str) -> GGUFTensor:
+        # no gc.collect(): values must be freed by reference counting alone
+        self.most_alive = max(self.most_alive, len(self.alive))
+        self.calls += 1
+        g = GGUFTensor(np.full((16, 64), float(key[1:]), np.float32), "Q8_0")
+        self.alive.add(g)
+        return g
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(f"t{i}" for i in range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_lazy_mapping_keeps_one_value(tmp_path: Path) -> None:
+    """A lazy Mapping is read twice per tensor and no made value outlives its write."""
+    lazy = _LazyArrays(4)
+    out = write_gguf(tmp_path / "lazy.gguf", lazy, arch="llama", progress=False)
+    assert lazy.calls == 8 and lazy.most_alive == 0
+    want = gguf_q.dequantize(gguf_q.quantize(lazy["t3"].data, "Q8_0"), "Q8_0")
+    np.testing.assert_array_equal(_read(out)["t3"][1], want)

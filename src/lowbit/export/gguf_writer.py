@@ -40,7 +40,7 @@ _MAX_NAME = 63  # GGML_MAX_NAME is 64 bytes including the terminating NUL
 _PLAIN = {"F32": np.float32, "F16": np.float16}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GGUFTensor:
     """A tensor and the GGUF type to store it as.
 
@@ -324,8 +324,10 @@ def write_gguf(
         tensors: name -> value, in file order. A value is a :class:`GGUFTensor` (values and the
             type to store them as, or raw bytes), a lowbit ``QuantizedTensor`` of a scheme GGUF
             holds (see :func:`gguf_from_quantized`), or a plain array: float32/float64 become
-            F32, float16 F16, bfloat16 BF16, signed integers I8..I64. Values are read twice
-            (shape first, data when written); arrays and memory maps are fine.
+            F32, float16 F16, bfloat16 BF16, signed integers I8..I64. Each value is looked
+            up twice, for its shape when planning the header and for its data when written,
+            and not kept in between: a Mapping that loads or computes on access keeps memory
+            to about one tensor.
         metadata: GGUF key -> value, applied after ``source``'s. Python values get the types
             llama.cpp uses: bool BOOL, int UINT32 (INT32 if negative, 64-bit if large), float
             FLOAT32, str STRING, lists ARRAY (ints INT32). Pass a ``gguf.GGUFValue`` for another
@@ -369,7 +371,15 @@ def write_gguf(
             )
         arch = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
 
-    planned = {str(name): _plan(str(name), value) for name, value in tensors.items()}
+    # Plan every tensor from a first look at its value and drop it; the value is fetched
+    # again when written, so a lazy Mapping keeps about one tensor in memory.
+    keys = {str(key): key for key in tensors}
+    if len(keys) != len(tensors):
+        raise LowbitError("tensor names must be distinct as strings")
+    planned = {}
+    for name, key in keys.items():
+        planned[name] = _plan(name, tensors[key])
+        planned[name].produce = _unplanned
     if "general.file_type" not in (metadata or {}):  # a source's file_type described its tensors
         typed["general.file_type"] = (_file_type(planned), gguf.GGUFValueType.UINT32, None)
     has_blocks = any(
@@ -398,12 +408,20 @@ def write_gguf(
             bar = _progress(progress, sum(p.nbytes for p in planned.values()), Path(path).name)
             try:
                 for name, p in planned.items():
-                    data = p.produce()
+                    again = _plan(name, tensors[keys[name]])
+                    if (again.shape, again.ggml_type, again.nbytes) != (
+                        p.shape,
+                        p.ggml_type,
+                        p.nbytes,
+                    ):
+                        raise LowbitError(f"tensor {name!r} changed while the file was written")
+                    data = again.produce()
                     if data.nbytes != p.nbytes:  # internal invariant: plan and bytes agree
                         raise AssertionError(
                             f"{name}: planned {p.nbytes} bytes, made {data.nbytes}"
                         )
                     writer.write_tensor_data(data)
+                    del again, data
                     if bar is not None:
                         bar.update(p.nbytes)
             finally:
@@ -412,6 +430,10 @@ def write_gguf(
         finally:
             writer.close()
     return Path(path)
+
+
+def _unplanned() -> np.ndarray:  # pragma: no cover - replaced before use
+    raise AssertionError("tensor data is made from a fresh look at the value")
 
 
 def _progress(enabled: bool, total: int, desc: str) -> Any:
