@@ -142,28 +142,29 @@ class IntFormat(Format):
 
 
 def round_to_integer(x: np.ndarray, mode: Rounding, rbits: np.ndarray | None) -> np.ndarray:
-    """Round float64 values to integers (as float64) in any rounding mode, exactly."""
+    """Round float64 values to integers (as float64) in any rounding mode, exactly.
+
+    Works on magnitudes: ``|x| - floor(|x|)`` is exact in float64, where ``x - floor(x)``
+    is not for x in (-1, 0) (-0.49999999999999994 would look like a tie).
+    """
     finite = np.isfinite(x)
-    fl = np.floor(np.where(finite, x, 0.0))
-    frac = np.where(finite, x, 0.0) - fl  # exact for float64
+    ax = np.abs(np.where(finite, x, 0.0))
+    afl = np.floor(ax)
+    afrac = ax - afl  # exact
+    inexact = afrac > 0
     if mode is Rounding.NEAREST_EVEN:
-        up = (frac > 0.5) | ((frac == 0.5) & (np.mod(fl, 2) == 1))
+        away = (afrac > 0.5) | ((afrac == 0.5) & (np.mod(afl, 2) == 1))
     elif mode is Rounding.NEAREST_AWAY:
-        up = (frac > 0.5) | ((frac == 0.5) & (x > 0))
+        away = afrac >= 0.5
     elif mode is Rounding.TOWARD_ZERO:
-        up = (frac > 0) & (x < 0)
+        away = np.zeros(x.shape, dtype=bool)
     elif mode is Rounding.TOWARD_POSITIVE:
-        up = frac > 0
+        away = inexact & (x > 0)
     elif mode is Rounding.TOWARD_NEGATIVE:
-        up = np.zeros(x.shape, dtype=bool)
+        away = inexact & (x < 0)
     else:
         assert rbits is not None
         # as for float formats: away from zero iff rbits < r * 2**64, r = the fraction
         # of the gap from the neighbour nearer zero (so SR(-x) = -SR(x) for the same bits)
-        ax = np.abs(np.where(finite, x, 0.0))
-        afl = np.floor(ax)
-        afrac = ax - afl  # exact for float64
-        away = rbits.reshape(x.shape) < np.ceil(np.ldexp(afrac, 64)).astype(np.uint64)
-        away &= afrac > 0
-        return np.where(finite, np.copysign(afl + away, x), x)
-    return np.where(finite, fl + up, x)
+        away = inexact & (rbits.reshape(x.shape) < np.ceil(np.ldexp(afrac, 64)).astype(np.uint64))
+    return np.where(finite, np.copysign(afl + away, x), x)
