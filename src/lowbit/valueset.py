@@ -107,12 +107,13 @@ class ValueSetFormat(Format):
         lo = hi - 1
         exact_lo = xc == t[lo]
         exact_hi = xc == t[hi]
-        dlo = xc - t[lo]
-        dhi = t[hi] - xc
-        if mode is Rounding.NEAREST_EVEN:
-            up = (dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0))
-        elif mode is Rounding.NEAREST_AWAY:
-            up = (dhi < dlo) | ((dhi == dlo) & (np.abs(t[hi]) >= np.abs(t[lo])))
+        if mode in (Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY):
+            side = _nearer(xc, t[lo], t[hi])  # +1: t[hi] is nearer, 0: a tie
+            if mode is Rounding.NEAREST_EVEN:
+                tie_up = hi % 2 == 0
+            else:
+                tie_up = np.abs(t[hi]) >= np.abs(t[lo])
+            up = (side > 0) | ((side == 0) & tie_up)
         elif mode is Rounding.TOWARD_ZERO:
             # the neighbour nearer zero; in a gap around zero (no 0 in the table, e.g.
             # binary) the one of x's sign, so that the sign is kept
@@ -137,6 +138,27 @@ class ValueSetFormat(Format):
                 f"code {int(c.max())} is out of range for {self.name}: codes are 0..{len(self.table) - 1}"
             )
         return self._t.astype(dtype)[c.astype(np.intp)]
+
+
+def _nearer(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """sign((x - lo) - (hi - x)), exactly: +1 where ``hi`` is nearer, 0 at a tie.
+
+    The two distances are computed in float64, each within half an ulp of the largest
+    operand; where they are too close to tell, exact rationals decide.
+    """
+    diff = (x - lo) - (hi - x)
+    side = np.sign(diff).astype(np.int8)
+    scale = np.abs(x) + np.abs(lo) + np.abs(hi)
+    unsure = np.abs(diff) <= scale * 2.0**-50
+    if unsure.any():
+        from fractions import Fraction
+
+        flat = side.reshape(-1)
+        for i in np.flatnonzero(unsure):
+            xi, li, hi_ = (float(a.reshape(-1)[i]) for a in (x, lo, hi))
+            d = 2 * Fraction(xi) - Fraction(li) - Fraction(hi_)
+            flat[i] = (d > 0) - (d < 0)
+    return side
 
 
 def _stochastic_up(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, rb: np.ndarray) -> np.ndarray:
