@@ -115,6 +115,17 @@ def test_pack_int32_matches_compressed_tensors(
     np.testing.assert_array_equal(mine, ref)
 
 
+def test_pack_int32_in_row_chunks(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packing a few rows at a time (bounded memory) gives the same words."""
+    codes = rng.integers(-8, 8, size=(11, 40)).astype(np.int8)
+    whole = pack_int32(codes, 4)
+    monkeypatch.setattr(lct, "_PACK_CHUNK", 90)  # two rows per step
+    np.testing.assert_array_equal(pack_int32(codes, 4), whole)
+    np.testing.assert_array_equal(whole, pack_to_int32(torch.from_numpy(codes), 4).numpy())
+
+
 def test_pack_int32_golden_int4() -> None:
     """int4 codes -8, -7, 0, 7 (nibbles 0, 1, 8, 15) fill word 0 from its lowest bits up."""
     codes = np.zeros((1, 8), np.int8)
@@ -438,3 +449,13 @@ def test_lazy_mapping_keeps_one_value(tmp_path: Path) -> None:
     assert lazy.calls == 10 and lazy.most_alive == 0
     got = _ct_dequantize(out)
     np.testing.assert_array_equal(got["l.3.weight"], lazy["l.3.weight"].dequantize())
+
+
+def test_package_exports_lazily() -> None:
+    """lowbit.export names the writers without importing them up front."""
+    import lowbit.export
+
+    assert lowbit.export.CTTensor is CTTensor
+    assert lowbit.export.write_compressed_tensors is write_compressed_tensors
+    with pytest.raises(AttributeError):
+        lowbit.export.nothing  # noqa: B018

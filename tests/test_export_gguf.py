@@ -84,6 +84,16 @@ def test_quantize_matches_gguf_reference_bytes(qtype: str, rng: np.random.Genera
         np.testing.assert_array_equal(mine, ref)
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_quantize_in_chunks_is_the_same(
+    qtype: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Encoding a few blocks at a time (bounded memory) gives the reference bytes too."""
+    monkeypatch.setattr(gguf_q, "_CHUNK", 3)
+    x = (rng.standard_normal((5, 7 * 32)) * 3).astype(np.float32)
+    np.testing.assert_array_equal(gguf_q.quantize(x, qtype), gguf.quants.quantize(x, QTYPES[qtype]))
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     x=hnp.arrays(

@@ -96,6 +96,7 @@ def write_file(
                 raise AssertionError(
                     f"{e.name}: planned {e.dtype}{list(e.shape)}, got {data.dtype}{list(data.shape)}"
                 )
-            f.write(np.ascontiguousarray(data, dtype=want).tobytes())
+            # a uint8 view of the (contiguous) data: written without another copy
+            f.write(np.ascontiguousarray(data, dtype=want).reshape(-1).view(np.uint8))
             if on_tensor is not None:
                 on_tensor(e)

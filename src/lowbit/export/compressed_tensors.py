@@ -238,11 +238,24 @@ def pack_int32(codes: np.ndarray, num_bits: int, axis: int = 1) -> np.ndarray:
     Example, int4: codes ``[-8, -7, 0, 7, ...]`` are nibbles ``0, 1, 8, 15`` from the lowest bits
     of word 0 up.
     """
-    u = (np.asarray(codes).astype(np.int16) + (1 << (num_bits - 1))).astype(np.uint32)
+    codes = np.asarray(codes)
     if axis == 0:
-        return pack_int32(np.asarray(codes).T, num_bits, axis=1).T.copy()
-    rows, cols = u.shape
+        return pack_int32(codes.T, num_bits, axis=1).T.copy()
+    rows, cols = codes.shape
     words = -(-cols * num_bits // 32)
+    out = np.empty((rows, words), dtype=np.int32)
+    step = max(1, _PACK_CHUNK // max(cols, 1))  # rows at a time: bounded temporaries
+    for r in range(0, rows, step):
+        out[r : r + step] = _pack_rows(codes[r : r + step], num_bits, words)
+    return out
+
+
+_PACK_CHUNK = 1 << 21  # codes per packing step
+
+
+def _pack_rows(codes: np.ndarray, num_bits: int, words: int) -> np.ndarray:
+    u = (codes.astype(np.int16) + (1 << (num_bits - 1))).astype(np.uint32)
+    rows, cols = u.shape
     if 32 % num_bits == 0:  # whole elements per word (1, 2, 4, 8 bits): shift and add
         per = 32 // num_bits
         padded = np.zeros((rows, words * per), dtype=np.uint32)

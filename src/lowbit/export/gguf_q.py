@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._arrays import _is_ml_float
 from lowbit.errors import LowbitError
 
 __all__ = [
@@ -72,20 +73,29 @@ def nbytes(shape: tuple[int, ...], qtype: str) -> int:
     return numel // BLOCK * _BLOCK_BYTES[name]
 
 
-def _blocks(x: Any, qtype: str) -> tuple[np.ndarray, tuple[int, ...]]:
-    """float32 copy of ``x`` viewed as (n_blocks, 32), after checking shape and values."""
+_CHUNK = 1 << 16  # blocks per step (2 Mi values): bounds the float32 temporaries
+
+
+def _blockwise(x: Any, qtype: str, encode: Any) -> np.ndarray:
+    """Check ``x``, then encode it ``_CHUNK`` blocks at a time into the output bytes."""
     arr = np.asarray(x)
-    if arr.dtype.kind not in "fiu" and arr.dtype.name != "bfloat16":
+    if arr.dtype.kind not in "fiu" and not _is_ml_float(arr.dtype):
         raise LowbitError(f"{qtype} quantizes real numbers, got an array of dtype {arr.dtype}")
-    arr = arr.astype(np.float32)
     if arr.ndim == 0 or arr.shape[-1] % BLOCK != 0:
         raise LowbitError(
             f"{qtype} needs rows (last axis) that are a multiple of {BLOCK} values, "
             f"got shape {arr.shape}"
         )
-    if not np.isfinite(arr).all():
-        raise LowbitError(f"{qtype} cannot hold NaN or infinity; the input has some")
-    return arr.reshape(-1, BLOCK), arr.shape
+    shape = arr.shape
+    flat = arr.reshape(-1, BLOCK)
+    size = _BLOCK_BYTES[qtype]
+    out = np.empty((flat.shape[0], size), dtype=np.uint8)
+    for start in range(0, flat.shape[0], _CHUNK):
+        blocks = flat[start : start + _CHUNK].astype(np.float32)
+        if not np.isfinite(blocks).all():
+            raise LowbitError(f"{qtype} cannot hold NaN or infinity; the input has some")
+        out[start : start + _CHUNK] = encode(blocks)
+    return out.reshape(*shape[:-1], shape[-1] // BLOCK * size)
 
 
 def _inverse(d: np.ndarray) -> np.ndarray:
@@ -130,11 +140,13 @@ def quantize_q8_0(x: Any) -> np.ndarray:
         LowbitError: a row length that is not a multiple of 32, NaN/inf input, or a block
         scale beyond float16's range.
     """
-    blocks, shape = _blocks(x, "Q8_0")
+    return _blockwise(x, "Q8_0", _encode_q8_0)
+
+
+def _encode_q8_0(blocks: np.ndarray) -> np.ndarray:
     d = (np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
     q = _round_half_away(blocks * _inverse(d)).astype(np.int8)
-    out = np.concatenate([_scale_bytes(d, "Q8_0"), q.view(np.uint8)], axis=1)
-    return out.reshape(*shape[:-1], shape[-1] // BLOCK * _BLOCK_BYTES["Q8_0"])
+    return np.concatenate([_scale_bytes(d, "Q8_0"), q.view(np.uint8)], axis=1)
 
 
 def quantize_q4_0(x: Any) -> np.ndarray:
@@ -150,14 +162,16 @@ def quantize_q4_0(x: Any) -> np.ndarray:
     Raises:
         LowbitError: as for :func:`quantize_q8_0`.
     """
-    blocks, shape = _blocks(x, "Q4_0")
+    return _blockwise(x, "Q4_0", _encode_q4_0)
+
+
+def _encode_q4_0(blocks: np.ndarray) -> np.ndarray:
     first_largest = np.abs(blocks).argmax(axis=1)[:, None]
     m = np.take_along_axis(blocks, first_largest, axis=1)
     d = (m / np.float32(-8)).astype(np.float32)
     scaled = (blocks * _inverse(d)).astype(np.float32) + np.float32(8.5)
     q = np.minimum(np.trunc(scaled), np.float32(15)).astype(np.uint8)
-    out = np.concatenate([_scale_bytes(d, "Q4_0"), _pack_nibbles(q)], axis=1)
-    return out.reshape(*shape[:-1], shape[-1] // BLOCK * _BLOCK_BYTES["Q4_0"])
+    return np.concatenate([_scale_bytes(d, "Q4_0"), _pack_nibbles(q)], axis=1)
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
