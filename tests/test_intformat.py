@@ -213,3 +213,22 @@ def test_bad_codes() -> None:
         int4.encode(["x"])
     with pytest.raises(LowbitError):
         IntFormat(name="int1", nbits=1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    name=st.sampled_from([n for n in CATALOG_INTS if lowbit.format(n).signed]),
+    xs=st.lists(st.floats(-200, 200), min_size=1, max_size=10),
+    mode=st.sampled_from(ROUNDINGS),
+    bits=st.lists(random_bits, min_size=10, max_size=10),
+)
+def test_sign_symmetric(name, xs, mode, bits) -> None:
+    """round(-x) = -round(x) within [-max, max] (stochastic: with the same random bits);
+    toward_positive of -x is minus toward_negative of x."""
+    fmt = lowbit.format(name)
+    x = np.clip(np.array(xs), -fmt.max, fmt.max)
+    rb = np.array(bits[: x.size], dtype=np.uint64)
+    mirror = {"toward_positive": "toward_negative", "toward_negative": "toward_positive"}
+    r = fmt.decode(fmt.encode(x, rounding=mode, random_bits=rb), dtype=np.float64)
+    s = fmt.decode(fmt.encode(-x, rounding=mirror.get(mode, mode), random_bits=rb), np.float64)
+    np.testing.assert_array_equal(s, -r)
