@@ -310,7 +310,7 @@ def _encode_float(
         raise LowbitError(f"negative input for the unsigned format {fmt.name} (no NaN code)")
     maxc = max_magnitude_code(fmt)
     if math.isinf(x):
-        mag, exact_input = maxc + 1, False
+        mag, finite = maxc + 1, False  # an infinity always overflows
     else:
         X = Fraction(abs(x))
         # k: the largest magnitude code in 0..maxc+1 with v(k) <= X (-1 if none)
@@ -332,7 +332,7 @@ def _encode_float(
             assert steps.denominator == 1
             up = _round_up(mode, neg, X, lo, hi, steps.numerator % 2 == 0, random_bits)
             mag = k + int(up)
-        exact_input = True
+        finite = True
 
     sign_bit = 1 << mb if fmt.signed else 0
     if mag > maxc:  # overflow
@@ -341,15 +341,13 @@ def _encode_float(
             or (mode is Rounding.TOWARD_POSITIVE and neg)
             or (mode is Rounding.TOWARD_NEGATIVE and not neg)
         )
-        if saturate or (toward_zero and exact_input):
+        if saturate or (toward_zero and finite):
             mag = maxc
         elif fmt.has_inf:
             if neg and not fmt.signed:
                 return _nan_code(fmt, True)
             return (sign_bit if neg else 0) | _inf_mag(fmt)
         elif fmt.has_nan:
-            if neg and not fmt.signed and saturate:
-                return 0
             return _nan_code(fmt, neg)
         else:
             mag = maxc
