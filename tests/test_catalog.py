@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -245,3 +246,47 @@ def test_invalid_layout_is_a_lowbit_error() -> None:
     """Building a format from a bad declaration raises LowbitError naming the problems."""
     with pytest.raises(LowbitError, match="ebits=12"):
         FloatFormat(name="x", ebits=12, mbits=3)
+
+
+# ---- the documentation's table ------------------------------------------------------
+
+
+def _doc_number(text: str) -> float | None:
+    text = text.strip()
+    if text.startswith("(") or text == "-":
+        return None
+    if text.startswith("2^"):
+        return 2.0 ** int(text[2:])
+    return float(text)
+
+
+def test_docs_format_table_matches_catalog() -> None:
+    """Each row of docs/formats.md's float table states what the catalog derives."""
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in doc.read_text().splitlines()
+        if line.startswith("| ") and line.count("|") == 13
+    ]
+    rows = [r for r in rows if r[0] in FORMATS]
+    assert {r[0] for r in rows} == {n for n, f in FORMATS.items() if isinstance(f, FloatFormat)}
+    for name, sem, bias, top, normal, sub, inf, nan, negzero, nbytes, mld, tch in rows:
+        fmt = FORMATS[name]
+        assert sem == f"{fmt.sign_bits}/{fmt.ebits}/{fmt.mbits}", name
+        assert int(bias) == fmt.bias, name
+        assert (
+            abs(Fraction(top) / Fraction(fmt.max) - 1) < 5e-4
+            if "^" not in top
+            else (_doc_number(top) == fmt.max)
+        ), name
+        assert _doc_number(normal) == fmt.smallest_normal, name
+        if _doc_number(sub) is not None:
+            assert _doc_number(sub) == fmt.smallest_positive, name
+        assert (None if inf == "-" else int(inf, 16)) == fmt.inf_code, name
+        assert (None if nan == "-" else int(nan, 16)) == fmt.nan_code, name
+        assert (negzero == "yes") == fmt.has_negative_zero, name
+        assert int(nbytes) == fmt.container_bytes, name
+        assert mld == (str(fmt.ml_dtype) if fmt.ml_dtype is not None else "-"), name
+        assert tch == (fmt.torch_dtype_name or "-"), name
