@@ -1,14 +1,551 @@
-"""Optional compiled kernels (numba). ``encode_float`` returns False when none applies."""
+"""Optional compiled kernels (numba) for the float codecs; bit for bit the numpy path.
+
+``encode_float`` runs ``codec._encode_chunk``'s single-rounding integer algorithm as one
+compiled loop. Two rounding cores feed one shared tail:
+
+- float64 fields (any float32/float64 input, every rounding mode): exactly the chunk
+  algorithm, per element; a float32 widens to float64 in a register, so no float64 copy
+  of the input is ever made;
+- float32 fields (float32 input, the five deterministic modes, formats whose lowest
+  binade is at or above 2**-127): the same rounding done on the 32-bit pattern with the
+  classic "add the rounding increment, then shift" step. A float32 carries only 24
+  significant bits, so a shift capped at 31 never loses a sticky bit.
+
+The tail (overflow, infinities, NaN, sign, the unsigned rules) is reduced per format and
+``saturate`` to a few precomputed codes, so the loops stay branch-free and vectorise.
+Format parameters reach the kernels as tuples of ints: one compiled kernel serves every
+format (a specialisation per input and output dtype only).
+
+``decode_table`` is a table lookup over uint8/uint16 codes. Each entry point returns
+False/None when numba is missing or no kernel applies, and the caller takes the numpy
+path. ``numpy_only()`` forces that path; it exists so tests can compare the two (they
+give identical results, so it never changes what a caller gets).
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+try:  # numba is the optional extra ``lowbit[fast]``
+    from llvmlite import ir as _llir
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised where numba is not installed
+    HAVE_NUMBA = False
+
+_force_numpy = False
+
+
+@contextlib.contextmanager
+def numpy_only() -> Iterator[None]:
+    """Within this block the codecs take the numpy path (for tests comparing the paths)."""
+    global _force_numpy
+    old = _force_numpy
+    _force_numpy = True
+    try:
+        yield
+    finally:
+        _force_numpy = old
+
+
+def enabled() -> bool:
+    """Whether the compiled kernels are in use (numba installed and not forced off)."""
+    return HAVE_NUMBA and not _force_numpy
+
+
+# ---- parameters (plain Python, cached per format) -----------------------------------
+
+_OUT_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32))
+_IN_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# Format kinds, for compile-time specialisation: any format; signed with subnormals;
+# unsigned without subnormals or zero (E8M0-like)
+_GENERIC, _SIGNED, _NOZERO = 0, 1, 2
+
+
+def _f64_bits(value: float) -> int:
+    return int(np.array(value, dtype=np.float64).view(np.uint64))
+
+
+def _f32_bits(value: float) -> int | None:
+    """float32 bit pattern of ``value`` if it is exactly a float32, else None."""
+    f = np.float32(value)
+    return int(np.array(f).view(np.uint32)) if float(f) == value else None
+
+
+def _zone_rule(fmt: Any, mode: int, half_bits: int, never: int) -> tuple[int, int]:
+    """(threshold, direction) for values below the smallest positive of a format
+    without subnormals: such a value rounds up to it iff its absolute bit pattern is
+    >= threshold and direction allows (0 any sign, 1 positive only, 2 negative only);
+    it becomes 0 otherwise (``codec._patch_no_subnormal_zone``)."""
+    if not fmt.has_zero or mode == 2:
+        return never, 0
+    if mode == 0:
+        return half_bits + 1, 0  # above the midpoint
+    if mode == 1:
+        return half_bits, 0  # at or above the midpoint
+    return 1, 1 if mode == 3 else 2  # any non-zero value, toward the rounding direction
+
+
+@lru_cache(maxsize=256)
+def _tail_params(fmt: Any, saturate: bool) -> tuple[int, ...] | None:
+    """The tail as codes, or None where no kernel applies: (max magnitude code, sign bit,
+    whether a negative zero magnitude keeps its sign, signed, code of +NaN and -NaN input,
+    code of positive and negative overflow/infinity, code of a negative value that has no
+    unsigned code, whether a magnitude code 0 is non-zero)."""
+    if np.dtype(fmt.code_dtype) not in _OUT_DTYPES:
+        return None
+    if not fmt.signed and fmt.has_inf and not fmt.has_nan:
+        return None  # no code for -inf/negative overflow: left to the numpy path
+    if fmt.max_code_magnitude >= (1 << 31) - 1:
+        return None  # the tail works in int32
+    maxc = fmt.max_code_magnitude
+    sbit = 1 << fmt.magnitude_bits if fmt.signed else 0
+    keeps_sign = fmt.has_negative_zero or not fmt.has_zero  # a zero magnitude keeps "-"
+    nan_code = fmt.nan_code if fmt.nan_code is not None else 0
+    # NaN codes keep the sign where the format's NaN has one (codec._signed_nan)
+    nan_neg = nan_code | (sbit if fmt.nan.value in ("high", "ieee") else 0)
+    if saturate or (not fmt.has_inf and not fmt.has_nan):
+        # overflow and infinities clamp to ±max, signed as a finite result is
+        pos = maxc
+        neg = maxc | (sbit if (maxc != 0 or keeps_sign) else 0)
+    elif fmt.has_inf:
+        pos = fmt.inf_code
+        neg = fmt.inf_code | sbit if fmt.signed else nan_code
+    else:
+        pos, neg = nan_code, nan_neg
+    return (
+        maxc,
+        sbit,
+        int(keeps_sign),
+        int(fmt.signed),
+        nan_code if fmt.has_nan else 0,
+        nan_neg if fmt.has_nan else 0,
+        pos,
+        neg if fmt.signed else pos,
+        0 if saturate else nan_code,
+        int(not fmt.has_zero),
+    )
+
+
+@lru_cache(maxsize=512)
+def _round64_params(fmt: Any, mode: int) -> tuple[int, ...]:
+    """(mbits, bias, emin, zone end, zone threshold, zone direction) for float64 fields."""
+    tiny = fmt.smallest_positive
+    zone_end = 0 if fmt.subnormals else _f64_bits(tiny)
+    thr, direction = _zone_rule(fmt, mode, _f64_bits(tiny / 2), (1 << 63) - 1)
+    return (fmt.mbits, fmt.bias, fmt.emin, zone_end, thr, direction)
+
+
+@lru_cache(maxsize=512)
+def _round32_params(fmt: Any, mode: int) -> tuple[int, ...] | None:
+    """Parameters of the float32-field core, or None where it does not apply.
+
+    It needs the format's lowest binade at or above 2**-127 (``emin >= -127``) so that
+    no float32 subnormal needs normalising, and at least one float32 mantissa bit
+    below the kept ones in every binade.
+    """
+    m, bias, emin = fmt.mbits, fmt.bias, fmt.emin
+    if mode == 5 or emin < -127 or m > min(22, emin + 148) or emin - m + 23 < -126:
+        return None
+    zone_end, thr, direction = 0, 0xFFFFFFFF, 0  # above every float32 that is not NaN
+    if not fmt.subnormals:
+        tiny32 = _f32_bits(fmt.smallest_positive)
+        half32 = _f32_bits(fmt.smallest_positive / 2)
+        if tiny32 is None or half32 is None:
+            return None
+        zone_end = tiny32
+        thr, direction = _zone_rule(fmt, mode, half32, 0xFFFFFFFF)
+    return (
+        23 - m,  # bits dropped from a float32 mantissa in the format's normal range
+        (127 - bias) << m,  # exponent rebias, in magnitude-code units
+        int(m == 0),  # ties to even look at the significand 1.m, always odd when m == 0
+        max((emin + 127) << 23, 1 << 23),  # first bit pattern of the normal-range path
+        emin - m + 150,  # the shift of the low path is this minus max(E, 1)
+        (emin + bias - 1) << m,  # the low path's code offset
+        (emin - m + 150) << 23,  # 2**(emin - m + 23) as float32 bits (mode 0's low path)
+        zone_end,
+        thr,
+        direction,
+    )
+
+
+# ---- kernels ------------------------------------------------------------------------
+
+if HAVE_NUMBA:
+    # numba widens scalar integer arithmetic to 64 bits; the float32 core casts back to 32
+    # bits after each step so LLVM keeps 32-bit lanes (twice as many per vector).
+    _U = np.uint32
+    _I = np.int32
+    _ONE = np.uint64(1)
+    _ZERO = np.uint64(0)
+    _U52 = np.uint64(52)
+    _U63 = np.uint64(63)
+    _U64 = np.uint64(64)
+    _ABS64 = np.uint64((1 << 63) - 1)
+    _INF64 = np.uint64(0x7FF << 52)
+    _MANT64 = np.uint64((1 << 52) - 1)
+    _IMPLICIT64 = np.uint64(1 << 52)
+
+    @intrinsic
+    def _bits64(typingctx: Any, x: Any) -> Any:
+        """The bit pattern of a float64 as uint64 (a register bitcast)."""
+        if x != types.float64:
+            return None
+        sig = types.uint64(types.float64)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], _llir.IntType(64))
+
+        return sig, codegen
+
+    @intrinsic
+    def _bits32(typingctx: Any, x: Any) -> Any:
+        """The bit pattern of a float32 as uint32 (a register bitcast)."""
+        if x != types.float32:
+            return None
+        sig = types.uint32(types.float32)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], _llir.IntType(32))
+
+        return sig, codegen
+
+    @intrinsic
+    def _f32_of(typingctx: Any, x: Any) -> Any:
+        """The float32 whose bit pattern is uint32 ``x``."""
+        if x != types.uint32:
+            return None
+        sig = types.float32(types.uint32)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], _llir.FloatType())
+
+        return sig, codegen
+
+    @njit(inline="always")
+    def _increment64(sig, k, neg, mode):  # type: ignore[no-untyped-def]
+        """What to add to ``sig`` before dropping its ``k`` low bits to round in ``mode``."""
+        if mode == 0:
+            return ((_ONE << (k - _ONE)) - _ONE) + ((sig >> k) & _ONE)
+        if mode == 1:
+            return _ONE << (k - _ONE)
+        if mode == 3:
+            return _ZERO if neg else (_ONE << k) - _ONE
+        if mode == 4:
+            return (_ONE << k) - _ONE if neg else _ZERO
+        return _ZERO
+
+    @njit(inline="always")
+    def _increment32(sig, k, neg, mode):  # type: ignore[no-untyped-def]
+        """``_increment64`` in 32-bit lanes (``k`` <= 31)."""
+        one = _U(1)
+        if mode == 0:
+            return _U(_U(_U(one << _U(k - one)) - one) + _U(_U(sig >> k) & one))
+        if mode == 1:
+            return _U(one << _U(k - one))
+        if mode == 3:
+            return _U(0) if neg else _U(_U(one << k) - one)
+        if mode == 4:
+            return _U(_U(one << k) - one) if neg else _U(0)
+        return _U(0)
+
+    @njit(inline="always")
+    def _in_zone_up(a, neg, thr, direction):  # type: ignore[no-untyped-def]
+        """Whether a value below the smallest positive rounds up to it (see _zone_rule)."""
+        ok = (direction == 0) | ((direction == 1) & (not neg)) | ((direction == 2) & neg)
+        return (a >= thr) & ok
+
+    @njit(inline="always")
+    def _round64(u, r, P, mode, maxc):  # type: ignore[no-untyped-def]
+        """Magnitude code (int32, capped at maxc + 1) of float64 bits ``u``: the chunk
+        algorithm, ``sig * 2**ex`` rounded once onto the grid ``2**(eff - mbits)``."""
+        m, bias, emin, zone_end, thr, direction = P
+        neg = (u >> _U63) != _ZERO
+        a = u & _ABS64
+        E = np.int64(a >> _U52)
+        F = a & _MANT64
+        sub = E == 0
+        sig = (F << _ONE) if sub else ((F | _IMPLICIT64) << _ONE)
+        ex = np.int64(-1075) if sub else E - 1076
+        e = np.int64(-1075) if sub else E - 1023
+        eff = max(e, emin)
+        shift = eff - m - ex  # >= 1 since mbits <= 52
+        big = shift > 62
+        su = np.uint64(min(shift, 62))
+        sg = (_ONE if sig != _ZERO else _ZERO) if big else sig  # beyond 62: a sticky bit
+        if mode == 5:
+            fl = sg >> su
+            if big:  # ceil(sig * 2**(64 - shift)), saturating
+                k = shift - 64
+                if k <= 0:
+                    thr_r = sig << np.uint64(-k)
+                elif k < 64:
+                    kk = np.uint64(k)
+                    thr_r = (sig + ((_ONE << kk) - _ONE)) >> kk
+                else:
+                    thr_r = _ONE if sig != _ZERO else _ZERO
+            else:
+                thr_r = (sg & ((_ONE << su) - _ONE)) << (_U64 - su)
+            n = np.int64(fl) + (1 if r < thr_r else 0)
+        else:
+            n = np.int64((sg + _increment64(sg, su, neg, mode)) >> su)
+        mag = _I(min(((eff + bias - 1) << m) + n, maxc + 1))
+        if a < np.uint64(zone_end):
+            mag = _I(1) if _in_zone_up(a, neg, np.uint64(thr), direction) else _I(0)
+        return mag, neg, a, a > _INF64, a == _INF64
+
+    @njit(inline="always")
+    def _round32(x, P, mode, kind):  # type: ignore[no-untyped-def]
+        """``_round64`` on a float32 ``x`` in 32-bit lanes (deterministic modes)."""
+        d, rebias, odd, normal_from, sub_shift, sub_offset, magic, zone_end, thr, direction = P
+        u = _bits32(x)
+        neg = (u >> _U(31)) != _U(0)
+        a = _U(u & _U(0x7FFFFFFF))
+        du = _U(d)
+        # the format's normal range: drop d mantissa bits; a carry moves into the exponent
+        t = _U(a | _U(_U(odd) << du))
+        hi = _I(_I(_U(_U(a + _increment32(t, du, neg, mode)) >> du)) - _I(rebias))
+        if mode == 0:
+            # below it the grid is uniform, spacing 2**(emin-m): adding 2**(emin-m+23)
+            # makes the float32 adder round onto it, ties to even
+            big = _bits32(abs(x) + _f32_of(_U(magic)))
+            lo = _I(_I(_I(big) - _I(magic)) + _I(sub_offset))
+        else:
+            E = _I(a >> _U(23))
+            sig = _U(_U(a & _U(0x7FFFFF)) | (_U(0x800000) if E != 0 else _U(0)))
+            sh = _U(min(_I(sub_shift) - max(E, _I(1)), _I(31)))
+            lo = _I(_I(_U(_U(sig + _increment32(sig, sh, neg, mode)) >> sh)) + _I(sub_offset))
+        mag = hi if a >= _U(normal_from) else lo
+        if kind == _NOZERO:
+            if a < _U(zone_end):
+                mag = _I(0)  # below the smallest value, and there is no zero
+        elif kind != _SIGNED and a < _U(zone_end):
+            mag = _I(1) if _in_zone_up(a, neg, _U(thr), direction) else _I(0)
+        return mag, neg, a, a > _U(0x7F800000), a == _U(0x7F800000)
+
+    @njit(inline="always")
+    def _finish(mag, neg, nonzero, isnan, isinf, T, mode, kind):  # type: ignore[no-untyped-def]
+        """The code (uint32) from a rounded magnitude (int32): overflow, sign, infinities,
+        NaN, the unsigned rules. ``kind`` (a compile-time constant) drops the signed or
+        the unsigned rules where the format cannot need them."""
+        (
+            maxc,
+            sbit,
+            keeps_sign,
+            signed,
+            nan_pos,
+            nan_neg,
+            blown_pos,
+            blown_neg,
+            unsigned_neg,
+            no_zero,
+        ) = T
+        ovf = mag > _I(maxc)
+        tz_like = (mode == 2) | ((mode == 3) & neg) | ((mode == 4) & (not neg))
+        if ovf & tz_like:
+            mag = _I(maxc)
+        blown = isinf | (ovf & (not tz_like))
+        code = _U(mag)
+        if kind == _NOZERO:  # unsigned: negatives have no code but NaN (or 0, saturating)
+            if blown:
+                code = _U(blown_pos)
+            if neg & nonzero & (not isnan):
+                code = _U(unsigned_neg)
+            if isnan:
+                code = _U(nan_pos)
+            return code
+        if kind == _SIGNED or signed != 0:
+            if neg & ((mag != _I(0)) | (keeps_sign != 0)):
+                code = _U(code | _U(sbit))
+        if blown:
+            code = _U(blown_neg) if neg else _U(blown_pos)
+        if kind != _SIGNED and (signed == 0) & neg & nonzero & (not isnan):
+            code = _U(unsigned_neg) if ((mag != _I(0)) | blown | (no_zero != 0)) else _U(0)
+        if isnan:
+            code = _U(nan_neg) if neg else _U(nan_pos)
+        return code
+
+    @njit(inline="always")
+    def _loop64(x, out, rbits, P, T, mode):  # type: ignore[no-untyped-def]
+        """Encode ``x``; return whether it holds a NaN."""
+        amax = _ZERO
+        r = _ZERO
+        maxc = T[0]
+        for i in range(x.size):
+            if mode == 5:
+                r = rbits[i]
+            mag, neg, a, isnan, isinf = _round64(_bits64(np.float64(x[i])), r, P, mode, maxc)
+            out[i] = _finish(mag, neg, a != _ZERO, isnan, isinf, T, mode, _GENERIC)
+            amax = max(amax, a)
+        return amax > _INF64
+
+    @njit(inline="always")
+    def _loop32(x, out, P, T, mode, kind):  # type: ignore[no-untyped-def]
+        """Encode float32 ``x``; return whether it holds a NaN."""
+        amax = _U(0)
+        for i in range(x.size):
+            mag, neg, a, isnan, isinf = _round32(x[i], P, mode, kind)
+            out[i] = _finish(mag, neg, a != _U(0), isnan, isinf, T, mode, kind)
+            amax = max(amax, a)
+        return amax > _U(0x7F800000)
+
+    @njit(inline="always")
+    def _loop32_wide(x, out, W, mode):  # type: ignore[no-untyped-def]
+        """Encode float32 ``x`` to a format with float32's exponent field (bfloat16, TF32):
+        the rounded bit pattern shifted right is the code, sign and carries included;
+        only NaN and (under ``saturate``) overflow need patching."""
+        d, maxc, saturate, nan_code, mb = W
+        du = _U(d)
+        mask = _U(_U(_U(1) << _U(mb)) - _U(1))
+        for i in range(x.size):
+            u = _bits32(x[i])
+            neg = (u >> _U(31)) != _U(0)
+            sign = _U(_U(u >> _U(31)) << _U(mb))
+            c = _U(_U(u + _increment32(u, du, neg, mode)) >> du)
+            if (saturate != 0) & (_U(c & mask) > _U(maxc)):
+                c = _U(_U(maxc) | sign)
+            if _U(u & _U(0x7FFFFFFF)) > _U(0x7F800000):
+                c = _U(_U(nan_code) | sign)
+            out[i] = c
+        return False
+
+    # Kernels are built on first use, one per (rounding mode, format kind): the mode and
+    # kind tests then fold away and each loop vectorises on its own. Modes 1, 3 and 4
+    # share one kernel that reads the mode at run time (``mode`` -1), which keeps the
+    # number of compiled kernels (about a second each) down.
+    _KERNELS: dict[tuple[str, int, int], Any] = {}
+
+    def _kernel(path: str, mode: int, kind: int) -> Any:
+        key = (path, mode, kind)
+        k = _KERNELS.get(key)
+        if k is None:
+            k = _KERNELS[key] = _build(path, mode, kind)
+        return k
+
+    def _build(path: str, mode: int, kind: int) -> Any:
+        # closures: numba caches each by its constant cell values (mode, kind)
+        if path == "64":
+
+            @njit(cache=True, nogil=True)
+            def enc64(x, out, rbits, P, T, rmode):  # type: ignore[no-untyped-def]
+                md = mode if mode >= 0 else rmode
+                return _loop64(x, out, rbits, P, T, md)
+
+            return enc64
+        if path == "wide":
+
+            @njit(cache=True, nogil=True)
+            def enc_wide(x, out, W, rmode):  # type: ignore[no-untyped-def]
+                md = mode if mode >= 0 else rmode
+                return _loop32_wide(x, out, W, md)
+
+            return enc_wide
+
+        @njit(cache=True, nogil=True)
+        def enc32(x, out, P, T, rmode):  # type: ignore[no-untyped-def]
+            md = mode if mode >= 0 else rmode
+            return _loop32(x, out, P, T, md, kind)
+
+        return enc32
+
+    @njit(cache=True, nogil=True)
+    def _take_kernel(table, codes, out):  # type: ignore[no-untyped-def]
+        for i in range(codes.size):
+            out[i] = table[codes[i]]
+
+
+def _kind(fmt: Any) -> int:
+    """Which tail rules a format can need (compile-time specialisation of the kernels)."""
+    if fmt.signed and fmt.subnormals:
+        return _SIGNED
+    if not fmt.signed and not fmt.has_zero:
+        return _NOZERO
+    return _GENERIC
+
+
+@lru_cache(maxsize=256)
+def _wide_params(fmt: Any, saturate: bool) -> tuple[int, ...] | None:
+    """Parameters of the kernel for formats with float32's exponent field, or None."""
+    wide = (
+        fmt.ebits == 8
+        and fmt.bias == 127
+        and fmt.signed
+        and fmt.subnormals
+        and fmt.inf.value == "ieee"
+        and fmt.nan.value == "ieee"
+        and 1 <= fmt.mbits <= 22
+    )
+    if not wide:
+        return None
+    return (23 - fmt.mbits, fmt.max_code_magnitude, int(saturate), fmt.nan_code, fmt.magnitude_bits)
+
 
 def encode_float(
-    fmt: Any, x: np.ndarray, mode: int, saturate: bool, rbits: np.ndarray | None, out: np.ndarray
+    fmt: Any,
+    x: np.ndarray,
+    mode: int,
+    saturate: bool,
+    rbits: np.ndarray | None,
+    out: np.ndarray,
+    *,
+    nan_check: bool = False,
+    neg_check: bool = False,
 ) -> bool:
-    """Fill ``out`` with the codes of ``x`` if a compiled kernel applies; else return False."""
-    return False
+    """Fill ``out`` with the codes of ``x`` if a compiled kernel applies; else return False.
+
+    Args:
+        fmt: the FloatFormat.
+        x: flat contiguous float32 or float64 input.
+        mode: rounding mode index (``codec._MODE_INDEX``).
+        saturate: clamp overflow and infinities to ±max.
+        rbits: flat uint64 random bits (stochastic rounding) or None.
+        out: flat array of ``fmt.code_dtype`` to fill.
+        nan_check: raise NaNPolicyError if ``x`` holds a NaN.
+        neg_check: raise LowbitError if ``x`` holds a negative value.
+
+    Raises:
+        NaNPolicyError, LowbitError: as ``codec.encode_float`` does for the same input.
+    """
+    if not enabled() or x.dtype not in _IN_DTYPES or out.dtype != fmt.code_dtype:
+        return False
+    saturate = bool(saturate)
+    tail = _tail_params(fmt, saturate)
+    if tail is None or (mode == 5 and not fmt.subnormals and fmt.has_zero):
+        return False  # the stochastic zone of such formats needs exact fractions
+    kmode = mode if mode in (0, 2, 5) else -1
+    wide = _wide_params(fmt, saturate) if x.dtype == np.float32 and mode != 5 else None
+    p32 = _round32_params(fmt, mode) if x.dtype == np.float32 and wide is None else None
+    if wide is not None:
+        has_nan = _kernel("wide", kmode, 0)(x, out, wide, mode)
+    elif p32 is not None:
+        has_nan = _kernel("32", kmode, _kind(fmt))(x, out, p32, tail, mode)
+    else:
+        if rbits is None:
+            rbits = np.zeros(1, dtype=np.uint64)
+        kmode = 5 if mode == 5 else -1
+        has_nan = _kernel("64", kmode, 0)(x, out, rbits, _round64_params(fmt, mode), tail, mode)
+    from lowbit.codec import nan_error, negative_error
+
+    if nan_check and has_nan:
+        raise nan_error(fmt)
+    if neg_check and (x < 0).any():  # unsigned formats without NaN only: rare
+        raise negative_error(fmt)
+    return True
+
+
+def decode_table(table: np.ndarray, codes: np.ndarray) -> np.ndarray | None:
+    """``table[codes]`` for uint8/uint16 codes by a compiled loop, or None if none applies."""
+    if not enabled() or codes.dtype not in (np.uint8, np.uint16) or table.itemsize not in (2, 4, 8):
+        return None
+    flat = np.ascontiguousarray(codes).reshape(-1)
+    uint = np.dtype(f"u{table.itemsize}")
+    out = np.empty(flat.size, dtype=table.dtype)
+    _take_kernel(table.view(uint), flat, out.view(uint))
+    return out.reshape(codes.shape)

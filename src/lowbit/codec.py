@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import ml_dtypes
 import numpy as np
 
-from lowbit._arrays import check_random_bits, random_bits
+from lowbit._arrays import _from_torch, as_float64, check_random_bits, random_bits
 from lowbit._enums import Inf, NaN, Rounding, as_rounding
 from lowbit.errors import LowbitError, NaNPolicyError
 
@@ -32,6 +33,9 @@ _U = np.uint64
 _ONE = np.uint64(1)
 _MASK52 = np.uint64((1 << 52) - 1)
 _IMPLICIT = np.uint64(1 << 52)
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_NATIVE_INPUTS = (np.dtype(np.float16), _BF16, np.dtype(np.float32), np.dtype(np.float64))
 
 _MODE_INDEX = {
     Rounding.NEAREST_EVEN: 0,
@@ -60,6 +64,32 @@ def prepare_random(
     return random_bits(shape, seed).reshape(-1)
 
 
+def as_float_input(x: Any) -> np.ndarray:
+    """``x`` as an array the encoder reads: float16/bfloat16/float32/float64 kept as they
+    are (every value widens to float64 exactly, in a register or per chunk), anything
+    else converted by ``as_float64``."""
+    arr = _from_torch(x)
+    if isinstance(arr, np.ndarray) and arr.dtype in _NATIVE_INPUTS:
+        return arr
+    return as_float64(arr)
+
+
+def nan_error(fmt: FloatFormat) -> NaNPolicyError:
+    """The error for NaN input to a format without NaN under ``nan="raise"``."""
+    return NaNPolicyError(
+        f"input contains NaN and {fmt.name} has no NaN code; pass nan='zero' to write "
+        "+0 instead, or remove the NaNs"
+    )
+
+
+def negative_error(fmt: FloatFormat) -> LowbitError:
+    """The error for negative input to an unsigned format without NaN (not saturating)."""
+    return LowbitError(
+        f"negative input for the unsigned format {fmt.name}, which has no NaN; "
+        "pass saturate=True to clamp to its smallest value"
+    )
+
+
 def encode_float(
     fmt: FloatFormat,
     x: np.ndarray,
@@ -70,34 +100,53 @@ def encode_float(
     random_bits: Any,
     nan: str,
 ) -> np.ndarray:
-    """Codes of ``x`` (float64 array) in ``fmt``; see ``FloatFormat.encode``."""
+    """Codes of ``x`` (a float16/bfloat16/float32/float64 array) in ``fmt``; see
+    ``FloatFormat.encode``."""
     mode = as_rounding(rounding)
     check_nan_policy(nan)
     shape = x.shape
     flat = np.ascontiguousarray(x).reshape(-1)
-    if not fmt.has_nan and nan == "raise" and np.isnan(flat).any():
-        raise NaNPolicyError(
-            f"input contains NaN and {fmt.name} has no NaN code; pass nan='zero' to write "
-            "+0 instead, or remove the NaNs"
-        )
+    nan_check = not fmt.has_nan and nan == "raise"
+    neg_check = not fmt.signed and not fmt.has_nan and not saturate
     if fmt.ebits == 11 and fmt.mbits == 52 and fmt.signed and fmt.bias == 1023:
-        return flat.view(_U).reshape(shape).copy()  # float64 itself: exact
+        return _widen(flat).view(_U).reshape(shape).copy()  # float64 itself: exact
     rbits = prepare_random(mode, shape, seed, random_bits)
-    if not fmt.signed and not fmt.has_nan and not saturate:
-        if (flat < 0).any():
-            raise LowbitError(
-                f"negative input for the unsigned format {fmt.name}, which has no NaN; "
-                "pass saturate=True to clamp to its smallest value"
-            )
     from lowbit import _fast
 
     out = np.empty(flat.size, dtype=fmt.code_dtype)
-    if _fast.encode_float(fmt, flat, _MODE_INDEX[mode], saturate, rbits, out):
+    kernel_input = flat if flat.dtype != np.float16 and flat.dtype != _BF16 else None
+    if kernel_input is None and _fast.enabled():
+        kernel_input = flat.astype(np.float32)  # exact; the kernel reads float32
+    # the kernel checks NaN and sign on the fly (raising the same errors)
+    if kernel_input is not None and _fast.encode_float(
+        fmt,
+        kernel_input,
+        _MODE_INDEX[mode],
+        saturate,
+        rbits,
+        out,
+        nan_check=nan_check,
+        neg_check=neg_check,
+    ):
         return out.reshape(shape)
+    if nan_check and np.isnan(flat).any():
+        raise nan_error(fmt)
+    if neg_check and (flat < 0).any():
+        raise negative_error(fmt)
     for start in range(0, flat.size, CHUNK):
         sl = slice(start, start + CHUNK)
-        out[sl] = _encode_chunk(fmt, flat[sl], mode, saturate, None if rbits is None else rbits[sl])
+        out[sl] = _encode_chunk(
+            fmt, _widen(flat[sl]), mode, saturate, None if rbits is None else rbits[sl]
+        )
     return out.reshape(shape)
+
+
+def _widen(x: np.ndarray) -> np.ndarray:
+    """``x`` as float64 (exact for every input dtype the encoder takes)."""
+    if x.dtype == np.float64:
+        return x
+    with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly
+        return x.astype(np.float64)
 
 
 def _encode_chunk(

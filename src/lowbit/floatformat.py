@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit._arrays import as_float64, check_codes
+from lowbit._arrays import check_codes
 from lowbit._enums import Inf, NaN
 from lowbit.base import Format
 from lowbit.errors import LowbitError
@@ -307,11 +307,11 @@ class FloatFormat(Format):
         Raises:
             NaNPolicyError: NaN input for a format without NaN, under ``nan="raise"``.
         """
-        from lowbit.codec import encode_float
+        from lowbit.codec import as_float_input, encode_float
 
         return encode_float(
             self,
-            as_float64(x),
+            as_float_input(x),
             rounding=rounding,
             saturate=bool(saturate),
             seed=seed,
