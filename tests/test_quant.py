@@ -523,3 +523,39 @@ def test_eager_torch_int_quantization_agrees(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(qt.scale, s.numpy())
     want = torch.round(t / s).clamp(-128, 127).to(torch.int8).numpy()
     np.testing.assert_array_equal(qt.unpack(), want)
+
+
+# ---- the float32 fast paths equal the exact codec -----------------------------------
+
+_SMALL = sorted(
+    n for n, f in lowbit.FORMATS.items() if f.kind in ("float", "valueset") and f.bits <= 8
+    and (f.kind != "float" or f.signed)
+)  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    name=st.sampled_from(_SMALL),
+    seed=st.integers(0, 2**32 - 1),
+    mode=st.sampled_from(["nearest_even", "nearest_away"]),
+)
+def test_fast_paths_equal_the_codec_at_midpoints(name: str, seed: int, mode: str) -> None:
+    """Codes equal fmt.encode(x / s) (float64 quotient) for values on, next to and
+    between the format's midpoints and values, times a random float32 scale."""
+    fmt = lowbit.format(name)
+    rng = np.random.default_rng(seed)
+    vals = fmt.values()
+    vals = vals[np.isfinite(vals)]
+    mids = (vals[:-1] + vals[1:]) / 2
+    s = np.float32(rng.uniform(0.5, 1) * 2.0 ** rng.integers(-20, 20))
+    pts = np.concatenate([vals, mids, rng.uniform(vals[0], vals[-1], 200)]) * np.float64(s)
+    x = pts.astype(np.float32)
+    x = np.concatenate(
+        [x, np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(-np.inf))]
+    )
+    amax = np.float32(np.max(np.abs(vals)) * np.float64(s))  # pins the scale to s (or near)
+    x = np.concatenate([[amax], x, [-amax]]).astype(np.float32)
+    qt = quantize(x, name, scale_method="absmax", rounding=mode, granularity="tensor")
+    sc = np.float64(qt.scale.reshape(-1)[0])
+    want = fmt.encode(x.astype(np.float64) / sc, saturate=True, rounding=mode)
+    np.testing.assert_array_equal(qt.unpack(), want)

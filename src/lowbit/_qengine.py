@@ -7,7 +7,9 @@ range of the tensor.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,13 +40,23 @@ _NEAREST = (Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY)
 # ---- chunking ------------------------------------------------------------------------
 
 
-def _chunks(shape: tuple[int, ...]) -> Iterator[tuple[slice, ...]]:
-    """Index tuples covering a 4-D shape in contiguous pieces of about ``_CHUNK`` elements."""
-    k = next((i for i, n in enumerate(shape) if n > 1), len(shape) - 1)
+def _chunk_axis(shape: tuple[int, ...]) -> int:
+    """The axis chunks run along: the first one longer than 1."""
+    return next((i for i, n in enumerate(shape) if n > 1), len(shape) - 1)
+
+
+def _chunks(shape: tuple[int, ...]) -> Iterator[tuple[tuple[slice, ...], int, int]]:
+    """(index, first flat element, end flat element) of contiguous pieces of a 4-D shape,
+    about ``_CHUNK`` elements each; every piece but the last is a multiple of 8 elements,
+    so bit-packed codes of any width start on a byte boundary."""
+    k = _chunk_axis(shape)
     inner = int(np.prod(shape[k + 1 :], dtype=np.int64)) or 1
     step = max(1, _CHUNK // inner)
+    align = 8 // math.gcd(inner, 8)
+    step = max(align, step - step % align)
     for start in range(0, shape[k], step):
-        yield (slice(None),) * k + (slice(start, min(start + step, shape[k])),)
+        stop = min(start + step, shape[k])
+        yield (slice(None),) * k + (slice(start, stop),), start * inner, stop * inner
 
 
 def _take(a: np.ndarray | None, idx: tuple[slice, ...]) -> Any:
@@ -130,10 +142,10 @@ def choose_scale(
 
 
 def _int_codes(r: np.ndarray, fmt: Format) -> np.ndarray:
-    """Integer values (float array, in range) -> two's complement codes."""
+    """Integer values (float array, already clipped to the format) -> two's complement codes."""
     bits = fmt.bits
     if bits <= 8:
-        c = r.astype(np.int16).astype(np.uint8)
+        c = r.astype(np.int8).view(np.uint8) if fmt.signed else r.astype(np.uint8)  # type: ignore[attr-defined]
         return c & np.uint8((1 << bits) - 1) if bits < 8 else c
     c = r.astype(np.int32).astype(np.uint32) & np.uint32((1 << bits) - 1)
     return c.astype(fmt.code_dtype)
@@ -141,12 +153,14 @@ def _int_codes(r: np.ndarray, fmt: Format) -> np.ndarray:
 
 def _round_int_nearest(V: np.ndarray, S: np.ndarray, mode: Rounding) -> np.ndarray:
     """round(V / S) of the exact quotient: divide in V's dtype, re-do the ties exactly."""
-    t = V / S.astype(V.dtype)
+    t = np.divide(V, S.astype(V.dtype, copy=False))
     r = np.rint(t)
-    tie = np.abs(t - r) == 0.5
+    np.subtract(t, r, out=t)
+    np.abs(t, out=t)
+    tie = t == 0.5
     if tie.any():
-        Vb = np.broadcast_to(V, t.shape)[tie]
-        Sb = np.broadcast_to(S, t.shape)[tie]
+        Vb = np.broadcast_to(V, r.shape)[tie]
+        Sb = np.broadcast_to(S, r.shape)[tie]
         if V.dtype == np.float32:
             # float64 quotients of float32 values never land on a false tie
             t64 = Vb.astype(np.float64) / Sb.astype(np.float64)
@@ -162,6 +176,105 @@ def _round_int_nearest(V: np.ndarray, S: np.ndarray, mode: Rounding) -> np.ndarr
     return r
 
 
+@cache
+def _valueset_lut(fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]:
+    """Bin tables for rounding onto a value set in float32 (see ``_valueset_nearest``):
+    per bin of a uniform grid over the table's range, the code at its lower edge, the
+    midpoint inside it (or inf) and the midpoint within ``tol`` of it (or inf)."""
+    t = fmt.values().astype(np.float64)
+    mids = (t[:-1] + t[1:]) / 2
+    lo, hi = float(t[0]), float(t[-1])
+    tol = max(abs(lo), abs(hi)) * 2.0**-20
+    nbins = 4096
+    while nbins < (1 << 16) and np.min(np.diff(mids), initial=np.inf) <= 4 * (hi - lo) / nbins:
+        nbins *= 2
+    edges = lo + (hi - lo) * np.arange(nbins + 1) / nbins
+    base = np.searchsorted(mids, edges[:-1], side="left")  # mids below the edge
+    inside = np.searchsorted(mids, edges[1:], side="left") > base
+    thr = np.full(nbins, np.inf)
+    thr[inside] = mids[base[inside]]
+    near = np.full(nbins, np.inf)
+    j = np.clip(np.searchsorted(mids, edges[:-1] - tol, side="left"), 0, mids.size - 1)
+    close = mids[j] <= edges[1:] + tol
+    near[close] = mids[j[close]]
+    return (
+        base.astype(np.uint8), thr.astype(np.float32), near.astype(np.float32),
+        tol, lo, nbins / (hi - lo),
+    )  # fmt: skip
+
+
+def _valueset_nearest(V: np.ndarray, S: np.ndarray, fmt: Format, mode: Rounding) -> np.ndarray:
+    """Nearest table entry of V/S, equal to ``fmt.encode`` of the float64 quotient.
+
+    The quotient is formed in float32 and binned on a uniform grid finer than the gaps
+    between midpoints (one comparison per bin); elements within 2**-20 of a midpoint
+    (float32 rounding could put them on the wrong side, or they tie) go through the
+    exact codec.
+    """
+    base, thr, near_mid, tol, lo, inv_w = _valueset_lut(fmt)
+    t = np.divide(V, S.astype(np.float32, copy=False), dtype=np.float32)
+    b = np.subtract(t, np.float32(lo))
+    np.multiply(b, np.float32(inv_w), out=b)
+    np.clip(b, 0, base.size - 1, out=b)
+    bi = b.astype(np.intp)
+    code = np.take(base, bi)
+    code += np.take(thr, bi) < t
+    d = np.subtract(t, np.take(near_mid, bi), out=b)
+    near = np.abs(d, out=d) <= np.float32(tol)
+    if near.any():
+        Vb = np.broadcast_to(V, t.shape)[near].astype(np.float64)
+        Sb = np.broadcast_to(S, t.shape)[near].astype(np.float64)
+        code[near] = fmt.encode(Vb / Sb, rounding=mode.value, saturate=True, nan="zero")
+    return code
+
+
+@cache
+def _float_lut(fmt: Format) -> tuple[np.ndarray, np.ndarray, int]:
+    """Code of every bin of float32 values that agree in sign, exponent and the top
+    ``mbits + 1`` mantissa bits (saturating, nearest), and whether a bin's lower edge is a
+    rounding boundary (a midpoint between two values of ``fmt``)."""
+    shift = 23 - (fmt.mbits + 1)  # type: ignore[attr-defined]
+    keys = np.arange(1 << (32 - shift), dtype=np.uint64)
+    interior = ((keys << np.uint64(shift)) | np.uint64(1 << (shift - 1))).astype(np.uint32)
+    with np.errstate(invalid="ignore"):  # the exponent-255 keys are NaNs; unused
+        rep = interior.view(np.float32).astype(np.float64)
+    finite = np.isfinite(rep)
+    rep = np.where(finite, rep, np.copysign(fmt.max, rep))
+    lut = fmt.encode(rep, saturate=True).astype(np.uint8)
+    mag = keys & np.uint64((1 << (31 - shift)) - 1)
+    boundary = np.zeros(keys.size, dtype=bool)
+    boundary[1:] = lut[1:] != lut[:-1]
+    boundary &= mag != 0
+    return lut, boundary, shift
+
+
+def _float_nearest(V: np.ndarray, S: np.ndarray, fmt: Format, mode: Rounding) -> np.ndarray:
+    """``fmt.encode(V/S, saturate=True)`` for float32 V and a small float format.
+
+    The float32 quotient's top bits index a table; the boundaries between codes are
+    midpoints with ``mbits + 1`` significant bits, exactly representable in float32, so
+    a float32 quotient is on the correct side of each unless it equals one: those (ties,
+    true or made by the float32 division) go through the exact codec.
+    """
+    lut, boundary, shift = _float_lut(fmt)
+    t = np.divide(V, S.astype(np.float32, copy=False), dtype=np.float32)
+    u = t.view(np.uint32)
+    key = (u >> np.uint32(shift)).astype(np.intp)
+    code = np.take(lut, key)
+    edge = (u & np.uint32((1 << shift) - 1)) == 0
+    if edge.any():
+        at = np.flatnonzero(edge)
+        tie = boundary[key.reshape(-1)[at]]
+        if tie.any():
+            at = at[tie]
+            Vb = np.broadcast_to(V, t.shape).reshape(-1)[at].astype(np.float64)
+            Sb = np.broadcast_to(S, t.shape).reshape(-1)[at].astype(np.float64)
+            code.reshape(-1)[at] = fmt.encode(
+                Vb / Sb, rounding=mode.value, saturate=True, nan="zero"
+            )
+    return code
+
+
 def _encode_chunk(
     V: np.ndarray,
     S: np.ndarray,
@@ -172,6 +285,10 @@ def _encode_chunk(
     mode: Rounding,
     rng: np.random.Generator | None,
 ) -> np.ndarray:
+    if V.ndim == 4 and V.shape[3] == 1:  # one-element inner loops are slow: drop the axis
+        Z3 = None if Z is None else Z[..., 0]
+        T3 = None if T is None else T[..., 0]
+        return _encode_chunk(V[..., 0], S[..., 0], Z3, T3, fmt, scheme, mode, rng)[..., None]
     kind = fmt.kind
     if T is not None and mode in _NEAREST:  # binary / ternary thresholds (BNN, TWN)
         if fmt.name == "binary":
@@ -193,6 +310,11 @@ def _encode_chunk(
             r += Z.astype(r.dtype)
         np.clip(r, qmin, qmax, out=r)
         return _int_codes(r, fmt)
+    if mode in _NEAREST and V.dtype == np.float32 and fmt.bits <= 8:
+        if kind == "valueset":
+            return _valueset_nearest(V, S, fmt, mode)
+        if kind == "float":
+            return _float_nearest(V, S, fmt, mode)
     t = V.astype(np.float64) / S.astype(np.float64)
     return fmt.encode(t, rounding=mode.value, saturate=True, random_bits=rbits, nan="zero")
 
@@ -205,78 +327,127 @@ def _patch_nonfinite(
     fmt: Format,
     axes: tuple[int, ...],
 ) -> np.ndarray:
-    """Under nan='propagate': NaN/inf codes where the format has them, else NaN scales."""
-    isnan = np.isnan(V) & mask
-    isinf = mask & ~isnan
-    lost = np.zeros(V.shape, dtype=bool)
+    """Under nan='propagate': NaN/inf codes where the format has them (in place), and the
+    scales with NaN for the groups holding a value the format cannot represent."""
     if fmt.kind == "float":
+        isnan = np.isnan(V) & mask
+        isinf = mask & ~isnan
         nan_code = fmt.nan_code  # type: ignore[attr-defined]
         inf_code = fmt.inf_code  # type: ignore[attr-defined]
         if nan_code is not None:
             codes[isnan] = nan_code
-        else:
-            lost |= isnan
         if inf_code is not None:
             sign = (V[isinf] < 0).astype(np.uint64) << np.uint64(fmt.magnitude_bits)  # type: ignore[attr-defined]
             codes[isinf] = (np.uint64(inf_code) | sign).astype(codes.dtype)
         elif nan_code is not None:
             codes[isinf] = nan_code
-        else:
-            lost |= isinf
-    else:
-        lost = mask  # integers and value sets have no NaN/inf: the group's scale carries it
-    if lost.any():
+    lost = _lost_mask(V, mask, fmt)
+    if s32.size and lost.any():
         bad = np.any(lost, axis=axes, keepdims=True)
         s32 = np.where(bad, np.float32(np.nan), s32).astype(np.float32)
     return s32
 
 
+def _scales_for(
+    V: np.ndarray, axes: tuple[int, ...], scheme: Scheme, fmt: Format, nan: str
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray]:
+    """Scale, zero point, threshold per group of ``V``; the non-finite mask (or None) and
+    the data to encode (non-finite values replaced by 0 under nan='propagate')."""
+    if V.ndim == 4 and V.shape[3] == 1:
+        # a trailing axis of length 1 makes numpy's inner loops one element long
+        out = _scales_for(V[..., 0], tuple(a for a in axes if a != 3), scheme, fmt, nan)
+        return tuple(None if a is None else a[..., None] for a in out)  # type: ignore[return-value]
+    mn, mx = minmax(V, axes)
+    mask = None
+    if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
+        mask = ~np.isfinite(V)
+        if nan == "raise":
+            n_nan = int(np.isnan(V).sum())
+            raise LowbitError(
+                f"input contains {n_nan} NaN and {int(mask.sum()) - n_nan} infinite values; "
+                "pass nan='propagate' to keep them (NaN/inf codes, or NaN group scales)"
+            )
+        V = np.where(mask, V.dtype.type(0), V)
+        mn, mx = minmax(V, axes)
+    s32, zp, thresh = choose_scale(V, axes, mn, mx, scheme, fmt)
+    return s32, zp, thresh, mask, V
+
+
 def encode_tensor(
     arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str, is_torch: bool
 ) -> QuantizedTensor:
-    """Quantize a C-contiguous float32/float64 array (see ``lowbit.quant.quantize``)."""
+    """Quantize a C-contiguous float32/float64 array (see ``lowbit.quant.quantize``).
+
+    When the groups do not cross chunks (groups along an axis, per-channel on the first
+    axis), each chunk is read once: its statistics, scales, codes and packed bytes are
+    computed while it is in cache.
+    """
+    from lowbit.packing import packed_nbytes
     from lowbit.quant import QuantizedTensor
 
     layout = make_layout(arr.shape, scheme)
     fmt = scheme.element_format
+    bits = fmt.bits
     mode = as_rounding(scheme.rounding)
     rng = None
     if mode is Rounding.STOCHASTIC:
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     axes = layout.reduce_axes
-    codes3 = np.empty(layout.pqr, dtype=fmt.code_dtype)
+    parts = layout.parts
+    direct = len(parts) == 1  # chunks are contiguous ranges of the tensor: pack as we go
+    packed = np.empty(packed_nbytes(arr.size, bits), dtype=np.uint8) if direct else None
+    codes3 = None if direct else np.empty(layout.pqr, dtype=fmt.code_dtype)
     scales: list[np.ndarray] = []
     zps: list[np.ndarray] = []
-    for part in layout.parts:
+
+    def emit(codes: np.ndarray, e0: int, e1: int, part_out: np.ndarray | None, idx: Any) -> None:
+        if packed is not None:
+            b0 = e0 * bits // 8
+            packed[b0 : b0 + packed_nbytes(e1 - e0, bits)] = _pack_unchecked(
+                codes.reshape(-1), bits
+            )
+        else:
+            assert part_out is not None
+            part_out[idx] = codes
+
+    for part in parts:
         V = layout.view(arr, part)
-        mn, mx = minmax(V, axes)
-        mask = None
-        if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
-            mask = ~np.isfinite(V)
-            if nan == "raise":
-                n_nan = int(np.isnan(V).sum())
-                n_inf = int(mask.sum()) - n_nan
-                raise LowbitError(
-                    f"input contains {n_nan} NaN and {n_inf} infinite values; pass "
-                    "nan='propagate' to keep them (NaN/inf codes, or NaN group scales)"
-                )
-            Vorig = V
-            V = np.where(mask, V.dtype.type(0), V)
-            mn, mx = minmax(V, axes)
-        s32, zp, thresh = choose_scale(V, axes, mn, mx, scheme, fmt)
-        out = np.empty(V.shape, dtype=fmt.code_dtype)
-        for idx in _chunks(V.shape):
-            out[idx] = _encode_chunk(
-                V[idx], _take(s32, idx), _take(zp, idx), _take(thresh, idx),
-                fmt, scheme, mode, rng,
-            )  # fmt: skip
-        if mask is not None:
-            s32 = _patch_nonfinite(Vorig, mask, out, s32, fmt, axes)
-        P, _L, Q = layout.pqr
-        codes3[:, part.start : part.stop, :] = out.reshape(P, part.stop - part.start, Q)
-        scales.append(s32)
-        if zp is not None:
-            zps.append(zp)
+        part_out = None if direct else np.empty(V.shape, dtype=fmt.code_dtype)
+        k = _chunk_axis(V.shape)
+        if k not in axes:  # fused: every group lies inside one chunk
+            s_list, z_list = [], []
+            for idx, e0, e1 in _chunks(V.shape):
+                s32, zp, thresh, mask, Vc = _scales_for(V[idx], axes, scheme, fmt, nan)
+                codes = _encode_chunk(Vc, s32, zp, thresh, fmt, scheme, mode, rng)
+                if mask is not None:
+                    s32 = _patch_nonfinite(V[idx], mask, codes, s32, fmt, axes)
+                emit(codes, e0, e1, part_out, idx)
+                s_list.append(s32)
+                if zp is not None:
+                    z_list.append(zp)
+            scales.append(np.concatenate(s_list, axis=k) if len(s_list) > 1 else s_list[0])
+            if z_list:
+                zps.append(np.concatenate(z_list, axis=k) if len(z_list) > 1 else z_list[0])
+        else:
+            s32, zp, thresh, mask, Vz = _scales_for(V, axes, scheme, fmt, nan)
+            for idx, e0, e1 in _chunks(V.shape):
+                codes = _encode_chunk(
+                    Vz[idx], _take(s32, idx), _take(zp, idx), _take(thresh, idx),
+                    fmt, scheme, mode, rng,
+                )  # fmt: skip
+                if mask is not None and mask[idx].any():  # NaN/inf codes (scales below)
+                    _patch_nonfinite(V[idx], mask[idx], codes, s32[:0], fmt, axes)
+                emit(codes, e0, e1, part_out, idx)
+            if mask is not None:
+                lost = _lost_mask(V, mask, fmt)
+                s32 = np.where(np.any(lost, axis=axes, keepdims=True), np.float32(np.nan), s32)
+            scales.append(s32.astype(np.float32))
+            if zp is not None:
+                zps.append(zp)
+        if codes3 is not None:
+            assert part_out is not None
+            P, _, Q = layout.pqr
+            codes3[:, part.start : part.stop, :] = part_out.reshape(P, part.stop - part.start, Q)
     scale = layout.join_scales(scales)
     zero_point = layout.join_scales(zps).astype(np.int32) if zps else None
     dq = None
@@ -286,7 +457,9 @@ def encode_tensor(
         c8, a2, off = double_quantize(scale)
         dq = (c8, a2, off)
         scale = double_dequantize(c8, a2, off).reshape(scale.shape)
-    packed = _pack_unchecked(codes3.reshape(-1), fmt.bits)
+    if packed is None:
+        assert codes3 is not None
+        packed = _pack_unchecked(codes3.reshape(-1), bits)
     return QuantizedTensor(
         codes=packed,
         scale=scale,
@@ -296,6 +469,20 @@ def encode_tensor(
         dq=dq,
         source_torch=is_torch,
     )
+
+
+def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:
+    """Non-finite elements the format cannot hold (their group's scale becomes NaN)."""
+    if fmt.kind != "float":
+        return mask
+    isnan = np.isnan(V) & mask
+    isinf = mask & ~isnan
+    lost = np.zeros(V.shape, dtype=bool)
+    if fmt.nan_code is None:  # type: ignore[attr-defined]
+        lost |= isnan
+        if fmt.inf_code is None:  # type: ignore[attr-defined]
+            lost |= isinf
+    return lost
 
 
 # ---- dequantize -------------------------------------------------------------------------
@@ -311,29 +498,57 @@ def value_table(fmt: Format, dtype: Any) -> np.ndarray:
     return fmt.decode(np.arange(n, dtype=np.uint32), dtype=dtype)
 
 
+@cache
+def _pair_table(fmt: Format, dtype: Any) -> np.ndarray:
+    """Values of both nibbles of every byte: ``[b] -> (value(b & 15), value(b >> 4))``."""
+    t = value_table(fmt, dtype)
+    b = np.arange(256)
+    return np.stack([t[b & 15], t[b >> 4]], axis=1)
+
+
 def decode_tensor(qt: QuantizedTensor, work: Any) -> np.ndarray:
-    """``(value(code) - zp) * scale`` in ``work`` (float32 or float64)."""
+    """``(value(code) - zp) * scale`` in ``work`` (float32 or float64), chunk by chunk."""
     fmt = qt.format
-    if fmt.bits > 16:  # pragma: no cover - the scheme rejects them
-        raise LowbitError(f"cannot dequantize {fmt.bits}-bit codes")
+    bits = fmt.bits
+    if bits > 16:  # pragma: no cover - the scheme rejects them
+        raise LowbitError(f"cannot dequantize {bits}-bit codes")
+    work = np.dtype(work)
     layout: Layout = make_layout(qt.shape, qt.scheme)
     table = value_table(fmt, work)
-    codes = unpack(qt.codes, fmt.bits, qt.numel)
-    P, L, Q = layout.pqr
-    out3 = np.empty((P, L, Q), dtype=work)
-    codes_full = codes.reshape(qt.shape)
     scale = qt.scale.astype(work)
     zp = qt.zero_point.astype(work) if qt.zero_point is not None else None
-    for i, part in enumerate(layout.parts):
-        C = layout.view(codes_full, part)
-        S = layout.scale4(scale, i)
-        Z = layout.scale4(zp, i) if zp is not None else None
-        res = np.empty(C.shape, dtype=work)
-        for idx in _chunks(C.shape):
-            v = table[C[idx]]
+    parts = layout.parts
+    packed = qt.codes
+    out = np.empty(qt.shape, dtype=work)
+    if len(parts) == 1:
+        O = layout.view(out, parts[0])  # a view: writes land in ``out``
+        S = layout.scale4(scale, 0)
+        Z = layout.scale4(zp, 0) if zp is not None else None
+        pairs = _pair_table(fmt, work) if bits == 4 else None
+        for idx, e0, e1 in _chunks(O.shape):
+            n = e1 - e0
+            if pairs is not None:
+                v = np.take(pairs, packed[e0 // 2 : (e1 + 1) // 2], axis=0).reshape(-1)[:n]
+            elif bits == 8:
+                v = np.take(table, packed[e0:e1])
+            else:
+                b0 = e0 * bits // 8
+                c = unpack(packed[b0 : b0 + (n * bits + 7) // 8], bits, n)
+                v = np.take(table, c)
+            dst = O[idx]
+            v = v.reshape(dst.shape)
             if Z is not None:
                 v -= _take(Z, idx)
-            v *= _take(S, idx)
-            res[idx] = v
-        out3[:, part.start : part.stop, :] = res.reshape(P, part.stop - part.start, Q)
-    return out3.reshape(qt.shape)
+            np.multiply(v, _take(S, idx), out=dst)
+        return out
+    codes_full = unpack(packed, bits, qt.numel).reshape(qt.shape)
+    P, L, Q = layout.pqr
+    out3 = out.reshape(P, L, Q)
+    for i, part in enumerate(parts):
+        C = layout.view(codes_full, part)
+        v = np.take(table, C)
+        if zp is not None:
+            v -= layout.scale4(zp, i)
+        v *= layout.scale4(scale, i)
+        out3[:, part.start : part.stop, :] = v.reshape(P, part.stop - part.start, Q)
+    return out
