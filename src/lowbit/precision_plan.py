@@ -1,0 +1,856 @@
+"""The precision plan applied to a checkpoint: what each tensor becomes.
+
+A :class:`PrecisionPlan` is an ordered list of rules and a default. Each tensor of a checkpoint
+gets the first rule that matches it; tensors no rule names follow the defaults a user expects:
+
+- 2-D floating-point weights of linear layers (attention, MLP, other ``*.weight`` matrices)
+  get the plan's ``default`` scheme;
+- embeddings, the LM head, norms, biases, 1-D tensors, integer tensors and buffers are kept
+  exactly as stored.
+
+Rules use the planner's format (``lowbit.planschemes``: ``match`` globs, ``component``,
+``ndim``, ``format``) with a few additions for real checkpoints::
+
+    version: 1
+    default: int4:g128            # scheme for the 2-D linear weights no rule names ("keep": none)
+    activations: int8             # optional: simulate per-token INT8 inputs (W8A8) everywhere
+    rules:
+      - match: "*embed*"          # glob(s) on tensor names; "re:..." makes it a regex
+        format: keep              # keep as stored
+      - regex: 'model\\.layers\\.(0|1)\\..*'   # regex (full match) on tensor names
+        format: int8:ch
+        scale_method: mse         # absmax | percentile | meanstd | mse
+      - component: mlp            # embeddings, attention, mlp, norms, lm_head, other
+        ndim: 2
+        format: nf4:g64:dq
+        activations: fp8_e4m3     # this rule's tensors also get FP8 activations
+      - match: lm_head.weight
+        format: bf16              # a plain cast (float32 / float16 / bfloat16)
+
+Scheme strings are :func:`lowbit.planschemes.parse_scheme`'s
+(``FORMAT[:gN|:ch|:t][:SCALE][:asym][:dq]``, MX names, presets ``q8_0``/``q4_0``); a format
+given without granularity gets the usual weight layout: one scale per output channel
+(``int8`` = ``int8:ch``), NF4 in QLoRA's blocks of 64, MX in blocks of 32. A rule matching no
+tensor is a warning naming the closest tensor names; a rule that makes a tensor unquantizable
+(a 1-D tensor into group-128 or per-channel scales, integers, an axis the tensor lacks, a group
+that does not divide its row with ``pad: false``) is an error naming the tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import math
+import re
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lowbit.errors import LowbitError
+from lowbit.modelspec import COMPONENTS, classify
+from lowbit.scheme import Granularity, ScaleMethod, Scheme
+
+__all__ = [
+    "KEEP",
+    "AppliedPlan",
+    "Cast",
+    "PlanRule",
+    "PrecisionPlan",
+    "TensorPlan",
+    "activation_format",
+    "scheme_from_spec",
+    "scheme_label",
+]
+
+PLAN_VERSION = 1
+KEEP = "keep"
+
+#: Formats a plain cast may store (safetensors dtype names for the lowbit checkpoint).
+CAST_FORMATS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+#: Tensors the defaults quantize: 2-D weights of these components.
+DEFAULT_COMPONENTS = ("attention", "mlp", "other")
+_RULE_KEYS = {"match", "regex", "component", "ndim", "format", "scheme", "scale_method",
+              "activations", "pad"}  # fmt: skip
+_PLAN_KEYS = {"version", "default", "activations", "rules"}
+
+
+# ---------------------------------------------------------------------------------------
+# Schemes
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cast:
+    """Store a tensor in a plain float type, no scale (``bf16``, ``fp16``, ``fp32``)."""
+
+    dtype: str  # float32 | float16 | bfloat16
+
+    @property
+    def bits(self) -> int:
+        return 32 if self.dtype == "float32" else 16
+
+    def describe(self) -> str:
+        return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.dtype]
+
+
+Action = Scheme | Cast | None  # None: keep as stored
+
+
+def scheme_label(scheme: Scheme | Cast | None) -> str:
+    """A short text form: ``int4:g128:fp32``, ``int8:ch:fp32:asym``, ``mxfp4``, ``bf16``, ``keep``.
+
+    The scale method is appended in parentheses when it is not absmax (``int4:g128:fp32 (mse)``).
+    """
+    if scheme is None:
+        return KEEP
+    if isinstance(scheme, Cast):
+        return scheme.describe()
+    from lowbit.planschemes import WeightScheme
+
+    ws = WeightScheme(
+        format=scheme.format,
+        granularity=scheme.granularity.value,
+        axis=None if scheme.granularity is Granularity.TENSOR else scheme.axis,
+        group_size=scheme.group_size
+        if scheme.granularity in (Granularity.GROUP, Granularity.BLOCK)
+        else None,
+        scale_format=scheme.scale_format,
+        symmetric=scheme.symmetric,
+        double_quant=scheme.double_quant,
+    )
+    label = ws.label
+    if scheme.scale_method not in (ScaleMethod.ABSMAX, ScaleMethod.MEANABS):
+        label += f" ({scheme.scale_method.value})"
+    return label
+
+
+def scheme_from_spec(
+    spec: Any,
+    *,
+    group: int | None = None,
+    scale_method: str | None = None,
+    asym: bool | None = None,
+    scale_format: str | None = None,
+    pad: bool = True,
+) -> Scheme | Cast | None:
+    """The scheme a weight gets from a scheme string, dict or object, with CLI-style overrides.
+
+    Strings are parsed by :func:`lowbit.planschemes.parse_scheme` (``int4:g128:fp16``,
+    ``nf4:dq``, ``mxfp4``, ``q4_0``, ``bf16`` ...), ``"keep"`` means keep as stored. A format
+    with no granularity gets the weight layout: per output channel for integers and floats,
+    QLoRA's blocks of 64 for NF4 (MX formats are blocks of 32 anyway); ``fp32``/``fp16``/
+    ``bf16`` alone are plain casts. A dict with ``"version"`` is ``Scheme.to_dict()``'s.
+
+    Args:
+        spec: the scheme (string, dict, :class:`~lowbit.scheme.Scheme` or :class:`Cast`).
+        group: values per scale along the rows (``--group N``): group granularity.
+        scale_method: ``absmax`` | ``percentile`` | ``meanstd`` | ``mse``.
+        asym: integer formats get a zero point (``--asym``).
+        scale_format: the scales' format (``fp32``, ``fp16``, ``bf16``, ``e8m0``).
+        pad: let the last group of a row be shorter (False: a row the group does not divide is
+            an error).
+
+    Returns:
+        A :class:`~lowbit.scheme.Scheme`, a :class:`Cast`, or None for keep.
+
+    Raises:
+        LowbitError: an unknown format or token, or a combination lowbit cannot quantize to
+            (the message names the scheme).
+    """
+    if isinstance(spec, (Scheme, Cast)) or spec is None:
+        if any(v is not None for v in (group, scale_method, asym, scale_format)):
+            raise LowbitError("options such as --group apply to scheme strings, not Scheme objects")
+        return spec
+    if isinstance(spec, str) and spec.strip().lower() == KEEP:
+        if any(v is not None for v in (group, scale_method, asym, scale_format)):
+            raise LowbitError("'keep' takes no --group, --scale-method, --asym or --scale-format")
+        return None
+    if isinstance(spec, Mapping) and "version" in spec:
+        return Scheme.from_dict(dict(spec))
+    from lowbit.planschemes import parse_scheme
+
+    text = spec if isinstance(spec, str) else None
+    try:
+        ws = parse_scheme(spec)
+        overrides: dict[str, Any] = {}
+        if group is not None:
+            if ws.granularity == "block":
+                raise LowbitError(f"{ws.format} is an MX block format: its group is 32")
+            overrides.update(granularity="group", group_size=int(group), axis=None)
+        if asym:
+            overrides["symmetric"] = False
+        if scale_format is not None:
+            overrides["scale_format"] = scale_format
+        if overrides:
+            if ws.granularity == "none" and "granularity" not in overrides:
+                overrides["granularity"] = _weight_granularity(ws.format)
+                if overrides["granularity"] == "group":
+                    overrides["group_size"] = 64
+            ws = dataclasses.replace(ws, name=None, **overrides)
+    except LowbitError as exc:
+        raise LowbitError(f"scheme {_show(spec)}: {exc}") from None
+    if ws.zero_point_bits is not None and ws.zero_point_bits != ws.element_bits:
+        raise LowbitError(
+            f"scheme {_show(spec)}: lowbit stores zero points at the element width; "
+            f"{ws.zero_point_bits}-bit zero points (llama.cpp's Q4_1/Q5_1 minimum) are a "
+            f"planning figure only: use an :asym scheme"
+        )
+    gran = ws.granularity
+    size = ws.group_size
+    if gran == "none":
+        if ws.format in CAST_FORMATS:
+            if scale_method is not None:
+                raise LowbitError(f"scheme {_show(spec)} is a plain cast: it has no scale method")
+            return Cast(ws.format)
+        gran = _weight_granularity(ws.format)
+        size = 64 if gran == "group" else None
+    elif (
+        ws.format == "nf4"
+        and gran == "tensor"
+        and ws.double_quant
+        and text is not None
+        and not re.search(r":(t|tensor)(:|$)", text.lower())
+    ):
+        gran, size = "group", 64  # "nf4:dq": QLoRA's blocks of 64 with double quantization
+    kw: dict[str, Any] = {
+        "format": ws.format,
+        "scale_method": scale_method,
+        "symmetric": ws.symmetric,
+        "double_quant": ws.double_quant,
+        "pad": pad,
+    }
+    if gran != "block":
+        kw.update(granularity=gran, group_size=size, scale_format=ws.scale_format or "float32")
+        if gran != "tensor":
+            kw["axis"] = ws.axis
+    try:
+        return Scheme(**kw)
+    except LowbitError as exc:
+        raise LowbitError(f"scheme {_show(spec)}: {exc}") from None
+
+
+def _weight_granularity(fmt: str) -> str:
+    return "group" if fmt == "nf4" else "channel"
+
+
+def _show(spec: Any) -> str:
+    return (
+        repr(spec)
+        if isinstance(spec, str)
+        else repr(dict(spec) if isinstance(spec, Mapping) else spec)
+    )
+
+
+def activation_format(name: str | None) -> str | None:
+    """Canonical name of an activation format for W8A8 simulation (``int8``, ``fp8`` = E4M3).
+
+    Raises:
+        LowbitError: a format the per-token simulation cannot take (value sets, unsigned).
+    """
+    if name is None:
+        return None
+    from lowbit.catalog import format as lookup
+
+    key = str(name).strip().lower()
+    fmt = lookup({"fp8": "float8_e4m3fn"}.get(key, key))
+    ok = (fmt.kind == "int" and getattr(fmt, "signed", False) and fmt.bits <= 16) or (
+        fmt.kind == "float" and getattr(fmt, "signed", True) and getattr(fmt, "subnormals", True)
+    )
+    if not ok:
+        raise LowbitError(
+            f"activations {name!r}: per-token simulation takes signed integers (int8) or signed "
+            f"floats with subnormals (fp8_e4m3, fp8_e5m2), not {fmt.name}"
+        )
+    return fmt.name
+
+
+# ---------------------------------------------------------------------------------------
+# Rules
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanRule:
+    """Tensors matching every given condition get ``action``; the first matching rule wins.
+
+    Attributes:
+        action: a :class:`~lowbit.scheme.Scheme`, a :class:`Cast`, or None (keep as stored).
+        match: glob(s) on tensor names (``fnmatch``, case-sensitive).
+        regex: regular expression(s), each matched against the whole name.
+        component: component name(s) (``lowbit.modelspec.COMPONENTS``).
+        ndim: tensor rank.
+        activations: per-token activation format for the layers this rule quantizes.
+    """
+
+    action: Action
+    match: tuple[str, ...] = ()
+    regex: tuple[str, ...] = ()
+    component: tuple[str, ...] = ()
+    ndim: int | None = None
+    activations: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.match or self.regex or self.component or self.ndim is not None):
+            raise LowbitError("a plan rule needs match, regex, component or ndim")
+        for r in self.regex:
+            try:
+                re.compile(r)
+            except re.error as exc:
+                raise LowbitError(f"plan rule regex {r!r} does not compile: {exc}") from None
+        bad = [c for c in self.component if c not in COMPONENTS]
+        if bad:
+            raise LowbitError(f"unknown component(s) {bad}; choose from {', '.join(COMPONENTS)}")
+
+    def matches(self, name: str, shape: Sequence[int]) -> bool:
+        """Whether a tensor of this name and shape falls under the rule."""
+        if self.match and not any(fnmatch.fnmatchcase(name, g) for g in self.match):
+            return False
+        if self.regex and not any(re.fullmatch(r, name) for r in self.regex):
+            return False
+        if self.component and classify(name, len(shape)) not in self.component:
+            return False
+        return self.ndim is None or len(shape) == self.ndim
+
+    def describe(self) -> str:
+        """``match '*mlp*' -> int4:g128:fp32`` (for messages)."""
+        parts = []
+        if self.match:
+            parts.append("match " + ", ".join(repr(g) for g in self.match))
+        if self.regex:
+            parts.append("regex " + ", ".join(repr(r) for r in self.regex))
+        if self.component:
+            parts.append("component " + ", ".join(self.component))
+        if self.ndim is not None:
+            parts.append(f"ndim {self.ndim}")
+        return f"{' '.join(parts)} -> {scheme_label(self.action)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule in plan-file form (parses back with :func:`parse_plan_rule`)."""
+        out: dict[str, Any] = {}
+        if self.match:
+            out["match"] = list(self.match)
+        if self.regex:
+            out["regex"] = list(self.regex)
+        if self.component:
+            out["component"] = list(self.component)
+        if self.ndim is not None:
+            out["ndim"] = self.ndim
+        out.update(_action_dict(self.action))
+        if self.activations:
+            out["activations"] = self.activations
+        return out
+
+
+def _action_dict(action: Action) -> dict[str, Any]:
+    """``{"format": ...}`` (plus scale_method/pad) that parses back to exactly ``action``."""
+    if action is None:
+        return {"format": KEEP}
+    if isinstance(action, Cast):
+        return {"format": action.describe()}
+    out: dict[str, Any] = {"format": scheme_label(action).split(" ")[0]}
+    method = action.scale_method.value
+    if action.scale_method not in (ScaleMethod.ABSMAX, ScaleMethod.MEANABS):
+        out["scale_method"] = method
+    if not action.pad:
+        out["pad"] = False
+    try:
+        again = scheme_from_spec(
+            out["format"], scale_method=out.get("scale_method"), pad=action.pad
+        )
+    except LowbitError:
+        again = None
+    if again != action:  # options the short form cannot say (rounding, percentile, axis...)
+        return {"format": action.to_dict()}
+    return out
+
+
+def parse_plan_rule(d: Any) -> PlanRule:
+    """A :class:`PlanRule` from a plan-file entry (see the module docstring for the fields).
+
+    Raises:
+        LowbitError: unknown fields, a missing format, a bad scheme, glob, regex or component.
+    """
+    if isinstance(d, PlanRule):
+        return d
+    if not isinstance(d, Mapping):
+        raise LowbitError(f"a plan rule must be an object, got {d!r}")
+    unknown = set(d) - _RULE_KEYS
+    if unknown:
+        raise LowbitError(
+            f"unknown rule field(s) {', '.join(sorted(unknown))}; allowed: "
+            f"{', '.join(sorted(_RULE_KEYS))}"
+        )
+    spec = d.get("format", d.get("scheme"))
+    if spec is None:
+        raise LowbitError(f"plan rule {dict(d)!r} needs a format (a scheme, or 'keep')")
+    globs, regexes = [], list(_as_tuple(d.get("regex")))
+    for g in _as_tuple(d.get("match")):
+        (regexes if g.startswith("re:") else globs).append(g[3:] if g.startswith("re:") else g)
+    ndim = d.get("ndim")
+    if ndim is not None and (isinstance(ndim, bool) or not isinstance(ndim, int)):
+        raise LowbitError(f"rule ndim must be an integer, got {ndim!r}")
+    pad = d.get("pad", True)
+    if not isinstance(pad, bool):
+        raise LowbitError(f"rule pad must be true or false, got {pad!r}")
+    method = d.get("scale_method")
+    try:
+        action = scheme_from_spec(spec, scale_method=method, pad=pad)
+    except LowbitError as exc:
+        raise LowbitError(f"plan rule {_rule_text(d)}: {exc}") from None
+    if action is None and (method is not None or "pad" in d or d.get("activations")):
+        raise LowbitError(
+            f"plan rule {_rule_text(d)}: 'keep' takes no scale_method, pad or activations"
+        )
+    return PlanRule(
+        action=action,
+        match=tuple(globs),
+        regex=tuple(regexes),
+        component=_as_tuple(d.get("component")),
+        ndim=ndim,
+        activations=activation_format(d.get("activations")),
+    )
+
+
+def _rule_text(d: Mapping[str, Any]) -> str:
+    keys = [k for k in ("match", "regex", "component", "ndim") if k in d]
+    return "{" + ", ".join(f"{k}: {d[k]!r}" for k in keys) + "}"
+
+
+def _as_tuple(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    return (str(v),) if isinstance(v, str) else tuple(str(x) for x in v)
+
+
+# ---------------------------------------------------------------------------------------
+# Applying a plan to tensors
+# ---------------------------------------------------------------------------------------
+
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def is_float_dtype(dtype: str) -> bool:
+    """Whether a stored type (safetensors or GGUF name) holds real numbers lowbit can quantize."""
+    d = str(dtype).upper()
+    if d in _FLOAT_DTYPES:
+        return True
+    return bool(re.match(r"^(Q\d|IQ\d|TQ\d|MXFP)", d))  # GGUF block types (dequantized on read)
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """What one tensor becomes.
+
+    Attributes:
+        name, shape, dtype: the source tensor (dtype as the file names it: ``F32``, ``Q4_1``).
+        action: ``"quantize"``, ``"cast"`` or ``"keep"``.
+        scheme: the quantization scheme (quantize), else None.
+        cast: the float type (cast), else None.
+        activations: per-token activation format for this layer's input (W8A8), or None.
+        rule: index of the rule that decided (None: the defaults).
+        reason: why, in words (``rule 2: match '*mlp*'``, ``default: 2-D linear weight``).
+        source_nbytes: bytes the tensor takes in the source file.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    action: str
+    scheme: Scheme | None
+    cast: str | None
+    activations: str | None
+    rule: int | None
+    reason: str
+    source_nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def label(self) -> str:
+        if self.action == "quantize":
+            return scheme_label(self.scheme)
+        if self.action == "cast":
+            return scheme_label(Cast(self.cast))  # type: ignore[arg-type]
+        return KEEP
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in a lowbit checkpoint: codes + scales (+ zero points), or the cast/kept data."""
+        if self.action == "quantize":
+            from lowbit.checkpoints.lowbit_format import quantized_arrays
+
+            return sum(a.nbytes for a in quantized_arrays(self.shape, self.scheme))  # type: ignore[arg-type]
+        if self.action == "cast":
+            return self.numel * (4 if self.cast == "float32" else 2)
+        return self.source_nbytes
+
+    @property
+    def bits(self) -> float:
+        """Stored bits per value (every byte of codes, scales and zero points counted)."""
+        return self.nbytes * 8 / self.numel if self.numel else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "action": self.action,
+            "format": self.label,
+            "scheme": self.scheme.to_dict() if self.scheme is not None else None,
+            "activations": self.activations,
+            "rule": self.rule,
+            "reason": self.reason,
+            "bits": self.bits,
+            "bytes": self.nbytes,
+            "source_bytes": self.source_nbytes,
+        }
+
+
+@dataclass(frozen=True)
+class AppliedPlan:
+    """A plan applied to a checkpoint's tensors (file order), with totals."""
+
+    tensors: tuple[TensorPlan, ...]
+    plan: PrecisionPlan
+
+    def __iter__(self) -> Any:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def quantized(self) -> tuple[TensorPlan, ...]:
+        return tuple(t for t in self.tensors if t.action == "quantize")
+
+    def totals(self) -> dict[str, Any]:
+        """Counts and bytes: all tensors, the quantized ones, and their bits per weight."""
+        q = self.quantized
+        q_numel = sum(t.numel for t in q)
+        q_bytes = sum(t.nbytes for t in q)
+        return {
+            "tensors": len(self.tensors),
+            "quantized": len(q),
+            "cast": sum(t.action == "cast" for t in self.tensors),
+            "kept": sum(t.action == "keep" for t in self.tensors),
+            "params": sum(t.numel for t in self.tensors),
+            "quantized_params": q_numel,
+            "source_bytes": sum(t.source_nbytes for t in self.tensors),
+            "bytes": sum(t.nbytes for t in self.tensors),
+            "quantized_bytes": q_bytes,
+            "quantized_source_bytes": sum(t.source_nbytes for t in q),
+            "bits_per_weight": q_bytes * 8 / q_numel if q_numel else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_dict(),
+            "tensors": [t.to_dict() for t in self.tensors],
+            "totals": self.totals(),
+        }
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """Ordered rules plus a default scheme for the 2-D linear weights no rule names.
+
+    Attributes:
+        rules: checked in order; the first that matches a tensor decides it.
+        default: what default-quantized tensors (2-D float ``*.weight`` matrices of attention,
+            MLP and other linear layers) become: a Scheme, a Cast, or None (keep everything no
+            rule names).
+        activations: per-token activation format for every quantized layer (W8A8), unless its
+            rule names another.
+    """
+
+    rules: tuple[PlanRule, ...] = ()
+    default: Action = None
+    activations: str | None = None
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def uniform(
+        cls,
+        to: Any,
+        *,
+        group: int | None = None,
+        scale_method: str | None = None,
+        asym: bool | None = None,
+        scale_format: str | None = None,
+        pad: bool = True,
+        activations: str | None = None,
+        rules: Iterable[Any] = (),
+    ) -> PrecisionPlan:
+        """The ``lowbit quantize --to FORMAT [--group N] [--scale-method M] [--asym]`` plan.
+
+        Raises:
+            LowbitError: a bad scheme or rule.
+        """
+        default = scheme_from_spec(
+            to,
+            group=group,
+            scale_method=scale_method,
+            asym=asym or None,
+            scale_format=scale_format,
+            pad=pad,
+        )
+        return cls(
+            rules=tuple(parse_plan_rule(r) for r in rules),
+            default=default,
+            activations=activation_format(activations),
+        )
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "plan") -> PrecisionPlan:
+        """A plan from ``{"version": 1, "default": ..., "activations": ..., "rules": [...]}``
+        or a bare list of rules (the planner's plan files read as they are).
+
+        Raises:
+            LowbitError: unknown keys, a newer version, bad rules.
+        """
+        if isinstance(data, list):
+            data = {"rules": data}
+        if not isinstance(data, Mapping):
+            raise LowbitError(f"{where}: a plan is an object with 'rules' (and 'default')")
+        unknown = set(data) - _PLAN_KEYS
+        if unknown:
+            raise LowbitError(
+                f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                f"allowed: {', '.join(sorted(_PLAN_KEYS))}"
+            )
+        if data.get("version", PLAN_VERSION) != PLAN_VERSION:
+            raise LowbitError(
+                f"{where}: plan version {data.get('version')!r}; this lowbit reads {PLAN_VERSION}"
+            )
+        rules = data.get("rules") or []
+        if not isinstance(rules, list):
+            raise LowbitError(f"{where}: 'rules' must be a list")
+        parsed = []
+        for i, r in enumerate(rules):
+            try:
+                parsed.append(parse_plan_rule(r))
+            except LowbitError as exc:
+                raise LowbitError(f"{where}: rule {i + 1}: {exc}") from None
+        default = data.get("default")
+        try:
+            action = _parse_default(default)
+        except LowbitError as exc:
+            raise LowbitError(f"{where}: default: {exc}") from None
+        return cls(tuple(parsed), action, activation_format(data.get("activations")))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> PrecisionPlan:
+        """Read a plan file (JSON, or YAML for ``.yaml``/``.yml``).
+
+        Raises:
+            LowbitError: a missing or malformed file, or a bad plan.
+        """
+        from lowbit.hardware import read_data_file
+
+        p = Path(path)
+        if not p.is_file():
+            raise LowbitError(f"plan file {p} does not exist")
+        return cls.from_dict(read_data_file(p), where=str(p))
+
+    def with_default(self, default: Action, activations: str | None = None) -> PrecisionPlan:
+        """The same rules with another default (``--plan FILE --to FORMAT``)."""
+        return dataclasses.replace(
+            self, default=default, activations=activations or self.activations
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form with ``version`` (parses back with :meth:`from_dict`)."""
+        default = _action_dict(self.default)
+        return {
+            "version": PLAN_VERSION,
+            "default": default["format"] if len(default) == 1 else default,
+            "activations": self.activations,
+            "rules": [r.to_dict() for r in self.rules],
+        }
+
+    # -- deciding -----------------------------------------------------------------------
+
+    def decide(
+        self, name: str, shape: Sequence[int], dtype: str = "F32", nbytes: int | None = None
+    ) -> TensorPlan:
+        """What one tensor becomes (no checks; :meth:`apply` checks)."""
+        shape = tuple(int(s) for s in shape)
+        if nbytes is None:
+            nbytes = math.prod(shape) * 4
+        for i, rule in enumerate(self.rules):
+            if rule.matches(name, shape):
+                return self._plan(
+                    name, shape, dtype, nbytes, rule.action, rule.activations, i,
+                    f"rule {i + 1}: {rule.describe()}",
+                )  # fmt: skip
+        component = classify(name, len(shape))
+        if (
+            len(shape) == 2
+            and component in DEFAULT_COMPONENTS
+            and name.endswith("weight")
+            and is_float_dtype(dtype)
+            and math.prod(shape) > 0
+        ):
+            return self._plan(
+                name, shape, dtype, nbytes, self.default, None, None, "default: 2-D linear weight"
+            )
+        why = {
+            "embeddings": "embeddings",
+            "lm_head": "LM head",
+            "norms": "norm",
+            "buffer": "buffer",
+        }.get(component)
+        if why is None:
+            if not is_float_dtype(dtype):
+                why = f"{dtype} values"
+            elif len(shape) < 2:
+                why = "bias" if name.endswith("bias") else f"{len(shape)}-D tensor"
+            else:
+                why = f"{len(shape)}-D tensor" if len(shape) != 2 else "not a linear weight"
+        return self._plan(name, shape, dtype, nbytes, None, None, None, f"default: {why} kept")
+
+    def _plan(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: str,
+        nbytes: int,
+        action: Action,
+        activations: str | None,
+        rule: int | None,
+        reason: str,
+    ) -> TensorPlan:
+        if action is None:
+            return TensorPlan(name, shape, dtype, "keep", None, None, None, rule, reason, nbytes)
+        if isinstance(action, Cast):
+            return TensorPlan(
+                name, shape, dtype, "cast", None, action.dtype, None, rule, reason, nbytes
+            )
+        acts = activations or self.activations
+        return TensorPlan(name, shape, dtype, "quantize", action, None, acts, rule, reason, nbytes)
+
+    def apply(
+        self, tensors: Iterable[tuple[str, Sequence[int], str, int]], *, source: str = "the model"
+    ) -> AppliedPlan:
+        """Decide every tensor, warn about rules that match nothing, refuse unquantizable ones.
+
+        Args:
+            tensors: ``(name, shape, dtype, nbytes)`` in file order (``checkpoint_tensors``
+                gives them for an open checkpoint).
+            source: how to name the model in messages.
+
+        Returns:
+            An :class:`AppliedPlan`.
+
+        Raises:
+            LowbitError: a tensor the plan cannot quantize, naming it, its shape, the rule and
+                the reason (and how many more there are).
+
+        Warns:
+            UserWarning: for each rule that matches no tensor, with the closest names.
+        """
+        items = [(str(n), tuple(int(s) for s in sh), str(dt), int(nb)) for n, sh, dt, nb in tensors]
+        plans = tuple(self.decide(*item) for item in items)
+        used = {p.rule for p in plans if p.rule is not None}
+        for i, rule in enumerate(self.rules):
+            if i not in used:
+                warnings.warn(
+                    f"plan rule {i + 1} ({rule.describe()}) matches no tensor of {source}"
+                    f"{_close_hint(rule, items)}",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        problems = [(p, why) for p in plans if (why := unquantizable(p)) is not None]
+        if problems:
+            p, why = problems[0]
+            more = f" ({len(problems) - 1} more tensors like it)" if len(problems) > 1 else ""
+            raise LowbitError(
+                f"the plan makes tensor {p.name!r} (shape {p.shape}, {p.dtype}) unquantizable "
+                f"with {p.label} ({p.reason}): {why}{more}"
+            )
+        return AppliedPlan(plans, self)
+
+
+def _parse_default(default: Any) -> Action:
+    """A plan's default: a scheme string, ``keep``, a Scheme dict, or ``{format, scale_method,
+    pad}``."""
+    if default is None:
+        return None
+    if (
+        isinstance(default, Mapping)
+        and "format" in default
+        and set(default) <= {"format", "scale_method", "pad"}
+    ):
+        return scheme_from_spec(
+            default["format"],
+            scale_method=default.get("scale_method"),
+            pad=default.get("pad", True),
+        )
+    return scheme_from_spec(default)
+
+
+def unquantizable(p: TensorPlan) -> str | None:
+    """Why the plan's choice for this tensor cannot be carried out, or None when it can."""
+    if p.action == "keep":
+        return None
+    if not is_float_dtype(p.dtype):
+        return f"it holds {p.dtype} values, not real numbers"
+    if p.numel == 0:
+        return "it is empty"
+    if p.action == "cast":
+        return None
+    s = p.scheme
+    assert s is not None
+    if s.granularity is not Granularity.TENSOR and len(p.shape) < 2:
+        what = {
+            Granularity.CHANNEL: "per-channel scales (one scale per value)",
+            Granularity.GROUP: f"groups of {s.group_size} along rows",
+            Granularity.BLOCK: "MX blocks of 32 along rows",
+        }[s.granularity]  # type: ignore[index]
+        return (
+            f"a {len(p.shape)}-D tensor has no rows for {what}; keep it, use a per-tensor "
+            f"scheme (e.g. fp8_e4m3:t), or narrow the rule with ndim: 2"
+        )
+    from lowbit._qlayout import make_layout
+
+    try:
+        make_layout(p.shape, s)
+    except LowbitError as exc:
+        return str(exc)
+    return None
+
+
+def _close_hint(rule: PlanRule, items: list[tuple[str, tuple[int, ...], str, int]]) -> str:
+    """'; close names: ...' for a rule that matched nothing."""
+    templates = list(dict.fromkeys(re.sub(r"\d+", "*", n) for n, *_ in items))
+    probes = list(rule.match) + list(rule.regex)
+    close: list[str] = []
+    for probe in probes:
+        for t in difflib.get_close_matches(probe, templates, n=3, cutoff=0.5):
+            if t not in close:
+                close.append(t)
+    if close:
+        examples = []
+        for t in close[:3]:
+            rx = re.compile("^" + re.escape(t).replace(r"\*", r"\d+") + "$")
+            examples.append(next(n for n, *_ in items if rx.match(n)))
+        return f"; close names: {', '.join(examples)}"
+    if rule.component:
+        present = sorted({classify(n, len(sh)) for n, sh, *_ in items} - {"buffer"})
+        return f"; components present: {', '.join(present)}"
+    return f"; names look like: {', '.join(n for n, *_ in items[:3])}"
+
+
+def checkpoint_tensors(checkpoint: Any) -> list[tuple[str, tuple[int, ...], str, int]]:
+    """``(name, shape, dtype, nbytes)`` of every tensor of an open checkpoint, in file order."""
+    out = []
+    for name in checkpoint.names():
+        info = checkpoint.info(name)
+        out.append((name, tuple(info.shape), str(info.dtype), int(info.nbytes)))
+    return out
