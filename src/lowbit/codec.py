@@ -214,14 +214,14 @@ def _encode_chunk(
     code = mag.astype(_U)
 
     if fmt.signed:
-        zero = mag == 0
+        zero = (mag == 0) & np.bool_(fmt.has_zero)  # code 0 of E8M0-like formats is not 0
         signbit = neg & ~(zero & ~np.bool_(fmt.has_negative_zero))
         code = code | (signbit.astype(_U) << _U(fmt.magnitude_bits))
     else:
         negative = neg & (x != 0) & ~isnan
         if negative.any():
             # magnitudes that round to zero become +0; anything else has no code
-            hard = negative & (mag != 0)
+            hard = negative & ((mag != 0) | np.bool_(not fmt.has_zero))
             if saturate:
                 code = np.where(negative, _U(0), code)
             else:
@@ -231,17 +231,23 @@ def _encode_chunk(
         if fmt.has_inf:
             inf = _U(fmt.inf_code)
             signed_inf = inf | (neg.astype(_U) << _U(fmt.magnitude_bits)) if fmt.signed else inf
-            if not fmt.signed:
-                signed_inf = np.where(neg, _U(fmt.nan_code), inf)
+            if not fmt.signed and fmt.has_nan:  # -inf has no code; without a NaN,
+                signed_inf = np.where(neg, _U(fmt.nan_code), inf)  # negatives were refused
             code = np.where(blown, signed_inf, code)
         else:
-            nan_code = _U(fmt.nan_code)
-            if fmt.nan is NaN.HIGH and fmt.signed:  # keep the sign, as ml_dtypes does
-                nan_code = nan_code | (neg.astype(_U) << _U(fmt.magnitude_bits))
-            code = np.where(blown, nan_code, code)
+            code = np.where(blown, _signed_nan(fmt, neg), code)
     if isnan.any():
-        code = np.where(isnan, _U(fmt.nan_code) if fmt.has_nan else _U(0), code)
+        code = np.where(isnan, _signed_nan(fmt, neg) if fmt.has_nan else _U(0), code)
     return code.astype(fmt.code_dtype)
+
+
+def _signed_nan(fmt: FloatFormat, neg: np.ndarray) -> np.ndarray:
+    """The NaN code for each element, with its sign where the NaN code has one (IEEE and
+    S.1..1 NaNs keep the sign of the NaN or overflow, as ml_dtypes and numpy do)."""
+    nan_code = _U(fmt.nan_code)
+    if fmt.signed and fmt.nan in (NaN.HIGH, NaN.IEEE):
+        return nan_code | (neg.astype(_U) << _U(fmt.magnitude_bits))
+    return np.broadcast_to(nan_code, neg.shape)
 
 
 def _tiny_threshold(sig: np.ndarray, shift: np.ndarray) -> np.ndarray:
@@ -330,8 +336,8 @@ def decode_float_arith(fmt: FloatFormat, codes: np.ndarray) -> np.ndarray:
         isnan = codes == _U(1 << (fmt.bits - 1))
     else:
         isnan = None
-    if isnan is not None:
-        val = np.where(isnan, np.nan, val)
+    if isnan is not None:  # the quiet NaN, with the code's sign bit (as ml_dtypes decodes)
+        val = np.where(isnan, np.copysign(np.nan, val) if fmt.signed else np.nan, val)
     return val
 
 

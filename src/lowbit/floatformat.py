@@ -95,16 +95,29 @@ class FloatFormat(Format):
             problems.append("a format needs at least one exponent or mantissa bit")
         if self.nan is NaN.NEG_ZERO and not self.signed:
             problems.append("nan='neg_zero' needs a sign bit")
+        if self.nan is NaN.NEG_ZERO and not self.subnormals and self.mbits == 0:
+            problems.append("nan='neg_zero' needs a zero (subnormals or a mantissa bit)")
         if (self.inf is Inf.IEEE or self.nan is NaN.IEEE) and self.ebits == 0:
             problems.append("IEEE-style inf/NaN need an exponent field")
         if self.inf is Inf.IEEE and self.nan not in (NaN.IEEE, NaN.NONE):
             problems.append("IEEE infinities go with IEEE NaNs (or none)")
+        if self.nan is NaN.IEEE and self.mbits == 0:
+            problems.append("IEEE NaNs need a mantissa bit (use nan='none' or 'high')")
+        if self.inf is Inf.IEEE and self.nan is NaN.NONE and self.mbits > 0:
+            # the all-ones exponent with a non-zero mantissa would mean nothing
+            problems.append("IEEE infinities without NaNs need mbits=0")
         if self.inf is Inf.HIGH and self.nan is NaN.IEEE:
             problems.append("inf='high' goes with nan 'high', 'neg_zero' or 'none'")
         if problems:
             raise LowbitError(f"invalid float layout {self.name!r}: " + "; ".join(problems))
         if self.max_code_magnitude < 0 or (self.emin - self.mbits) < -1074:
             raise LowbitError(f"invalid float layout {self.name!r}: no finite values or too wide")
+        top = self.exact_magnitude(self.max_code_magnitude)
+        if top <= 0 or top >= 2**1024:
+            raise LowbitError(
+                f"invalid float layout {self.name!r}: its largest finite value must be "
+                "positive and below float64's range (2**1024)"
+            )
 
     # ---- layout --------------------------------------------------------------------
 
@@ -234,7 +247,9 @@ class FloatFormat(Format):
 
     @property
     def eps(self) -> float:
-        return 2.0**-self.mbits
+        # the code grid's spacing at 1.0: 2**-mbits, unless 1.0 lies below the lowest
+        # binade (all-subnormal layouts, large negative emin), where the spacing is fixed
+        return 2.0 ** (max(0, self.emin) - self.mbits)
 
     @property
     def finite_count(self) -> int:
