@@ -83,13 +83,19 @@ def code_dtype(bits: int) -> np.dtype:
     raise LowbitError(f"codes wider than 64 bits are not supported (got {bits})")
 
 
-def check_codes(codes: Any, bits: int, name: str) -> np.ndarray:
-    """Validate codes: an integer array whose values fit in ``bits`` bits."""
+def check_codes(codes: Any, bits: int, name: str, *, widen: bool = True) -> np.ndarray:
+    """Validate codes: an integer array whose values fit in ``bits`` bits.
+
+    Returns them as uint64, or unchanged when ``widen`` is False. An unsigned dtype no
+    wider than ``bits`` needs no scan; other unsigned dtypes only their maximum.
+    """
     arr = np.asarray(codes)
     if arr.dtype.kind not in "iu":
         raise LowbitError(f"codes for {name} must be an integer array, got dtype {arr.dtype}")
-    if arr.size:
-        lo, hi = int(arr.min()), int(arr.max())
+    unsigned = arr.dtype.kind == "u"
+    if arr.size and not (unsigned and arr.dtype.itemsize * 8 <= bits):
+        hi = int(arr.max())
+        lo = 0 if unsigned else int(arr.min())
         if lo < 0 or hi >= 1 << bits:
             from lowbit.errors import CodeRangeError
 
@@ -97,4 +103,4 @@ def check_codes(codes: Any, bits: int, name: str) -> np.ndarray:
             raise CodeRangeError(
                 f"code {bad} is out of range for {name}: a {bits}-bit code is 0..{(1 << bits) - 1}"
             )
-    return arr.astype(np.uint64, copy=False)
+    return arr.astype(np.uint64, copy=False) if widen else arr

@@ -416,10 +416,11 @@ if HAVE_NUMBA:
             out[i] = c
         return False
 
-    # Kernels are built on first use, one per (rounding mode, format kind): the mode and
-    # kind tests then fold away and each loop vectorises on its own. Modes 1, 3 and 4
-    # share one kernel that reads the mode at run time (``mode`` -1), which keeps the
-    # number of compiled kernels (about a second each) down.
+    # Kernels are built on first use, per format kind and for nearest-even (the default)
+    # on their own: the mode and kind tests then fold away and the loop vectorises. The
+    # other deterministic modes share one kernel that reads the mode at run time (``mode``
+    # -1), as do all modes on the float64 core but stochastic: each kernel costs about a
+    # second to compile.
     _KERNELS: dict[tuple[str, int, int], Any] = {}
 
     def _kernel(path: str, mode: int, kind: int) -> Any:
@@ -457,8 +458,22 @@ if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True)
     def _take_kernel(table, codes, out):  # type: ignore[no-untyped-def]
+        """``out[i] = table[codes[i]]`` (tables and out as unsigned ints of one width)."""
         for i in range(codes.size):
             out[i] = table[codes[i]]
+
+    @njit(cache=True, nogil=True)
+    def _wide_decode(codes, out, d, m):  # type: ignore[no-untyped-def]
+        """float32 bits of bfloat16/TF32 codes: shift left by ``d``; NaN -> +-quiet NaN."""
+        du = _U(d)
+        exp = _U(_U(0xFF) << _U(m))
+        mant = _U(_U(_U(1) << _U(m)) - _U(1))
+        for i in range(codes.size):
+            c = _U(codes[i])
+            v = _U(c << du)
+            if (_U(c & exp) == exp) & (_U(c & mant) != _U(0)):
+                v = _U(_U(v & _U(0x80000000)) | _U(0x7FC00000))
+            out[i] = v
 
 
 def _kind(fmt: Any) -> int:
@@ -519,7 +534,7 @@ def encode_float(
     tail = _tail_params(fmt, saturate)
     if tail is None or (mode == 5 and not fmt.subnormals and fmt.has_zero):
         return False  # the stochastic zone of such formats needs exact fractions
-    kmode = mode if mode in (0, 2, 5) else -1
+    kmode = 0 if mode == 0 else -1
     wide = _wide_params(fmt, saturate) if x.dtype == np.float32 and mode != 5 else None
     p32 = _round32_params(fmt, mode) if x.dtype == np.float32 and wide is None else None
     if wide is not None:
@@ -540,10 +555,31 @@ def encode_float(
     return True
 
 
-def decode_table(table: np.ndarray, codes: np.ndarray) -> np.ndarray | None:
-    """``table[codes]`` for uint8/uint16 codes by a compiled loop, or None if none applies."""
-    if not enabled() or codes.dtype not in (np.uint8, np.uint16) or table.itemsize not in (2, 4, 8):
+def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """Values of validated codes in ``dtype`` by a compiled loop, or None if none applies.
+
+    Formats of at most 16 bits: a lookup in ``codec.value_table`` (the numpy path's own
+    table, so results are the same bits). bfloat16 and TF32 to float32: the code shifted
+    into place, with NaNs made the table's canonical quiet NaN.
+    """
+    if not enabled():
         return None
+    if dtype == np.float32 and _wide_params(fmt, False) is not None:
+        if codes.dtype != fmt.code_dtype:
+            codes = codes.astype(fmt.code_dtype)
+        flat = np.ascontiguousarray(codes).reshape(-1)
+        out = np.empty(flat.size, dtype=np.float32)
+        _wide_decode(flat, out.view(np.uint32), 23 - fmt.mbits, fmt.mbits)
+        return out.reshape(codes.shape)
+    if fmt.bits > 16:
+        return None
+    from lowbit.codec import value_table
+
+    table = value_table(fmt, dtype)
+    if table.itemsize not in (2, 4, 8):
+        return None
+    if codes.dtype not in (np.uint8, np.uint16):
+        codes = codes.astype(np.uint8 if fmt.bits <= 8 else np.uint16)  # validated: fits
     flat = np.ascontiguousarray(codes).reshape(-1)
     uint = np.dtype(f"u{table.itemsize}")
     out = np.empty(flat.size, dtype=table.dtype)

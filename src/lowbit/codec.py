@@ -131,8 +131,10 @@ def encode_float(
         return out.reshape(shape)
     if nan_check and np.isnan(flat).any():
         raise nan_error(fmt)
-    if neg_check and (flat < 0).any():
-        raise negative_error(fmt)
+    if neg_check:
+        with np.errstate(invalid="ignore"):  # bfloat16 comparisons warn on NaN
+            if (flat < 0).any():
+                raise negative_error(fmt)
     for start in range(0, flat.size, CHUNK):
         sl = slice(start, start + CHUNK)
         out[sl] = _encode_chunk(
@@ -341,12 +343,12 @@ def decode_float_arith(fmt: FloatFormat, codes: np.ndarray) -> np.ndarray:
     return val
 
 
-_TABLES: dict[tuple[FloatFormat, str], np.ndarray] = {}
+_TABLES: dict[tuple[FloatFormat, np.dtype], np.ndarray] = {}
 
 
 def value_table(fmt: FloatFormat, dtype: np.dtype) -> np.ndarray:
     """Value of every code of a format of at most 16 bits, in ``dtype`` (cached)."""
-    key = (fmt, dtype.str)
+    key = (fmt, dtype)  # not dtype.str: ml_dtypes' float8 types all read "<V1"
     table = _TABLES.get(key)
     if table is None:
         table = fmt._table64.astype(dtype)
@@ -356,9 +358,16 @@ def value_table(fmt: FloatFormat, dtype: np.dtype) -> np.ndarray:
 
 
 def decode_float(fmt: FloatFormat, codes: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Values of validated codes in ``dtype``."""
+    """Values of validated codes (any integer dtype) in ``dtype``."""
+    from lowbit import _fast
+
+    fast = _fast.decode_float(fmt, codes, dtype)
+    if fast is not None:
+        return fast
     if fmt.bits <= 16:
-        return np.take(value_table(fmt, dtype), codes.astype(np.intp, copy=False))
+        if codes.dtype not in (np.uint8, np.uint16):
+            codes = codes.astype(np.intp)
+        return np.take(value_table(fmt, dtype), codes)
     layout = (fmt.ebits, fmt.mbits, fmt.bias, fmt.signed, fmt.inf, fmt.nan, fmt.subnormals)
     if layout == (8, 23, 127, True, Inf.IEEE, NaN.IEEE, True):
         return codes.astype(np.uint32).view(np.float32).astype(dtype, copy=False)

@@ -338,7 +338,7 @@ class FloatFormat(Format):
         """Values of ``codes`` (any integer array), as ``dtype`` (default float32)."""
         from lowbit.codec import decode_float
 
-        arr = check_codes(codes, self.bits, self.name)
+        arr = check_codes(codes, self.bits, self.name, widen=False)
         return decode_float(self, arr, np.dtype(dtype))
 
     def split_bits(self, code: int) -> tuple[str, str, str]:
