@@ -759,13 +759,17 @@ class PrecisionPlan:
         plans = tuple(self.decide(*item) for item in items)
         used = {p.rule for p in plans if p.rule is not None}
         for i, rule in enumerate(self.rules):
-            if i not in used:
-                warnings.warn(
-                    f"plan rule {i + 1} ({rule.describe()}) matches no tensor of {source}"
-                    f"{_close_hint(rule, items)}",
-                    UserWarning,
-                    stacklevel=2,
+            if i in used:
+                continue
+            hit = next((p for p in plans if rule.matches(p.name, p.shape)), None)
+            if hit is None:
+                msg = f"matches no tensor of {source}{_close_hint(rule, items)}"
+            else:
+                msg = (
+                    f"decides no tensor: earlier rules take every tensor it matches (e.g. "
+                    f"{hit.name!r}, decided by rule {hit.rule + 1})"  # type: ignore[operator]
                 )
+            warnings.warn(f"plan rule {i + 1} ({rule.describe()}) {msg}", UserWarning, stacklevel=2)
         problems = [(p, why) for p in plans if (why := unquantizable(p)) is not None]
         if problems:
             p, why = problems[0]
