@@ -1,0 +1,533 @@
+"""Read checkpoints one tensor at a time: safetensors files, Hugging Face folders, GGUF files.
+
+``open_checkpoint(path)`` gives one interface over all three:
+
+>>> ckpt = open_checkpoint("model_dir")                      # doctest: +SKIP
+>>> ckpt.names()[:2], ckpt.shape("lm_head.weight"), ckpt.dtype("lm_head.weight")
+>>> w = ckpt.get("lm_head.weight")                           # a memory-mapped numpy array
+
+Tensors are memory-mapped, so a checkpoint larger than RAM can be walked tensor by tensor. Pickle
+files (``pytorch_model.bin``) are never loaded.
+
+safetensors headers are parsed and checked here (format: 8-byte little-endian header length, a
+JSON header ``{name: {dtype, shape, data_offsets: [begin, end]}}``, then the data; see
+huggingface/safetensors README) rather than by the ``safetensors`` package, for two reasons: its
+numpy loader rejects bfloat16 and float8 tensors, which are exactly the ones lowbit deals in; and
+every size and offset has to be checked against the file before a byte of data is trusted. The
+tests check this reader against ``safetensors``' own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+_SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors package refuses larger headers too
+
+
+def _ml(name: str) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+# safetensors dtype -> (numpy dtype factory, bits per element)
+_ST_DTYPES: dict[str, tuple[Any, int]] = {
+    "F64": (lambda: np.dtype("<f8"), 64),
+    "F32": (lambda: np.dtype("<f4"), 32),
+    "F16": (lambda: np.dtype("<f2"), 16),
+    "BF16": (lambda: _ml("bfloat16"), 16),
+    "F8_E4M3": (lambda: _ml("float8_e4m3fn"), 8),
+    "F8_E5M2": (lambda: _ml("float8_e5m2"), 8),
+    "F8_E8M0": (lambda: _ml("float8_e8m0fnu"), 8),
+    "I64": (lambda: np.dtype("<i8"), 64),
+    "I32": (lambda: np.dtype("<i4"), 32),
+    "I16": (lambda: np.dtype("<i2"), 16),
+    "I8": (lambda: np.dtype("i1"), 8),
+    "U64": (lambda: np.dtype("<u8"), 64),
+    "U32": (lambda: np.dtype("<u4"), 32),
+    "U16": (lambda: np.dtype("<u2"), 16),
+    "U8": (lambda: np.dtype("u1"), 8),
+    "BOOL": (lambda: np.dtype("?"), 8),
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives and how it is stored.
+
+    Attributes:
+        name: the tensor's name in the checkpoint.
+        shape: numpy order (outermost dimension first; GGUF's dims are reversed to match).
+        dtype: the storage type as the file names it ("F32", "BF16", "Q4_1", ...).
+        nbytes: bytes on disk.
+        file: the file holding it.
+        offset: absolute byte offset of its data in that file.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    file: Path
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class Checkpoint(ABC):
+    """A checkpoint opened for reading, one tensor at a time.
+
+    Attributes:
+        path: what was opened (file or folder).
+        format: "safetensors", "huggingface" (a folder of safetensors shards) or "gguf".
+        metadata: the file's own metadata (safetensors ``__metadata__``, GGUF key/values).
+        config: the Hugging Face config dict (``config.json``, or derived from GGUF metadata),
+            or ``None`` when there is none.
+    """
+
+    path: Path
+    format: str
+    metadata: dict[str, Any]
+    config: dict[str, Any] | None
+
+    def __init__(self) -> None:
+        self._maps: dict[Path, np.ndarray] = {}
+
+    @abstractmethod
+    def info(self, name: str) -> TensorInfo:
+        """Storage facts for one tensor.
+
+        Raises:
+            LowbitError: no tensor of that name (the message lists close names).
+        """
+
+    @abstractmethod
+    def names(self) -> list[str]:
+        """Tensor names in file order."""
+
+    @abstractmethod
+    def get(self, name: str, dtype: Any = None) -> np.ndarray:
+        """Read one tensor as a numpy array.
+
+        Args:
+            name: the tensor's name.
+            dtype: convert to this dtype (e.g. ``np.float32``); ``None`` keeps the stored type
+                (bfloat16/float8 as ml_dtypes types; GGUF block formats dequantized to float32).
+
+        Returns:
+            A read-only array, memory-mapped where the stored type allows it.
+        """
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Shape of one tensor, numpy order."""
+        return self.info(name).shape
+
+    def dtype(self, name: str) -> str:
+        """Storage type of one tensor as the file names it ("F32", "BF16", "Q4_1", ...)."""
+        return self.info(name).dtype
+
+    def items(
+        self, names: list[str] | None = None, *, dtype: Any = None, progress: bool | None = None
+    ) -> Iterator[tuple[str, np.ndarray]]:
+        """Yield ``(name, array)`` pairs one tensor at a time.
+
+        Args:
+            names: the tensors to read (default: all, in file order).
+            dtype: as for :meth:`get`.
+            progress: show a tqdm progress bar on stderr; ``None`` shows it only when stderr is a
+                terminal, ``False`` never.
+        """
+        todo = self.names() if names is None else list(names)
+        bar = _progress(todo, progress, f"reading {self.path.name}")
+        for name in bar:
+            yield name, self.get(name, dtype)
+
+    @property
+    def numel(self) -> int:
+        """Total number of values in all tensors."""
+        return sum(self.info(n).numel for n in self.names())
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of tensor data on disk."""
+        return sum(self.info(n).nbytes for n in self.names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self.info(name)  # type: ignore[arg-type]
+        except LowbitError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.format} {str(self.path)!r}: {len(self)} tensors>"
+
+    def close(self) -> None:
+        """Drop the memory maps (arrays already returned stay valid until garbage collected)."""
+        self._maps.clear()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _map(self, file: Path) -> np.ndarray:
+        m = self._maps.get(file)
+        if m is None:
+            m = np.memmap(file, dtype=np.uint8, mode="r")
+            self._maps[file] = m
+        return m
+
+    def _missing(self, name: str) -> LowbitError:
+        import difflib
+
+        close = difflib.get_close_matches(str(name), self.names(), n=3, cutoff=0.6)
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        return LowbitError(f"{self.path}: no tensor named {name!r}{hint}")
+
+
+def _progress(items: list[Any], progress: bool | None, desc: str) -> Any:
+    if progress is False:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit="tensor", disable=None if progress is None else False)
+
+
+def _convert(arr: np.ndarray, dtype: Any) -> np.ndarray:
+    if dtype is None or arr.dtype == np.dtype(dtype):
+        return arr
+    return arr.astype(dtype)
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    arr = np.asarray(arr)  # a plain ndarray view, not np.memmap (whose reductions stay memmaps)
+    if arr.flags.writeable:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+# --------------------------------------------------------------------------- safetensors
+
+
+def _parse_safetensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and check a safetensors header against the file.
+
+    Raises:
+        LowbitError: a missing or truncated file, a header that is not valid JSON, an unknown
+            dtype, or a tensor whose shape, dtype and offsets disagree or leave the file.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise LowbitError(f"{path}: file not found") from None
+    if size < 8:
+        raise LowbitError(
+            f"{path}: truncated safetensors file ({size} bytes; the header alone needs 8)"
+        )
+    with open(path, "rb") as fh:
+        (hlen,) = struct.unpack("<Q", fh.read(8))
+        if hlen > _SAFETENSORS_MAX_HEADER or 8 + hlen > size:
+            raise LowbitError(
+                f"{path}: safetensors header claims {hlen} bytes but the file has {size} "
+                f"(truncated file, or not a safetensors file)"
+            )
+        raw = fh.read(hlen)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LowbitError(f"{path}: safetensors header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise LowbitError(f"{path}: safetensors header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise LowbitError(f"{path}: safetensors __metadata__ is not a JSON object")
+    data_start = 8 + hlen
+    data_len = size - data_start
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        infos[name] = _check_entry(path, name, entry, data_start, data_len)
+    spans = sorted((i.offset, i.offset + i.nbytes, n) for n, i in infos.items() if i.nbytes)
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        if start < end:
+            raise LowbitError(
+                f"{path}: tensors {a!r} and {b!r} overlap (the header lies about offsets)"
+            )
+    return infos, {str(k): str(v) for k, v in meta.items()}
+
+
+def _check_entry(path: Path, name: str, entry: Any, data_start: int, data_len: int) -> TensorInfo:
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    except (TypeError, KeyError, ValueError):
+        raise LowbitError(
+            f"{path}: header entry for tensor {name!r} needs dtype, shape and data_offsets [begin, end]"
+        ) from None
+    if dtype not in _ST_DTYPES:
+        raise LowbitError(
+            f"{path}: tensor {name!r} has dtype {dtype!r}, which lowbit cannot read; "
+            f"readable: {', '.join(_ST_DTYPES)}"
+        )
+    ints = (*shape, begin, end) if isinstance(shape, list) else None
+    if ints is None or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints
+    ):
+        raise LowbitError(f"{path}: tensor {name!r} has a malformed shape {shape!r} or offsets")
+    numel = 1
+    for d in shape:
+        numel *= d
+    want = numel * _ST_DTYPES[dtype][1] // 8
+    if end - begin != want:
+        raise LowbitError(
+            f"{path}: tensor {name!r} is {dtype} of shape {tuple(shape)} ({want} bytes) but its "
+            f"offsets [{begin}, {end}] span {end - begin} bytes (the header lies about sizes)"
+        )
+    if end > data_len:
+        raise LowbitError(
+            f"{path}: tensor {name!r} ends at data byte {end} but the file holds only {data_len} "
+            f"bytes of data (truncated file, or the header lies about offsets)"
+        )
+    return TensorInfo(name, tuple(shape), dtype, want, path, data_start + begin)
+
+
+class _SafetensorsBase(Checkpoint):
+    _infos: dict[str, TensorInfo]
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise self._missing(name) from None
+
+    def names(self) -> list[str]:
+        return list(self._infos)
+
+    def get(self, name: str, dtype: Any = None) -> np.ndarray:
+        info = self.info(name)
+        np_dtype = _ST_DTYPES[info.dtype][0]()
+        raw = self._map(info.file)[info.offset : info.offset + info.nbytes]
+        arr = raw.view(np_dtype).reshape(info.shape)
+        return _readonly(_convert(arr, dtype))
+
+
+class SafetensorsFile(_SafetensorsBase):
+    """A single ``.safetensors`` file (its folder's ``config.json`` is picked up if present)."""
+
+    format = "safetensors"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        infos, meta = _parse_safetensors(path)
+        self._infos = dict(sorted(infos.items(), key=lambda kv: kv[1].offset))
+        self.metadata = meta
+        self.config = _read_config(path.parent / "config.json")
+
+
+class HuggingFaceFolder(_SafetensorsBase):
+    """A Hugging Face model folder: ``config.json`` plus one or many safetensors shards.
+
+    Shards are found from ``*.safetensors.index.json`` (its ``weight_map``) when present, else
+    ``model.safetensors``, else every ``*.safetensors`` file in the folder.
+    """
+
+    format = "huggingface"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.config = _read_config(path / "config.json")
+        self.metadata = {}
+        indexes = sorted(path.glob("*.safetensors.index.json"))
+        if len(indexes) > 1:
+            raise LowbitError(
+                f"{path}: several shard indexes ({', '.join(p.name for p in indexes)}); open one "
+                f"shard file directly or remove the extra index"
+            )
+        self._infos = {}
+        if indexes:
+            self._open_index(indexes[0])
+        else:
+            single = path / "model.safetensors"
+            shards = [single] if single.exists() else sorted(path.glob("*.safetensors"))
+            if not shards:
+                raise LowbitError(_no_weights_message(path))
+            for shard in shards:
+                self._add_shard(shard)
+
+    def _open_index(self, index: Path) -> None:
+        try:
+            doc = json.loads(index.read_text(encoding="utf-8"))
+            weight_map = doc["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LowbitError(f"{index}: not a valid shard index ({exc})") from None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise LowbitError(f"{index}: weight_map is empty or not an object")
+        if isinstance(doc.get("metadata"), dict):
+            self.metadata.update({str(k): v for k, v in doc["metadata"].items()})
+        by_shard: dict[str, list[str]] = {}
+        for name, shard in weight_map.items():
+            by_shard.setdefault(str(shard), []).append(name)
+        for shard_name, names in by_shard.items():
+            shard = (self.path / shard_name).resolve()
+            if self.path.resolve() not in shard.parents:
+                raise LowbitError(f"{index}: shard {shard_name!r} lies outside the folder")
+            if not shard.exists():
+                raise LowbitError(
+                    f"{self.path}: shard {shard_name} is missing (the index lists "
+                    f"{len(names)} tensors in it, e.g. {names[0]!r})"
+                )
+            infos = self._add_shard(shard)
+            absent = [n for n in names if n not in infos]
+            if absent:
+                raise LowbitError(
+                    f"{shard}: the index places tensor {absent[0]!r} here but the shard does not "
+                    f"hold it ({len(absent)} such tensors)"
+                )
+
+    def _add_shard(self, shard: Path) -> dict[str, TensorInfo]:
+        infos, meta = _parse_safetensors(shard)
+        for name, info in sorted(infos.items(), key=lambda kv: kv[1].offset):
+            if name in self._infos:
+                raise LowbitError(
+                    f"{self.path}: tensor {name!r} is in both {self._infos[name].file.name} and "
+                    f"{shard.name}"
+                )
+            self._infos[name] = info
+        for k, v in meta.items():
+            self.metadata.setdefault(k, v)
+        return infos
+
+
+def _no_weights_message(path: Path) -> str:
+    pickles = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+    if pickles:
+        return (
+            f"{path}: only pickle weights ({', '.join(sorted(pickles)[:3])}); lowbit never loads "
+            f"pickles. Convert them to safetensors first"
+        )
+    return f"{path}: no .safetensors or .gguf weights in this folder"
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LowbitError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise LowbitError(f"{path}: config is not a JSON object")
+    return cfg
+
+
+# --------------------------------------------------------------------------------- GGUF
+
+
+class GGUFFile(Checkpoint):
+    """A llama.cpp ``.gguf`` file: metadata key/values and (block-quantized) tensors.
+
+    Names are GGUF's own ("blk.0.attn_q.weight"); shapes are in numpy order; ``get`` dequantizes
+    block formats (Q4_0 ... Q8_0, K-quants, IQ types) to float32 with ``gguf.quants``. The
+    q/k rows keep llama.cpp's permutation: ``lowbit.models`` undoes it when building a model.
+    """
+
+    format = "gguf"
+
+    def __init__(self, path: Path) -> None:
+        from lowbit.checkpoints import _gguf
+
+        super().__init__()
+        self.path = path
+        self.header = _gguf.parse(path)
+        self.metadata = self.header.metadata
+        self.config = _gguf.derive_config(self.metadata, set(self.header.tensors))
+        self._infos = {
+            t.name: TensorInfo(t.name, t.shape, t.type_name, t.nbytes, path, t.offset)
+            for t in self.header.tensors.values()
+        }
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise self._missing(name) from None
+
+    def names(self) -> list[str]:
+        return list(self._infos)
+
+    def get(self, name: str, dtype: Any = None) -> np.ndarray:
+        from lowbit.checkpoints import _gguf
+
+        self.info(name)
+        arr = _gguf.dequantize(self._map(self.path), self.header.tensors[name], self.path)
+        return _readonly(_convert(arr, dtype))
+
+
+# --------------------------------------------------------------------------------- entry
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Open a checkpoint for reading, one tensor at a time.
+
+    Args:
+        path: a ``.safetensors`` file, a ``.gguf`` file, or a folder holding ``config.json`` and
+            safetensors shards (with ``model.safetensors.index.json`` when sharded), or a folder
+            holding exactly one ``.gguf`` file.
+
+    Returns:
+        A :class:`Checkpoint`.
+
+    Raises:
+        LowbitError: a missing path, a file that is neither safetensors nor GGUF, a missing or
+            truncated shard, a header that lies about sizes or offsets, an unknown GGUF type.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise LowbitError(f"{p}: no such file or folder")
+    if p.is_dir():
+        has_st = any(p.glob("*.safetensors")) or any(p.glob("*.safetensors.index.json"))
+        ggufs = sorted(p.glob("*.gguf"))
+        if not has_st and len(ggufs) == 1:
+            return GGUFFile(ggufs[0])
+        if not has_st and len(ggufs) > 1:
+            raise LowbitError(
+                f"{p}: several GGUF files ({', '.join(g.name for g in ggufs)}); name one"
+            )
+        return HuggingFaceFolder(p)
+    with open(p, "rb") as fh:
+        magic = fh.read(4)
+    if magic == b"GGUF" or p.suffix == ".gguf":
+        return GGUFFile(p)
+    if p.suffix == ".safetensors":
+        return SafetensorsFile(p)
+    if p.name.endswith(".safetensors.index.json"):
+        return HuggingFaceFolder(p.parent)
+    if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
+        raise LowbitError(f"{p}: a pickle file; lowbit never loads pickles (use safetensors)")
+    raise LowbitError(f"{p}: not a .safetensors, .gguf or model folder")
