@@ -321,11 +321,12 @@ def test_simulate_activations_hooks_and_unhooks() -> None:
 @pytest.fixture(scope="module")
 def smollm2():
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.models import _default_model_path, build_model, build_tokenizer
+    from lowbit.models import build_model, build_tokenizer
+    from lowbit.models_default import default_model_path
 
     try:
-        path = _default_model_path("smollm2")
-    except LowbitError as exc:
+        path = default_model_path("smollm2")
+    except ImportError as exc:  # the model package is not installed
         pytest.skip(str(exc))
     ckpt = open_checkpoint(path)
     return build_model(ckpt, progress=False), build_tokenizer(ckpt)
@@ -362,11 +363,12 @@ def test_smollm2_w8a8_kl(smollm2) -> None:
 @pytest.fixture(scope="module")
 def minilm():
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.models import _default_model_path, build_model, build_tokenizer
+    from lowbit.models import build_model, build_tokenizer
+    from lowbit.models_default import default_model_path
 
     try:
-        path = _default_model_path("minilm")
-    except LowbitError as exc:
+        path = default_model_path("minilm")
+    except ImportError as exc:  # the model package is not installed
         pytest.skip(str(exc))
     ckpt = open_checkpoint(path)
     return path, build_model(ckpt, progress=False), build_tokenizer(ckpt)

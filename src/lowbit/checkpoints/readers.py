@@ -496,9 +496,10 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Open a checkpoint for reading, one tensor at a time.
 
     Args:
-        path: a ``.safetensors`` file, a ``.gguf`` file, or a folder holding ``config.json`` and
-            safetensors shards (with ``model.safetensors.index.json`` when sharded), or a folder
-            holding exactly one ``.gguf`` file.
+        path: a ``.safetensors`` file, a ``.gguf`` file, a folder holding ``config.json`` and
+            safetensors shards (with ``model.safetensors.index.json`` when sharded), a folder
+            holding exactly one ``.gguf`` file, or a lowbit checkpoint folder (``lowbit.json``;
+            its tensors read back dequantized).
 
     Returns:
         A :class:`Checkpoint`.
@@ -510,6 +511,10 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     p = Path(path)
     if not p.exists():
         raise LowbitError(f"{p}: no such file or folder")
+    if p.is_dir() and (p / "lowbit.json").is_file():
+        from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+
+        return LowbitCheckpoint(p)
     if p.is_dir():
         has_st = any(p.glob("*.safetensors")) or any(p.glob("*.safetensors.index.json"))
         ggufs = sorted(p.glob("*.gguf"))
