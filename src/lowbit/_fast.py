@@ -463,17 +463,79 @@ if HAVE_NUMBA:
             out[i] = table[codes[i]]
 
     @njit(cache=True, nogil=True)
-    def _wide_decode(codes, out, d, m):  # type: ignore[no-untyped-def]
-        """float32 bits of bfloat16/TF32 codes: shift left by ``d``; NaN -> +-quiet NaN."""
-        du = _U(d)
-        exp = _U(_U(0xFF) << _U(m))
-        mant = _U(_U(_U(1) << _U(m)) - _U(1))
+    def _ieee_decode(codes, out, P):  # type: ignore[no-untyped-def]
+        """float32 bits of IEEE-style codes by arithmetic (no table): normal codes shift
+        into place and rebias, subnormals scale, inf and NaN (quiet, no payload, signed)
+        are patched: the values of ``decode_float_arith``."""
+        m, mb, rebias, scale_bits, emax = P
+        mu = _U(m)
+        scale = _f32_of(_U(scale_bits))
+        mant_mask = _U(_U(_U(1) << mu) - _U(1))
+        mag_mask = _U(_U(_U(1) << _U(mb)) - _U(1))
         for i in range(codes.size):
             c = _U(codes[i])
-            v = _U(c << du)
-            if (_U(c & exp) == exp) & (_U(c & mant) != _U(0)):
+            sign = _U(_U(c >> _U(mb)) << _U(31))
+            mag = _U(c & mag_mask)
+            e = _U(mag >> mu)
+            mant = _U(mag & mant_mask)
+            v = _U(_U(mag << _U(23 - m)) + _U(rebias))
+            if e == _U(0):
+                v = _bits32(np.float32(mant) * scale)
+            if e == _U(emax):
+                v = _U(0x7FC00000) if mant != _U(0) else _U(0x7F800000)
+            out[i] = _U(v | sign)
+
+    @njit(cache=True, nogil=True)
+    def _e8m0_decode(codes, out):  # type: ignore[no-untyped-def]
+        """float32 bits of E8M0 codes: 2**(c - 127) is the code as float32's exponent
+        field; code 0 (2**-127) is a float32 subnormal and 255 the NaN."""
+        for i in range(codes.size):
+            c = _U(codes[i])
+            v = _U(c << _U(23))
+            if c == _U(0):
+                v = _U(0x00400000)
+            if c == _U(255):
+                v = _U(0x7FC00000)
+            out[i] = v
+
+    @njit(cache=True, nogil=True)
+    def _wide_decode(codes, out, d):  # type: ignore[no-untyped-def]
+        """float32 bits of bfloat16/TF32 codes: shift left by ``d``; NaN -> +-quiet NaN."""
+        du = _U(d)
+        for i in range(codes.size):
+            v = _U(_U(codes[i]) << du)
+            f = _f32_of(v)
+            if f != f:  # the table's NaN: quiet, no payload, the code's sign
                 v = _U(_U(v & _U(0x80000000)) | _U(0x7FC00000))
             out[i] = v
+
+
+@lru_cache(maxsize=256)
+def _ieee_decode_params(fmt: Any) -> tuple[int, ...] | None:
+    """Parameters of the arithmetic decode to float32 of 9- to 16-bit IEEE-style formats
+    (float16 and the like), whose every value is a float32; else None."""
+    ieee = (
+        fmt.signed
+        and fmt.subnormals
+        and fmt.inf.value == "ieee"
+        and fmt.nan.value == "ieee"
+        and 8 < fmt.bits <= 16
+        and 1 <= fmt.mbits <= 23
+        and 1 - fmt.bias - fmt.mbits >= -149
+        and (1 << fmt.ebits) - 2 - fmt.bias <= 127
+    )
+    if not ieee:
+        return None
+    scale = _f32_bits(2.0 ** (1 - fmt.bias - fmt.mbits))  # a subnormal's unit
+    assert scale is not None
+    return (fmt.mbits, fmt.magnitude_bits, (127 - fmt.bias) << 23, scale, (1 << fmt.ebits) - 1)
+
+
+def _is_e8m0(fmt: Any) -> bool:
+    """The OCP MX scale layout: 8 exponent bits, bias 127, unsigned, NaN = 0xFF only."""
+    return (fmt.ebits, fmt.mbits, fmt.bias, fmt.signed, fmt.subnormals) == (
+        8, 0, 127, False, False
+    ) and (fmt.inf.value, fmt.nan.value) == ("none", "high")  # fmt: skip
 
 
 def _kind(fmt: Any) -> int:
@@ -559,8 +621,10 @@ def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> np.ndarray | N
     """Values of validated codes in ``dtype`` by a compiled loop, or None if none applies.
 
     Formats of at most 16 bits: a lookup in ``codec.value_table`` (the numpy path's own
-    table, so results are the same bits). bfloat16 and TF32 to float32: the code shifted
-    into place, with NaNs made the table's canonical quiet NaN.
+    table, so results are the same bits). To float32, two layouts skip the table:
+    bfloat16 and TF32 (the code shifted into place) and float16-like IEEE formats of 9-16
+    bits (arithmetic) and E8M0 (the code is the exponent field), with NaNs made the
+    table's canonical quiet NaN.
     """
     if not enabled():
         return None
@@ -569,10 +633,25 @@ def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> np.ndarray | N
             codes = codes.astype(fmt.code_dtype)
         flat = np.ascontiguousarray(codes).reshape(-1)
         out = np.empty(flat.size, dtype=np.float32)
-        _wide_decode(flat, out.view(np.uint32), 23 - fmt.mbits, fmt.mbits)
+        _wide_decode(flat, out.view(np.uint32), 23 - fmt.mbits)
         return out.reshape(codes.shape)
     if fmt.bits > 16:
         return None
+    if dtype == np.float32 and _is_e8m0(fmt):
+        flat = np.ascontiguousarray(codes).reshape(-1)
+        if flat.dtype != np.uint8:
+            flat = flat.astype(np.uint8)  # validated: fits
+        out = np.empty(flat.size, dtype=np.float32)
+        _e8m0_decode(flat, out.view(np.uint32))
+        return out.reshape(codes.shape)
+    ieee = _ieee_decode_params(fmt) if dtype == np.float32 else None
+    if ieee is not None:
+        flat = np.ascontiguousarray(codes).reshape(-1)
+        if flat.dtype != np.uint16:
+            flat = flat.astype(np.uint16)  # validated: fits
+        out = np.empty(flat.size, dtype=np.float32)
+        _ieee_decode(flat, out.view(np.uint32), ieee)
+        return out.reshape(codes.shape)
     from lowbit.codec import value_table
 
     table = value_table(fmt, dtype)
