@@ -9,9 +9,10 @@ Semantics match lowbit's own codec (``lowbit.quantize_dynamic(x, fmt)`` then ``d
 - one scale per token (per row of the last dimension): ``scale = float32(amax / qmax)`` with
   ``amax = max |x|`` over the row and ``qmax`` the format's largest value (127 for int8, 448 for
   FP8 E4M3; OCP OFP8 v1.0 Table 1); an all-zero row gets scale 1;
-- ``t = x / scale`` evaluated in float64 (exact enough that no false tie can appear for float32
-  inputs), rounded to the nearest representable value, ties to even (IEEE 754-2019 §4.3.1),
-  saturating at the format's range (integers clamp to [min, max] = [-128, 127] for int8);
+- ``t = x / scale`` rounded once to the nearest representable value, ties to even (IEEE
+  754-2019 §4.3.1), saturating at the format's range (integers clamp to [min, max] =
+  [-128, 127] for int8); the quotient is taken in float32 and redone in float64 where float32
+  lands on a midpoint, so no false tie is rounded;
 - the result ``q * scale`` in float32.
 
 Float rounding is done arithmetically (quantum ``2**(max(e, emin) - mbits)`` for a value in
@@ -65,17 +66,34 @@ def fake_quantize_per_token(x: Any, fmt: Any = "int8") -> Any:
 
     f = _resolve(fmt)
     qmax = float(f.max)
-    x64 = x.detach().to(torch.float64)
-    amax = x64.abs().amax(dim=-1, keepdim=True)
+    x32 = x.detach().to(torch.float32)
+    amax = x32.abs().amax(dim=-1, keepdim=True).to(torch.float64)
     scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax)).to(torch.float32)
-    t = x64 / scale.to(torch.float64)
+    # float32 quotients round where the exact ones do, except that one may land exactly on a
+    # midpoint of the (much coarser) target grid: those few are redone in float64, as lowbit's
+    # codec does
+    q, tie = _to_grid(x32 / scale, f)
+    if tie.any():
+        exact = x32.to(torch.float64)[tie] / scale.to(torch.float64).expand_as(x32)[tie]
+        q[tie] = _to_grid(exact, f)[0].to(torch.float32)
+    return (q * scale).to(x.dtype)
+
+
+def _to_grid(t: Any, f: Any) -> tuple[Any, Any]:
+    """(t rounded to the format's grid, ties to even, saturated; mask of exact ties)."""
+    import torch
+
+    qmax = float(f.max)
     if f.kind == "int":
-        q = torch.clamp(torch.round(t), float(f.min), qmax) + 0.0  # integers have no -0
-    else:
-        _, e = torch.frexp(t)  # |t| = m * 2**e with m in [0.5, 1): binade e - 1
-        quantum = torch.ldexp(torch.ones_like(t), torch.clamp(e - 1, min=f.emin) - f.mbits)
-        q = torch.clamp(torch.round(t / quantum) * quantum, -qmax, qmax)
-    return (q.to(torch.float32) * scale).to(x.dtype)
+        r = torch.round(t)
+        tie = (t - r).abs() == 0.5
+        return torch.clamp(r, float(f.min), qmax) + 0.0, tie  # + 0.0: integers have no -0
+    _, e = torch.frexp(t)  # |t| = m * 2**e with m in [0.5, 1): binade e - 1
+    quantum = torch.ldexp(torch.ones_like(t), torch.clamp(e - 1, min=f.emin) - f.mbits)
+    v = t / quantum  # exact: a power-of-two scaling
+    r = torch.round(v)
+    tie = (v - r).abs() == 0.5
+    return torch.clamp(r * quantum, -qmax, qmax), tie
 
 
 @contextmanager
