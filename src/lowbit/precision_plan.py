@@ -304,11 +304,13 @@ class PlanRule:
         if bad:
             raise LowbitError(f"unknown component(s) {bad}; choose from {', '.join(COMPONENTS)}")
 
-    def matches(self, name: str, shape: Sequence[int]) -> bool:
-        """Whether a tensor of this name and shape falls under the rule."""
-        if self.match and not any(fnmatch.fnmatchcase(name, g) for g in self.match):
+    def matches(self, name: str, shape: Sequence[int], alias: str | None = None) -> bool:
+        """Whether a tensor of this name (or alias: a GGUF tensor's transformers name) and
+        shape falls under the rule."""
+        names = (name,) if alias is None else (name, alias)
+        if self.match and not any(fnmatch.fnmatchcase(n, g) for n in names for g in self.match):
             return False
-        if self.regex and not any(re.fullmatch(r, name) for r in self.regex):
+        if self.regex and not any(re.fullmatch(r, n) for n in names for r in self.regex):
             return False
         if self.component and classify(name, len(shape)) not in self.component:
             return False
@@ -677,14 +679,20 @@ class PrecisionPlan:
     # -- deciding -----------------------------------------------------------------------
 
     def decide(
-        self, name: str, shape: Sequence[int], dtype: str = "F32", nbytes: int | None = None
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: str = "F32",
+        nbytes: int | None = None,
+        alias: str | None = None,
     ) -> TensorPlan:
-        """What one tensor becomes (no checks; :meth:`apply` checks)."""
+        """What one tensor becomes (no checks; :meth:`apply` checks). ``alias`` is another name
+        rules may match it by (a GGUF tensor's transformers name)."""
         shape = tuple(int(s) for s in shape)
         if nbytes is None:
             nbytes = math.prod(shape) * 4
         for i, rule in enumerate(self.rules):
-            if rule.matches(name, shape):
+            if rule.matches(name, shape, alias):
                 return self._plan(
                     name, shape, dtype, nbytes, rule.action, rule.activations, i,
                     f"rule {i + 1}: {rule.describe()}",
@@ -741,8 +749,8 @@ class PrecisionPlan:
         """Decide every tensor, warn about rules that match nothing, refuse unquantizable ones.
 
         Args:
-            tensors: ``(name, shape, dtype, nbytes)`` in file order (``checkpoint_tensors``
-                gives them for an open checkpoint).
+            tensors: ``(name, shape, dtype, nbytes[, alias])`` in file order
+                (``checkpoint_tensors`` gives them for an open checkpoint).
             source: how to name the model in messages.
 
         Returns:
@@ -755,13 +763,18 @@ class PrecisionPlan:
         Warns:
             UserWarning: for each rule that matches no tensor, with the closest names.
         """
-        items = [(str(n), tuple(int(s) for s in sh), str(dt), int(nb)) for n, sh, dt, nb in tensors]
+        items = [
+            (str(t[0]), tuple(int(s) for s in t[1]), str(t[2]), int(t[3]), *t[4:5]) for t in tensors
+        ]
         plans = tuple(self.decide(*item) for item in items)
+        aliases = {item[0]: item[4] for item in items if len(item) > 4}
         used = {p.rule for p in plans if p.rule is not None}
         for i, rule in enumerate(self.rules):
             if i in used:
                 continue
-            hit = next((p for p in plans if rule.matches(p.name, p.shape)), None)
+            hit = next(
+                (p for p in plans if rule.matches(p.name, p.shape, aliases.get(p.name))), None
+            )
             if hit is None:
                 msg = f"matches no tensor of {source}{_close_hint(rule, items)}"
             else:
@@ -830,7 +843,7 @@ def unquantizable(p: TensorPlan) -> str | None:
     return None
 
 
-def _close_hint(rule: PlanRule, items: list[tuple[str, tuple[int, ...], str, int]]) -> str:
+def _close_hint(rule: PlanRule, items: list[tuple[Any, ...]]) -> str:
     """'; close names: ...' for a rule that matched nothing."""
     templates = list(dict.fromkeys(re.sub(r"\d+", "*", n) for n, *_ in items))
     probes = list(rule.match) + list(rule.regex)
@@ -851,10 +864,22 @@ def _close_hint(rule: PlanRule, items: list[tuple[str, tuple[int, ...], str, int
     return f"; names look like: {', '.join(n for n, *_ in items[:3])}"
 
 
-def checkpoint_tensors(checkpoint: Any) -> list[tuple[str, tuple[int, ...], str, int]]:
-    """``(name, shape, dtype, nbytes)`` of every tensor of an open checkpoint, in file order."""
+def checkpoint_tensors(checkpoint: Any) -> list[tuple[Any, ...]]:
+    """``(name, shape, dtype, nbytes, alias)`` of every tensor of an open checkpoint, in file
+    order; ``alias`` is a GGUF tensor's transformers name (so rules may use either), else None."""
+    to_hf = None
+    if getattr(checkpoint, "format", None) == "gguf":
+        from lowbit.models import gguf_to_hf_name
+
+        to_hf = gguf_to_hf_name
     out = []
     for name in checkpoint.names():
         info = checkpoint.info(name)
-        out.append((name, tuple(info.shape), str(info.dtype), int(info.nbytes)))
+        alias = None
+        if to_hf is not None:
+            try:
+                alias = to_hf(name)
+            except LowbitError:
+                alias = None
+        out.append((name, tuple(info.shape), str(info.dtype), int(info.nbytes), alias))
     return out

@@ -319,11 +319,19 @@ def _cast(checkpoint: Any, t: TensorPlan) -> np.ndarray:
 def _raw_bytes(checkpoint: Any, name: str) -> np.ndarray:
     """The stored bytes of one tensor, uint8 ``[rows, bytes per row]`` (memory-mapped)."""
     info = checkpoint.info(name)
-    rows = math.prod(info.shape[:-1]) if len(info.shape) > 1 else 1
+    shape = _raw_shape(info.shape, info.nbytes)
     if info.nbytes == 0:
-        return np.zeros((rows, 0), dtype=np.uint8)
+        return np.zeros(shape, dtype=np.uint8)
     raw = np.memmap(info.file, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.nbytes,))
-    return np.asarray(raw).reshape(rows, info.nbytes // rows)
+    return np.asarray(raw).reshape(shape)
+
+
+def _raw_shape(shape: tuple[int, ...], nbytes: int) -> tuple[int, ...]:
+    """``[rows, bytes per row]`` for 2-D+ tensors, ``[bytes]`` for 1-D ones."""
+    if len(shape) <= 1:
+        return (nbytes,)
+    rows = math.prod(shape[:-1])
+    return (rows, nbytes // rows) if rows else (0, 0)
 
 
 def quantized_weights(
@@ -500,14 +508,14 @@ def _kept_unit(ckpt: Any, t: TensorPlan, entry: dict[str, Any]) -> Any:
     info = ckpt.info(t.name)
     if ckpt.format == "gguf" and t.dtype not in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32",
                                                    "I64"):  # fmt: skip
-        rows = math.prod(t.shape[:-1]) if len(t.shape) > 1 else 1
         entry.update(dtype=t.dtype, encoding=f"gguf:{t.dtype}")
 
         def raw() -> dict[str, np.ndarray]:
             ckpt.close()
             return {t.name: _raw_bytes(ckpt, t.name)}
 
-        return lf.Unit(t.name, entry, [(t.name, np.dtype("u1"), (rows, info.nbytes // rows))], raw)
+        shape = _raw_shape(t.shape, info.nbytes)
+        return lf.Unit(t.name, entry, [(t.name, np.dtype("u1"), shape)], raw)
     sample = ckpt.get(t.name)
     dtype = sample.dtype
     del sample
@@ -602,8 +610,13 @@ def _write_ct(
         if is_gguf:
             from lowbit.models import build_tokenizer
 
-            build_tokenizer(ckpt).save_pretrained(extra)
-            files = sorted(Path(extra).iterdir())
+            try:
+                build_tokenizer(ckpt).save_pretrained(extra)
+            except (LowbitError, OSError, ValueError, KeyError) as exc:
+                warnings.warn(
+                    f"{ckpt.path.name}: no tokenizer written ({exc})", UserWarning, stacklevel=3
+                )
+            files = sorted(p for p in Path(extra).iterdir() if p.is_file())
         write_compressed_tensors(
             out,
             _Lazy(list(by_out), make),

@@ -1,0 +1,183 @@
+"""Tiny real models written as checkpoints, for the end-to-end quantization tests.
+
+A 2-layer llama (hidden 64, so every row divides into GGUF's blocks of 32) saved as a Hugging
+Face folder (safetensors + config.json + a byte-level tokenizer.json) or as a llama.cpp GGUF
+file (llama.cpp's names, permuted q/k rows, the embedding stored as Q8_0), and a tiny BERT
+encoder folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+VOCAB = 261  # 256 byte-level symbols, one merge ("Ġt"), 4 specials
+SPECIALS = ["<s>", "</s>", "<unk>", "<pad>"]
+
+LAYER_TO_GGUF = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+TOP_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def tiny_llama(seed: int = 0, tie: bool = False) -> Any:
+    """A random 2-layer LlamaForCausalLM with random norms (so mix-ups show)."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=tie,
+        bos_token_id=257,
+        eos_token_id=258,
+    )
+    cfg.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.08)
+    return model
+
+
+def byte_vocab() -> list[str]:
+    """Token strings: the 256 byte-level symbols, the merge "Ġt", then the specials."""
+    from tokenizers import pre_tokenizers
+
+    return [*sorted(pre_tokenizers.ByteLevel.alphabet()), "Ġt", *SPECIALS]
+
+
+def byte_tokenizer_json() -> str:
+    """A byte-level BPE tokenizer.json: one token per byte, one merge (+ specials)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(byte_vocab()[:257])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "t")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    return tok.to_str()
+
+
+def save_hf_folder(model: Any, folder: Path, *, tokenizer: bool = True) -> Path:
+    """Save a model as config.json + model.safetensors (+ tokenizer files)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(model.config.to_json_string())
+    if tokenizer:
+        (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "bos_token": "<s>",
+                    "eos_token": "</s>",
+                    "unk_token": "<unk>",
+                    "pad_token": "<pad>",
+                }
+            )
+        )
+    return folder
+
+
+def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py q/k row permutation."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def save_gguf(model: Any, path: Path, *, embedding: str = "Q8_0") -> Path:
+    """Write a llama as llama.cpp's converter would: GGUF names, permuted q/k, F32 weights and
+    the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding)."""
+    from lowbit.export.gguf_writer import GGUFTensor, write_gguf
+
+    cfg = model.config
+    tensors: dict[str, Any] = {}
+    for name, t in model.state_dict().items():
+        if name.startswith("model.layers."):
+            _, _, i, rest = name.split(".", 3)
+            gname = f"blk.{i}.{LAYER_TO_GGUF[rest]}"
+        elif name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        else:
+            gname = TOP_TO_GGUF[name]
+        arr = t.detach().numpy().astype(np.float32)
+        if "q_proj" in name:
+            arr = llamacpp_permute(arr, cfg.num_attention_heads)
+        elif "k_proj" in name:
+            arr = llamacpp_permute(arr, cfg.num_key_value_heads)
+        tensors[gname] = GGUFTensor(arr, embedding) if gname == "token_embd.weight" else arr
+    metadata = {
+        "llama.block_count": cfg.num_hidden_layers,
+        "llama.context_length": cfg.max_position_embeddings,
+        "llama.embedding_length": cfg.hidden_size,
+        "llama.feed_forward_length": cfg.intermediate_size,
+        "llama.attention.head_count": cfg.num_attention_heads,
+        "llama.attention.head_count_kv": cfg.num_key_value_heads,
+        "llama.attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
+        "llama.rope.freq_base": 10000.0,
+        "llama.rope.dimension_count": cfg.hidden_size // cfg.num_attention_heads,
+        "llama.vocab_size": cfg.vocab_size,
+        "general.name": "tiny-llama",
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": byte_vocab(),
+        "tokenizer.ggml.token_type": [1] * 257 + [3] * len(SPECIALS),
+        "tokenizer.ggml.merges": ["Ġ t"],
+        "tokenizer.ggml.bos_token_id": 257,
+        "tokenizer.ggml.eos_token_id": 258,
+        "tokenizer.ggml.unknown_token_id": 259,
+        "tokenizer.ggml.padding_token_id": 260,
+    }
+    return write_gguf(path, tensors, metadata=metadata, arch="llama", progress=False)
+
+
+def tiny_bert(seed: int = 0) -> Any:
+    """A random 2-layer BertModel (hidden 64) with its folder-ready config."""
+    import torch
+    import transformers
+
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    )
+    cfg.architectures = ["BertModel"]
+    torch.manual_seed(seed)
+    return transformers.BertModel(cfg).eval()
