@@ -317,3 +317,63 @@ def test_full_width_codes_skip_no_check() -> None:
     f = lowbit.format("float8_e5m2")
     out = f.decode(np.arange(256, dtype=np.uint8))
     assert np.isnan(out).sum() == 6 and np.isinf(out).sum() == 2
+
+
+# ---- integer formats ------------------------------------------------------------------
+
+INT_FORMATS = [f for f in lowbit.FORMATS.values() if isinstance(f, lowbit.IntFormat)]
+
+
+@functools.cache
+def _int_inputs() -> dict[str, np.ndarray]:
+    """Every float16 pattern, half-integers and their neighbours up to 2**33, random
+    float32/float64 values over the integer ranges, and huge, infinite and NaN values."""
+    rng = np.random.default_rng(11)
+    halves = np.arange(-(2**12), 2**12) + 0.5
+    big = np.ldexp(rng.random(1 << 12) + 1.0, rng.integers(0, 34, 1 << 12)) + 0.5
+    h = np.concatenate([halves, big, -big])
+    edges = np.concatenate(
+        [h, np.nextafter(h, np.inf), np.nextafter(h, -np.inf), [1e300, -1e300, np.inf,
+         -np.inf, np.nan, -np.nan, 0.0, -0.0, 2.0**31, -(2.0**31) - 0.5, 2.0**53]]
+    )  # fmt: skip
+    with np.errstate(over="ignore"):
+        edges32 = edges.astype(np.float32)
+    return {
+        "float16": np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16),
+        "edges64": edges,
+        "edges32": edges32,
+        "float32": (rng.standard_normal(1 << 17) * 300).astype(np.float32),
+        "float64": rng.standard_normal(1 << 16) * 3e9,
+    }
+
+
+@pytest.mark.parametrize("fmt", INT_FORMATS, ids=[f.name for f in INT_FORMATS])
+def test_int_encode_paths_agree(fmt: lowbit.IntFormat) -> None:
+    """Compiled and numpy integer encoders give identical codes in every mode, clamping or wrapping."""
+    for name, x in _int_inputs().items():
+        rbits = _random_bits(x.size)
+        for mode in ROUNDINGS:
+            for sat in (None, True, False):
+                kw = {"rounding": mode, "saturate": sat, "nan": "zero"}
+                if mode == "stochastic":
+                    kw["random_bits"] = rbits
+                with np.errstate(invalid="ignore", over="ignore"):
+                    fast, ref = _encode_both(fmt, x, **kw)
+                _assert_same(fmt, x, fast, ref, f"{name} {mode} saturate={sat}")
+
+
+def test_int_nan_error_and_speed_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int encode raises the same NaNPolicyError on both paths, and the compiled path skips round_to_integer."""
+    fmt = lowbit.format("int4")
+    x = np.array([1.5, np.nan], dtype=np.float32)
+    fast, ref = _encode_both(fmt, x)
+    assert isinstance(fast, NaNPolicyError)
+    _assert_same(fmt, x, fast, ref, "nan")
+    from lowbit import intformat
+
+    def fail(*args: object, **kw: object) -> None:
+        raise AssertionError("numpy path taken")
+
+    monkeypatch.setattr(intformat, "round_to_integer", fail)
+    codes = fmt.encode(np.array([2.5, -2.5, 7.6, -9.0], dtype=np.float32))
+    assert codes.tolist() == [2, 0xE, 7, 0x8]

@@ -423,6 +423,49 @@ if HAVE_NUMBA:
     # second to compile.
     _KERNELS: dict[tuple[str, int, int], Any] = {}
 
+    @njit(inline="always")
+    def _int_loop(x, out, rbits, mode, wrap, lo, hi, nbits):  # type: ignore[no-untyped-def]
+        """Integer codes of float32/float64 ``x`` (``intformat.round_to_integer`` and the
+        clamp or wrap of ``IntFormat.encode``, per element); return whether a NaN was
+        seen (it encodes as 0). Written with floor only (no fmod) so that it vectorises;
+        every step is exact on integer-valued doubles."""
+        seen_nan = False
+        modulus = float(1 << nbits)
+        mask = np.uint64((1 << nbits) - 1)
+        for i in range(x.size):
+            v = np.float64(x[i])
+            isnan = v != v
+            seen_nan |= isnan
+            if isnan:
+                v = 0.0
+            ax = abs(v)
+            finite = ax < np.inf
+            afl = np.floor(ax) if finite else 0.0
+            afrac = ax - afl if finite else 0.0  # exact on the magnitude
+            if mode == 0:
+                odd = afl - 2.0 * np.floor(afl * 0.5) == 1.0
+                away = (afrac > 0.5) | ((afrac == 0.5) & odd)
+            elif mode == 1:
+                away = afrac >= 0.5
+            elif mode == 2:
+                away = False
+            elif mode == 3:
+                away = (afrac > 0.0) & (v > 0.0)
+            elif mode == 4:
+                away = (afrac > 0.0) & (v < 0.0)
+            else:
+                thr = np.uint64(np.ceil(afrac * 18446744073709551616.0))  # afrac * 2**64
+                away = (afrac > 0.0) & (rbits[i] < thr)
+            r = np.copysign(afl + (1.0 if away else 0.0), v) if finite else v
+            if wrap:
+                if not finite:
+                    r = hi if r > 0 else lo
+                out[i] = np.uint64(r - modulus * np.floor(r / modulus))  # r mod 2**nbits
+            else:
+                r = min(max(r, lo), hi)
+                out[i] = np.uint64(np.int64(r)) & mask
+        return seen_nan
+
     def _kernel(path: str, mode: int, kind: int) -> Any:
         key = (path, mode, kind)
         k = _KERNELS.get(key)
@@ -440,6 +483,14 @@ if HAVE_NUMBA:
                 return _loop64(x, out, rbits, P, T, md)
 
             return enc64
+        if path == "int":
+
+            @njit(cache=True, nogil=True)
+            def enc_int(x, out, rbits, rmode, wrap, lo, hi, nbits):  # type: ignore[no-untyped-def]
+                md = mode if mode >= 0 else rmode
+                return _int_loop(x, out, rbits, md, wrap, lo, hi, nbits)
+
+            return enc_int
         if path == "wide":
 
             @njit(cache=True, nogil=True)
@@ -614,6 +665,43 @@ def encode_float(
         raise nan_error(fmt)
     if neg_check and (x < 0).any():  # unsigned formats without NaN only: rare
         raise negative_error(fmt)
+    return True
+
+
+def encode_int(
+    fmt: Any,
+    x: np.ndarray,
+    mode: int,
+    wrap: bool,
+    rbits: np.ndarray | None,
+    out: np.ndarray,
+    *,
+    nan_check: bool,
+) -> bool:
+    """Fill ``out`` with the integer codes of ``x`` if a compiled kernel applies.
+
+    Args:
+        fmt: the IntFormat.
+        x: flat contiguous float32 or float64 input.
+        mode: rounding mode index (``codec._MODE_INDEX``).
+        wrap: wrap modulo 2**bits (``saturate=False``) instead of clamping.
+        rbits: flat uint64 random bits (stochastic rounding) or None.
+        out: flat array of ``fmt.code_dtype`` to fill.
+        nan_check: raise NaNPolicyError if ``x`` holds a NaN (else NaN encodes as 0).
+
+    Raises:
+        NaNPolicyError: as ``IntFormat.encode`` does.
+    """
+    if not enabled() or x.dtype not in _IN_DTYPES or out.dtype != fmt.code_dtype:
+        return False
+    if rbits is None:
+        rbits = np.zeros(1, dtype=np.uint64)
+    kernel = _kernel("int", 0 if mode == 0 else -1, 0)
+    seen_nan = kernel(x, out, rbits, mode, bool(wrap), float(fmt.min), float(fmt.max), fmt.bits)
+    if nan_check and seen_nan:
+        from lowbit.errors import NaNPolicyError
+
+        raise NaNPolicyError(f"input contains NaN and {fmt.name} has no NaN code; pass nan='zero'")
     return True
 
 

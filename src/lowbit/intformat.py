@@ -106,6 +106,9 @@ class IntFormat(Format):
         """
         mode = as_rounding(rounding)
         check_nan_policy(nan)
+        done = _encode_compiled(self, x, mode, saturate, seed, random_bits, nan)
+        if done is not None:
+            return done
         x = as_float64(x)
         isnan = np.isnan(x)
         if isnan.any():
@@ -139,6 +142,30 @@ class IntFormat(Format):
         c = self.decode(codes, dtype=np.int64)
         width = 8 if self.nbits <= 8 else 16 if self.nbits <= 16 else 32
         return c.astype(f"int{width}" if self.signed else f"uint{width}")
+
+
+def _encode_compiled(
+    fmt: IntFormat, x: Any, mode: Rounding, saturate: bool | None, seed: Any, bits: Any, nan: str
+) -> np.ndarray | None:
+    """``IntFormat.encode`` by the compiled kernel (``lowbit._fast``), or None without one."""
+    from lowbit import _fast
+
+    if not _fast.enabled():
+        return None
+    from lowbit.codec import _MODE_INDEX, as_float_input
+
+    arr = as_float_input(x)
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    if flat.dtype not in (np.float32, np.float64):
+        flat = flat.astype(np.float32)  # float16/bfloat16: exact
+    rbits = prepare_random(mode, arr.shape, seed, bits)
+    out = np.empty(flat.size, dtype=fmt.code_dtype)
+    wrap = saturate is False
+    if not _fast.encode_int(
+        fmt, flat, _MODE_INDEX[mode], wrap, rbits, out, nan_check=nan == "raise"
+    ):
+        return None
+    return out.reshape(arr.shape)
 
 
 def round_to_integer(x: np.ndarray, mode: Rounding, rbits: np.ndarray | None) -> np.ndarray:
