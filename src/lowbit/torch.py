@@ -175,13 +175,13 @@ def _round_fast(
             return None
         if f.name in ("float32", "float64") and (f.name == "float64" or f32):
             out = w.clone()
-            return out.clamp(-f.max, f.max) if saturate else out
+            return out.clamp(-_limits(f)[1], _limits(f)[1]) if saturate else out
         if f32 and mode is Rounding.NEAREST_EVEN and f.name in _NATIVE:
             return _round_native(w, f, bool(saturate))
         mant_bits, min_exp = (23, -149) if f32 else (52, -1074)
         if f.mbits > mant_bits or f.emin - f.mbits < min_exp or f.emin > f.mbits + 1:
             return None
-        if f.max >= float(torch.finfo(w.dtype).max):
+        if _limits(f)[1] >= float(torch.finfo(w.dtype).max):
             return None
         return _round_float(w, f, mode, bool(saturate), rbits, nan)
     if isinstance(f, IntFormat):
@@ -194,7 +194,7 @@ def _round_fast(
             m = a.abs()
             fl = torch.floor(m)
             r = torch.copysign(fl + _sr_up(m - fl, rbits).to(a.dtype), a)
-        return r.clamp(f.min, f.max) + 0.0  # integer zero has no sign
+        return r.clamp(*_limits(f)) + 0.0  # integer zero has no sign
     if isinstance(f, ValueSetFormat) and mode is Rounding.NEAREST_EVEN:
         return _round_valueset(w, f, nan)
     return None
@@ -239,9 +239,9 @@ def _round_native(w: torch.Tensor, f: FloatFormat, saturate: bool) -> torch.Tens
         return out
     if saturate:
         if f.has_inf:  # native gives ±inf: clamping also maps infinite input to ±max, as SAT does
-            return out.clamp(-f.max, f.max)
+            return out.clamp(-_limits(f)[1], _limits(f)[1])
         big = w.abs() >= _overflow_threshold(f)  # native gives NaN there
-        return torch.where(big, torch.copysign(torch.full_like(w, f.max), w), out)
+        return torch.where(big, torch.copysign(torch.full_like(w, _limits(f)[1]), w), out)
     big = w.abs() >= _overflow_threshold(f)  # native saturates; the format says inf or NaN
     blown = torch.copysign(torch.full_like(w, math.inf), w) if f.has_inf else w.new_tensor(math.nan)
     return torch.where(big, blown, out)
@@ -272,9 +272,10 @@ def _round_float(
         fl = torch.floor(a)
         r = torch.copysign(fl + _sr_up(a - fl, rbits).to(a.dtype), y)
     out = torch.ldexp(r, eff - m)
-    blown = out.abs() > f.max  # NaN compares False; infinite input is caught here
+    fmax = _limits(f)[1]
+    blown = out.abs() > fmax  # NaN compares False; infinite input is caught here
     if saturate or (not f.has_inf and not f.has_nan):
-        over = torch.copysign(torch.full_like(out, f.max), out)
+        over = torch.copysign(torch.full_like(out, fmax), out)
     elif f.has_inf:
         over = torch.copysign(torch.full_like(out, math.inf), out)
     else:
@@ -342,7 +343,8 @@ class Quantizer:
         fmt: catalog name or Format.
         scaling: one of the above.
         axis: one scale per index along this axis (weights ``[out, in]``: 0).
-        group_size: one scale per ``group_size`` consecutive values of the last dimension.
+        group_size: one scale per ``group_size`` consecutive values of the last dimension;
+            ``-1``: one per row (the whole last dimension: per-token activations).
         margin: headroom in powers of two (``"pow2"``).
         rounding, saturate: as :func:`round_to`; saturate defaults to True when scaling.
         seed: int or ``torch.Generator`` for stochastic rounding.
@@ -369,8 +371,10 @@ class Quantizer:
             raise LowbitError(
                 f"unknown scaling {scaling!r}; allowed: 'none', 'absmax', 'pow2', 'mx'"
             )
-        if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
-            raise LowbitError(f"group_size must be a positive integer, got {group_size!r}")
+        if group_size is not None and (
+            not isinstance(group_size, int) or (group_size < 1 and group_size != -1)
+        ):
+            raise LowbitError(f"group_size must be a positive integer or -1, got {group_size!r}")
         self.format = get_format(fmt)
         self.scaling = scaling
         self.axis = axis
@@ -395,6 +399,8 @@ class Quantizer:
 
     def amax(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x viewed as scale groups, the absolute maximum of each group)."""
+        if self.group_size == -1:
+            return x, x.abs().amax(dim=-1, keepdim=True)
         if self.group_size is not None:
             g, k = self.group_size, x.shape[-1]
             if k % g:
@@ -414,16 +420,16 @@ class Quantizer:
 
     def scale_for(self, amax: torch.Tensor) -> torch.Tensor:
         """The divisor for groups whose absolute maximum is ``amax`` (1 where it is 0 or not finite)."""
-        f = self.format
+        fmax = _limits(self.format)[1]
         ok = (amax > 0) & torch.isfinite(amax)
         a = torch.where(ok, amax, torch.ones_like(amax)).double()
         if self.scaling == "absmax":
-            s = (a / f.max).float()
+            s = (a / fmax).float()
         elif self.scaling == "pow2":
             # kept within float32's normal range so that x / s stays exact and finite
-            s = (pow2_at_least(a / f.max) * 2.0**self.margin).clamp(2.0**-126, 2.0**126)
+            s = (pow2_at_least(a / fmax) * 2.0**self.margin).clamp(2.0**-126, 2.0**126)
         elif self.scaling == "mx":
-            emax = math.floor(math.log2(f.max))
+            emax = math.floor(math.log2(fmax))
             _, ex = torch.frexp(a)  # floor(log2 a) = ex - 1
             s = torch.ldexp(torch.ones_like(a), (ex - 1 - emax).clamp(-127, 127))
         else:
@@ -451,22 +457,42 @@ class Quantizer:
         q = round_to(u, self.format, **kw)
         if self.count:
             self._tally(u, q)
-        inside = (
-            ((u >= self.format.min) & (u <= self.format.max)).reshape(x.shape) if mask else None
-        )
+        lo, hi = _limits(self.format)
+        inside = ((u >= lo) & (u <= hi)).reshape(x.shape) if mask else None
         if s is None:
             return q, inside
         out = q * s.to(q.dtype) if self.scaling == "absmax" else q * s
         return out.to(x.dtype).reshape(x.shape), inside
 
     def _tally(self, u: torch.Tensor, q: torch.Tensor) -> None:
-        fin = torch.isfinite(u)
         st = self.stats
         st["values"] += u.numel()
+        # q is zero wherever u is, so the difference counts the values that flushed to zero
+        st["underflow"] += int(torch.count_nonzero(u)) - int(torch.count_nonzero(q))
+        top = float(u.abs().amax()) if u.numel() else 0.0
+        edge = _beyond(self.format)
+        if top < edge:  # the common case: nothing rounds past max, nothing non-finite
+            return
+        fin = torch.isfinite(u)
         st["nonfinite_in"] += int((~fin).sum())
         st["overflow"] += int((fin & ~torch.isfinite(q)).sum())
-        st["saturated"] += int((fin & (u.abs() > self.format.max) & torch.isfinite(q)).sum())
-        st["underflow"] += int(((u != 0) & (q == 0)).sum())
+        big = fin & (u.abs() >= edge)
+        st["saturated"] += int((big & torch.isfinite(q)).sum())
+
+
+@cache
+def _limits(f: Format) -> tuple[float, float]:
+    """(min, max) of a format, cached (they are derived exactly, which takes a moment)."""
+    return f.min, f.max
+
+
+@cache
+def _beyond(f: Format) -> float:
+    """Where magnitudes start to round past ``f.max`` (half the last gap above it; ties counted)."""
+    v = f.values() if f.bits <= 16 else None
+    if v is None or v.size < 2:
+        return float(f.max)
+    return float(v[-1] + (v[-1] - v[-2]) / 2)
 
 
 class _FakeQuant(torch.autograd.Function):
