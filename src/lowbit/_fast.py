@@ -1,25 +1,29 @@
-"""Optional compiled kernels (numba) for the float codecs; bit for bit the numpy path.
+"""Optional compiled kernels (numba, the ``lowbit[fast]`` extra): bit for bit the numpy path.
 
-``encode_float`` runs ``codec._encode_chunk``'s single-rounding integer algorithm as one
-compiled loop. Two rounding cores feed one shared tail:
+Encoding runs ``codec._encode_chunk``'s single-rounding integer algorithm per element,
+in one pass that also notes NaNs (for ``nan="raise"``). Two rounding cores feed one
+shared tail:
 
-- float64 fields (any float32/float64 input, every rounding mode): exactly the chunk
-  algorithm, per element; a float32 widens to float64 in a register, so no float64 copy
-  of the input is ever made;
-- float32 fields (float32 input, the five deterministic modes, formats whose lowest
-  binade is at or above 2**-127): the same rounding done on the 32-bit pattern with the
-  classic "add the rounding increment, then shift" step. A float32 carries only 24
-  significant bits, so a shift capped at 31 never loses a sticky bit.
+- float64 fields (float32 or float64 input, every rounding mode): exactly the chunk
+  algorithm; a float32 widens to float64 in a register, so no float64 copy is made;
+- float32 fields (float32 input, deterministic modes, formats whose lowest binade is at
+  or above 2**-127), in 32-bit lanes: "add the rounding increment, then shift" in the
+  format's normal range, and below it the float32 adder rounding onto the uniform grid.
+  A float32 carries 24 significant bits, so a shift capped at 31 loses no sticky bit.
 
 The tail (overflow, infinities, NaN, sign, the unsigned rules) is reduced per format and
-``saturate`` to a few precomputed codes, so the loops stay branch-free and vectorise.
-Format parameters reach the kernels as tuples of ints: one compiled kernel serves every
-format (a specialisation per input and output dtype only).
+``saturate`` to a handful of codes, so the loops stay branch-free and vectorise. Formats
+with float32's exponent field (bfloat16, TF32) have a kernel of their own: the rounded
+float32 pattern shifted right is the code. Format parameters reach the kernels as tuples
+of ints; kernels are specialised only on the rounding mode (nearest-even or not), a
+coarse format kind, and the input and output dtypes, and built on first use.
 
-``decode_table`` is a table lookup over uint8/uint16 codes. Each entry point returns
-False/None when numba is missing or no kernel applies, and the caller takes the numpy
-path. ``numpy_only()`` forces that path; it exists so tests can compare the two (they
-give identical results, so it never changes what a caller gets).
+Integer formats get one kernel (``round_to_integer``, then clamp or wrap). Decoding is a
+lookup in the numpy path's own value table, or arithmetic for float16-like, bfloat16,
+TF32 and E8M0 codes. Each entry point returns False/None when numba is missing or no
+kernel applies, and the caller takes the numpy path. ``numpy_only()`` forces that path;
+it exists so tests can compare the two (they agree bit for bit, so it never changes what
+a caller gets).
 """
 
 from __future__ import annotations
