@@ -348,7 +348,8 @@ class Quantizer:
         margin: headroom in powers of two (``"pow2"``).
         rounding, saturate: as :func:`round_to`; saturate defaults to True when scaling.
         seed: int or ``torch.Generator`` for stochastic rounding.
-        count: keep the counters in :attr:`stats`.
+        count: keep the counters in :attr:`stats`: True (all), ``"overflow"`` (all but
+            ``underflow``, which costs two passes over the tensor), or False.
 
     Counters (``stats``): ``values`` seen, ``overflow`` (finite in, inf/NaN out), ``saturated``
     (beyond ±max, clamped), ``underflow`` (nonzero in, zero out), ``nonfinite_in``.
@@ -365,7 +366,7 @@ class Quantizer:
         rounding: str | Rounding = "nearest_even",
         saturate: bool | None = None,
         seed: Any = None,
-        count: bool = True,
+        count: bool | str = True,
     ) -> None:
         if scaling not in ("none", "absmax", "pow2", "mx"):
             raise LowbitError(
@@ -467,8 +468,9 @@ class Quantizer:
     def _tally(self, u: torch.Tensor, q: torch.Tensor) -> None:
         st = self.stats
         st["values"] += u.numel()
-        # q is zero wherever u is, so the difference counts the values that flushed to zero
-        st["underflow"] += int(torch.count_nonzero(u)) - int(torch.count_nonzero(q))
+        if self.count is True:
+            # q is zero wherever u is, so the difference counts the values flushed to zero
+            st["underflow"] += int(torch.count_nonzero(u)) - int(torch.count_nonzero(q))
         top = float(u.abs().amax()) if u.numel() else 0.0
         edge = _beyond(self.format)
         if top < edge:  # the common case: nothing rounds past max, nothing non-finite
@@ -575,11 +577,12 @@ class _ScaledBy(Quantizer):
 RoleSpec = str | Format | Callable[[], Any] | None
 
 
-def _make(spec: RoleSpec) -> Any:
+def _make(spec: RoleSpec, role: str = "input") -> Any:
     if spec is None:
         return None
     if isinstance(spec, (str, Format)):
-        return Quantizer(spec)
+        # underflow is counted where it matters (gradients): counting costs two passes
+        return Quantizer(spec, count=True if role.startswith("grad") else "overflow")
     return spec()
 
 
@@ -590,7 +593,7 @@ class _Roles:
 
     def __init__(self, specs: dict[str, RoleSpec]) -> None:
         for n in self.names:
-            setattr(self, n, _make(specs.get(n)))
+            setattr(self, n, _make(specs.get(n), n))
 
     def items(self) -> list[tuple[str, Any]]:
         return [(n, getattr(self, n)) for n in self.names if getattr(self, n) is not None]

@@ -140,18 +140,19 @@ def get_recipe(name: str) -> Recipe:
         ) from None
 
 
-def _fp8_factory(recipe: Recipe, fmt: str) -> Callable[[], Quantizer]:
+def _fp8_factory(recipe: Recipe, fmt: str, count: bool | str) -> Callable[[], Quantizer]:
     if recipe.fp8_scaling == "delayed":
         return lambda: DelayedScaling(
             fmt,
             history_len=recipe.history_len,
             amax_compute=recipe.amax_compute,
             margin=recipe.margin,
+            count=count,
         )
     if recipe.fp8_scaling == "current":
-        return lambda: current_scaling(fmt, margin=recipe.margin)
+        return lambda: current_scaling(fmt, margin=recipe.margin, count=count)
     if recipe.fp8_scaling == "mx":
-        return lambda: mx_scaling(fmt)
+        return lambda: mx_scaling(fmt, count=count)
     raise LowbitError(
         f"unknown fp8_scaling {recipe.fp8_scaling!r}; allowed: 'delayed', 'current', 'mx'"
     )
@@ -167,8 +168,9 @@ def apply_recipe(model: nn.Module, recipe: Recipe) -> nn.Module:
         f = recipe.matmul
         emulate(model, input=f, weight=f, output=f, grad_output=f, grad_input=f, grad_weight=f)
     elif recipe.fp8_forward is not None:
-        fwd = _fp8_factory(recipe, recipe.fp8_forward)
-        bwd = _fp8_factory(recipe, recipe.fp8_backward or recipe.fp8_forward)
+        # underflow is counted for the gradients only (counting costs two passes)
+        fwd = _fp8_factory(recipe, recipe.fp8_forward, "overflow")
+        bwd = _fp8_factory(recipe, recipe.fp8_backward or recipe.fp8_forward, True)
         emulate(model, input=fwd, weight=fwd, grad_output=bwd, matmuls=False)
     elif recipe.qat is not None:
         qat_emulate(model, recipe.qat, recipe.qat_kwargs, recipe.qat_act)
@@ -190,10 +192,10 @@ def qat_emulate(
 
     def wq() -> Quantizer:
         return Quantizer(weight, scaling="absmax", axis=kw.get("axis"),
-                         group_size=kw.get("group_size"))  # fmt: skip
+                         group_size=kw.get("group_size"), count="overflow")  # fmt: skip
 
     def aq() -> Quantizer:
-        return Quantizer(act, scaling="absmax", group_size=-1)
+        return Quantizer(act, scaling="absmax", group_size=-1, count="overflow")
 
     exclude = [n for n, _ in model.named_children() if n != "blocks"]
     emulate(model, weight=wq if weight else None, input=aq if act else None, matmuls=False,

@@ -125,7 +125,7 @@ class DelayedScaling(Quantizer):
         history_len: how many past amax values to keep (>= 1).
         amax_compute: ``"max"`` or ``"most_recent"``.
         margin: headroom in powers of two.
-        count: keep overflow/underflow counters.
+        count: counters to keep (as :class:`lowbit.torch.Quantizer`).
     """
 
     def __init__(
@@ -135,7 +135,7 @@ class DelayedScaling(Quantizer):
         history_len: int = 16,
         amax_compute: str = "max",
         margin: int = 0,
-        count: bool = True,
+        count: bool | str = True,
     ) -> None:
         super().__init__(fmt, scaling="pow2", margin=margin, count=count)
         if history_len < 1:
@@ -179,14 +179,14 @@ class DelayedScaling(Quantizer):
         return torch.full_like(amax, s)
 
 
-def current_scaling(fmt: str | Format, *, margin: int = 0) -> Quantizer:
+def current_scaling(fmt: str | Format, *, margin: int = 0, count: bool | str = True) -> Quantizer:
     """Per-tensor scaling from the tensor's own amax (power of two, exact)."""
-    return Quantizer(fmt, scaling="pow2", margin=margin)
+    return Quantizer(fmt, scaling="pow2", margin=margin, count=count)
 
 
-def mx_scaling(fmt: str | Format, *, block_size: int = 32) -> Quantizer:
+def mx_scaling(fmt: str | Format, *, block_size: int = 32, count: bool | str = True) -> Quantizer:
     """OCP MX block scaling: one E8M0 power-of-two scale per ``block_size`` values of the last dim."""
-    return Quantizer(fmt, scaling="mx", group_size=block_size)
+    return Quantizer(fmt, scaling="mx", group_size=block_size, count=count)
 
 
 def set_frozen(model: torch.nn.Module, frozen: bool) -> None:
