@@ -265,13 +265,21 @@ def test_decode_paths_agree(fmt: FloatFormat) -> None:
 
 
 def test_decode_shapes_and_dtypes() -> None:
-    """Decode keeps the codes' shape, for strided uint8 codes and for 2-D uint16 codes."""
+    """Decode keeps the codes' shape (strided, 2-D; 0-d codes give what the numpy path gives) and NaNs come out canonical."""
     f8 = lowbit.format("float8_e4m3fn")
     c = np.arange(256, dtype=np.uint8).reshape(16, 16)[:, ::3]
     out = f8.decode(c)
     assert out.shape == c.shape and out.dtype == np.float32
     with _fast.numpy_only():
         assert out.tobytes() == f8.decode(c).tobytes()
+    for name in ("float8_e4m3fn", "bfloat16", "float16", "float8_e8m0fnu", "tf32"):
+        fmt = lowbit.format(name)
+        for code in (5, np.uint8(5), np.array(7, dtype=np.int64)):
+            fast = fmt.decode(code)
+            with _fast.numpy_only():
+                ref = fmt.decode(code)
+            assert type(fast) is type(ref) and np.shape(fast) == np.shape(ref) == ()
+            assert np.asarray(fast).tobytes() == np.asarray(ref).tobytes()
     bf = lowbit.format("bfloat16")
     c16 = np.array([[0x3F80, 0xBF80], [0x7FC1, 0xFF81]], dtype=np.uint16)
     out = bf.decode(c16)

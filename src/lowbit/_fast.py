@@ -709,50 +709,47 @@ def encode_int(
     return True
 
 
-def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
     """Values of validated codes in ``dtype`` by a compiled loop, or None if none applies.
 
     Formats of at most 16 bits: a lookup in ``codec.value_table`` (the numpy path's own
-    table, so results are the same bits). To float32, two layouts skip the table:
-    bfloat16 and TF32 (the code shifted into place) and float16-like IEEE formats of 9-16
+    table, so results are the same bits). To float32, some layouts skip the table:
+    bfloat16 and TF32 (the code shifted into place), float16-like IEEE formats of 9-16
     bits (arithmetic) and E8M0 (the code is the exponent field), with NaNs made the
-    table's canonical quiet NaN.
+    table's canonical quiet NaN. The result has the codes' shape; 0-d codes of a format
+    of at most 16 bits give a numpy scalar, as ``np.take`` on the numpy path does.
     """
     if not enabled():
         return None
     if dtype == np.float32 and _wide_params(fmt, False) is not None:
-        if codes.dtype != fmt.code_dtype:
-            codes = codes.astype(fmt.code_dtype)
-        flat = np.ascontiguousarray(codes).reshape(-1)
-        out = np.empty(flat.size, dtype=np.float32)
-        _wide_decode(flat, out.view(np.uint32), 23 - fmt.mbits)
-        return out.reshape(codes.shape)
-    if fmt.bits > 16:
+        out = _decode_with(_wide_decode, codes, fmt.code_dtype, np.float32, 23 - fmt.mbits)
+    elif fmt.bits > 16:
         return None
-    if dtype == np.float32 and _is_e8m0(fmt):
-        flat = np.ascontiguousarray(codes).reshape(-1)
-        if flat.dtype != np.uint8:
-            flat = flat.astype(np.uint8)  # validated: fits
-        out = np.empty(flat.size, dtype=np.float32)
-        _e8m0_decode(flat, out.view(np.uint32))
-        return out.reshape(codes.shape)
-    ieee = _ieee_decode_params(fmt) if dtype == np.float32 else None
-    if ieee is not None:
-        flat = np.ascontiguousarray(codes).reshape(-1)
-        if flat.dtype != np.uint16:
-            flat = flat.astype(np.uint16)  # validated: fits
-        out = np.empty(flat.size, dtype=np.float32)
-        _ieee_decode(flat, out.view(np.uint32), ieee)
-        return out.reshape(codes.shape)
-    from lowbit.codec import value_table
+    elif dtype == np.float32 and _is_e8m0(fmt):
+        out = _decode_with(_e8m0_decode, codes, np.uint8, np.float32)
+    elif dtype == np.float32 and _ieee_decode_params(fmt) is not None:
+        out = _decode_with(_ieee_decode, codes, np.uint16, np.float32, _ieee_decode_params(fmt))
+    else:
+        from lowbit.codec import value_table
 
-    table = value_table(fmt, dtype)
-    if table.itemsize not in (2, 4, 8):
-        return None
-    if codes.dtype not in (np.uint8, np.uint16):
-        codes = codes.astype(np.uint8 if fmt.bits <= 8 else np.uint16)  # validated: fits
+        table = value_table(fmt, dtype)
+        if table.itemsize not in (2, 4, 8):
+            return None
+        uint = np.dtype(f"u{table.itemsize}")
+        narrow = np.uint8 if fmt.bits <= 8 and codes.dtype != np.uint16 else np.uint16
+        out = _decode_with(_take_kernel, codes, narrow, table.dtype, table.view(uint))
+    return out[()] if out.ndim == 0 and fmt.bits <= 16 else out
+
+
+def _decode_with(kernel: Any, codes: np.ndarray, code_dtype: Any, dtype: Any, *args: Any) -> Any:
+    """Run a decode kernel over flat codes (narrowed to ``code_dtype``: validated, they
+    fit) into a new array of ``dtype``, written through an unsigned view of its bits."""
     flat = np.ascontiguousarray(codes).reshape(-1)
-    uint = np.dtype(f"u{table.itemsize}")
-    out = np.empty(flat.size, dtype=table.dtype)
-    _take_kernel(table.view(uint), flat, out.view(uint))
+    if flat.dtype != code_dtype:
+        flat = flat.astype(code_dtype)
+    out = np.empty(flat.size, dtype=dtype)
+    if kernel is _take_kernel:
+        kernel(args[0], flat, out.view(args[0].dtype))
+    else:
+        kernel(flat, out.view(np.uint32), *args)
     return out.reshape(codes.shape)
