@@ -530,9 +530,6 @@ def test_saturation_bound(case: tuple) -> None:
     assert ((r >= fmt.min) & (r <= fmt.max)).all()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="codec.encode_float returns float64 input unchanged, ignoring saturate"
-)
 def test_float64_saturates_infinities() -> None:
     """saturate=True clamps ±inf to ±max in float64 too."""
     f64 = lowbit.format("float64")
@@ -673,8 +670,8 @@ def test_custom_layouts_have_consistent_tables(fmt: FloatFormat) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [["a", "b"], np.array([object()]), [[1.0, 2.0], [3.0]]],
-    ids=["strings", "object", "ragged"],
+    [["a", "b"], np.array([object()]), [[1.0, 2.0], [3.0]], np.array([1 + 2j])],
+    ids=["strings", "object", "ragged", "complex"],
 )
 def test_encode_rejects_non_numeric(bad: object) -> None:
     """Non-numeric input is a LowbitError naming the problem."""

@@ -37,6 +37,8 @@ def as_float64(x: Any) -> np.ndarray:
 
 
 def _is_ml_float(dtype: np.dtype) -> bool:
+    if dtype.kind == "c":  # ml_dtypes.finfo accepts complex types; lowbit does not
+        return False
     try:
         ml_dtypes.finfo(dtype)
     except (TypeError, ValueError):

@@ -109,7 +109,10 @@ def encode_float(
     nan_check = not fmt.has_nan and nan == "raise"
     neg_check = not fmt.signed and not fmt.has_nan and not saturate
     if fmt.ebits == 11 and fmt.mbits == 52 and fmt.signed and fmt.bias == 1023:
-        return _widen(flat).view(_U).reshape(shape).copy()  # float64 itself: exact
+        wide = _widen(flat)
+        if saturate:  # the only rounding float64 input needs: the OCP SAT clamp of ±inf
+            wide = np.clip(wide, -fmt.max, fmt.max)
+        return wide.view(_U).reshape(shape).copy()  # float64 itself: exact
     rbits = prepare_random(mode, shape, seed, random_bits)
     from lowbit import _fast
 
