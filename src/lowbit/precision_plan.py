@@ -844,19 +844,29 @@ def unquantizable(p: TensorPlan) -> str | None:
 
 
 def _close_hint(rule: PlanRule, items: list[tuple[Any, ...]]) -> str:
-    """'; close names: ...' for a rule that matched nothing."""
-    templates = list(dict.fromkeys(re.sub(r"\d+", "*", n) for n, *_ in items))
-    probes = list(rule.match) + list(rule.regex)
+    """'; close names: ...' for a rule that matched nothing.
+
+    Names that contain every literal piece of a pattern in order come first (``*.mlp.gate``
+    finds ``model.layers.0.mlp.gate_proj.weight``), then difflib's closest, per layer-number
+    template so that one layer's names stand for all."""
+    names = [n for n, *_ in items] + [t[4] for t in items if len(t) > 4 and t[4]]
+    templates = list(dict.fromkeys(re.sub(r"\d+", "*", n) for n in names))
+    probes = [(g, r"[*?\[\]]+") for g in rule.match] + [
+        (r, r"[\\^$.*+?()\[\]{}|]+") for r in rule.regex
+    ]
     close: list[str] = []
-    for probe in probes:
-        for t in difflib.get_close_matches(probe, templates, n=3, cutoff=0.5):
-            if t not in close:
-                close.append(t)
+    for probe, meta in probes:
+        pieces = [p for p in re.split(meta, probe) if p]
+        if pieces:
+            pattern = ".*".join(re.escape(p) for p in pieces)
+            close += [t for t in templates if re.search(pattern, t)][:3]
+        close += difflib.get_close_matches(probe, templates, n=3, cutoff=0.5)
+    close = list(dict.fromkeys(close))[:3]
     if close:
         examples = []
-        for t in close[:3]:
+        for t in close:
             rx = re.compile("^" + re.escape(t).replace(r"\*", r"\d+") + "$")
-            examples.append(next(n for n, *_ in items if rx.match(n)))
+            examples.append(next(n for n in names if rx.match(n)))
         return f"; close names: {', '.join(examples)}"
     if rule.component:
         present = sorted({classify(n, len(sh)) for n, sh, *_ in items} - {"buffer"})

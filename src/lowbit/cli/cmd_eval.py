@@ -1,0 +1,185 @@
+"""``lowbit eval``: the quality a model keeps in each quantized variant, in one table."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from lowbit.cli import _common
+from lowbit.errors import LowbitError
+
+_EPILOG = """\
+MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2
+(SmolLM2-135M-Instruct, the default) or minilm (all-MiniLM-L6-v2, a sentence encoder).
+QUANTIZED are checkpoints of it on disk (lowbit quantize outputs, GGUF files). Without
+QUANTIZED or --schemes, the default schemes are quantized in memory (nothing is written):
+int8:ch, int4:g128, int4:g128:asym, nf4, fp8_e4m3:ch, mxfp4.
+
+Causal LMs: perplexity over the first --tokens tokens of the text in windows of --window
+(non-overlapping by default), with KL(original || variant) of the next-token distributions
+and top-1 agreement. Encoders: mean/min cosine similarity of sentence embeddings against the
+original and nearest-neighbour agreement on --sentences sentences of the text.
+
+examples:
+  lowbit eval                                   SmolLM2, default schemes, 4,096 tokens
+  lowbit eval minilm                            all-MiniLM-L6-v2 embedding fidelity
+  lowbit eval smollm2 smol-int4 --schemes none  a checkpoint written by lowbit quantize
+  lowbit eval --schemes int8:ch,int4:g32 --w8a8 --tokens 16384
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="perplexity / embedding fidelity of a model and its quantized variants",
+        description="Measure a model and its quantized variants on the same data and print "
+        "one table: format, bits per weight, size, quality and change against the original.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="*", metavar="MODEL [QUANTIZED ...]")
+    p.add_argument(
+        "--schemes",
+        metavar="LIST",
+        help="comma-separated schemes quantized in memory ('none': no others); default: "
+        "int8:ch,int4:g128,int4:g128:asym,nf4,fp8_e4m3:ch,mxfp4 when no QUANTIZED is given",
+    )
+    p.add_argument(
+        "--w8a8",
+        nargs="?",
+        const="int8",
+        metavar="FMT",
+        help="also measure each model with per-token activations in FMT (default int8)",
+    )
+    p.add_argument("--tokens", type=int, default=4096, help="tokens of the text (default 4096)")
+    p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
+    p.add_argument("--stride", type=int, help="tokens between windows (default: the window)")
+    p.add_argument("--text", metavar="FILE", help="UTF-8 text (default: pydoc_data.topics)")
+    p.add_argument("--sentences", type=int, default=256, help="encoders: sentences (default 256)")
+    p.add_argument("--threads", type=int, help="torch threads (default: the machine's cores)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _common.add_json(p)
+    p.set_defaults(func=run)
+
+
+def split_paths(paths: list[str]) -> tuple[str | None, list[str]]:
+    """(MODEL, QUANTIZED...): a lowbit checkpoint first means its source is the model."""
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+
+    if not paths:
+        return None, []
+    first = paths[0]
+    if is_lowbit_checkpoint(first):
+        source = LowbitCheckpoint(first).manifest.get("source", {}).get("path")
+        if not source or not Path(source).exists():
+            raise LowbitError(
+                f"{first}: its source model {source!r} is not on this machine; name the "
+                f"original first: lowbit eval MODEL {' '.join(paths)}"
+            )
+        return source, list(paths)
+    return first, list(paths[1:])
+
+
+def run(args: argparse.Namespace) -> int:
+    from lowbit.quality import evaluate_variants
+
+    for opt in ("tokens", "window", "sentences", "threads"):
+        v = getattr(args, opt)
+        if v is not None and v < 1:
+            raise LowbitError(f"--{opt} must be a positive integer, got {v}")
+    model, quantized = split_paths(args.paths)
+    for q in quantized:
+        if not Path(q).exists():
+            raise LowbitError(f"{q}: no such file or folder")
+    if args.schemes is None:
+        schemes = None
+    elif args.schemes.strip().lower() in ("", "none"):
+        schemes = []
+    else:
+        schemes = _common.parse_list(args.schemes)
+    result = evaluate_variants(
+        model,
+        quantized,
+        schemes,
+        w8a8=args.w8a8,
+        tokens=args.tokens,
+        window=args.window,
+        stride=args.stride,
+        text=args.text,
+        sentences=args.sentences,
+        threads=args.threads,
+        progress=False if args.no_progress or args.json else None,
+    )
+    if args.json:
+        _common.print_json(result)
+        return 0
+    print_result(result)
+    return 0
+
+
+def _size(row: dict[str, Any]) -> str:
+    n = row.get("bytes")
+    if n is None:
+        return "-"
+    return f"{n / 1e6:,.1f} MB" + ("*" if row.get("size_source") == "memory" else "")
+
+
+def _bits(row: dict[str, Any]) -> str:
+    b = row.get("bits_per_weight")
+    return "-" if b is None else f"{b:.3f}"
+
+
+def print_result(result: dict[str, Any]) -> None:
+    """The final table and the line saying what was measured."""
+    m = result["measured"]
+    rows = result["rows"]
+    if result["kind"] == "causal-lm":
+        table = [
+            [
+                r["name"],
+                r["format"],
+                _bits(r),
+                _size(r),
+                f"{r['perplexity']:.4f}",
+                "-" if i == 0 else f"{r['change'] * 100:+.2f}%",
+                f"{r['kl_mean']:.5f}",
+                f"{r['top1_agreement'] * 100:.2f}%",
+            ]
+            for i, r in enumerate(rows)
+        ]
+        headers = ["name", "format", "bits/w", "size", "perplexity", "change", "KL", "top-1"]
+        _common.print_table(table, headers, align="llrrrrrr")
+        print(
+            f"\nmeasured: perplexity on {m['text']}, first {m['tokens']:,} of {m['text_tokens']:,} "
+            f"tokens in {m['windows']} windows of {m['window']} (stride {m['stride']}), "
+            f"{m['scored']:,} tokens scored, no BOS, {m['dtype']}, {m['threads']} threads; KL = "
+            f"mean KL(original || variant) of next-token distributions in nats, top-1 = same "
+            f"most likely token; {m['seconds']:.0f} s."
+        )
+    else:
+        table = [
+            [
+                r["name"],
+                r["format"],
+                _bits(r),
+                _size(r),
+                f"{r['mean_cosine']:.6f}",
+                f"{r['min_cosine']:.6f}",
+                f"{r['nn_agreement'] * 100:.1f}%",
+            ]
+            for r in rows
+        ]
+        headers = ["name", "format", "bits/w", "size", "mean cos", "min cos", "NN agree"]
+        _common.print_table(table, headers, align="llrrrrr")
+        print(
+            f"\nmeasured: sentence embeddings of {m['sentences']} sentences drawn (seed "
+            f"{m['seed']}) from {m['text']}, {m['pooling']}; cosine against the original's "
+            f"embedding of the same sentence; NN agree = same nearest other sentence; "
+            f"{m['seconds']:.0f} s."
+        )
+    print(
+        "bits/w: stored bits per weight of the quantized tensors (the original: as stored), "
+        "scales and zero points included; size: tensor data (* computed for a variant "
+        "quantized in memory)."
+    )

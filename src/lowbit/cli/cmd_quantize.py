@@ -1,0 +1,226 @@
+"""``lowbit quantize``: quantize a whole checkpoint with a precision plan, streaming."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from lowbit.cli import _common
+from lowbit.errors import LowbitError
+
+_EPILOG = """\
+MODEL is a .safetensors file, a Hugging Face folder, a .gguf file, or a shipped model:
+smollm2 (SmolLM2-135M-Instruct, GGUF; the default) or minilm (all-MiniLM-L6-v2).
+
+By default the 2-D weights of linear layers are quantized; embeddings, the LM head, norms,
+biases and other 1-D tensors are kept as stored. A plan file (JSON or YAML) of ordered rules
+changes that (see docs/quantize-models.md):
+
+  rules:
+    - {match: "*embed*", format: keep}
+    - {component: mlp, ndim: 2, format: "nf4:g64", scale_method: mse}
+    - {regex: 'model\\.layers\\.0\\..*', format: "int8:ch"}
+
+examples:
+  lowbit quantize --to int4 --group 128 --dry-run            the plan for SmolLM2, no work
+  lowbit quantize smollm2 --to int4 --group 128 --out smol-int4
+  lowbit quantize minilm --to int8 --out-format compressed-tensors --out minilm-w8
+  lowbit quantize smollm2 --to q4_0 --out-format gguf --out smol.Q4_0.gguf
+  lowbit quantize model_dir --plan plan.yaml --to int4 --group 64 --asym --json
+
+Output formats: lowbit (any scheme; lowbit.load / lowbit.load_model read it back),
+compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8_0/Q4_0
+from a GGUF source; llama.cpp runs it; --to q4_0 / q8_0 use llama.cpp's own rounding).
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "quantize",
+        help="quantize a checkpoint (safetensors, HF folder, GGUF) with a precision plan",
+        description="Quantize every tensor a precision plan names, one tensor at a time, and "
+        "write a lowbit, compressed-tensors or GGUF checkpoint.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint or shipped model")
+    p.add_argument(
+        "--to",
+        metavar="FORMAT",
+        help="scheme for the linear weights: int8, int4, nf4, fp8_e4m3, mxfp4, q4_0, or a "
+        "scheme string such as int4:g128:fp16 (no granularity: per output channel)",
+    )
+    p.add_argument("--group", type=int, metavar="N", help="values per scale along each row")
+    p.add_argument(
+        "--scale-method",
+        choices=["absmax", "percentile", "meanstd", "mse"],
+        help="how each group's clipping range is chosen (default absmax)",
+    )
+    p.add_argument("--asym", action="store_true", help="integer formats: add a zero point")
+    p.add_argument("--scale-format", metavar="F", help="scales in fp32 (default), fp16, bf16")
+    p.add_argument(
+        "--no-pad",
+        action="store_true",
+        help="a group size that does not divide a row is an error (default: shorter last group)",
+    )
+    p.add_argument(
+        "--activations",
+        metavar="FMT",
+        help="declare per-token activation quantization (int8, fp8) for the quantized layers",
+    )
+    p.add_argument("--plan", metavar="FILE", help="plan file (JSON/YAML) of ordered rules")
+    p.add_argument("--out", metavar="PATH", help="output folder (or .gguf file)")
+    p.add_argument(
+        "--out-format",
+        default="lowbit",
+        choices=["lowbit", "compressed-tensors", "gguf"],
+        help="what to write (default lowbit)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--dry-run", action="store_true", help="print the plan applied to the model")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _common.add_json(p)
+    p.set_defaults(func=run)
+
+
+def build_plan(args: argparse.Namespace) -> Any:
+    """The precision plan the options describe."""
+    from lowbit.precision_plan import PrecisionPlan, scheme_from_spec
+
+    if args.to is None and args.plan is None:
+        raise LowbitError(
+            "say what to quantize to: --to FORMAT (e.g. int4 --group 128) or --plan FILE"
+        )
+    opts = {
+        "group": args.group,
+        "scale_method": args.scale_method,
+        "asym": True if args.asym else None,
+        "scale_format": args.scale_format,
+    }
+    if args.to is None and any(v is not None for v in opts.values()):
+        raise LowbitError("--group, --scale-method, --asym and --scale-format modify --to FORMAT")
+    if args.plan is None:
+        return PrecisionPlan.uniform(
+            args.to, pad=not args.no_pad, activations=args.activations, **opts
+        )
+    plan = PrecisionPlan.from_file(args.plan)
+    if args.to is not None:
+        plan = plan.with_default(scheme_from_spec(args.to, pad=not args.no_pad, **opts))
+    if args.activations:
+        from lowbit.precision_plan import activation_format
+
+        plan = plan.with_default(plan.default, activation_format(args.activations))
+    return plan
+
+
+def _default_out(source: Path, args: argparse.Namespace) -> Path:
+    stem = source.name
+    for suffix in (".gguf", ".safetensors"):
+        stem = stem.removesuffix(suffix)
+    tag = args.to or "plan"
+    if args.group:
+        tag += f"-g{args.group}"
+    if args.asym:
+        tag += "-asym"
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag).strip("-")
+    name = f"{stem}-{tag}" + (".gguf" if args.out_format == "gguf" else "")
+    return Path(name)
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:,.1f} MB"
+
+
+def run(args: argparse.Namespace) -> int:
+    from lowbit.quantize_model import open_model, output_nbytes, plan_model, quantize_model
+
+    progress = False if args.no_progress or args.json else None
+    plan = build_plan(args)
+    ckpt = open_model(args.model)
+    rounding = "llama.cpp" if (args.to or "").strip().lower() in ("q4_0", "q8_0") else "auto"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        applied = plan_model(ckpt, plan, out_format=args.out_format, gguf_rounding=rounding)
+    _print_warnings(args, caught)
+    sizes = [output_nbytes(t, args.out_format) for t in applied.tensors]
+    totals = applied.totals()
+    totals["out_bytes"] = sum(sizes)
+    if args.dry_run:
+        return _print_plan(args, ckpt, applied, sizes, totals)
+    out = Path(args.out) if args.out else _default_out(ckpt.path, args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = quantize_model(
+            ckpt,
+            plan,
+            out,
+            out_format=args.out_format,
+            gguf_rounding=rounding,
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+    _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)])
+    if args.json:
+        _common.print_json(result)
+        return 0
+    t = result["totals"]
+    labels = sorted({p.label for p in applied.quantized})
+    what = {"lowbit": "lowbit checkpoint", "compressed-tensors": "compressed-tensors checkpoint",
+            "gguf": "GGUF file"}[args.out_format]  # fmt: skip
+    bpw = f" ({t['bits_per_weight']:.3f} bits/weight)" if t["bits_per_weight"] else ""
+    print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {result['seconds']:.1f} s")
+    print(
+        f"  {t['quantized']} of {t['tensors']} tensors quantized to {', '.join(labels) or '-'}"
+        f"{bpw}; {t['kept']} kept, {t['cast']} cast; source {_mb(t['source_bytes'])}"
+    )
+    if args.out_format == "lowbit":
+        model = args.model or "smollm2"
+        print(f"  evaluate: lowbit eval {model} {out}    load: lowbit.load_model({str(out)!r})")
+    return 0
+
+
+def _print_warnings(args: argparse.Namespace, caught: list[Any]) -> None:
+    for w in caught:
+        print(f"lowbit {args.command}: warning: {w.message}", file=sys.stderr)
+
+
+def _print_plan(
+    args: argparse.Namespace, ckpt: Any, applied: Any, sizes: list[int], totals: dict[str, Any]
+) -> int:
+    if args.json:
+        doc = applied.to_dict()
+        for row, size in zip(doc["tensors"], sizes, strict=True):
+            row["out_bytes"] = size
+        doc.update(source=str(ckpt.path), source_format=ckpt.format, out_format=args.out_format)
+        doc["totals"] = totals
+        _common.print_json(doc)
+        return 0
+    rows = []
+    for t, size in zip(applied.tensors, sizes, strict=True):
+        rows.append(
+            [
+                t.name,
+                "x".join(str(s) for s in t.shape),
+                t.dtype,
+                t.label + (f" +{t.activations} act" if t.activations else ""),
+                f"{size * 8 / t.numel:.3f}" if t.numel else "-",
+                size,
+                t.reason,
+            ]
+        )
+    _common.print_table(
+        rows, ["tensor", "shape", "stored", "becomes", "bits", "bytes", "why"], align="lllllrl"
+    )
+    bpw = totals["bits_per_weight"]
+    print(
+        f"\n{ckpt.path.name}: {totals['quantized']} of {totals['tensors']} tensors quantized "
+        f"({totals['quantized_params']:,} of {totals['params']:,} values"
+        + (f", {bpw:.3f} bits/weight in lowbit's layout" if bpw else "")
+        + f"), {totals['kept']} kept, {totals['cast']} cast; {args.out_format} output "
+        f"{_mb(totals['out_bytes'])} from {_mb(totals['source_bytes'])}. Dry run: nothing written."
+    )
+    return 0
