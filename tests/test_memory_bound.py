@@ -4,10 +4,12 @@ The issue's bound: peak memory while quantizing stays below (largest tensor x 3 
 above what the interpreter and its imports already use. A synthetic sharded checkpoint of 512
 MiB (32 float32 tensors of 16 MiB in 4 shards) is quantized in a fresh subprocess, half the
 weights to int8 per channel and half kept as they are (so the output, 320 MiB, is larger than
-the budget too). The subprocess imports everything and warms up on a small checkpoint, notes
-its resident set then (``VmRSS``), and after the run its peak resident set
-(``resource.getrusage``'s ``ru_maxrss``): the difference must stay within 3 x 16 MiB + 200 MB,
-about 250 MB, half the checkpoint. (Without the per-tensor unmapping it measures 540 MB.)
+the budget too). The subprocess imports everything and warms up on a small checkpoint, resets
+its peak (``/proc/self/clear_refs``), notes its resident set (``VmRSS``), and after the run its
+peak resident set (``VmHWM``): the difference must stay within 3 x 16 MiB + 200 MB, about
+250 MB, half the checkpoint. (Without the per-tensor unmapping it measures 540 MB.)
+``resource.getrusage``'s ``ru_maxrss`` would not do: Linux keeps it across ``execve``, so a
+subprocess of a large pytest process starts with its parent's peak.
 
 ``RLIMIT_AS`` is not used: memory-mapping a 128 MiB shard reserves its whole size of address
 space (pages are only read when touched) and torch/numba reserve gigabytes they never touch,
@@ -90,7 +92,7 @@ def _write_small(folder: Path) -> Path:
 
 _CHILD = textwrap.dedent(
     """
-    import json, resource, sys, tempfile
+    import json, sys, tempfile
     from pathlib import Path
     import lowbit
     from lowbit.precision_plan import PrecisionPlan
@@ -99,24 +101,26 @@ _CHILD = textwrap.dedent(
     src, out = Path(sys.argv[1]), Path(sys.argv[2])
     plan = PrecisionPlan.uniform("int8", rules=[{"match": "*down_proj*", "format": "keep"}])
 
-    def rss():  # the peak so far
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-    def current():  # resident now (a transient peak during imports is not counted as used)
+    def status(key):
         for line in open("/proc/self/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
-        return rss()
+        raise KeyError(key)
 
     # warm up every code path on a small checkpoint (imports, lazy tables, first-call caches)
     with tempfile.TemporaryDirectory() as tmp:
         quantize_model(sys.argv[3], plan, Path(tmp) / "w", progress=False)
     import gc; gc.collect()
-    base = current()
+    try:  # restart the peak at the current resident set (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    base = status("VmRSS")
     result = quantize_model(src, plan, out, progress=False)
-    peak = rss()
+    peak = status("VmHWM")
     everything = lowbit.load(src)  # control: not streaming
-    control = rss()
+    control = status("VmHWM")
     print(json.dumps({"base": base, "peak": peak, "control": control,
                       "out_bytes": result["bytes"], "loaded": len(everything)}))
     """
