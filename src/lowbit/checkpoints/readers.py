@@ -176,11 +176,7 @@ class Checkpoint(ABC):
         return len(self.names())
 
     def __contains__(self, name: object) -> bool:
-        try:
-            self.info(name)  # type: ignore[arg-type]
-        except LowbitError:
-            return False
-        return True
+        return name in self.names()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.format} {str(self.path)!r}: {len(self)} tensors>"
