@@ -471,7 +471,12 @@ class Quantizer:
         if self.count is True:
             # q is zero wherever u is, so the difference counts the values flushed to zero
             st["underflow"] += int(torch.count_nonzero(u)) - int(torch.count_nonzero(q))
-        top = float(u.abs().amax()) if u.numel() else 0.0
+        if u.numel() == 0:
+            return
+        lo, hi = torch.aminmax(u)  # one pass, no temporary (NaN propagates into both)
+        top = max(-float(lo), float(hi))
+        if math.isnan(float(lo)) or math.isnan(float(hi)):
+            top = math.inf
         edge = _beyond(self.format)
         if top < edge:  # the common case: nothing rounds past max, nothing non-finite
             return

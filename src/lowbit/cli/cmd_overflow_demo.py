@@ -56,7 +56,7 @@ def _cell(r: dict, fmax: float, colour: bool) -> str:
         return _common.colour("lost", "33", colour)
     if kind == "no code":
         return "no code"
-    return _common.fmt_num(r["value"], 5)
+    return _common.fmt_num(r["value"], 7)
 
 
 def run(args: argparse.Namespace) -> int:

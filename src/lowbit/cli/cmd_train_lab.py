@@ -138,7 +138,11 @@ def claims(lab: Any) -> list[str]:
             continue
         dq, dp = q.final_val - ref.final_val, val - ref.final_val
         closer = "closer to" if abs(dq) < abs(dp) else "NOT closer to"
-        out.append(f"{q.name} ends {closer} FP32 than {name}: {dq:+.4f} vs {dp:+.4f} nats/byte.")
+        lower = "lower" if q.final_val < val else "higher"
+        out.append(
+            f"{q.name} ends {closer} FP32 than {name} (val loss {dq:+.4f} vs {dp:+.4f} nats/byte "
+            f"from FP32's); its loss is {lower} than {name}'s."
+        )
     return out
 
 

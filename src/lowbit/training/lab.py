@@ -150,6 +150,7 @@ class LabResult:
                 out[f"qat_closer_than_{name}"] = abs(qat.final_val - ref.final_val) < abs(
                     val - ref.final_val
                 )
+                out[f"qat_lower_than_{name}"] = qat.final_val < val
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -496,7 +497,9 @@ def plot(lab: LabResult, path: str | os.PathLike[str]) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ImportError("plotting needs matplotlib: pip install 'lowbit[plot]'") from exc
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5))
+    ref = lab.by_name().get("fp32")
+    ref_sm = _ema(np.asarray(ref.train_curve, dtype=np.float64), 0.98) if ref else None
     for r in lab.results:
         tc = np.asarray(r.train_curve, dtype=np.float64)
         sm = _ema(tc, 0.9)
@@ -506,18 +509,25 @@ def plot(lab: LabResult, path: str | os.PathLike[str]) -> None:
         steps = [s for s, _ in r.val_curve]
         vals = [v if math.isfinite(v) else np.nan for _, v in r.val_curve]
         ax2.plot(steps, vals, marker="o", ms=3, label=r.name, color=line.get_color())
+        if ref_sm is not None and r is not ref:
+            n = min(len(tc), len(ref_sm))
+            diff = _ema(tc, 0.98)[:n] - ref_sm[:n]
+            ax3.plot(np.arange(1, n + 1), diff, label=r.name, color=line.get_color(), lw=1.2)
     for name, val in lab.ptq.items():
         ax2.axhline(val, ls="--", lw=1, color="grey")
         ax2.annotate(name, (lab.config.steps, val), fontsize=8, ha="right", va="bottom")
     ax1.set(xlabel="step", ylabel="training loss (EMA 0.9), nats/byte", title="training loss")
     ax2.set(xlabel="step", ylabel="validation loss, nats/byte", title="validation loss")
+    ax3.set(xlabel="step", ylabel="nats/byte", title="training loss minus FP32's (EMA 0.98)")
+    ax3.axhline(0.0, color="black", lw=0.8)
     finite = [v for r in lab.results for _, v in r.val_curve if math.isfinite(v)]
     if finite:
         lo, hi = min(finite), np.percentile(finite, 90)
         ax2.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.1)
-    for ax in (ax1, ax2):
+    for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
     m = lab.config.model
     fig.suptitle(
         f"lowbit train-lab: {m.n_layers}-layer d={m.d_model} decoder, {lab.config.steps} steps "
