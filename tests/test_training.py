@@ -248,13 +248,17 @@ def test_quantized_checkpoint_round_trip(data: TextData, tmp_path) -> None:
 
 
 def test_set_frozen_stops_history(data: TextData) -> None:
-    """Evaluation with frozen scalers leaves every amax history unchanged."""
+    """Evaluation with frozen quantizers leaves every amax history and counter unchanged."""
     _, model = run_recipe("fp8-hybrid", tiny_cfg(2), data)
     qz = [q for m in model.modules() if isinstance(m, EmulatedLinear) for _, q in m.roles.items()]
-    before = [list(q.history) for q in qz]
+    before = [(list(q.history), dict(q.stats)) for q in qz]
     set_frozen(model, True)
     model(data.val_batches(1, 2, 16)[0][0])
-    assert [list(q.history) for q in qz] == before
+    assert [(list(q.history), q.stats) for q in qz] == before
+    set_frozen(model, False)
+    model(data.val_batches(1, 2, 16)[0][0])
+    inputs = [m.roles.input for m in model.modules() if isinstance(m, EmulatedLinear)]
+    assert [len(q.history) for q in inputs] == [3] * 5  # 2 training steps + this forward
 
 
 # ---- overflow demo and CLI ------------------------------------------------------------------

@@ -384,6 +384,7 @@ class Quantizer:
         self.rounding = as_rounding(rounding)
         self.saturate = (scaling != "none") if saturate is None else saturate
         self.count = count
+        self.frozen = False  # evaluation: no counting (and no scale history, in subclasses)
         self._gen = None
         if self.rounding is Rounding.STOCHASTIC:
             if isinstance(seed, torch.Generator):
@@ -456,7 +457,7 @@ class Quantizer:
             else:  # power-of-two scales: exact in x's dtype
                 u = xg / s
         q = round_to(u, self.format, **kw)
-        if self.count:
+        if self.count and not self.frozen:
             self._tally(u, q)
         lo, hi = _limits(self.format)
         inside = ((u >= lo) & (u <= hi)).reshape(x.shape) if mask else None

@@ -148,7 +148,6 @@ class DelayedScaling(Quantizer):
         self.amax_compute = amax_compute
         self.history: deque[float] = deque(maxlen=history_len)
         self.scale: float | None = None
-        self.frozen = False
 
     def __repr__(self) -> str:
         return (
@@ -190,9 +189,9 @@ def mx_scaling(fmt: str | Format, *, block_size: int = 32, count: bool | str = T
 
 
 def set_frozen(model: torch.nn.Module, frozen: bool) -> None:
-    """Stop (or resume) recording amax histories in every DelayedScaling of ``model``.
+    """Stop (or resume) every quantizer of ``model`` recording: amax histories and counters.
 
-    Evaluation passes should not move the scales training uses.
+    Evaluation passes should not move the scales training uses, nor add to its counts.
     """
     from lowbit.torch import EmulatedLinear, EmulatedMatMul
 
@@ -202,5 +201,5 @@ def set_frozen(model: torch.nn.Module, frozen: bool) -> None:
             if isinstance(mod, EmulatedMatMul) and mod.rhs is not None:
                 qs.append(mod.rhs)
             for q in qs:
-                if isinstance(q, DelayedScaling):
+                if isinstance(q, Quantizer):
                     q.frozen = frozen
