@@ -220,6 +220,7 @@ def test_train_lab_tiny_run_table_and_json(data: TextData, tmp_path) -> None:
     res = lab.by_name()
     assert all(len(r.train_curve) == 4 and r.val_curve[-1][0] == 4 for r in lab.results)
     assert res["fp16-scaled"].loss_scale is not None
+    assert len(res["fp16-scaled"].skipped_at) == res["fp16-scaled"].skipped_steps
     assert res["bf16-pure-sr"].updates_lost is not None
     # QAT weights are bit-identical to lowbit.quantize's, so the converted model scores the same
     for name in ("qat-int4", "qat-w4a8"):

@@ -107,6 +107,7 @@ class RecipeResult:
     wall_s: float
     steps_done: int
     skipped_steps: int = 0
+    skipped_at: list[int] = field(default_factory=list)
     loss_scale: float | None = None
     diverged_at: int | None = None
     overflow: int = 0
@@ -273,6 +274,7 @@ def _train(
     train_curve: list[float] = []
     val_curve: list[tuple[int, float]] = []
     diverged = None
+    skipped_at: list[int] = []
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         x, y = data.batch(gen, cfg.batch_size, mcfg.ctx)
@@ -282,6 +284,8 @@ def _train(
         apply = True
         if scaler is not None:
             apply = scaler.update(scaler.unscale_(opt.params))
+            if not apply:
+                skipped_at.append(step + 1)
         if apply:
             if cfg.clip:
                 gnorm = float(torch.nn.utils.clip_grad_norm_(opt.params, cfg.clip))
@@ -317,6 +321,7 @@ def _train(
         wall_s=wall,
         steps_done=len(train_curve),
         skipped_steps=scaler.skipped if scaler else 0,
+        skipped_at=skipped_at,
         loss_scale=scaler.scale if scaler else None,
         diverged_at=diverged,
         overflow=sum(s["overflow"] for s in stats.values()),
@@ -513,6 +518,9 @@ def plot(lab: LabResult, path: str | os.PathLike[str]) -> None:
             n = min(len(tc), len(ref_sm))
             diff = _ema(tc, 0.98)[:n] - ref_sm[:n]
             ax3.plot(np.arange(1, n + 1), diff, label=r.name, color=line.get_color(), lw=1.2)
+            skips = [s for s in r.skipped_at if s <= n]
+            if skips:  # steps the loss scaler skipped (inf/NaN gradients)
+                ax3.plot(skips, diff[np.asarray(skips) - 1], "x", color=line.get_color(), ms=6)
     for name, val in lab.ptq.items():
         ax2.axhline(val, ls="--", lw=1, color="grey")
         ax2.annotate(name, (lab.config.steps, val), fontsize=8, ha="right", va="bottom")
