@@ -186,21 +186,9 @@ def perplexity(
     """
     import torch
 
-    if window < 2:
-        raise LowbitError(f"window must be at least 2 tokens, got {window}")
-    stride = window if stride is None else stride
-    if not 1 <= stride <= window:
-        raise LowbitError(f"stride must be between 1 and the window ({window}), got {stride}")
-    if text is None:
-        default_label, text = default_text()
-        label = label or default_label
-    ids = tokenize(tokenizer, text)
-    text_tokens = len(ids)
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
-    if len(ids) < 2:
-        raise LowbitError(f"the text gives {len(ids)} tokens; perplexity needs at least 2")
-    spans = _windows(len(ids), window, stride)
+    label, stride, ids, text_tokens, spans = _tokens_and_windows(
+        tokenizer, text, label, window, stride, max_tokens
+    )
     tokens = torch.tensor(ids, dtype=torch.long)
     nll_sum = 0.0
     ref_nll_sum = 0.0
@@ -399,3 +387,32 @@ def _nearest(e: np.ndarray) -> np.ndarray:
     sim = e.astype(np.float64) @ e.T.astype(np.float64)
     np.fill_diagonal(sim, -np.inf)
     return np.argmax(sim, axis=1)
+
+
+def _tokens_and_windows(
+    tokenizer: Any,
+    text: str | None,
+    label: str | None,
+    window: int,
+    stride: int | None,
+    max_tokens: int | None,
+) -> tuple[str | None, int, list[int], int, list[tuple[int, int, int]]]:
+    """Check window/stride, tokenize the text (default: pydoc_data.topics), cut the windows.
+
+    Returns (label, stride, ids, tokens in the whole text, window spans).
+    """
+    if window < 2:
+        raise LowbitError(f"window must be at least 2 tokens, got {window}")
+    stride = window if stride is None else stride
+    if not 1 <= stride <= window:
+        raise LowbitError(f"stride must be between 1 and the window ({window}), got {stride}")
+    if text is None:
+        default_label, text = default_text()
+        label = label or default_label
+    ids = tokenize(tokenizer, text)
+    text_tokens = len(ids)
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise LowbitError(f"the text gives {len(ids)} tokens; perplexity needs at least 2")
+    return label, stride, ids, text_tokens, _windows(len(ids), window, stride)

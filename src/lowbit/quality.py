@@ -127,23 +127,11 @@ def compare_causal(
     """
     import torch
 
-    from lowbit.evaluate import _bar, _log_probs, _threads, _windows, default_text, tokenize
+    from lowbit.evaluate import _bar, _log_probs, _threads, _tokens_and_windows
 
-    if window < 2:
-        raise LowbitError(f"window must be at least 2 tokens, got {window}")
-    stride = window if stride is None else stride
-    if not 1 <= stride <= window:
-        raise LowbitError(f"stride must be between 1 and the window ({window}), got {stride}")
-    if text is None:
-        default_label, text = default_text()
-        label = label or default_label
-    ids = tokenize(tokenizer, text)
-    text_tokens = len(ids)
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
-    if len(ids) < 2:
-        raise LowbitError(f"the text gives {len(ids)} tokens; perplexity needs at least 2")
-    spans = _windows(len(ids), window, stride)
+    label, stride, ids, text_tokens, spans = _tokens_and_windows(
+        tokenizer, text, label, window, stride, max_tokens
+    )
     tokens = torch.tensor(ids, dtype=torch.long)
     n = len(variants)
     nll = [0.0] * n
