@@ -290,3 +290,9 @@ def test_docs_format_table_matches_catalog() -> None:
         assert int(nbytes) == fmt.container_bytes, name
         assert mld == (str(fmt.ml_dtype) if fmt.ml_dtype is not None else "-"), name
         assert tch == (fmt.torch_dtype_name or "-"), name
+
+
+def test_mx_block_names_explain_themselves() -> None:
+    """An MX block name is refused as an element format with a pointer to lowbit.quantize."""
+    with pytest.raises(lowbit.UnknownFormatError, match=r"block format.*lowbit\.quantize"):
+        lowbit.format("MXFP4")

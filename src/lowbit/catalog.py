@@ -160,6 +160,15 @@ def format(name: str | Format) -> Format:
     if m:
         k, p = int(m.group(1)), int(m.group(2))
         return p3109(k, p, signed=m.group(3) != "u", extended=m.group(4) != "f")
+    if key.startswith("mx"):
+        from lowbit.mx import MX_FORMATS
+
+        if key in MX_FORMATS or key.replace("_", "") in MX_FORMATS:
+            raise UnknownFormatError(
+                f"{name!r} is an OCP MX block format (32 elements share a power-of-two scale), "
+                f"not an element format: use lowbit.quantize(x, {name!r}) or "
+                f"lowbit.mx.mx_format({name!r})"
+            )
     choices = list(FORMATS) + list(ALIASES)
     close = difflib.get_close_matches(key, choices, n=5, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
