@@ -176,7 +176,7 @@ class LabResult:
             if r.loss_scale is not None:
                 notes.append(f"final loss scale {r.loss_scale:g}")
             if r.updates_lost is not None:
-                notes.append(f"{100 * r.updates_lost:.1f}% of updates lost")
+                notes.append(f"{100 * r.updates_lost:.1f}% of updates left the weight unchanged")
             if r.saturated:
                 notes.append(f"{r.saturated:,} values saturated")
             if r.converted_val is not None:
@@ -505,10 +505,13 @@ def plot(lab: LabResult, path: str | os.PathLike[str]) -> None:
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5))
     ref = lab.by_name().get("fp32")
     ref_sm = _ema(np.asarray(ref.train_curve, dtype=np.float64), 0.98) if ref else None
-    for r in lab.results:
+    many = len(lab.results) > 10
+    cmap = plt.get_cmap("tab20")
+    for i, r in enumerate(lab.results):
         tc = np.asarray(r.train_curve, dtype=np.float64)
         sm = _ema(tc, 0.9)
-        (line,) = ax1.plot(np.arange(1, len(sm) + 1), sm, label=r.name, lw=1.2)
+        style = {"color": cmap(i % 20)} if many else {}
+        (line,) = ax1.plot(np.arange(1, len(sm) + 1), sm, label=r.name, lw=1.2, **style)
         if r.diverged_at is not None:
             ax1.axvline(r.diverged_at + 1, color=line.get_color(), ls=":", lw=1)
         steps = [s for s, _ in r.val_curve]
@@ -521,9 +524,9 @@ def plot(lab: LabResult, path: str | os.PathLike[str]) -> None:
             skips = [s for s in r.skipped_at if s <= n]
             if skips:  # steps the loss scaler skipped (inf/NaN gradients)
                 ax3.plot(skips, diff[np.asarray(skips) - 1], "x", color=line.get_color(), ms=6)
-    for name, val in lab.ptq.items():
-        ax2.axhline(val, ls="--", lw=1, color="grey")
-        ax2.annotate(name, (lab.config.steps, val), fontsize=8, ha="right", va="bottom")
+    dashes = [(4, 2), (1, 1), (6, 2, 1, 2), (2, 2), (8, 2), (3, 1, 1, 1)]
+    for i, (name, val) in enumerate(lab.ptq.items()):
+        ax2.axhline(val, lw=1, color="grey", dashes=dashes[i % len(dashes)], label=name)
     ax1.set(xlabel="step", ylabel="training loss (EMA 0.9), nats/byte", title="training loss")
     ax2.set(xlabel="step", ylabel="validation loss, nats/byte", title="validation loss")
     ax3.set(xlabel="step", ylabel="nats/byte", title="training loss minus FP32's (EMA 0.98)")
@@ -535,7 +538,7 @@ def plot(lab: LabResult, path: str | os.PathLike[str]) -> None:
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
         if ax.lines:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7 if many else 8, ncol=2 if many else 1)
     m = lab.config.model
     fig.suptitle(
         f"lowbit train-lab: {m.n_layers}-layer d={m.d_model} decoder, {lab.config.steps} steps "
