@@ -126,7 +126,9 @@ def round_to(
         nan: ``"raise"`` or ``"zero"`` for NaN input to a format without NaN.
 
     Returns:
-        A tensor of ``x``'s dtype, shape and device, not attached to the autograd graph.
+        A tensor of ``x``'s dtype, shape and device, not attached to the autograd graph
+        (values a format has that ``x``'s dtype cannot hold, such as int32's largest in
+        float32, are rounded again by that cast, as ``Format.round`` does).
 
     Raises:
         NaNPolicyError: NaN input for a format without NaN under ``nan="raise"``.
