@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--recipes", help="comma-separated recipe names, or 'all' (default: the six above)"
+        "--recipes",
+        help="comma-separated recipe names, or 'all' (default: fp32,fp16,fp16-scaled,bf16,fp8-hybrid,qat-int4)",
     )
     p.add_argument("--steps", type=int, help="optimizer steps per recipe (default 400)")
     p.add_argument("--batch-size", type=int, help="sequences per batch (default 16)")
