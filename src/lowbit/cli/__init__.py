@@ -27,6 +27,15 @@ Start with:
   lowbit show 0.3952             one value in every format, bit by bit
   lowbit decode e4m3 0x7e        what a bit pattern means
   lowbit values fp4              every value of a small format
+
+Then your tensors, models and hardware:
+  lowbit compare --group 64                        4- and 8-bit choices side by side
+  lowbit plan --params 7B                          memory and speed at each precision
+  lowbit quantize smollm2 --to int4 --group 128 --out smol-int4
+  lowbit eval smollm2 smol-int4                    perplexity, KL, size: one table
+  lowbit train-lab --steps 100                     FP16/BF16/FP8/QAT training, emulated
+
+Every command has --help with examples and --json for scripts.
 """
 
 
