@@ -393,3 +393,30 @@ def test_int_nan_error_and_speed_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(intformat, "round_to_integer", fail)
     codes = fmt.encode(np.array([2.5, -2.5, 7.6, -9.0], dtype=np.float32))
     assert codes.tolist() == [2, 0xE, 7, 0x8]
+
+
+def _same_qt(x: np.ndarray, fmt: str, **kw: object) -> None:
+    a = lowbit.quantize(x, fmt, **kw)
+    with _fast.numpy_only():
+        b = lowbit.quantize(x, fmt, **kw)
+    assert np.array_equal(a.codes, b.codes), (fmt, kw)
+    assert np.array_equal(a.scale, b.scale), (fmt, kw)
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int3", "int2"])
+def test_quantize_int_kernel_matches_numpy(fmt: str, rounding: str) -> None:
+    """lowbit.quantize gives the same codes and scales with and without the int kernel."""
+    rng = np.random.default_rng(zlib.crc32(f"{fmt}{rounding}".encode()))
+    qmax = {"int8": 127, "int4": 7, "int3": 3, "int2": 1}[fmt]
+    # exact ties: each row's absmax is qmax, so s = 1 and x = k + 1/2 is a true tie
+    ties = (rng.integers(-2 * qmax, 2 * qmax + 1, size=(40, 96)) / 2).astype(np.float32)
+    ties[:, 0] = qmax
+    s = np.abs(ties).max(axis=1, keepdims=True) / qmax
+    assert (np.abs(ties / s % 1) == 0.5).sum() > 100  # the data does hold ties
+    near = (rng.integers(-255, 256, size=(40, 96)) / np.float32(127)).astype(np.float32)
+    data = [rng.standard_normal((33, 128)).astype(np.float32) * 1e-3, ties, near]
+    for x in data:
+        for kw in ({"axis": 0}, {"axis": -1}, {"group_size": 32}, {}):
+            _same_qt(x, fmt, rounding=rounding, **kw)
+        _same_qt(x.reshape(-1, 4, 8), fmt, rounding=rounding, axis=1)

@@ -753,3 +753,59 @@ def _decode_with(kernel: Any, codes: np.ndarray, code_dtype: Any, dtype: Any, *a
     else:
         kernel(flat, out.view(np.uint32), *args)
     return out.reshape(codes.shape)
+
+
+# ---- tensor quantization: round(x / s) per group (``_qengine._round_int_nearest``) --------
+
+if HAVE_NUMBA:
+
+    @njit(cache=True, nogil=True)
+    def _scaled_int_kernel(V, s, out, away, lo, hi, mask):  # type: ignore[no-untyped-def]
+        """``out[i, j]`` = the code of clip(round(V[i, j] / s[i]), lo, hi): the float32
+        quotient rounded half-even, its ties re-done on the float64 quotient (exact for
+        float32 operands) with ``away`` choosing ties away from zero, as the numpy path."""
+        n, m = V.shape
+        for i in range(n):
+            si = s[i]
+            tie = False
+            for j in range(m):  # branch-free, so it vectorises
+                t = np.float32(V[i, j] / si)
+                r = np.float64(np.rint(t))
+                tie |= abs(np.float64(t) - r) == 0.5
+                r = min(max(r, lo), hi)
+                out[i, j] = np.uint8(np.int64(r) & mask)
+            if not tie:
+                continue
+            s64 = np.float64(si)
+            for j in range(m):  # a row with a tie of the float32 quotient: redo those
+                x = V[i, j]
+                t = np.float32(x / si)
+                if abs(np.float64(t) - np.float64(np.rint(t))) != 0.5:
+                    continue
+                t64 = np.float64(x) / s64
+                r = np.rint(t64)
+                if away:
+                    fl = np.floor(t64)
+                    if t64 - fl == 0.5:
+                        r = fl + 1.0 if t64 > 0 else fl
+                r = min(max(r, lo), hi)
+                out[i, j] = np.uint8(np.int64(r) & mask)
+
+
+def scaled_int_codes(
+    V: np.ndarray, S: np.ndarray, away: bool, lo: float, hi: float, bits: int
+) -> np.ndarray | None:
+    """uint8 codes of clip(round(V / S), lo, hi) for float32 ``V`` and float32 scales ``S``
+    broadcasting along V's last axis only (extent 1 there), by a compiled loop; None when
+    numba is missing or the layout does not fit (the caller takes the numpy path)."""
+    if not enabled() or V.dtype != np.float32 or V.ndim < 1 or bits > 8:
+        return None
+    if S.ndim != V.ndim or S.shape[-1] != 1 or not V.flags.c_contiguous or V.shape[-1] == 0:
+        return None
+    s = np.ascontiguousarray(
+        np.broadcast_to(S.astype(np.float32, copy=False), (*V.shape[:-1], 1))
+    ).reshape(-1)
+    V2 = V.reshape(-1, V.shape[-1])
+    out = np.empty(V2.shape, dtype=np.uint8)
+    _scaled_int_kernel(V2, s, out, bool(away), float(lo), float(hi), (1 << bits) - 1)
+    return out.reshape(V.shape)

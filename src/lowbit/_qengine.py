@@ -311,6 +311,13 @@ def _encode_chunk(
         rbits = rng.integers(0, 2**64, size=V.shape, dtype=np.uint64, endpoint=False)
     if kind == "int":
         qmin, qmax = int_range(fmt, scheme.restricted_range and not scheme.is_mx)
+        if mode in _NEAREST and Z is None and fmt.bits <= 8:
+            from lowbit import _fast
+
+            away = mode is Rounding.NEAREST_AWAY
+            fast = _fast.scaled_int_codes(V, S, away, qmin, qmax, fmt.bits)
+            if fast is not None:
+                return fast
         if mode in _NEAREST:
             r = _round_int_nearest(V, S, mode)
         else:
