@@ -420,3 +420,41 @@ def test_quantize_int_kernel_matches_numpy(fmt: str, rounding: str) -> None:
         for kw in ({"axis": 0}, {"axis": -1}, {"group_size": 32}, {}):
             _same_qt(x, fmt, rounding=rounding, **kw)
         _same_qt(x.reshape(-1, 4, 8), fmt, rounding=rounding, axis=1)
+
+
+def test_minmax_kernel_matches_numpy() -> None:
+    """scales.minmax gives the same bits with and without the min/max kernel, also for
+    rows with zeros of either sign, infinities and NaNs."""
+    from lowbit.scales import minmax
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    x[1] = 0.0
+    x[2] = -0.0
+    x[3, ::2] = -0.0
+    x[4] = np.abs(x[4])
+    x[4, 5] = 0.0
+    x[5, 3] = np.inf
+    x[6, 7] = -np.inf
+    x[7, 1] = np.nan
+    x[8] = 2.5  # a constant row
+    for V in (x, x[9:], x.reshape(8, 8, 32), x.reshape(-1, 2)):
+        got = minmax(V, (V.ndim - 1,))
+        with _fast.numpy_only():
+            want = minmax(V, (V.ndim - 1,))
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            assert np.array_equal(g.view(np.uint64), w.view(np.uint64))
+    assert _fast.row_minmax(x[9:]) is not None  # the kernel does run on plain rows
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxint8", "nf4", "int4", "fp8_e4m3"])
+def test_quantize_block_formats_match_numpy(fmt: str) -> None:
+    """Block formats quantize to the same codes and scales with and without the kernels."""
+    rng = np.random.default_rng(zlib.crc32(fmt.encode()))
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    x[0, :64] = 0.0
+    x[1] = np.abs(x[1])
+    x[2, 100] = 1e30
+    for kw in ({}, {"group_size": 32}):
+        _same_qt(x, fmt, **kw)

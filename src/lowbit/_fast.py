@@ -809,3 +809,45 @@ def scaled_int_codes(
     out = np.empty(V2.shape, dtype=np.uint8)
     _scaled_int_kernel(V2, s, out, bool(away), float(lo), float(hi), (1 << bits) - 1)
     return out.reshape(V.shape)
+
+
+# ---- tensor quantization: per-group min and max (``scales.minmax``) ----------------------
+
+if HAVE_NUMBA:
+
+    @njit(cache=True, nogil=True)
+    def _row_minmax_kernel(V, mn, mx):  # type: ignore[no-untyped-def]
+        """Min and max of each row of ``V`` in one pass; return False (results unusable)
+        when a row holds a NaN or has a zero extreme (whose sign numpy may pick either way)."""
+        n, m = V.shape
+        for i in range(n):
+            lo = V[i, 0]
+            hi = V[i, 0]
+            nan = False
+            for j in range(m):
+                x = V[i, j]
+                nan |= x != x
+                lo = min(lo, x)
+                hi = max(hi, x)
+            if nan or lo == 0 or hi == 0:
+                return False
+            mn[i] = lo
+            mx[i] = hi
+        return True
+
+
+def row_minmax(V: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``scales.minmax`` over the last axis of a C-contiguous float32 array by a compiled
+    loop (float64 results shaped like numpy's), or None when numba is missing or the
+    answer could differ from numpy's (a NaN, a zero extreme: the caller's numpy path)."""
+    if not enabled() or V.dtype != np.float32 or V.ndim < 1 or not V.flags.c_contiguous:
+        return None
+    if V.size == 0 or V.shape[-1] < 2:
+        return None
+    V2 = V.reshape(-1, V.shape[-1])
+    mn = np.empty(V2.shape[0], dtype=np.float32)
+    mx = np.empty(V2.shape[0], dtype=np.float32)
+    if not _row_minmax_kernel(V2, mn, mx):
+        return None
+    shape = (*V.shape[:-1], 1)
+    return mn.reshape(shape).astype(np.float64), mx.reshape(shape).astype(np.float64)
