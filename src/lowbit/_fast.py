@@ -837,12 +837,13 @@ if HAVE_NUMBA:
 
 
 def row_minmax(V: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``scales.minmax`` over the last axis of a C-contiguous float32 array by a compiled
-    loop (float64 results shaped like numpy's), or None when numba is missing or the
-    answer could differ from numpy's (a NaN, a zero extreme: the caller's numpy path)."""
+    """``scales.minmax`` over the last axis (at most 128 long) of a C-contiguous float32
+    array by a compiled loop (float64 results shaped like numpy's), or None when numba is
+    missing, rows are longer, or the answer could differ from numpy's (a NaN, a zero
+    extreme: the caller's numpy path)."""
     if not enabled() or V.dtype != np.float32 or V.ndim < 1 or not V.flags.c_contiguous:
         return None
-    if V.size == 0 or V.shape[-1] < 2:
+    if V.size == 0 or not 2 <= V.shape[-1] <= 128:  # numpy's reduceat wins on long rows
         return None
     V2 = V.reshape(-1, V.shape[-1])
     mn = np.empty(V2.shape[0], dtype=np.float32)
