@@ -361,13 +361,7 @@ def embedding_fidelity(
         the same under both models), seconds.
     """
     start = time.perf_counter()
-    if sentences is None:
-        if text is None:
-            default_label, text = default_text()
-            label = label or default_label
-        sentences = sentences_from_text(text, n, seed=seed)
-    elif len(sentences) < 2:
-        raise LowbitError("embedding fidelity needs at least 2 sentences")
+    sentences, label = _fidelity_sentences(sentences, text, label, n, seed)
     kw = {"batch_size": batch_size, "threads": threads, "progress": progress}
     a = embed(model, tokenizer, sentences, **kw)
     b = embed(reference, tokenizer, sentences, **kw)
@@ -416,3 +410,18 @@ def _tokens_and_windows(
     if len(ids) < 2:
         raise LowbitError(f"the text gives {len(ids)} tokens; perplexity needs at least 2")
     return label, stride, ids, text_tokens, _windows(len(ids), window, stride)
+
+
+def _fidelity_sentences(
+    sentences: Sequence[str] | None, text: str | None, label: str | None, n: int, seed: int
+) -> tuple[Sequence[str], str | None]:
+    """The sentences to embed: the caller's (at least 2), or ``n`` drawn from the text
+    (default: pydoc_data.topics). Returns (sentences, label)."""
+    if sentences is None:
+        if text is None:
+            default_label, text = default_text()
+            label = label or default_label
+        return sentences_from_text(text, n, seed=seed), label
+    if len(sentences) < 2:
+        raise LowbitError("embedding fidelity needs at least 2 sentences")
+    return sentences, label

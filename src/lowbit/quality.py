@@ -231,16 +231,10 @@ def compare_encoder(
     Returns:
         ``(measured, rows)``; rows hold mean_cosine, min_cosine, nn_agreement, seconds.
     """
-    from lowbit.evaluate import _nearest, default_text, embed, sentences_from_text
+    from lowbit.evaluate import _fidelity_sentences, _nearest, embed
 
     start = time.perf_counter()
-    if sentences is None:
-        if text is None:
-            default_label, text = default_text()
-            label = label or default_label
-        sentences = sentences_from_text(text, n, seed=seed)
-    elif len(sentences) < 2:
-        raise LowbitError("embedding fidelity needs at least 2 sentences")
+    sentences, label = _fidelity_sentences(sentences, text, label, n, seed)
     kw = {"batch_size": batch_size, "threads": threads, "progress": progress}
     ref = embed(reference, tokenizer, sentences, **kw)
     ref_nn = _nearest(ref)
