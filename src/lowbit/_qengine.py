@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lowbit import _fast, _fastquant
 from lowbit._enums import Rounding, as_rounding
+from lowbit._parallel import map_chunks
 from lowbit._qlayout import Layout, make_layout
 from lowbit.errors import LowbitError
 from lowbit.intformat import round_to_integer
@@ -33,7 +35,11 @@ if TYPE_CHECKING:
     from lowbit.base import Format
     from lowbit.quant import QuantizedTensor
 
-_CHUNK = 1 << 17  # elements per chunk (measured best of 2^13..2^18 on the bench matrix)
+# Elements per chunk, measured on the bench matrix: the numpy path's temporaries want
+# the cache (best of 2**13..2**18); the compiled kernels stream, and larger chunks cut
+# the per-chunk Python work that holds the GIL while other threads wait (2**17..2**21).
+_CHUNK_NUMPY = 1 << 17
+_CHUNK_FAST = 1 << 20
 _NEAREST = (Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY)
 
 
@@ -47,11 +53,11 @@ def _chunk_axis(shape: tuple[int, ...]) -> int:
 
 def _chunks(shape: tuple[int, ...]) -> Iterator[tuple[tuple[slice, ...], int, int]]:
     """(index, first flat element, end flat element) of contiguous pieces of a 4-D shape,
-    about ``_CHUNK`` elements each; every piece but the last is a multiple of 8 elements,
+    about ``_CHUNK_FAST`` (compiled kernels) or ``_CHUNK_NUMPY`` elements each; every piece but the last is a multiple of 8 elements,
     so bit-packed codes of any width start on a byte boundary."""
     k = _chunk_axis(shape)
     inner = int(np.prod(shape[k + 1 :], dtype=np.int64)) or 1
-    step = max(1, _CHUNK // inner)
+    step = max(1, (_CHUNK_FAST if _fast.enabled() else _CHUNK_NUMPY) // inner)
     align = 8 // math.gcd(inner, 8)
     step = max(align, step - step % align)
     for start in range(0, shape[k], step):
@@ -214,7 +220,11 @@ def _valueset_nearest(V: np.ndarray, S: np.ndarray, fmt: Format, mode: Rounding)
     rounding could put them on the wrong side, or they tie) go through the exact codec.
     """
     base, risky, mids, tol, lo, inv_w = _valueset_lut(fmt)
-    k = (inv_w / S.astype(np.float64)).astype(np.float32)
+    k64 = inv_w / S.astype(np.float64)
+    if np.any(k64 > np.finfo(np.float32).max):  # tiny scales: the bins overflow float32
+        t = V.astype(np.float64) / S.astype(np.float64)
+        return fmt.encode(t, rounding=mode.value, saturate=True, nan="zero")
+    k = k64.astype(np.float32)
     b = np.multiply(V, k, dtype=np.float32)
     b -= np.float32(lo * inv_w)
     np.clip(b, 0, base.size - 1, out=b)
@@ -312,10 +322,8 @@ def _encode_chunk(
     if kind == "int":
         qmin, qmax = int_range(fmt, scheme.restricted_range and not scheme.is_mx)
         if mode in _NEAREST and Z is None and fmt.bits <= 8:
-            from lowbit import _fast
-
             away = mode is Rounding.NEAREST_AWAY
-            fast = _fast.scaled_int_codes(V, S, away, qmin, qmax, fmt.bits)
+            fast = _fastquant.scaled_int_codes(V, S, away, qmin, qmax, fmt.bits)
             if fast is not None:
                 return fast
         if mode in _NEAREST:
@@ -329,9 +337,13 @@ def _encode_chunk(
         return _int_codes(r, fmt)
     if mode in _NEAREST and V.dtype == np.float32 and fmt.bits <= 8:
         if kind == "valueset":
-            return _valueset_nearest(V, S, fmt, mode)
+            fast = _fastquant.scaled_valueset_codes(V, S, fmt, mode)
+            return _valueset_nearest(V, S, fmt, mode) if fast is None else fast
         if kind == "float":
-            return _float_nearest(V, S, fmt, mode)
+            fast = _fastquant.scaled_float_codes(
+                V, S, fmt, 0 if mode is Rounding.NEAREST_EVEN else 1
+            )
+            return _float_nearest(V, S, fmt, mode) if fast is None else fast
     t = V.astype(np.float64) / S.astype(np.float64)
     return fmt.encode(t, rounding=mode.value, saturate=True, random_bits=rbits, nan="zero")
 
@@ -365,6 +377,19 @@ def _patch_nonfinite(
     return s32
 
 
+def _extremes(
+    V: np.ndarray, axes: tuple[int, ...], scheme: Scheme
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group (min, max); (-amax, amax) where the scale depends on the largest
+    magnitude alone (symmetric absmax, MX), which one integer max finds faster."""
+    only_amax = scheme.is_mx or (scheme.symmetric and scheme.scale_method is ScaleMethod.ABSMAX)
+    if only_amax and V.ndim and [a for a in axes if V.shape[a] != 1] == [V.ndim - 1]:
+        am = _fastquant.row_absmax(V)
+        if am is not None:
+            return -am, am
+    return minmax(V, axes)
+
+
 def _scales_for(
     V: np.ndarray, axes: tuple[int, ...], scheme: Scheme, fmt: Format, nan: str
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray]:
@@ -374,7 +399,7 @@ def _scales_for(
         # a trailing axis of length 1 makes numpy's inner loops one element long
         out = _scales_for(V[..., 0], tuple(a for a in axes if a != 3), scheme, fmt, nan)
         return tuple(None if a is None else a[..., None] for a in out)  # type: ignore[return-value]
-    mn, mx = minmax(V, axes)
+    mn, mx = _extremes(V, axes, scheme)
     mask = None
     if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
         mask = ~np.isfinite(V)
@@ -385,7 +410,7 @@ def _scales_for(
                 "pass nan='propagate' to keep them (NaN/inf codes, or NaN group scales)"
             )
         V = np.where(mask, V.dtype.type(0), V)
-        mn, mx = minmax(V, axes)
+        mn, mx = _extremes(V, axes, scheme)
     s32, zp, thresh = choose_scale(V, axes, mn, mx, scheme, fmt)
     return s32, zp, thresh, mask, V
 
@@ -420,9 +445,11 @@ def encode_tensor(
     def emit(codes: np.ndarray, e0: int, e1: int, part_out: np.ndarray | None, idx: Any) -> None:
         if packed is not None:
             b0 = e0 * bits // 8
-            packed[b0 : b0 + packed_nbytes(e1 - e0, bits)] = _pack_unchecked(
-                codes.reshape(-1), bits
-            )
+            flat = codes.reshape(-1)
+            if bits == 8 and flat.dtype == np.uint8:  # the codes are the bytes: one copy
+                packed[e0:e1] = flat
+                return
+            packed[b0 : b0 + packed_nbytes(e1 - e0, bits)] = _pack_unchecked(flat, bits)
         else:
             assert part_out is not None
             part_out[idx] = codes
@@ -431,23 +458,33 @@ def encode_tensor(
         V = layout.view(arr, part)
         part_out = None if direct else np.empty(V.shape, dtype=fmt.code_dtype)
         k = _chunk_axis(V.shape)
+        chunks = list(_chunks(V.shape))
+        serial = rng is not None  # random bits are drawn chunk after chunk
         if k not in axes:  # fused: every group lies inside one chunk
-            s_list, z_list = [], []
-            for idx, e0, e1 in _chunks(V.shape):
+
+            def fused(item: Any, V: np.ndarray = V, part_out: Any = part_out) -> tuple[Any, Any]:
+                idx, e0, e1 = item
                 s32, zp, thresh, mask, Vc = _scales_for(V[idx], axes, scheme, fmt, nan)
                 codes = _encode_chunk(Vc, s32, zp, thresh, fmt, scheme, mode, rng)
                 if mask is not None:
                     s32 = _patch_nonfinite(V[idx], mask, codes, s32, fmt, axes)
                 emit(codes, e0, e1, part_out, idx)
-                s_list.append(s32)
-                if zp is not None:
-                    z_list.append(zp)
+                return s32, zp
+
+            done = [fused(c) for c in chunks] if serial else map_chunks(fused, chunks)
+            s_list = [s for s, _ in done]
+            z_list = [z for _, z in done if z is not None]
             scales.append(np.concatenate(s_list, axis=k) if len(s_list) > 1 else s_list[0])
             if z_list:
                 zps.append(np.concatenate(z_list, axis=k) if len(z_list) > 1 else z_list[0])
         else:
             s32, zp, thresh, mask, Vz = _scales_for(V, axes, scheme, fmt, nan)
-            for idx, e0, e1 in _chunks(V.shape):
+
+            def encode(
+                item: Any, V: np.ndarray = V, Vz: np.ndarray = Vz, part_out: Any = part_out,
+                s32: np.ndarray = s32, zp: Any = zp, thresh: Any = thresh, mask: Any = mask,
+            ) -> None:  # fmt: skip
+                idx, e0, e1 = item
                 codes = _encode_chunk(
                     Vz[idx], _take(s32, idx), _take(zp, idx), _take(thresh, idx),
                     fmt, scheme, mode, rng,
@@ -455,6 +492,8 @@ def encode_tensor(
                 if mask is not None and mask[idx].any():  # NaN/inf codes (scales below)
                     _patch_nonfinite(V[idx], mask[idx], codes, s32[:0], fmt, axes)
                 emit(codes, e0, e1, part_out, idx)
+
+            _ = [encode(c) for c in chunks] if serial else map_chunks(encode, chunks)
             if mask is not None:
                 lost = _lost_mask(V, mask, fmt)
                 s32 = np.where(np.any(lost, axis=axes, keepdims=True), np.float32(np.nan), s32)
@@ -542,21 +581,28 @@ def decode_tensor(qt: QuantizedTensor, work: Any) -> np.ndarray:
         S = layout.scale4(scale, 0)
         Z = layout.scale4(zp, 0) if zp is not None else None
         pairs = _pair_table(fmt, work) if bits == 4 else None
-        for idx, e0, e1 in _chunks(O.shape):
+
+        def decode(item: Any) -> None:
+            idx, e0, e1 = item
             n = e1 - e0
+            dst = O[idx]
             if pairs is not None:
                 v = np.take(pairs, packed[e0 // 2 : (e1 + 1) // 2], axis=0).reshape(-1)[:n]
             elif bits == 8:
+                Zc = None if Z is None else _take(Z, idx)
+                if _fastquant.dequantize8(packed[e0:e1], table, _take(S, idx), Zc, dst):
+                    return
                 v = np.take(table, packed[e0:e1])
             else:
                 b0 = e0 * bits // 8
                 c = unpack(packed[b0 : b0 + (n * bits + 7) // 8], bits, n)
                 v = np.take(table, c)
-            dst = O[idx]
             v = v.reshape(dst.shape)
             if Z is not None:
                 v -= _take(Z, idx)
             np.multiply(v, _take(S, idx), out=dst)
+
+        map_chunks(decode, list(_chunks(O.shape)))
         return out
     codes_full = unpack(packed, bits, qt.numel).reshape(qt.shape)
     P, L, Q = layout.pqr

@@ -80,6 +80,11 @@ def _pack_unchecked(flat: np.ndarray, bits: int) -> np.ndarray:
         return flat.astype(f"<u{bits // 8}").view(np.uint8).copy()
     if bits == 4:
         c = flat.astype(np.uint8, copy=False)
+        from lowbit import _fastquant
+
+        fast = _fastquant.pack4(c)
+        if fast is not None:
+            return fast
         out = np.empty((n + 1) // 2, dtype=np.uint8)
         half = n // 2
         lo = c[0 : 2 * half : 2]

@@ -1,0 +1,78 @@
+"""Chunk loops on several threads (the quantize and dequantize loops of ``_qengine``).
+
+The chunks of a tensor are independent and write disjoint parts of one output, and the
+work in each (numpy on arrays of thousands of values, the ``nogil`` numba kernels)
+mostly runs without the GIL, so contiguous bands of chunks go to one thread each.
+Threads never change a result: every chunk computes what it would alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_MAX_THREADS = 8  # the loops are bound by memory bandwidth long before this
+_MIN_CHUNKS = 2
+_force_serial = False
+
+
+@contextlib.contextmanager
+def serial() -> Iterator[None]:
+    """Within this block chunk loops run on the calling thread (tests compare the two)."""
+    global _force_serial
+    old = _force_serial
+    _force_serial = True
+    try:
+        yield
+    finally:
+        _force_serial = old
+
+
+def threads() -> int:
+    """Threads the chunk loops use: the cores this process may run on, at most 8."""
+    if _force_serial:
+        return 1
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, _MAX_THREADS))
+
+
+@cache
+def _pool(n: int, pid: int) -> ThreadPoolExecutor:
+    """One pool per size and process (a forked child has none of its parent's threads)."""
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="lowbit")
+
+
+_local = threading.local()
+
+
+def _band(fn: Callable[[Any], T], band: Sequence[Any]) -> list[T]:
+    _local.worker = True  # a nested map_chunks runs serially: no waiting on the own pool
+    try:
+        return [fn(item) for item in band]
+    finally:
+        _local.worker = False
+
+
+def map_chunks(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
+    """``[fn(item) for item in items]``, contiguous bands of items on separate threads.
+
+    An exception in ``fn`` propagates (the earliest band's first); other bands may have
+    run by then, which is harmless as each writes only its own part of the output.
+    """
+    n = min(threads(), len(items))
+    if n <= 1 or len(items) < _MIN_CHUNKS or getattr(_local, "worker", False):
+        return [fn(item) for item in items]
+    step = -(-len(items) // n)
+    bands = [items[i : i + step] for i in range(0, len(items), step)]
+    results = _pool(n, os.getpid()).map(lambda band: _band(fn, band), bands)
+    return [r for band in results for r in band]

@@ -1,0 +1,313 @@
+"""_fastquant and _parallel: quantize and dequantize give the same codes, scales, zero
+points and values with the compiled kernels on several threads as on the numpy path on
+one thread, for every small float and value-set format, at every granularity, on data
+placed on rounding boundaries (exact ties, their float32 neighbours), tiny and huge
+scales, and non-finite inputs."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import lowbit
+from lowbit import LowbitError, _fast, _fastquant, _parallel, _qengine
+from strategies import CATALOG_FLOATS
+
+pytestmark = pytest.mark.skipif(not _fast.HAVE_NUMBA, reason="numba is not installed")
+
+SMALL_FLOATS = [n for n in CATALOG_FLOATS if lowbit.format(n).bits <= 8 and lowbit.format(n).signed]
+LAYOUTS: list[dict[str, Any]] = [
+    {},
+    {"axis": 0},
+    {"axis": -1},
+    {"group_size": 32},
+    {"group_size": 32, "axis": 0},
+]
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Chunks of 2048 elements on three threads (one under ``serial()``), so that
+    test-sized tensors span many chunks and threads."""
+    monkeypatch.setattr(_qengine, "_CHUNK_FAST", 2048)
+    real = _parallel.threads
+    monkeypatch.setattr(_parallel, "threads", lambda: 1 if real() == 1 else 3)
+    yield
+
+
+def _run(fn: Any) -> Any:
+    try:
+        return fn()
+    except LowbitError as exc:
+        return exc
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def _same(x: np.ndarray, fmt: str, **kw: Any) -> lowbit.QuantizedTensor | None:
+    """quantize (and dequantize to float32 and float64) agree bit for bit between the
+    kernels on threads and the numpy path on one thread; errors agree in type and text."""
+    fast = _run(lambda: lowbit.quantize(x, fmt, **kw))
+    with _fast.numpy_only(), _parallel.serial():
+        ref = _run(lambda: lowbit.quantize(x, fmt, **kw))
+    if isinstance(ref, LowbitError):
+        assert type(fast) is type(ref) and str(fast) == str(ref), (fmt, kw)
+        return None
+    assert not isinstance(fast, LowbitError), (fmt, kw, fast)
+    assert np.array_equal(fast.codes, ref.codes), (fmt, kw)
+    assert np.array_equal(_bits(fast.scale), _bits(ref.scale)), (fmt, kw)
+    if ref.zero_point is None:
+        assert fast.zero_point is None
+    else:
+        assert np.array_equal(fast.zero_point, ref.zero_point), (fmt, kw)
+    for dtype in (np.float32, np.float64):
+        got = fast.dequantize(dtype)
+        with _fast.numpy_only(), _parallel.serial():
+            want = ref.dequantize(dtype)
+        assert np.array_equal(_bits(got), _bits(want)), (fmt, kw, dtype)
+    return fast
+
+
+def _boundaries(fmt: Any) -> np.ndarray:
+    """Every value of a format, every midpoint of neighbours, and the float32 next to
+    each midpoint on both sides (float32; both signs where the format has them)."""
+    v = np.unique(fmt.values().astype(np.float64))
+    v = v[np.isfinite(v)]
+    mids = (v[1:] + v[:-1]) / 2
+    m32 = mids.astype(np.float32)
+    pts = np.concatenate([
+        v.astype(np.float32), m32,
+        np.nextafter(m32, np.float32(np.inf)), np.nextafter(m32, np.float32(-np.inf)),
+    ])  # fmt: skip
+    return pts[np.isfinite(pts)]
+
+
+def _tied_rows(fmt: Any, width: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows of ``width`` boundary points (shuffled), each row holding the format's
+    largest magnitude so that an absmax scale of it makes the quotients exact."""
+    pts = _boundaries(fmt)
+    vmax = np.float32(np.max(np.abs(fmt.values()[np.isfinite(fmt.values())])))
+    n = -(-pts.size // (width - 1))
+    body = rng.permutation(np.resize(pts, n * (width - 1))).reshape(n, width - 1)
+    return np.concatenate([np.full((n, 1), vmax, dtype=np.float32), body], axis=1)
+
+
+@pytest.mark.parametrize("name", SMALL_FLOATS)
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
+def test_float_formats_on_boundaries(name: str, rounding: str) -> None:
+    """Scaled small floats: exact ties, their neighbours, values and the subnormal range
+    of the format give the numpy path's codes, per tensor (long rows), per row, in groups."""
+    fmt = lowbit.format(name)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    x = _tied_rows(fmt, 64, rng)
+    for kw in ({}, {"axis": 0}, {"group_size": 64}):
+        _same(x, name, rounding=rounding, **kw)
+    # one long row: the quotient's edge check works per block of a long row
+    long = np.concatenate([rng.standard_normal(3000).astype(np.float32), x.reshape(-1)])
+    _same(long, name, rounding=rounding)
+    # MX-like power-of-two group scales keep ties as ties
+    _same(x * np.float32(2.0**-9), name, rounding=rounding, group_size=64)
+
+
+@pytest.mark.parametrize(
+    "fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4", "mxint8"]
+)
+def test_mx_formats_match_numpy(fmt: str) -> None:
+    """MX blocks (E8M0 scales from the absmax kernel) give the numpy path's codes."""
+    rng = np.random.default_rng(zlib.crc32(fmt.encode()))
+    x = rng.standard_normal((48, 256)).astype(np.float32)
+    x[0, :64] = 0.0  # an all-zero block and a block with zeros of both signs
+    x[1, :32] = -0.0
+    x[1, 32:40] = 0.0
+    x[2] = np.abs(x[2])
+    x[3] = -np.abs(x[3])
+    x[4, 100] = 1e30
+    x[5] *= np.float32(1e-41)  # float32 subnormals
+    elem = lowbit.format(
+        {"mxfp4": "fp4_e2m1", "mxint8": "int8"}.get(fmt, fmt[2:].replace("mx", ""))
+    )
+    pts = _boundaries(elem) if elem.kind != "int" else np.arange(-128, 128, 0.5)
+    x[6:6 + -(-pts.size // 256)].reshape(-1)[: pts.size] = pts  # fmt: skip
+    _same(x, fmt)
+
+
+@pytest.mark.parametrize("name", ["nf4"])
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
+def test_valueset_on_boundaries(name: str, rounding: str) -> None:
+    """NF4: midpoints exactly (ties go through the exact codec), the float32 values
+    beside them (the bins with a midpoint), in blocks of 64 and in long rows."""
+    fmt = lowbit.format(name)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    x = _tied_rows(fmt, 64, rng)
+    mids = (fmt.values()[1:].astype(np.float64) + fmt.values()[:-1]) / 2
+    exact = mids[mids.astype(np.float32) == mids]
+    assert exact.size > 0  # the data does hold exact ties
+    for kw in ({}, {"group_size": 64, "axis": 0}, {"group_size": 1024}):
+        _same(x, name, rounding=rounding, **kw)
+    _same(np.concatenate([x.reshape(-1), rng.standard_normal(5000).astype(np.float32)]), name,
+          rounding=rounding, group_size=2048)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fmt", ["int8", "int4", "int3", "int2", "nf4", "fp8_e4m3", "fp4_e2m1", "mxfp4"]
+)
+def test_every_layout_and_scale_choice(fmt: str) -> None:
+    """Random data at each granularity, scale method, scale format and symmetry gives
+    the same result on both paths (layouts the kernels do not take fall back)."""
+    rng = np.random.default_rng(zlib.crc32(fmt.encode()) + 1)
+    x = rng.standard_normal((40, 96)).astype(np.float32)
+    layouts = [{}] if fmt.startswith("mx") else LAYOUTS
+    for kw in layouts:
+        _same(x, fmt, **kw)
+        _same(x.reshape(4, 10, 96), fmt, **kw)
+        if not fmt.startswith("mx"):
+            _same(x, fmt, scale_method="percentile", percentile=90.0, **kw)
+            _same(x, fmt, scale_format="bfloat16", **kw)
+        if fmt.startswith("int"):
+            _same(x, fmt, symmetric=False, **kw)
+            _same(x, fmt, restricted_range=True, **kw)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "nf4", "fp8_e4m3", "fp8_e5m2", "mxfp4"])
+def test_extreme_scales_and_nonfinite(fmt: str) -> None:
+    """Subnormal and huge inputs (tiny scales the value-set kernel declines, quotients
+    that overflow float32) and NaN/inf under both NaN policies agree."""
+    rng = np.random.default_rng(zlib.crc32(fmt.encode()) + 2)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    _same(x * np.float32(1e-42), fmt)
+    _same(x / np.abs(x).max() * np.float32(3e38), fmt)
+    y = x.copy()
+    y[0, 3] = np.nan
+    y[5, 7] = np.inf
+    y[9, 1] = -np.inf
+    for nan in ("raise", "propagate"):
+        _same(y, fmt, nan=nan)
+        if not fmt.startswith("mx"):
+            _same(y, fmt, nan=nan, axis=0)
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int3", "int2"])
+def test_quantize_int_kernel_matches_numpy(fmt: str, rounding: str) -> None:
+    """lowbit.quantize gives the same codes and scales with and without the int kernel."""
+    rng = np.random.default_rng(zlib.crc32(f"{fmt}{rounding}".encode()))
+    qmax = {"int8": 127, "int4": 7, "int3": 3, "int2": 1}[fmt]
+    # exact ties: each row's absmax is qmax, so s = 1 and x = k + 1/2 is a true tie
+    ties = (rng.integers(-2 * qmax, 2 * qmax + 1, size=(40, 96)) / 2).astype(np.float32)
+    ties[:, 0] = qmax
+    s = np.abs(ties).max(axis=1, keepdims=True) / qmax
+    assert (np.abs(ties / s % 1) == 0.5).sum() > 100  # the data does hold ties
+    near = (rng.integers(-255, 256, size=(40, 96)) / np.float32(127)).astype(np.float32)
+    data = [rng.standard_normal((33, 128)).astype(np.float32) * 1e-3, ties, near]
+    for x in data:
+        for kw in ({"axis": 0}, {"axis": -1}, {"group_size": 32}, {}):
+            _same(x, fmt, rounding=rounding, **kw)
+        _same(x.reshape(-1, 4, 8), fmt, rounding=rounding, axis=1)
+
+
+def test_minmax_kernel_matches_numpy() -> None:
+    """scales.minmax gives the same bits with and without the min/max kernel, also for
+    rows with zeros of either sign, infinities and NaNs."""
+    from lowbit.scales import minmax
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    x[1] = 0.0
+    x[2] = -0.0
+    x[3, ::2] = -0.0
+    x[4] = np.abs(x[4])
+    x[4, 5] = 0.0
+    x[5, 3] = np.inf
+    x[6, 7] = -np.inf
+    x[7, 1] = np.nan
+    x[8] = 2.5  # a constant row
+    for V in (x, x[9:], x.reshape(8, 8, 32), x.reshape(-1, 2)):
+        got = minmax(V, (V.ndim - 1,))
+        with _fast.numpy_only():
+            want = minmax(V, (V.ndim - 1,))
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            assert np.array_equal(g.view(np.uint64), w.view(np.uint64))
+    assert _fastquant.row_minmax(x[9:]) is not None  # the kernel does run on plain rows
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxint8", "nf4", "int4", "fp8_e4m3"])
+def test_quantize_block_formats_match_numpy(fmt: str) -> None:
+    """Block formats quantize to the same codes and scales with and without the kernels."""
+    rng = np.random.default_rng(zlib.crc32(fmt.encode()))
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    x[0, :64] = 0.0
+    x[1] = np.abs(x[1])
+    x[2, 100] = 1e30
+    for kw in ({}, {"group_size": 32}):
+        _same(x, fmt, **kw)
+
+
+def test_absmax_kernel() -> None:
+    """row_absmax: NaN rows give NaN, infinities inf, zeros of either sign 0, and one
+    long row (split across threads) the same maximum."""
+    x = np.random.default_rng(3).standard_normal((8, 16)).astype(np.float32)
+    x[1] = -0.0
+    x[2, 3] = np.nan
+    x[3, 4] = -np.inf
+    x[4, 5] = -7.5
+    got = _fastquant.row_absmax(x)
+    assert got is not None and got.shape == (8, 1) and got.dtype == np.float64
+    assert got[1, 0] == 0.0 and np.isnan(got[2, 0]) and got[3, 0] == np.inf
+    assert got[4, 0] == 7.5
+    fine = [0, 4, 5, 6, 7]
+    assert np.array_equal(got[fine, 0], np.abs(x[fine]).max(axis=1))
+    long = np.random.default_rng(4).standard_normal(5 * _fastquant._SEGMENT + 3).astype(np.float32)
+    long[-1] = -9.0
+    assert _fastquant.row_absmax(long)[0] == 9.0  # type: ignore[index]
+
+
+def test_pack4_kernel() -> None:
+    """pack4 puts element 0 in the low nibble, as packing.pack; odd counts decline."""
+    c = np.random.default_rng(5).integers(0, 16, size=1000).astype(np.uint8)
+    got = _fastquant.pack4(c)
+    with _fast.numpy_only():
+        want = lowbit.pack(c, 4)
+    assert got is not None and np.array_equal(got, want)
+    assert _fastquant.pack4(c[:999]) is None
+
+
+def test_map_chunks_order_and_errors() -> None:
+    """map_chunks keeps the order of its items and raises the earliest band's error."""
+    assert _parallel.map_chunks(lambda i: i * i, list(range(37))) == [i * i for i in range(37)]
+
+    def boom(i: int) -> int:
+        if i in (5, 30):
+            raise ValueError(f"item {i}")
+        return i
+
+    with pytest.raises(ValueError, match="item 5"):
+        _parallel.map_chunks(boom, list(range(37)))
+    with _parallel.serial():
+        assert _parallel.threads() == 1
+
+
+def test_the_kernels_do_run() -> None:
+    """On the layouts they serve, the kernels return codes (not None: a fallback)."""
+    x = np.random.default_rng(6).standard_normal((8, 64)).astype(np.float32)
+    s = np.abs(x).max(axis=1, keepdims=True).astype(np.float32)
+    assert (
+        _fastquant.scaled_valueset_codes(x, s, lowbit.format("nf4"), _qengine.Rounding.NEAREST_EVEN)
+        is not None
+    )
+    assert _fastquant.scaled_float_codes(x, s / 448, lowbit.format("fp8_e4m3"), 0) is not None
+    assert _fastquant.scaled_int_codes(x, s / 127, False, -128, 127, 8) is not None
+    cols = np.ones((1, 64), dtype=np.float32)
+    assert _fastquant.scaled_int_codes(x, cols, False, -128, 127, 8) is None  # column scales
+
+
+def test_nested_map_chunks_runs() -> None:
+    """map_chunks inside a map_chunks worker runs serially instead of waiting on its pool."""
+    inner = lambda i: sum(_parallel.map_chunks(lambda j: i * j, list(range(10))))  # noqa: E731
+    assert _parallel.map_chunks(inner, list(range(8))) == [45 * i for i in range(8)]
