@@ -393,3 +393,33 @@ def test_int_nan_error_and_speed_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(intformat, "round_to_integer", fail)
     codes = fmt.encode(np.array([2.5, -2.5, 7.6, -9.0], dtype=np.float32))
     assert codes.tolist() == [2, 0xE, 7, 0x8]
+
+
+@pytest.mark.parametrize(
+    "name", ["float8_e4m3fn", "float4_e2m1fn", "bfloat16", "float16", "float8_e8m0fnu", "int4"]
+)
+def test_split_across_threads(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large arrays split into pieces on threads encode (every mode, a NaN in the last
+    piece raising as it should) and decode exactly as the numpy path on one piece."""
+    from lowbit import _parallel
+
+    monkeypatch.setattr(_fast, "_PIECE", 1000)
+    monkeypatch.setattr(_parallel, "threads", lambda: 3)
+    fmt = lowbit.format(name)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    x = (rng.standard_normal(10_001) * 4).astype(np.float32)
+    for rounding in ROUNDINGS:
+        kw = {"rounding": rounding, "saturate": True}
+        if rounding == "stochastic":
+            kw["seed"] = 3
+        fast, ref = _encode_both(fmt, x, **kw)
+        _assert_same(fmt, x, fast, ref, rounding)
+    y = x.copy()
+    y[-5] = np.nan
+    fast, ref = _encode_both(fmt, y)
+    _assert_same(fmt, y, fast, ref, "nan")
+    codes = fmt.encode(x, saturate=True)
+    got = fmt.decode(codes)
+    with _fast.numpy_only():
+        want = fmt.decode(codes)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

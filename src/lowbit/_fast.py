@@ -64,6 +64,23 @@ def enabled() -> bool:
     return HAVE_NUMBA and not _force_numpy
 
 
+_PIECE = 1 << 19  # elements per thread's piece of a large array (smaller: one thread)
+
+
+def _split(call: Any, n: int) -> bool:
+    """``call(a, b)`` over contiguous pieces ``[a, b)`` of ``range(n)``, on the threads of
+    ``lowbit._parallel`` when there are at least two pieces of ``_PIECE`` elements; whether
+    any call returned true (a NaN seen). Pieces are element ranges, so results do not
+    depend on the split."""
+    from lowbit._parallel import map_chunks, threads
+
+    pieces = min(threads(), n // _PIECE)
+    if pieces < 2:
+        return bool(call(0, n))
+    step = -(-n // pieces)
+    return any(map_chunks(lambda a: call(a, min(a + step, n)), list(range(0, n, step))))
+
+
 # ---- parameters (plain Python, cached per format) -----------------------------------
 
 _OUT_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32))
@@ -655,14 +672,22 @@ def encode_float(
     wide = _wide_params(fmt, saturate) if x.dtype == np.float32 and mode != 5 else None
     p32 = _round32_params(fmt, mode) if x.dtype == np.float32 and wide is None else None
     if wide is not None:
-        has_nan = _kernel("wide", kmode, 0)(x, out, wide, mode)
+        k = _kernel("wide", kmode, 0)
+        has_nan = _split(lambda a, b: k(x[a:b], out[a:b], wide, mode), x.size)
     elif p32 is not None:
-        has_nan = _kernel("32", kmode, _kind(fmt))(x, out, p32, tail, mode)
+        k = _kernel("32", kmode, _kind(fmt))
+        has_nan = _split(lambda a, b: k(x[a:b], out[a:b], p32, tail, mode), x.size)
     else:
         if rbits is None:
             rbits = np.zeros(1, dtype=np.uint64)
         kmode = 5 if mode == 5 else -1
-        has_nan = _kernel("64", kmode, 0)(x, out, rbits, _round64_params(fmt, mode), tail, mode)
+        k = _kernel("64", kmode, 0)
+        P64 = _round64_params(fmt, mode)
+        rb = rbits
+        has_nan = _split(
+            lambda a, b: k(x[a:b], out[a:b], rb if rb.size == 1 else rb[a:b], P64, tail, mode),
+            x.size,
+        )
     from lowbit.codec import nan_error, negative_error
 
     if nan_check and has_nan:
@@ -701,7 +726,14 @@ def encode_int(
     if rbits is None:
         rbits = np.zeros(1, dtype=np.uint64)
     kernel = _kernel("int", 0 if mode == 0 else -1, 0)
-    seen_nan = kernel(x, out, rbits, mode, bool(wrap), float(fmt.min), float(fmt.max), fmt.bits)
+    rb = rbits
+    lo, hi = float(fmt.min), float(fmt.max)
+    seen_nan = _split(
+        lambda a, b: kernel(
+            x[a:b], out[a:b], rb if rb.size == 1 else rb[a:b], mode, bool(wrap), lo, hi, fmt.bits
+        ),
+        x.size,
+    )
     if nan_check and seen_nan:
         from lowbit.errors import NaNPolicyError
 
@@ -749,7 +781,9 @@ def _decode_with(kernel: Any, codes: np.ndarray, code_dtype: Any, dtype: Any, *a
         flat = flat.astype(code_dtype)
     out = np.empty(flat.size, dtype=dtype)
     if kernel is _take_kernel:
-        kernel(args[0], flat, out.view(args[0].dtype))
+        bits = out.view(args[0].dtype)
+        _split(lambda a, b: kernel(args[0], flat[a:b], bits[a:b]), flat.size)
     else:
-        kernel(flat, out.view(np.uint32), *args)
+        bits = out.view(np.uint32)
+        _split(lambda a, b: kernel(flat[a:b], bits[a:b], *args), flat.size)
     return out.reshape(codes.shape)
