@@ -1,11 +1,13 @@
 """Optional compiled kernels (numba) for tensor quantization: bit for bit ``_qengine``'s numpy path.
 
-Each entry point takes a chunk as ``_qengine`` holds it (a C-contiguous 4-D view and its
-broadcasting scales), returns None when numba is missing, ``_fast.numpy_only()`` is on,
-or the layout does not fit, and the caller then takes the numpy path. The layouts that
-fit are "one scale per row": the data's trailing axes of extent 1 dropped, the scales
-either one number or constant along the last axis (per-tensor, per-channel on a leading
-axis, groups and blocks along the last axis).
+Each entry point takes a chunk as ``_qengine`` holds it (a 4-D view and its broadcasting
+scales), returns None when numba is missing, ``_fast.numpy_only()`` is on, or the layout
+does not fit, and the caller then takes the numpy path. The layouts that fit are "one
+scale per row": with the data's trailing axes of extent 1 dropped, the last axis is
+contiguous and the scales are one number or constant along it (per-tensor, per-channel
+on a leading axis, groups and blocks along the last axis, the strided views of a ragged
+last group). Kernels see the rows as offsets into one contiguous 1-D view of the memory
+they lie in, so every inner loop runs over a contiguous slice and vectorises.
 
 How each keeps the numpy path's codes:
 
@@ -24,7 +26,7 @@ How each keeps the numpy path's codes:
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,24 +49,57 @@ if HAVE_NUMBA:
     )
 
 
-def _rows(
-    V: np.ndarray, S: np.ndarray, dtype: Any = np.float32
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(V as rows (n, m), one scale per row in ``dtype``; one number for all rows when
-    ``S`` is one) or None where the scales are not constant along V's last non-trivial
-    axis or V is not C-contiguous."""
+class _Rows(NamedTuple):
+    """Rows of a view: ``flat[offs[r] : offs[r] + m]`` is row ``r`` (C order of the
+    view's leading axes); ``flat`` is a contiguous 1-D view of the memory they lie in."""
+
+    flat: np.ndarray
+    offs: np.ndarray
+    m: int
+
+
+def _row_view(V: np.ndarray) -> _Rows | None:
+    """The rows of ``V`` along its last axis of extent > 1, or None when that axis is
+    not contiguous (or a leading stride is negative or not a whole element)."""
+    while V.ndim > 1 and V.shape[-1] == 1:
+        V = V[..., 0]
+    if V.ndim == 0 or V.size == 0 or V.strides[-1] != V.itemsize:
+        return None
+    m = V.shape[-1]
+    if V.flags.c_contiguous:
+        return _Rows(V.reshape(-1), np.arange(0, V.size, m, dtype=np.int64), m)
+    lead = V.shape[:-1]
+    if any(st < 0 or st % V.itemsize for st in V.strides[:-1]):
+        return None
+    offs = np.zeros(lead, dtype=np.int64)
+    for ax, (n, st) in enumerate(zip(lead, V.strides[:-1], strict=True)):
+        shape = [1] * len(lead)
+        shape[ax] = n
+        offs = offs + (np.arange(n, dtype=np.int64) * (st // V.itemsize)).reshape(shape)
+    offs = offs.reshape(-1)
+    span = int(offs.max()) + m
+    flat = np.lib.stride_tricks.as_strided(V, shape=(span,), strides=(V.itemsize,))
+    return _Rows(flat, offs, m)
+
+
+def _rows(V: np.ndarray, S: np.ndarray, dtype: Any = np.float32) -> tuple[_Rows, np.ndarray] | None:
+    """(the rows of V, the scale of each row in ``dtype``) or None where the scales are
+    not constant along V's last non-trivial axis or the rows are not contiguous. One
+    scale for a C-contiguous V makes it one row."""
     while V.ndim > 1 and V.shape[-1] == 1:
         V = V[..., 0]
         S = S[..., 0] if S.ndim > V.ndim else S
-    if V.ndim == 0 or V.size == 0 or not V.flags.c_contiguous or S.ndim > V.ndim:
+    if V.ndim == 0 or V.size == 0 or S.ndim > V.ndim:
         return None
     s = S.astype(dtype, copy=False)
-    if s.size == 1:
-        return V.reshape(1, -1), s.reshape(1)
+    if s.size == 1 and V.flags.c_contiguous:
+        return _Rows(V.reshape(-1), np.zeros(1, dtype=np.int64), V.size), s.reshape(1)
     if s.shape[-1] != 1:
         return None
-    s = np.ascontiguousarray(np.broadcast_to(s, (*V.shape[:-1], 1))).reshape(-1)
-    return V.reshape(-1, V.shape[-1]), s
+    rows = _row_view(V)
+    if rows is None:
+        return None
+    return rows, np.ascontiguousarray(np.broadcast_to(s, (*V.shape[:-1], 1))).reshape(-1)
 
 
 def _usable_scales(s: np.ndarray) -> bool:
@@ -78,36 +113,36 @@ def _usable_scales(s: np.ndarray) -> bool:
 if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True)
-    def _scaled_int_kernel(V, s, out, away, lo, hi, mask):  # type: ignore[no-untyped-def]
-        """``out[i, j]`` = the code of clip(round(V[i, j] / s[i]), lo, hi): the float32
+    def _scaled_int_kernel(x, offs, m, s, out, away, lo, hi, mask):  # type: ignore[no-untyped-def]
+        """Row ``r``'s codes: clip(round(v / s[r]), lo, hi) of its values ``v``, the float32
         quotient rounded half-even, its ties re-done on the float64 quotient (exact for
         float32 operands) with ``away`` choosing ties away from zero, as the numpy path."""
-        n, m = V.shape
-        for i in range(n):
-            si = s[i]
+        for r in range(offs.size):
+            v = x[offs[r] : offs[r] + m]
+            o = out[r * m : (r + 1) * m]
+            sr = s[r]
             tie = False
             for j in range(m):  # branch-free, so it vectorises
-                t = np.float32(V[i, j] / si)
-                r = np.float64(np.rint(t))
-                tie |= abs(np.float64(t) - r) == 0.5
-                r = min(max(r, lo), hi)
-                out[i, j] = np.uint8(np.int64(r) & mask)
+                t = np.float32(v[j] / sr)
+                q = np.float64(np.rint(t))
+                tie |= abs(np.float64(t) - q) == 0.5
+                q = min(max(q, lo), hi)
+                o[j] = np.uint8(np.int64(q) & mask)
             if not tie:
                 continue
-            s64 = np.float64(si)
+            s64 = np.float64(sr)
             for j in range(m):  # a row with a tie of the float32 quotient: redo those
-                x = V[i, j]
-                t = np.float32(x / si)
+                t = np.float32(v[j] / sr)
                 if abs(np.float64(t) - np.float64(np.rint(t))) != 0.5:
                     continue
-                t64 = np.float64(x) / s64
-                r = np.rint(t64)
+                t64 = np.float64(v[j]) / s64
+                q = np.rint(t64)
                 if away:
                     fl = np.floor(t64)
                     if t64 - fl == 0.5:
-                        r = fl + 1.0 if t64 > 0 else fl
-                r = min(max(r, lo), hi)
-                out[i, j] = np.uint8(np.int64(r) & mask)
+                        q = fl + 1.0 if t64 > 0 else fl
+                q = min(max(q, lo), hi)
+                o[j] = np.uint8(np.int64(q) & mask)
 
 
 def scaled_int_codes(
@@ -117,12 +152,12 @@ def scaled_int_codes(
     from zero), or None (the caller's numpy path)."""
     if not _fast.enabled() or V.dtype != np.float32 or bits > 8:
         return None
-    rows = _rows(V, S)
-    if rows is None:
+    found = _rows(V, S)
+    if found is None:
         return None
-    V2, s = rows
-    out = np.empty(V2.shape, dtype=np.uint8)
-    _scaled_int_kernel(V2, s, out, bool(away), float(lo), float(hi), (1 << bits) - 1)
+    (x, offs, m), s = found
+    out = np.empty(offs.size * m, dtype=np.uint8)
+    _scaled_int_kernel(x, offs, m, s, out, bool(away), float(lo), float(hi), (1 << bits) - 1)
     return out.reshape(V.shape)
 
 
@@ -139,33 +174,32 @@ def _float_kernel(mode: int, kind: int) -> Any:
         return k
 
     @njit(cache=True, nogil=True)
-    def kernel(V, s, out, P, T, P64, lowmask):  # type: ignore[no-untyped-def]
-        n, m = V.shape
+    def kernel(x, offs, m, s, out, P, T, P64, lowmask):  # type: ignore[no-untyped-def]
         maxc = T[0]
         low = np.uint32(lowmask)
         zero = np.uint32(0)
-        for i in range(n):
-            si = s[i]
-            s64 = np.float64(si)
+        for r in range(offs.size):
+            sr = s[r]
+            s64 = np.float64(sr)
             for j0 in range(0, m, _BLOCK):
-                # 1-D slices: indexing the 2-D arrays with an offset stops vectorising
-                v = V[i, j0 : j0 + _BLOCK]
-                o = out[i, j0 : j0 + _BLOCK]
+                n = min(_BLOCK, m - j0)
+                v = x[offs[r] + j0 : offs[r] + j0 + n]
+                o = out[r * m + j0 : r * m + j0 + n]
                 edge = False
-                for j in range(v.size):
-                    t = np.float32(v[j] / si)
-                    mag, neg, a, isnan, isinf = _round32(t, P, mode, kind)
-                    o[j] = np.uint8(_finish(mag, neg, a != zero, isnan, isinf, T, mode, kind))
+                for j in range(n):
+                    t = np.float32(v[j] / sr)
+                    mag, neg, u, isnan, isinf = _round32(t, P, mode, kind)
+                    o[j] = np.uint8(_finish(mag, neg, u != zero, isnan, isinf, T, mode, kind))
                     edge |= (_bits32(t) & low) == zero
                 if not edge:
                     continue
-                for j in range(v.size):  # maybe a boundary: round the float64 quotient
-                    t = np.float32(v[j] / si)
+                for j in range(n):  # maybe a boundary: round the float64 quotient
+                    t = np.float32(v[j] / sr)
                     if (_bits32(t) & low) != zero:
                         continue
-                    u = _bits64(np.float64(v[j]) / s64)
-                    mag, neg, a, isnan, isinf = _round64(u, np.uint64(0), P64, mode, maxc)
-                    c = _finish(mag, neg, a != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
+                    w = _bits64(np.float64(v[j]) / s64)
+                    mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
+                    c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
                     o[j] = np.uint8(c)
 
     _FLOAT_KERNELS[(mode, kind)] = kernel
@@ -182,14 +216,14 @@ def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.
     T = _fast._tail_params(fmt, True)
     if P is None or T is None or np.dtype(fmt.code_dtype) != np.uint8:
         return None
-    rows = _rows(V, S)
-    if rows is None or not _usable_scales(rows[1]):
+    found = _rows(V, S)
+    if found is None or not _usable_scales(found[1]):
         return None
-    V2, s = rows
-    out = np.empty(V2.shape, dtype=np.uint8)
-    shift = 23 - (fmt.mbits + 1)
+    (x, offs, m), s = found
+    out = np.empty(offs.size * m, dtype=np.uint8)
+    low = (1 << (23 - (fmt.mbits + 1))) - 1
     kernel = _float_kernel(mode, _fast._kind(fmt))
-    kernel(V2, s, out, P, T, _fast._round64_params(fmt, mode), (1 << shift) - 1)
+    kernel(x, offs, m, s, out, P, T, _fast._round64_params(fmt, mode), low)
     return out.reshape(V.shape)
 
 
@@ -222,62 +256,60 @@ def _valueset_table(fmt: Any) -> tuple[np.ndarray, np.ndarray, np.float32, float
 if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True)
-    def _valueset_pass(V, s, out, table, lo_w, inv_w, flagged):  # type: ignore[no-untyped-def]
-        """Codes from the bin table; the (row, block) pairs holding a risky bin go to
-        ``flagged``; return how many."""
-        n, m = V.shape
+    def _valueset_pass(x, offs, m, s, out, table, lo_w, inv_w, flagged):  # type: ignore[no-untyped-def]
+        """Codes from the bin table; the (row, block start) pairs holding a risky bin go
+        to ``flagged``; return how many."""
         top = np.float32(table.size - 1)
         nb = min(m, _BLOCK)
         bins = np.empty(nb, dtype=np.int32)
         nf = 0
-        for i in range(n):
-            k = np.float32(inv_w / np.float64(s[i]))
+        for r in range(offs.size):
+            k = np.float32(inv_w / np.float64(s[r]))
             for j0 in range(0, m, nb):
-                v = V[i, j0 : j0 + nb]
-                o = out[i, j0 : j0 + nb]
-                L = v.size
-                for j in range(L):  # vectorises: the bin index of each quotient
+                n = min(nb, m - j0)
+                v = x[offs[r] + j0 : offs[r] + j0 + n]
+                o = out[r * m + j0 : r * m + j0 + n]
+                for j in range(n):  # vectorises: the bin index of each quotient
                     b = np.float32(v[j] * k) - lo_w
                     bins[j] = np.int32(min(max(b, np.float32(0)), top))
-                r = np.uint8(0)
-                for j in range(L):
+                risky = np.uint8(0)
+                for j in range(n):
                     c = table[bins[j]]
                     o[j] = c & np.uint8(127)
-                    r |= c
-                if r >= np.uint8(128):
-                    flagged[nf, 0] = i
+                    risky |= c
+                if risky >= np.uint8(128):
+                    flagged[nf, 0] = r
                     flagged[nf, 1] = j0
                     nf += 1
         return nf
 
     @njit(cache=True, nogil=True)
-    def _valueset_redo(V, s, out, table, mids, lo_w, inv_w, flagged, nf, ties):  # type: ignore[no-untyped-def]
+    def _valueset_redo(x, offs, m, s, out, table, mids, lo_w, inv_w, flagged, nf, ties):  # type: ignore[no-untyped-def]
         """The flagged blocks' risky elements: count the midpoints below the float64
-        quotient; exact ties go to ``ties`` (flat indices). Return how many, or -1 when
-        ``ties`` is full."""
-        _, m = V.shape
+        quotient; exact ties go to ``ties`` (indices into ``out``). Return how many, or
+        -1 when ``ties`` is full."""
         top = np.float32(table.size - 1)
         nb = min(m, _BLOCK)
         nt = 0
         for f in range(nf):
-            i = flagged[f, 0]
-            j0 = flagged[f, 1]
-            k = np.float32(inv_w / np.float64(s[i]))
-            s64 = np.float64(s[i])
-            for j in range(j0, min(j0 + nb, m)):
-                b = np.float32(V[i, j] * k) - lo_w
+            r = flagged[f, 0]
+            k = np.float32(inv_w / np.float64(s[r]))
+            s64 = np.float64(s[r])
+            for j in range(flagged[f, 1], min(flagged[f, 1] + nb, m)):
+                v = x[offs[r] + j]
+                b = np.float32(v * k) - lo_w
                 if table[np.int32(min(max(b, np.float32(0)), top))] < np.uint8(128):
                     continue
-                t = np.float64(V[i, j]) / s64
+                t = np.float64(v) / s64
                 c = 0
                 for q in range(mids.size):
                     c += t > mids[q]
                     if t == mids[q]:
                         if nt == ties.size:
                             return -1
-                        ties[nt] = i * m + j
+                        ties[nt] = r * m + j
                         nt += 1
-                out[i, j] = c
+                out[r * m + j] = c
         return nt
 
 
@@ -286,25 +318,25 @@ def scaled_valueset_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: Any) -> 
     rounding ``mode``) for float32 ``V`` and a value set of at most 7 bits, or None."""
     if not _fast.enabled() or V.dtype != np.float32 or fmt.bits > 7:
         return None
-    rows = _rows(V, S)
-    if rows is None or not _usable_scales(rows[1]):
+    found = _rows(V, S)
+    if found is None or not _usable_scales(found[1]):
         return None
-    V2, s = rows
+    (x, offs, m), s = found
     table, mids, lo_w, inv_w = _valueset_table(fmt)
     if np.any(inv_w / s.astype(np.float64) > np.finfo(np.float32).max):
         return None  # a tiny scale: the bin index would overflow float32
-    out = np.empty(V2.shape, dtype=np.uint8)
-    n, m = V2.shape
-    flagged = np.empty((n * -(-m // _BLOCK), 2), dtype=np.int64)
-    nf = _valueset_pass(V2, s, out, table, lo_w, inv_w, flagged)
+    out = np.empty(offs.size * m, dtype=np.uint8)
+    flagged = np.empty((offs.size * -(-m // _BLOCK), 2), dtype=np.int64)
+    nf = _valueset_pass(x, offs, m, s, out, table, lo_w, inv_w, flagged)
     ties = np.empty(1024, dtype=np.int64)
-    nt = _valueset_redo(V2, s, out, table, mids, lo_w, inv_w, flagged, nf, ties)
+    nt = _valueset_redo(x, offs, m, s, out, table, mids, lo_w, inv_w, flagged, nf, ties)
     if nt < 0:
         return None
     if nt:  # exact midpoints: the codec's tie rule
         at = ties[:nt]
-        t = V2.reshape(-1)[at].astype(np.float64) / s[at // m].astype(np.float64)
-        out.reshape(-1)[at] = fmt.encode(t, rounding=mode.value, saturate=True, nan="zero")
+        r, j = at // m, at % m
+        t = x[offs[r] + j].astype(np.float64) / s[r].astype(np.float64)
+        out[at] = fmt.encode(t, rounding=mode.value, saturate=True, nan="zero")
     return out.reshape(V.shape)
 
 
@@ -318,18 +350,19 @@ if HAVE_NUMBA:
             out[i] = np.uint8(c[2 * i] | (c[2 * i + 1] << np.uint8(4)))
 
     @njit(cache=True, nogil=True)
-    def _dequant_kernel(codes, table, s, z, has_z, out):  # type: ignore[no-untyped-def]
-        """``out[i, j] = (table[codes[i, j]] - z[i]) * s[i]`` in the table's dtype."""
-        n, m = codes.shape
-        for i in range(n):
-            si = s[i]
+    def _dequant_kernel(codes, table, s, z, has_z, y, offs, m):  # type: ignore[no-untyped-def]
+        """Row ``r`` of ``y``: ``(table[code] - z[r]) * s[r]`` in the table's dtype."""
+        for r in range(offs.size):
+            c = codes[r * m : (r + 1) * m]
+            o = y[offs[r] : offs[r] + m]
+            sr = s[r]
             if has_z:
-                zi = z[i]
+                zr = z[r]
                 for j in range(m):
-                    out[i, j] = (table[codes[i, j]] - zi) * si
+                    o[j] = (table[c[j]] - zr) * sr
             else:
                 for j in range(m):
-                    out[i, j] = table[codes[i, j]] * si
+                    o[j] = table[c[j]] * sr
 
 
 def pack4(flat: np.ndarray) -> np.ndarray | None:
@@ -345,21 +378,21 @@ def pack4(flat: np.ndarray) -> np.ndarray | None:
 def dequantize8(
     codes: np.ndarray, table: np.ndarray, S: np.ndarray, Z: np.ndarray | None, dst: np.ndarray
 ) -> bool:
-    """``dst[...] = (table[codes] - Z) * S`` for flat 8-bit ``codes`` filling C-contiguous
-    ``dst`` (the table's dtype; ``S`` and ``Z`` broadcast alike); False where the kernel
-    does not apply (nothing written)."""
+    """``dst[...] = (table[codes] - Z) * S`` for flat 8-bit ``codes`` (``dst``'s elements
+    in C order) into ``dst`` (the table's dtype, rows contiguous; ``S`` and ``Z``
+    broadcast alike); False where the kernel does not apply (nothing written)."""
     if not _fast.enabled() or codes.dtype != np.uint8 or dst.dtype != table.dtype:
         return False
-    rows = _rows(dst, S, dst.dtype)
-    if rows is None or codes.size != dst.size:
+    found = _rows(dst, S, dst.dtype)
+    if found is None or codes.size != dst.size:
         return False
-    D2, s = rows
+    (y, offs, m), s = found
     z = s[:0]
     if Z is not None:
         if Z.shape != S.shape:
             return False
         z = _rows(dst, Z, dst.dtype)[1]  # type: ignore[index]
-    _dequant_kernel(codes.reshape(D2.shape), table, s, z, Z is not None, D2)
+    _dequant_kernel(codes.reshape(-1), table, s, z, Z is not None, y, offs, m)
     return True
 
 
@@ -409,43 +442,43 @@ def row_minmax(V: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True)
-    def _row_absmax_kernel(V, out):  # type: ignore[no-untyped-def]
+    def _row_absmax_kernel(x, offs, m, out):  # type: ignore[no-untyped-def]
         """Largest magnitude bit pattern of each row (integer max: it vectorises, and a
         NaN, whose pattern is above infinity's, comes out as a NaN)."""
-        n, m = V.shape
-        for i in range(n):
-            v = V[i]
+        for r in range(offs.size):
+            v = x[offs[r] : offs[r] + m]
             acc = np.uint32(0)
             for j in range(m):
                 acc = max(acc, _bits32(v[j]) & np.uint32(0x7FFFFFFF))
-            out[i] = acc
+            out[r] = acc
 
 
 _SEGMENT = 1 << 20  # elements per thread's share of one long row
 
 
 def row_absmax(V: np.ndarray) -> np.ndarray | None:
-    """max |V| over the last axis of a C-contiguous float32 array (float64, shaped like
-    ``scales.minmax``'s results; NaN where a row holds a NaN), or None (numpy path)."""
-    if not _fast.enabled() or V.dtype != np.float32 or V.ndim < 1 or not V.flags.c_contiguous:
+    """max |V| over the last axis (of extent > 1) of a float32 array whose rows are
+    contiguous, as float64 shaped like ``scales.minmax``'s results (NaN where a row holds
+    a NaN), or None (the caller's numpy path)."""
+    if not _fast.enabled() or V.dtype != np.float32 or V.ndim < 1 or V.shape[-1] <= 1:
         return None
-    if V.size == 0 or V.shape[-1] == 0:
+    rows = _row_view(V)
+    if rows is None:
         return None
-    V2 = V.reshape(-1, V.shape[-1])
-    n, m = V2.shape
-    bits = np.empty(n, dtype=np.uint32)
-    if n == 1 and m >= 4 * _SEGMENT:  # one long row (per-tensor): segments on threads
+    x, offs, m = rows
+    bits = np.empty(offs.size, dtype=np.uint32)
+    if offs.size == 1 and m >= 4 * _SEGMENT:  # one long row (per-tensor): segments on threads
         from lowbit._parallel import map_chunks
 
-        flat = V2.reshape(-1)
-        cuts = range(0, m, _SEGMENT)
+        starts = np.arange(0, m, _SEGMENT, dtype=np.int64)
 
         def seg(a: int) -> int:
             part = np.empty(1, dtype=np.uint32)
-            _row_absmax_kernel(flat[a : a + _SEGMENT].reshape(1, -1), part)
+            n = min(_SEGMENT, m - a)
+            _row_absmax_kernel(x, np.array([offs[0] + a]), n, part)
             return int(part[0])
 
-        bits[0] = max(map_chunks(seg, list(cuts)))
+        bits[0] = max(map_chunks(seg, [int(a) for a in starts]))
     else:
-        _row_absmax_kernel(V2, bits)
+        _row_absmax_kernel(x, offs, m, bits)
     return bits.view(np.float32).astype(np.float64).reshape(*V.shape[:-1], 1)

@@ -12,7 +12,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import cache
 from typing import Any, TypeVar
 
@@ -74,5 +74,11 @@ def map_chunks(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
         return [fn(item) for item in items]
     step = -(-len(items) // n)
     bands = [items[i : i + step] for i in range(0, len(items), step)]
-    results = _pool(n, os.getpid()).map(lambda band: _band(fn, band), bands)
-    return [r for band in results for r in band]
+    pool = _pool(n, os.getpid())
+    futures = [pool.submit(_band, fn, band) for band in bands[1:]]
+    try:
+        first = _band(fn, bands[0])  # the calling thread takes the first band
+    except BaseException:
+        wait(futures)  # no band still writing when the caller sees the error
+        raise
+    return first + [r for f in futures for r in f.result()]

@@ -16,7 +16,7 @@ import numpy as np
 
 from lowbit import _fast, _fastquant
 from lowbit._enums import Rounding, as_rounding
-from lowbit._parallel import map_chunks, threads
+from lowbit._parallel import map_chunks
 from lowbit._qlayout import Layout, make_layout
 from lowbit.errors import LowbitError
 from lowbit.intformat import round_to_integer
@@ -58,8 +58,6 @@ def _chunks(shape: tuple[int, ...]) -> Iterator[tuple[tuple[slice, ...], int, in
     k = _chunk_axis(shape)
     inner = int(np.prod(shape[k + 1 :], dtype=np.int64)) or 1
     size = _CHUNK_FAST if _fast.enabled() else _CHUNK_NUMPY
-    # a tensor of a few chunks' size still splits once per thread (pieces of >= 64K)
-    size = min(size, max(1 << 16, -(-shape[k] * inner // threads())))
     step = max(1, size // inner)
     align = 8 // math.gcd(inner, 8)
     step = max(align, step - step % align)
