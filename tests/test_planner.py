@@ -99,6 +99,15 @@ def test_nf4_double_quant_by_hand() -> None:
     assert parse_scheme("nf4:g64:dq").nominal_bits_per_weight == 4 + 8 / 64 + 32 / (64 * 256)
 
 
+def test_double_quant_without_groups() -> None:
+    """``nf4:dq`` means QLoRA's blocks of 64 (as the dict form does); dq on other formats
+    without a group size is refused, naming the missing gN."""
+    assert parse_scheme("nf4:dq") == parse_scheme("nf4:g64:dq")
+    assert parse_scheme("nf4:dq") == parse_scheme({"format": "nf4", "double_quant": True})
+    with pytest.raises(LowbitError, match="needs groups: add gN"):
+        parse_scheme("int4:dq")
+
+
 @pytest.mark.parametrize(
     ("spec", "shape", "nbytes"),
     [("int4:g64:fp16", (3, 130), 195 + 18),  # 3 rows x ceil(130/64)=3 groups of fp16

@@ -303,9 +303,14 @@ def _parse_string(text: str) -> WeightScheme:
                     "(per channel), t (per tensor), a scale format (fp16, fp32, bf16, e8m0, "
                     "e4m3), asym, zpN (zero point of N bits), dq (double quantization)"
                 ) from None
-    if kw.get("granularity") is None and (
-        kw.get("scale_format") or kw.get("symmetric") is False or kw.get("double_quant")
-    ):
+    if kw.get("granularity") is None and kw.get("double_quant"):
+        # double quantization quantizes many block scales: QLoRA's blocks of 64 for NF4
+        if head != "nf4":
+            raise LowbitError(
+                f"scheme {text!r}: dq (double quantization of the scales) needs groups: add gN"
+            )
+        kw["granularity"], kw["group_size"] = "group", 64
+    if kw.get("granularity") is None and (kw.get("scale_format") or kw.get("symmetric") is False):
         kw["granularity"] = "tensor"
     try:
         return WeightScheme(**kw)
