@@ -191,6 +191,26 @@ def _levels(qt: Any) -> Any:
     return (vals - zp) * s
 
 
+def _label_offsets(results: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Label offsets (points) for the scatter: a point within 8 % of the plotted ranges
+    of points labelled before it (taken by falling SQNR) puts its label on the other
+    side and a line lower, so nearby labels (fp4, mxfp4, int4 near 4.5 bits) do not
+    overlap."""
+    xs = [float(r["bits_per_value"]) for r in results]
+    ys = [float(r["sqnr_db"]) for r in results]
+    xr = (max(xs) - min(xs)) or 1.0
+    yr = (max(ys) - min(ys)) or 1.0
+    offsets = [(4, 4)] * len(results)
+    placed: list[int] = []
+    for i in sorted(range(len(results)), key=lambda i: -ys[i]):
+        k = sum(
+            1 for j in placed if abs(xs[i] - xs[j]) / xr < 0.08 and abs(ys[i] - ys[j]) / yr < 0.08
+        )
+        offsets[i] = (4 if k % 2 == 0 else -4, 4 - 10 * ((k + 1) // 2))
+        placed.append(i)
+    return offsets
+
+
 def _plot(
     path: str, data: Any, results: list[dict[str, Any]], qts: dict[str, Any], levels: str
 ) -> None:
@@ -206,10 +226,11 @@ def _plot(
     if levels not in qts:
         raise LowbitError(f"--levels {levels!r} is not one of --formats ({', '.join(qts)})")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in results:
+    for r, (dx, dy) in zip(results, _label_offsets(results), strict=True):
         ax1.scatter(r["bits_per_value"], r["sqnr_db"])
         ax1.annotate(r["scheme"], (r["bits_per_value"], r["sqnr_db"]), fontsize=8,
-                     xytext=(4, 4), textcoords="offset points")  # fmt: skip
+                     xytext=(dx, dy), textcoords="offset points",
+                     ha="left" if dx > 0 else "right")  # fmt: skip
     ax1.set_xlabel("bits per value (incl. scales)")
     ax1.set_ylabel("SQNR (dB)")
     ax1.set_title("error against storage")
