@@ -24,27 +24,19 @@ from lowbit.models import (  # noqa: E402
     unpermute_qk,
 )
 from lowbit.models_default import default_model_path  # noqa: E402
+from tiny_models import LAYER_TO_GGUF, TOP_TO_GGUF, llamacpp_permute, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 
-def _llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute, written out from its definition."""
-    return (
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
 @pytest.mark.parametrize(("rows", "heads"), [(8, 1), (24, 3), (64, 4), (576, 9)])
-def test_unpermute_inverts_llamacpp_permute(rows: int, heads: int, rng) -> None:
+def test_unpermute_invertsllamacpp_permute(rows: int, heads: int, rng) -> None:
     """unpermute_qk undoes llama.cpp's q/k row permutation for weights and biases."""
     w = rng.standard_normal((rows, 5))
-    np.testing.assert_array_equal(unpermute_qk(_llamacpp_permute(w, heads), heads), w)
+    np.testing.assert_array_equal(unpermute_qk(llamacpp_permute(w, heads), heads), w)
     b = rng.standard_normal(rows)
-    np.testing.assert_array_equal(unpermute_qk(_llamacpp_permute(b, heads), heads), b)
-    assert not np.array_equal(_llamacpp_permute(w, heads), w)  # it is a real reordering
+    np.testing.assert_array_equal(unpermute_qk(llamacpp_permute(b, heads), heads), b)
+    assert not np.array_equal(llamacpp_permute(w, heads), w)  # it is a real reordering
     with pytest.raises(LowbitError, match="rotary pairs"):
         unpermute_qk(w[:-1], heads)
 
@@ -65,49 +57,9 @@ def test_gguf_names_map_to_llama() -> None:
 # ------------------------------------------------------------------- a tiny llama
 
 
-def _tiny_llama(tie: bool = False) -> torch.nn.Module:
-    cfg = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=tie,
-    )
-    cfg.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # random norms too, so a mix-up of norm weights shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-_HF_TO_GGUF = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
 def _write_tiny_gguf(model: torch.nn.Module, path: Path) -> Path:
-    """Write a llama model as llama.cpp's converter would: GGUF names, permuted q/k, F32."""
+    """Write a llama model as llama.cpp's converter would: GGUF names, permuted q/k, F32,
+    through the ``gguf`` package's own writer (``tiny_models.save_gguf`` uses lowbit's)."""
     cfg = model.config
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(cfg.num_hidden_layers)
@@ -123,16 +75,16 @@ def _write_tiny_gguf(model: torch.nn.Module, path: Path) -> Path:
     for name, t in model.state_dict().items():
         if name.startswith("model.layers."):
             _, _, i, rest = name.split(".", 3)
-            gname = f"blk.{i}.{_LAYER[rest]}"
+            gname = f"blk.{i}.{LAYER_TO_GGUF[rest]}"
         elif name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         else:
-            gname = _HF_TO_GGUF[name]
+            gname = TOP_TO_GGUF[name]
         arr = t.numpy().astype(np.float32)
         if "q_proj" in name:
-            arr = _llamacpp_permute(arr, cfg.num_attention_heads)
+            arr = llamacpp_permute(arr, cfg.num_attention_heads)
         elif "k_proj" in name:
-            arr = _llamacpp_permute(arr, cfg.num_key_value_heads)
+            arr = llamacpp_permute(arr, cfg.num_key_value_heads)
         w.add_tensor(gname, np.ascontiguousarray(arr))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -147,7 +99,7 @@ _IDS = torch.tensor([[1, 5, 9, 33, 2, 7, 63, 0, 12, 40]])
 @pytest.mark.parametrize("tie", [False, True])
 def test_gguf_llama_rebuilds_the_model(tmp_path: Path, tie: bool) -> None:
     """A llama written as GGUF (permuted q/k) builds back to a model with identical logits."""
-    original = _tiny_llama(tie)
+    original = tiny_llama(tie=tie)
     ckpt = open_checkpoint(_write_tiny_gguf(original, tmp_path / "tiny.gguf"))
     assert ckpt.config["tie_word_embeddings"] is tie
     rebuilt = build_model(ckpt, progress=False)
@@ -160,7 +112,7 @@ def test_gguf_llama_rebuilds_the_model(tmp_path: Path, tie: bool) -> None:
 @pytest.mark.parametrize("tie", [False, True])
 def test_gguf_llama_matches_transformers_gguf_loader(tmp_path: Path, tie: bool) -> None:
     """build_model and transformers' own GGUF loader give bit-identical logits."""
-    path = _write_tiny_gguf(_tiny_llama(tie), tmp_path / "tiny.gguf")
+    path = _write_tiny_gguf(tiny_llama(tie=tie), tmp_path / "tiny.gguf")
     ours = build_model(open_checkpoint(path), progress=False)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, gguf_file=path.name, dtype=torch.float32, local_files_only=True
@@ -171,7 +123,7 @@ def test_gguf_llama_matches_transformers_gguf_loader(tmp_path: Path, tie: bool) 
 
 def test_hf_tensors_yields_hf_names_unpermuted(tmp_path: Path) -> None:
     """hf_tensors gives Hugging Face names and the original (un-permuted) q rows."""
-    original = _tiny_llama()
+    original = tiny_llama()
     ckpt = open_checkpoint(_write_tiny_gguf(original, tmp_path / "tiny.gguf"))
     tensors = dict(hf_tensors(ckpt, progress=False))
     assert set(tensors) == set(original.state_dict())
@@ -181,7 +133,7 @@ def test_hf_tensors_yields_hf_names_unpermuted(tmp_path: Path) -> None:
 
 def test_replaced_weights_are_used(tmp_path: Path) -> None:
     """Weights passed by checkpoint name replace the file's (before the q/k un-permutation)."""
-    original = _tiny_llama()
+    original = tiny_llama()
     ckpt = open_checkpoint(_write_tiny_gguf(original, tmp_path / "tiny.gguf"))
     q = ckpt.get("blk.0.attn_q.weight") * 0.5
     model = build_model(ckpt, {"blk.0.attn_q.weight": q}, progress=False)
@@ -211,7 +163,7 @@ def _save_folder(model: torch.nn.Module, folder: Path, tensors: dict | None = No
 
 def test_folder_builds_the_architecture_named(tmp_path: Path) -> None:
     """A safetensors folder builds the class its config names, with identical logits."""
-    original = _tiny_llama()
+    original = tiny_llama()
     model = load_model(_save_folder(original, tmp_path / "m"), progress=False)
     assert type(model).__name__ == "LlamaForCausalLM"
     with torch.no_grad():
