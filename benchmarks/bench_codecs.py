@@ -6,9 +6,11 @@ Every case encodes 16M float32 values (1M with --quick) of two kinds: N(0, 1), a
 are ml_dtypes' ``astype`` (numpy's for float16), measured in the same run on the same
 arrays; the generic-path cases (a custom layout, a P3109 format, stochastic and
 toward-zero rounding, which no peer offers) are set against ml_dtypes' nearest-even
-cast of a format of the same width. Times are the median of several runs, single
-thread; "copy" is a plain numpy copy of the float32 array (4 bytes a value), so
-"vs copy" = copy time / lowbit time is the fraction of memory-copy speed reached.
+cast of a format of the same width. Times are the median of several runs; lowbit's
+kernels split arrays of 1M+ values across the process's cores (lowbit._parallel), the
+peers run on one thread; "copy" is a plain numpy copy of the float32 array (4 bytes a
+value, one thread), so "vs copy" = copy time / lowbit time is the fraction of
+memory-copy speed reached.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 import lowbit
-from lowbit import FloatFormat, _fast
+from lowbit import FloatFormat, _fast, _parallel
 
 # (format, peer dtype, target ratio of lowbit's time to the peer's)
 _MLD = [
@@ -154,7 +156,8 @@ def run(quick: bool) -> str:
         "## Format codecs: encode and decode",
         "",
         f"{n:,} float32 values per case; median of {repeat} runs; compiled kernels "
-        f"{'on (numba)' if _fast.enabled() else 'OFF (numba missing: numpy path)'}; "
+        f"{'on (numba)' if _fast.enabled() else 'OFF (numba missing: numpy path)'}, "
+        f"on {_parallel.threads()} threads (the peers on one); "
         f"a numpy copy of the float32 array takes {copy * 1e3:.1f} ms.",
         "",
         "| " + " | ".join(header) + " |",
