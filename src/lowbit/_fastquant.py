@@ -39,7 +39,7 @@ _VALUESET_BINS = 16384  # 16 KiB of table: in L1, and few rows need the exact co
 if HAVE_NUMBA:
     from numba import njit
 
-    from lowbit._fast import (
+    from lowbit._kernels import (
         _GENERIC,
         _bits32,
         _bits64,
