@@ -16,7 +16,7 @@ How each keeps the numpy path's codes:
 - small floats (``scaled_float_codes``): the float32 quotient rounded by ``_fast``'s
   float32-lane core; a float32 quotient whose bits below the format's ``mbits + 1`` are
   zero may be a rounding boundary (a midpoint of two codes), so blocks holding one redo
-  those elements from the float64 quotient, as ``_qengine._float_nearest`` does;
+  those elements from the float64 quotient, as ``_qelements._float_nearest`` does;
 - value sets (``scaled_valueset_codes``): a table over a uniform grid of bins finer
   than the gaps between midpoints gives the code of every bin with no midpoint within
   ``tol`` of it; rows holding a value in another bin compare its float64 quotient with
