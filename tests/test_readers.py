@@ -11,6 +11,7 @@ import pytest
 
 from lowbit.checkpoints import load, open_checkpoint
 from lowbit.errors import LowbitError
+from lowbit.headers import read_gguf_header, read_safetensors_header
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -231,13 +232,26 @@ def test_truncated_safetensors(st_file) -> None:
         ({"dtype": "F32", "shape": [2], "data_offsets": [64, 72]}, "ends at data byte 72"),
         ({"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}, "dtype 'F33'"),
         ({"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}, "malformed shape"),
+        ({"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}, "malformed shape"),
         ({"dtype": "F32", "shape": [2]}, "needs dtype, shape and data_offsets"),
+        ({"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}, "12 bits, not whole bytes"),
     ],
 )
 def test_lying_safetensors_header(tmp_path: Path, entry: dict, message: str) -> None:
-    """Shapes, dtypes and offsets that disagree with each other or the file are refused."""
+    """Shapes, dtypes and offsets that disagree are refused alike by reader and planner."""
     path = _raw_safetensors(tmp_path / "bad.safetensors", {"t": entry}, bytes(32))
-    with pytest.raises(LowbitError, match=message):
+    for read in (open_checkpoint, read_safetensors_header):
+        with pytest.raises(LowbitError, match=message):
+            read(path)
+
+
+def test_sub_byte_safetensors_counted_not_read(tmp_path: Path) -> None:
+    """An F4 tensor is counted from the header but refused by the reader (no numpy type)."""
+    entry = {"dtype": "F4", "shape": [2, 3], "data_offsets": [0, 3]}
+    path = _raw_safetensors(tmp_path / "f4.safetensors", {"t": entry}, bytes(3))
+    ((info,), _) = read_safetensors_header(path)
+    assert (info.dtype, info.shape, info.nbytes, info.offset) == ("F4", (2, 3), 3, 0)
+    with pytest.raises(LowbitError, match="dtype 'F4', which lowbit cannot read"):
         open_checkpoint(path)
 
 
@@ -247,8 +261,10 @@ def test_overlapping_safetensors_tensors(tmp_path: Path) -> None:
         "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
         "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
     }
-    with pytest.raises(LowbitError, match="overlap"):
-        open_checkpoint(_raw_safetensors(tmp_path / "o.safetensors", header, bytes(24)))
+    path = _raw_safetensors(tmp_path / "o.safetensors", header, bytes(24))
+    for read in (open_checkpoint, read_safetensors_header):
+        with pytest.raises(LowbitError, match="overlap"):
+            read(path)
 
 
 def test_safetensors_header_not_json(tmp_path: Path) -> None:
@@ -363,8 +379,20 @@ def test_gguf_lying_offset(gguf_file) -> None:
     q4_offset = struct.unpack_from("<Q", raw, _tensor_info_pos(bytes(raw), "q4_0") + 24)[0]
     struct.pack_into("<Q", raw, pos, q4_offset)
     path.write_bytes(bytes(raw))
-    with pytest.raises(LowbitError, match="overlap"):
-        open_checkpoint(path)
+    for read in (open_checkpoint, read_gguf_header):
+        with pytest.raises(LowbitError, match="overlap"):
+            read(path)
+
+
+def test_gguf_dimensions_do_not_wrap(gguf_file) -> None:
+    """Dimensions whose product passes 2**64 are refused, not wrapped to a small size."""
+    path, _ = gguf_file
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<QQ", raw, _tensor_info_pos(bytes(raw), "q8") + 4, 2**32, 2**32)
+    path.write_bytes(bytes(raw))
+    for read in (open_checkpoint, read_gguf_header):
+        with pytest.raises(LowbitError, match=r"'q8'.*header lies"):
+            read(path)
 
 
 def test_gguf_unknown_type_code(gguf_file) -> None:
@@ -396,6 +424,10 @@ def test_gguf_bad_magic_and_version(tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 7, 0, 0) + bytes(16))
     with pytest.raises(LowbitError, match="version 7"):
         open_checkpoint(bad)
+    bad.write_bytes(b"GGUF" + struct.pack(">IQQ", 3, 0, 0) + bytes(16))
+    for read in (open_checkpoint, read_gguf_header):
+        with pytest.raises(LowbitError, match="big-endian"):
+            read(bad)
 
 
 # ------------------------------------------------------------ the shipped checkpoints

@@ -1,21 +1,24 @@
-"""A checked parser for GGUF file headers (llama.cpp's model file format).
+"""GGUF files (llama.cpp's model format): the one checked header parser, and tensor decoding.
 
 Why our own parser: the ``gguf`` package's ``GGUFReader`` takes seconds to walk a vocabulary of
 50k strings and builds its tensor views without checking them against the file size, so a
 truncated file or a header that lies surfaces as a numpy reshape error. This parser reads the
 header with ``struct`` (fast), checks every length, count, type and offset against the file before
-anything is trusted, and names the file and tensor in each error. Tensor data is then decoded
-with the ``gguf`` package's own dequantizers (``gguf.quants.dequantize``).
+anything is trusted, and names the file and tensor in each error; it needs no numpy. The reader
+(:class:`~lowbit.checkpoints.readers.GGUFFile`) and the planner (:mod:`lowbit.headers`) both build
+on :func:`parse`. Tensor data is then decoded with the ``gguf`` package's own dequantizers
+(``gguf.quants.dequantize``).
 
 Layout (GGUF v2/v3, little-endian; ggml/docs/gguf.md): magic ``GGUF``, u32 version, u64 tensor
 count, u64 key/value count, the key/values (key: u64 length + UTF-8 bytes; u32 value type; value),
 the tensor infos (name, u32 n_dims, u64 dims innermost first, u32 ggml type, u64 offset relative
 to the data section), padding to ``general.alignment`` (default 32), then the data section.
+Big-endian GGUF files are refused (their tensor data could not be decoded as stored).
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -24,40 +27,19 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints._safetensors import check_overlaps
 from lowbit.errors import LowbitError
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
 _DEFAULT_ALIGNMENT = 32
 _MAX_DIMS = 8
+_MAX_TENSORS, _MAX_KEYS = 10**7, 10**6  # beyond any real model: a corrupt count
 
-# GGUF metadata value types (ggml/docs/gguf.md, gguf_metadata_value_type).
-_SCALARS: dict[int, tuple[str, int]] = {
-    0: ("<B", 1),  # UINT8
-    1: ("<b", 1),  # INT8
-    2: ("<H", 2),  # UINT16
-    3: ("<h", 2),  # INT16
-    4: ("<I", 4),  # UINT32
-    5: ("<i", 4),  # INT32
-    6: ("<f", 4),  # FLOAT32
-    7: ("<?", 1),  # BOOL
-    10: ("<Q", 8),  # UINT64
-    11: ("<q", 8),  # INT64
-    12: ("<d", 8),  # FLOAT64
-}
-_NP_SCALARS = {
-    0: "<u1",
-    1: "<i1",
-    2: "<u2",
-    3: "<i2",
-    4: "<u4",
-    5: "<i4",
-    6: "<f4",
-    7: "?",
-    10: "<u8",
-    11: "<i8",
-    12: "<f8",
-}
+# GGUF metadata value types (ggml/docs/gguf.md, gguf_metadata_value_type) -> struct code:
+# UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, UINT64, INT64, FLOAT64.
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}  # fmt: skip
 _STRING = 8
 _ARRAY = 9
 
@@ -99,20 +81,21 @@ class _Cursor:
         if n < 0 or self.pos + n > self.size:
             raise LowbitError(
                 f"{self.path}: GGUF header is truncated or corrupt: {what} needs {n} bytes at "
-                f"offset {self.pos}, but the file has {self.size} bytes"
+                f"offset {self.pos}, past the end of the file ({self.size} bytes)"
             )
 
-    def scalar(self, fmt: str, n: int, what: str) -> Any:
+    def scalars(self, code: str, count: int, what: str) -> tuple[Any, ...]:
+        n = count * struct.calcsize("<" + code)
         self.need(n, what)
-        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        values = struct.unpack_from(f"<{count}{code}", self.buf, self.pos)
         self.pos += n
-        return v
+        return values
 
     def u32(self, what: str) -> int:
-        return int(self.scalar("<I", 4, what))
+        return int(self.scalars("I", 1, what)[0])
 
     def u64(self, what: str) -> int:
-        return int(self.scalar("<Q", 8, what))
+        return int(self.scalars("Q", 1, what)[0])
 
     def string(self, what: str) -> str:
         n = self.u64(f"length of {what}")
@@ -128,19 +111,14 @@ class _Cursor:
 
 def _value(cur: _Cursor, vtype: int, key: str) -> Any:
     if vtype in _SCALARS:
-        fmt, n = _SCALARS[vtype]
-        return cur.scalar(fmt, n, f"value of {key!r}")
+        return cur.scalars(_SCALARS[vtype], 1, f"value of {key!r}")[0]
     if vtype == _STRING:
         return cur.string(f"value of {key!r}")
     if vtype == _ARRAY:
         etype = cur.u32(f"array type of {key!r}")
         count = cur.u64(f"array length of {key!r}")
-        if etype in _NP_SCALARS:
-            width = _SCALARS[etype][1]
-            cur.need(count * width, f"array {key!r} of {count} values")
-            arr = np.frombuffer(cur.buf, dtype=_NP_SCALARS[etype], count=count, offset=cur.pos)
-            cur.pos += count * width
-            return arr.tolist()
+        if etype in _SCALARS:
+            return list(cur.scalars(_SCALARS[etype], count, f"array {key!r} of {count} values"))
         if etype == _STRING:
             cur.need(count * 8, f"array {key!r} of {count} strings")  # each has a u64 length
             return [cur.string(f"string {i} of {key!r}") for i in range(count)]
@@ -153,7 +131,10 @@ def _value(cur: _Cursor, vtype: int, key: str) -> Any:
 
 def _ggml_type(code: int, name: str, path: Path) -> tuple[str, int, int]:
     """(type name, block size, bytes per block) of a ggml tensor type code."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError:  # pragma: no cover - gguf is in the models extra
+        raise ImportError("reading GGUF needs gguf: pip install 'lowbit[models]'") from None
 
     try:
         qtype = GGMLQuantizationType(code)
@@ -171,8 +152,12 @@ def parse(path: Path) -> GGUFHeader:
     """Parse and check a GGUF header.
 
     Raises:
-        LowbitError: not a GGUF file, an unsupported version, a truncated file, a tensor of an
-            unknown type, or tensor extents that fall outside the file or overlap.
+        LowbitError: not a GGUF file, an unsupported version (or big-endian), implausible
+            counts, a truncated header, an unknown value type, a duplicate key or tensor, a
+            tensor of more than 8 dimensions or of an unknown type, rows that are not whole
+            blocks, an alignment that is not a power of two, or tensor extents that are
+            unaligned, fall outside the file or overlap.
+        ImportError: the ``gguf`` package (for the GGML type table) is missing.
     """
     size = path.stat().st_size
     if size < 24:
@@ -185,16 +170,14 @@ def parse(path: Path) -> GGUFHeader:
         version = cur.u32("version")
         if version not in _VERSIONS:
             hint = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
-            raise LowbitError(
-                f"{path}: GGUF version {version}{hint} is not supported; supported: 2, 3"
-            )
+            raise LowbitError(f"{path}: unsupported GGUF version {version}{hint}; supported: 2, 3")
         n_tensors = cur.u64("tensor count")
         n_kv = cur.u64("metadata count")
         # every key/value needs at least 12 bytes and every tensor info at least 24
-        if n_kv * 12 + n_tensors * 24 > size:
+        if n_tensors > _MAX_TENSORS or n_kv > _MAX_KEYS or n_kv * 12 + n_tensors * 24 > size:
             raise LowbitError(
-                f"{path}: GGUF header claims {n_tensors} tensors and {n_kv} metadata entries, "
-                f"more than a {size}-byte file can hold"
+                f"{path}: GGUF header claims {n_tensors} tensors and {n_kv} metadata entries: "
+                f"implausible, or past the end of the file ({size} bytes)"
             )
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
@@ -214,7 +197,7 @@ def parse(path: Path) -> GGUFHeader:
             rel = cur.u64(f"offset of {name!r}")
             infos.append((name, dims, code, rel))
         alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
             raise LowbitError(f"{path}: general.alignment {alignment!r} is not a power of two")
         data_offset = -(-cur.pos // alignment) * alignment
 
@@ -223,7 +206,7 @@ def parse(path: Path) -> GGUFHeader:
         if name in tensors:
             raise LowbitError(f"{path}: tensor {name!r} appears twice in the GGUF header")
         type_name, block, type_size = _ggml_type(code, name, path)
-        numel = int(np.prod(dims, dtype=np.uint64)) if dims else 1
+        numel = math.prod(dims)  # exact: a lying header must not wrap around
         if dims and dims[0] % block:
             raise LowbitError(
                 f"{path}: tensor {name!r} has rows of {dims[0]} values, not a multiple of "
@@ -244,18 +227,8 @@ def parse(path: Path) -> GGUFHeader:
         tensors[name] = GGUFTensor(
             name, tuple(int(d) for d in reversed(dims)), code, type_name, start, nbytes
         )
-    _check_overlaps(path, tensors.values())
+    check_overlaps(path, tensors.values())
     return GGUFHeader(version, metadata, tensors, alignment, data_offset, size)
-
-
-def _check_overlaps(path: Path, tensors: Any) -> None:
-    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors if t.nbytes)
-    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
-        if start < end:
-            raise LowbitError(
-                f"{path}: tensors {a!r} and {b!r} overlap in the file (the header lies about "
-                f"offsets)"
-            )
 
 
 def dequantize(buf: np.ndarray, tensor: GGUFTensor, path: Path) -> np.ndarray:

@@ -9,20 +9,16 @@
 Tensors are memory-mapped, so a checkpoint larger than RAM can be walked tensor by tensor. Pickle
 files (``pytorch_model.bin``) are never loaded.
 
-safetensors headers are parsed and checked here (format: 8-byte little-endian header length, a
-JSON header ``{name: {dtype, shape, data_offsets: [begin, end]}}``, then the data; see
-huggingface/safetensors README) rather than by the ``safetensors`` package, for two reasons: its
-numpy loader rejects bfloat16 and float8 tensors, which are exactly the ones lowbit deals in; and
-every size and offset has to be checked against the file before a byte of data is trusted. The
-tests check this reader against ``safetensors``' own.
+Headers are parsed and checked against the file by lowbit's own parsers
+(:mod:`lowbit.checkpoints._safetensors`, :mod:`lowbit.checkpoints._gguf`), not by the
+``safetensors`` package, whose numpy loader rejects bfloat16 and float8 tensors, the ones lowbit
+deals in. The tests check this reader against ``safetensors``' own.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints import _safetensors
 from lowbit.errors import LowbitError
-
-_SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors package refuses larger headers too
 
 
 def _ml(name: str) -> np.dtype:
@@ -42,24 +37,24 @@ def _ml(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name))
 
 
-# safetensors dtype -> (numpy dtype factory, bits per element)
-_ST_DTYPES: dict[str, tuple[Any, int]] = {
-    "F64": (lambda: np.dtype("<f8"), 64),
-    "F32": (lambda: np.dtype("<f4"), 32),
-    "F16": (lambda: np.dtype("<f2"), 16),
-    "BF16": (lambda: _ml("bfloat16"), 16),
-    "F8_E4M3": (lambda: _ml("float8_e4m3fn"), 8),
-    "F8_E5M2": (lambda: _ml("float8_e5m2"), 8),
-    "F8_E8M0": (lambda: _ml("float8_e8m0fnu"), 8),
-    "I64": (lambda: np.dtype("<i8"), 64),
-    "I32": (lambda: np.dtype("<i4"), 32),
-    "I16": (lambda: np.dtype("<i2"), 16),
-    "I8": (lambda: np.dtype("i1"), 8),
-    "U64": (lambda: np.dtype("<u8"), 64),
-    "U32": (lambda: np.dtype("<u4"), 32),
-    "U16": (lambda: np.dtype("<u2"), 16),
-    "U8": (lambda: np.dtype("u1"), 8),
-    "BOOL": (lambda: np.dtype("?"), 8),
+# safetensors dtype -> numpy dtype factory (the sub-byte F6/F4 types have none)
+_ST_DTYPES: dict[str, Any] = {
+    "F64": lambda: np.dtype("<f8"),
+    "F32": lambda: np.dtype("<f4"),
+    "F16": lambda: np.dtype("<f2"),
+    "BF16": lambda: _ml("bfloat16"),
+    "F8_E4M3": lambda: _ml("float8_e4m3fn"),
+    "F8_E5M2": lambda: _ml("float8_e5m2"),
+    "F8_E8M0": lambda: _ml("float8_e8m0fnu"),
+    "I64": lambda: np.dtype("<i8"),
+    "I32": lambda: np.dtype("<i4"),
+    "I16": lambda: np.dtype("<i2"),
+    "I8": lambda: np.dtype("i1"),
+    "U64": lambda: np.dtype("<u8"),
+    "U32": lambda: np.dtype("<u4"),
+    "U16": lambda: np.dtype("<u2"),
+    "U8": lambda: np.dtype("u1"),
+    "BOOL": lambda: np.dtype("?"),
 }
 
 
@@ -232,83 +227,24 @@ def _readonly(arr: np.ndarray) -> np.ndarray:
 
 
 def _parse_safetensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Parse and check a safetensors header against the file.
+    """The checked header (see :func:`lowbit.checkpoints._safetensors.parse`) as TensorInfos.
 
     Raises:
-        LowbitError: a missing or truncated file, a header that is not valid JSON, an unknown
-            dtype, or a tensor whose shape, dtype and offsets disagree or leave the file.
+        LowbitError: a header :func:`~lowbit.checkpoints._safetensors.parse` refuses, or a
+            dtype with no numpy type (F6_E2M3, F6_E3M2, F4).
     """
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise LowbitError(f"{path}: file not found") from None
-    if size < 8:
-        raise LowbitError(
-            f"{path}: truncated safetensors file ({size} bytes; the header alone needs 8)"
-        )
-    with open(path, "rb") as fh:
-        (hlen,) = struct.unpack("<Q", fh.read(8))
-        if hlen > _SAFETENSORS_MAX_HEADER or 8 + hlen > size:
+    header = _safetensors.parse(path)
+    for t in header.tensors.values():
+        if t.dtype not in _ST_DTYPES:
             raise LowbitError(
-                f"{path}: safetensors header claims {hlen} bytes but the file has {size} "
-                f"(truncated file, or not a safetensors file)"
+                f"{path}: tensor {t.name!r} has dtype {t.dtype!r}, which lowbit cannot read; "
+                f"readable: {', '.join(_ST_DTYPES)}"
             )
-        raw = fh.read(hlen)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LowbitError(f"{path}: safetensors header is not valid JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise LowbitError(f"{path}: safetensors header is not a JSON object")
-    meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict):
-        raise LowbitError(f"{path}: safetensors __metadata__ is not a JSON object")
-    data_start = 8 + hlen
-    data_len = size - data_start
-    infos: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        infos[name] = _check_entry(path, name, entry, data_start, data_len)
-    spans = sorted((i.offset, i.offset + i.nbytes, n) for n, i in infos.items() if i.nbytes)
-    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
-        if start < end:
-            raise LowbitError(
-                f"{path}: tensors {a!r} and {b!r} overlap (the header lies about offsets)"
-            )
-    return infos, {str(k): str(v) for k, v in meta.items()}
-
-
-def _check_entry(path: Path, name: str, entry: Any, data_start: int, data_len: int) -> TensorInfo:
-    try:
-        dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-    except (TypeError, KeyError, ValueError):
-        raise LowbitError(
-            f"{path}: header entry for tensor {name!r} needs dtype, shape and data_offsets [begin, end]"
-        ) from None
-    if dtype not in _ST_DTYPES:
-        raise LowbitError(
-            f"{path}: tensor {name!r} has dtype {dtype!r}, which lowbit cannot read; "
-            f"readable: {', '.join(_ST_DTYPES)}"
-        )
-    ints = (*shape, begin, end) if isinstance(shape, list) else None
-    if ints is None or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints
-    ):
-        raise LowbitError(f"{path}: tensor {name!r} has a malformed shape {shape!r} or offsets")
-    numel = 1
-    for d in shape:
-        numel *= d
-    want = numel * _ST_DTYPES[dtype][1] // 8
-    if end - begin != want:
-        raise LowbitError(
-            f"{path}: tensor {name!r} is {dtype} of shape {tuple(shape)} ({want} bytes) but its "
-            f"offsets [{begin}, {end}] span {end - begin} bytes (the header lies about sizes)"
-        )
-    if end > data_len:
-        raise LowbitError(
-            f"{path}: tensor {name!r} ends at data byte {end} but the file holds only {data_len} "
-            f"bytes of data (truncated file, or the header lies about offsets)"
-        )
-    return TensorInfo(name, tuple(shape), dtype, want, path, data_start + begin)
+    infos = {
+        n: TensorInfo(n, t.shape, t.dtype, t.nbytes, path, t.offset)
+        for n, t in header.tensors.items()
+    }
+    return infos, header.metadata
 
 
 class _SafetensorsBase(Checkpoint):
@@ -325,7 +261,7 @@ class _SafetensorsBase(Checkpoint):
 
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
         info = self.info(name)
-        np_dtype = _ST_DTYPES[info.dtype][0]()
+        np_dtype = _ST_DTYPES[info.dtype]()
         raw = self._map(info.file)[info.offset : info.offset + info.nbytes]
         arr = raw.view(np_dtype).reshape(info.shape)
         return _readonly(_convert(arr, dtype))
@@ -339,9 +275,7 @@ class SafetensorsFile(_SafetensorsBase):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = path
-        infos, meta = _parse_safetensors(path)
-        self._infos = dict(sorted(infos.items(), key=lambda kv: kv[1].offset))
-        self.metadata = meta
+        self._infos, self.metadata = _parse_safetensors(path)
         self.config = _read_config(path.parent / "config.json")
 
 
@@ -408,7 +342,7 @@ class HuggingFaceFolder(_SafetensorsBase):
 
     def _add_shard(self, shard: Path) -> dict[str, TensorInfo]:
         infos, meta = _parse_safetensors(shard)
-        for name, info in sorted(infos.items(), key=lambda kv: kv[1].offset):
+        for name, info in infos.items():
             if name in self._infos:
                 raise LowbitError(
                     f"{self.path}: tensor {name!r} is in both {self._infos[name].file.name} and "
