@@ -105,18 +105,27 @@ def _torch_cases(torch: Any) -> dict[str, tuple[Any, Any]]:
 
 
 def _bitsandbytes_nf4(torch: Any, x: np.ndarray, repeat: int, rows: list) -> str:
-    """bitsandbytes' own CPU NF4 (block 64) quantize time, when it is installed."""
+    """bitsandbytes' own CPU NF4 (block 64) quantize and dequantize, when it is installed."""
     try:
+        import bitsandbytes
         import bitsandbytes.functional as bnbf
     except Exception:  # not installed, or no CPU build
         return "bitsandbytes is not installed here: its CPU NF4 path was not measured."
     tx = torch.from_numpy(x)
     try:
-        t = _best(lambda: bnbf.quantize_4bit(tx, blocksize=64, quant_type="nf4"), repeat)
+        tq = _best(lambda: bnbf.quantize_4bit(tx, blocksize=64, quant_type="nf4"), repeat)
+        q, st = bnbf.quantize_4bit(tx, blocksize=64, quant_type="nf4")
+        td = _best(lambda: bnbf.dequantize_4bit(q, st), repeat)
     except Exception as exc:  # pragma: no cover - depends on the build
-        return f"bitsandbytes' CPU NF4 quantize failed here: {type(exc).__name__}"
-    ours = next(r[2] for r in rows if r[0] == "nf4 b64")
-    return f"bitsandbytes CPU quantize_4bit(nf4, 64): {x.nbytes / 1e9 / t:.2f} GB/s ({t / ours:.2f}x lowbit's time)."
+        return f"bitsandbytes' CPU NF4 failed here: {type(exc).__name__}"
+    _, _, oq, od, _, _ = next(r for r in rows if r[0] == "nf4 b64")
+    gb = x.nbytes / 1e9
+    return (
+        f"bitsandbytes {bitsandbytes.__version__} CPU NF4 (blocks of 64, same codes and "
+        f"scales as lowbit's, checked in tests/test_quant.py): quantize_4bit {gb / tq:.2f} "
+        f"GB/s ({tq / oq:.1f}x lowbit's time), dequantize_4bit {gb / td:.2f} GB/s "
+        f"({td / od:.1f}x lowbit's time)."
+    )
 
 
 CASES = {
