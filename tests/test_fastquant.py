@@ -69,52 +69,56 @@ def _same(x: np.ndarray, fmt: str, **kw: Any) -> lowbit.QuantizedTensor | None:
     else:
         assert np.array_equal(fast.zero_point, ref.zero_point), (fmt, kw)
     for dtype in (np.float32, np.float64):
-        got = fast.dequantize(dtype)
-        with _fast.numpy_only(), _parallel.serial():
-            want = ref.dequantize(dtype)
+        with np.errstate(over="ignore"):  # MX scales clamp: 1e300 data overflows float32
+            got = fast.dequantize(dtype)
+            with _fast.numpy_only(), _parallel.serial():
+                want = ref.dequantize(dtype)
         assert np.array_equal(_bits(got), _bits(want)), (fmt, kw, dtype)
     return fast
 
 
-def _boundaries(fmt: Any) -> np.ndarray:
-    """Every value of a format, every midpoint of neighbours, and the float32 next to
-    each midpoint on both sides (float32; both signs where the format has them)."""
+def _boundaries(fmt: Any, dtype: Any = np.float32) -> np.ndarray:
+    """Every value of a format, every midpoint of neighbours, and the ``dtype`` number
+    next to each midpoint on both sides (both signs where the format has them)."""
     v = np.unique(fmt.values().astype(np.float64))
     v = v[np.isfinite(v)]
     mids = (v[1:] + v[:-1]) / 2
-    m32 = mids.astype(np.float32)
+    m = mids.astype(dtype)
     pts = np.concatenate([
-        v.astype(np.float32), m32,
-        np.nextafter(m32, np.float32(np.inf)), np.nextafter(m32, np.float32(-np.inf)),
+        v.astype(dtype), m, np.nextafter(m, dtype(np.inf)), np.nextafter(m, dtype(-np.inf)),
     ])  # fmt: skip
     return pts[np.isfinite(pts)]
 
 
-def _tied_rows(fmt: Any, width: int, rng: np.random.Generator) -> np.ndarray:
+def _tied_rows(
+    fmt: Any, width: int, rng: np.random.Generator, dtype: Any = np.float32
+) -> np.ndarray:
     """Rows of ``width`` boundary points (shuffled), each row holding the format's
     largest magnitude so that an absmax scale of it makes the quotients exact."""
-    pts = _boundaries(fmt)
-    vmax = np.float32(np.max(np.abs(fmt.values()[np.isfinite(fmt.values())])))
+    pts = _boundaries(fmt, dtype)
+    vmax = dtype(np.max(np.abs(fmt.values()[np.isfinite(fmt.values())])))
     n = -(-pts.size // (width - 1))
     body = rng.permutation(np.resize(pts, n * (width - 1))).reshape(n, width - 1)
-    return np.concatenate([np.full((n, 1), vmax, dtype=np.float32), body], axis=1)
+    return np.concatenate([np.full((n, 1), vmax, dtype=dtype), body], axis=1)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", SMALL_FLOATS)
 @pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
-def test_float_formats_on_boundaries(name: str, rounding: str) -> None:
+def test_float_formats_on_boundaries(name: str, rounding: str, dtype: Any) -> None:
     """Scaled small floats: exact ties, their neighbours, values and the subnormal range
-    of the format give the numpy path's codes, per tensor (long rows), per row, in groups."""
+    of the format give the numpy path's codes, per tensor (long rows), per row, in groups,
+    from float32 and from float64 data."""
     fmt = lowbit.format(name)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
-    x = _tied_rows(fmt, 64, rng)
+    x = _tied_rows(fmt, 64, rng, dtype)
     for kw in ({}, {"axis": 0}, {"group_size": 64}):
         _same(x, name, rounding=rounding, **kw)
     # one long row: the quotient's edge check works per block of a long row
-    long = np.concatenate([rng.standard_normal(3000).astype(np.float32), x.reshape(-1)])
+    long = np.concatenate([rng.standard_normal(3000).astype(dtype), x.reshape(-1)])
     _same(long, name, rounding=rounding)
     # MX-like power-of-two group scales keep ties as ties
-    _same(x * np.float32(2.0**-9), name, rounding=rounding, group_size=64)
+    _same(x * dtype(2.0**-9), name, rounding=rounding, group_size=64)
 
 
 @pytest.mark.parametrize(
@@ -139,20 +143,21 @@ def test_mx_formats_match_numpy(fmt: str) -> None:
     _same(x, fmt)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", ["nf4"])
 @pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
-def test_valueset_on_boundaries(name: str, rounding: str) -> None:
-    """NF4: midpoints exactly (ties go through the exact codec), the float32 values
-    beside them (the bins with a midpoint), in blocks of 64 and in long rows."""
+def test_valueset_on_boundaries(name: str, rounding: str, dtype: Any) -> None:
+    """NF4: midpoints exactly (ties go through the exact codec), the float32/float64
+    values beside them (the bins with a midpoint), in blocks of 64 and in long rows."""
     fmt = lowbit.format(name)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
-    x = _tied_rows(fmt, 64, rng)
+    x = _tied_rows(fmt, 64, rng, dtype)
     mids = (fmt.values()[1:].astype(np.float64) + fmt.values()[:-1]) / 2
     exact = mids[mids.astype(np.float32) == mids]
     assert exact.size > 0  # the data does hold exact ties
     for kw in ({}, {"group_size": 64, "axis": 0}, {"group_size": 1024}):
         _same(x, name, rounding=rounding, **kw)
-    _same(np.concatenate([x.reshape(-1), rng.standard_normal(5000).astype(np.float32)]), name,
+    _same(np.concatenate([x.reshape(-1), rng.standard_normal(5000).astype(dtype)]), name,
           rounding=rounding, group_size=2048)  # fmt: skip
 
 
@@ -165,9 +170,11 @@ def test_every_layout_and_scale_choice(fmt: str) -> None:
     rng = np.random.default_rng(zlib.crc32(fmt.encode()) + 1)
     x = rng.standard_normal((40, 96)).astype(np.float32)
     layouts = [{}] if fmt.startswith("mx") else LAYOUTS
+    x64 = x.astype(np.float64) * (1 + 2.0**-30)  # not float32 values
     for kw in layouts:
         _same(x, fmt, **kw)
         _same(x.reshape(4, 10, 96), fmt, **kw)
+        _same(x64, fmt, **kw)
         if not fmt.startswith("mx"):
             _same(x, fmt, scale_method="percentile", percentile=90.0, **kw)
             _same(x, fmt, scale_format="bfloat16", **kw)
@@ -183,6 +190,8 @@ def test_extreme_scales_and_nonfinite(fmt: str) -> None:
     rng = np.random.default_rng(zlib.crc32(fmt.encode()) + 2)
     x = rng.standard_normal((32, 64)).astype(np.float32)
     _same(x * np.float32(1e-42), fmt)
+    _same(x.astype(np.float64) * 1e-300, fmt)
+    _same(x.astype(np.float64) * 1e300, fmt)
     _same(x / np.abs(x).max() * np.float32(3e38), fmt)
     y = x.copy()
     y[0, 3] = np.nan
@@ -268,6 +277,10 @@ def test_absmax_kernel() -> None:
     long = np.random.default_rng(4).standard_normal(5 * _fastquant._SEGMENT + 3).astype(np.float32)
     long[-1] = -9.0
     assert _fastquant.row_absmax(long)[0] == 9.0  # type: ignore[index]
+    y = x.astype(np.float64) * (1 + 2.0**-40)
+    got64 = _fastquant.row_absmax(y)
+    assert got64 is not None and np.isnan(got64[2, 0]) and got64[3, 0] == np.inf
+    assert np.array_equal(got64[fine, 0], np.abs(y[fine]).max(axis=1))
 
 
 def test_pack4_kernel() -> None:
@@ -339,3 +352,4 @@ def test_kernels_take_ragged_groups(fmt: str, kernel: str, monkeypatch: pytest.M
     x = np.random.default_rng(8).standard_normal((96, 576)).astype(np.float32)
     _same(x, fmt, group_size=128)
     assert calls and all(calls)
+

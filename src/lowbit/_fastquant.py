@@ -206,21 +206,53 @@ def _float_kernel(mode: int, kind: int) -> Any:
     return kernel
 
 
+_FLOAT64_KERNELS: dict[int, Any] = {}
+
+
+def _float64_kernel(mode: int) -> Any:
+    """The scaled-float kernel for float64 data: the float64 quotient is what the codec
+    rounds, so every element goes through the float64 core once (built on first use)."""
+    k = _FLOAT64_KERNELS.get(mode)
+    if k is not None:
+        return k
+
+    @njit(cache=True, nogil=True)
+    def kernel(x, offs, m, s, out, T, P64):  # type: ignore[no-untyped-def]
+        maxc = T[0]
+        for r in range(offs.size):
+            s64 = np.float64(s[r])
+            v = x[offs[r] : offs[r] + m]
+            o = out[r * m : (r + 1) * m]
+            for j in range(m):
+                w = _bits64(v[j] / s64)
+                mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
+                c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
+                o[j] = np.uint8(c)
+
+    _FLOAT64_KERNELS[mode] = kernel
+    return kernel
+
+
 def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.ndarray | None:
     """uint8 codes of ``fmt.encode(V / S, saturate=True)`` (the float64 quotient, nearest
-    rounding: ``mode`` 0 ties to even, 1 away) for float32 ``V`` and a float format of at
-    most 8 bits, or None (the caller's numpy path)."""
-    if not _fast.enabled() or V.dtype != np.float32 or fmt.bits > 8 or mode not in (0, 1):
+    rounding: ``mode`` 0 ties to even, 1 away) for float32 or float64 ``V`` and a float
+    format of at most 8 bits, or None (the caller's numpy path)."""
+    if not _fast.enabled() or V.dtype not in (np.float32, np.float64) or fmt.bits > 8:
         return None
-    P = _fast._round32_params(fmt, mode)
     T = _fast._tail_params(fmt, True)
-    if P is None or T is None or np.dtype(fmt.code_dtype) != np.uint8:
+    P = _fast._round32_params(fmt, mode) if V.dtype == np.float32 else None
+    if mode not in (0, 1) or T is None or np.dtype(fmt.code_dtype) != np.uint8:
+        return None
+    if P is None and V.dtype == np.float32:
         return None
     found = _rows(V, S)
     if found is None or not _usable_scales(found[1]):
         return None
     (x, offs, m), s = found
     out = np.empty(offs.size * m, dtype=np.uint8)
+    if V.dtype == np.float64:
+        _float64_kernel(mode)(x, offs, m, s, out, T, _fast._round64_params(fmt, mode))
+        return out.reshape(V.shape)
     low = (1 << (23 - (fmt.mbits + 1))) - 1
     kernel = _float_kernel(mode, _fast._kind(fmt))
     kernel(x, offs, m, s, out, P, T, _fast._round64_params(fmt, mode), low)
@@ -315,8 +347,10 @@ if HAVE_NUMBA:
 
 def scaled_valueset_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: Any) -> np.ndarray | None:
     """uint8 codes of ``fmt.encode(V / S, saturate=True)`` (the float64 quotient, nearest
-    rounding ``mode``) for float32 ``V`` and a value set of at most 7 bits, or None."""
-    if not _fast.enabled() or V.dtype != np.float32 or fmt.bits > 7:
+    rounding ``mode``) for float32 or float64 ``V`` and a value set of at most 7 bits, or
+    None. Bin indices are computed in float32 either way (their error stays far below
+    ``tol``); the exact compare divides in float64, the quotient the codec is given."""
+    if not _fast.enabled() or V.dtype not in (np.float32, np.float64) or fmt.bits > 7:
         return None
     found = _rows(V, S)
     if found is None or not _usable_scales(found[1]):
@@ -442,14 +476,15 @@ def row_minmax(V: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True)
-    def _row_absmax_kernel(x, offs, m, out):  # type: ignore[no-untyped-def]
-        """Largest magnitude bit pattern of each row (integer max: it vectorises, and a
-        NaN, whose pattern is above infinity's, comes out as a NaN)."""
+    def _row_absmax_kernel(u, offs, m, mask, out):  # type: ignore[no-untyped-def]
+        """Largest magnitude bit pattern of each row of float bit patterns ``u`` (uint32
+        or uint64; ``mask`` drops the sign). An integer max vectorises, and a NaN, whose
+        pattern is above infinity's, comes out as a NaN."""
         for r in range(offs.size):
-            v = x[offs[r] : offs[r] + m]
-            acc = np.uint32(0)
+            v = u[offs[r] : offs[r] + m]
+            acc = v[0] & mask
             for j in range(m):
-                acc = max(acc, _bits32(v[j]) & np.uint32(0x7FFFFFFF))
+                acc = max(acc, v[j] & mask)
             out[r] = acc
 
 
@@ -457,28 +492,30 @@ _SEGMENT = 1 << 20  # elements per thread's share of one long row
 
 
 def row_absmax(V: np.ndarray) -> np.ndarray | None:
-    """max |V| over the last axis (of extent > 1) of a float32 array whose rows are
-    contiguous, as float64 shaped like ``scales.minmax``'s results (NaN where a row holds
-    a NaN), or None (the caller's numpy path)."""
-    if not _fast.enabled() or V.dtype != np.float32 or V.ndim < 1 or V.shape[-1] <= 1:
+    """max |V| over the last axis (of extent > 1) of a float32 or float64 array whose rows
+    are contiguous, as float64 shaped like ``scales.minmax``'s results (NaN where a row
+    holds a NaN), or None (the caller's numpy path)."""
+    if not _fast.enabled() or V.dtype not in (np.float32, np.float64):
+        return None
+    if V.ndim < 1 or V.shape[-1] <= 1:
         return None
     rows = _row_view(V)
     if rows is None:
         return None
     x, offs, m = rows
-    bits = np.empty(offs.size, dtype=np.uint32)
+    udt = np.dtype(np.uint32 if V.dtype == np.float32 else np.uint64)
+    u = x.view(udt)
+    mask = udt.type((1 << (8 * udt.itemsize - 1)) - 1)
+    bits = np.empty(offs.size, dtype=udt)
     if offs.size == 1 and m >= 4 * _SEGMENT:  # one long row (per-tensor): segments on threads
         from lowbit._parallel import map_chunks
 
-        starts = np.arange(0, m, _SEGMENT, dtype=np.int64)
+        def seg(a: int) -> Any:
+            part = np.empty(1, dtype=udt)
+            _row_absmax_kernel(u, np.array([offs[0] + a]), min(_SEGMENT, m - a), mask, part)
+            return part[0]
 
-        def seg(a: int) -> int:
-            part = np.empty(1, dtype=np.uint32)
-            n = min(_SEGMENT, m - a)
-            _row_absmax_kernel(x, np.array([offs[0] + a]), n, part)
-            return int(part[0])
-
-        bits[0] = max(map_chunks(seg, [int(a) for a in starts]))
+        bits[0] = max(map_chunks(seg, list(range(0, m, _SEGMENT))))
     else:
-        _row_absmax_kernel(x, offs, m, bits)
-    return bits.view(np.float32).astype(np.float64).reshape(*V.shape[:-1], 1)
+        _row_absmax_kernel(u, offs, m, mask, bits)
+    return bits.view(V.dtype).astype(np.float64).reshape(*V.shape[:-1], 1)

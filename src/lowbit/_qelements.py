@@ -215,14 +215,18 @@ def encode_chunk(
             r += Z.astype(r.dtype)
         np.clip(r, qmin, qmax, out=r)
         return _int_codes(r, fmt)
-    if mode in _NEAREST and V.dtype == np.float32 and fmt.bits <= 8:
+    if mode in _NEAREST and fmt.bits <= 8:
+        fast = None
         if kind == "valueset":
             fast = _fastquant.scaled_valueset_codes(V, S, fmt, mode)
-            return _valueset_nearest(V, S, fmt, mode) if fast is None else fast
-        if kind == "float":
-            fast = _fastquant.scaled_float_codes(
-                V, S, fmt, 0 if mode is Rounding.NEAREST_EVEN else 1
-            )
-            return _float_nearest(V, S, fmt, mode) if fast is None else fast
+        elif kind == "float":
+            away = int(mode is Rounding.NEAREST_AWAY)
+            fast = _fastquant.scaled_float_codes(V, S, fmt, away)
+        if fast is not None:
+            return fast
+        if V.dtype == np.float32 and kind == "valueset":
+            return _valueset_nearest(V, S, fmt, mode)
+        if V.dtype == np.float32 and kind == "float":
+            return _float_nearest(V, S, fmt, mode)
     t = V.astype(np.float64) / S.astype(np.float64)
     return fmt.encode(t, rounding=mode.value, saturate=True, random_bits=rbits, nan="zero")
