@@ -9,6 +9,7 @@ Threads never change a result: every chunk computes what it would alone.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -75,7 +76,9 @@ def map_chunks(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
     step = -(-len(items) // n)
     bands = [items[i : i + step] for i in range(0, len(items), step)]
     pool = _pool(n, os.getpid())
-    futures = [pool.submit(_band, fn, band) for band in bands[1:]]
+    # each band runs in a copy of the caller's context, so np.errstate (a context
+    # variable) and the like hold in every thread as they do on the calling one
+    futures = [pool.submit(contextvars.copy_context().run, _band, fn, b) for b in bands[1:]]
     try:
         first = _band(fn, bands[0])  # the calling thread takes the first band
     except BaseException:
