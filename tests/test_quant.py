@@ -206,6 +206,26 @@ def test_groups_along_an_axis_with_a_ragged_last_group(rng: np.random.Generator)
         quantize(x, "int4", group_size=4, pad=False)
 
 
+def test_ragged_groups_dequantize_exactly(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a ragged last group (two views of the tensor, decoded a few rows at a time),
+    dequantize is code * its group's scale, rounded once to float32, at every element."""
+    from lowbit import _qengine
+
+    monkeypatch.setattr(_qengine, "_CHUNK_NUMPY", 64)  # several row bands
+    for shape, axis, zp in (((37, 10), -1, False), ((10, 37), 0, False), ((37, 10), -1, True)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        qt = quantize(x, "int4", group_size=4, axis=axis, symmetric=not zp)
+        L = shape[axis]
+        s = np.repeat(qt.scale, 4, axis=axis).take(np.arange(L), axis=axis)
+        q = qt.unpack().astype(np.float32)
+        if zp:
+            q = q - np.repeat(qt.zero_point, 4, axis=axis).take(np.arange(L), axis=axis)
+        want = (q.astype(np.float32) * s).astype(np.float32)
+        np.testing.assert_array_equal(qt.dequantize().view(np.uint32), want.view(np.uint32))
+
+
 def test_dynamic_quantization_is_per_row(rng: np.random.Generator) -> None:
     """quantize_dynamic: one absmax scale per token (row), for any leading dims."""
     x = rng.standard_normal((2, 3, 8)).astype(np.float32)

@@ -394,21 +394,38 @@ def decode_tensor(qt: QuantizedTensor, work: Any) -> np.ndarray:
                 b0 = e0 * bits // 8
                 c = unpack(packed[b0 : b0 + (n * bits + 7) // 8], bits, n)
                 v = np.take(table, c)
+            Sc = _take(S, idx)
+            Zc = None if Z is None else _take(Z, idx)
+            while dst.ndim > 1 and dst.shape[-1] == 1:  # one-element inner loops are slow
+                dst, Sc = dst[..., 0], Sc[..., 0]
+                Zc = None if Zc is None else Zc[..., 0]
             v = v.reshape(dst.shape)
-            if Z is not None:
-                v -= _take(Z, idx)
-            np.multiply(v, _take(S, idx), out=dst)
+            if Zc is not None:
+                v -= Zc
+            np.multiply(v, Sc, out=dst)
 
         map_chunks(decode, list(_chunks(O.shape)))
         return out
-    codes_full = unpack(packed, bits, qt.numel).reshape(qt.shape)
+    # two parts (a ragged last group): rows of the P axis at a time, each part of them
     P, L, Q = layout.pqr
+    c3 = unpack(packed, bits, qt.numel).reshape(P, L, Q)
     out3 = out.reshape(P, L, Q)
-    for i, part in enumerate(parts):
-        C = layout.view(codes_full, part)
-        v = np.take(table, C)
-        if zp is not None:
-            v -= layout.scale4(zp, i)
-        v *= layout.scale4(scale, i)
-        out3[:, part.start : part.stop, :] = v.reshape(P, part.stop - part.start, Q)
+    step = max(1, _CHUNK_NUMPY // max(1, L * Q))
+
+    def decode_rows(p0: int) -> None:
+        p1 = min(p0 + step, P)
+        for i, part in enumerate(parts):
+            C = c3[p0:p1, part.start : part.stop, :].reshape(p1 - p0, part.groups, part.size, Q)
+            v = np.take(table, C)
+            S4 = layout.scale4(scale, i)[p0:p1]
+            Z4 = None if zp is None else layout.scale4(zp, i)[p0:p1]
+            if Q == 1:  # one-element inner loops are slow
+                v, S4 = v[..., 0], S4[..., 0]
+                Z4 = None if Z4 is None else Z4[..., 0]
+            if Z4 is not None:
+                v -= Z4
+            v *= S4
+            out3[p0:p1, part.start : part.stop, :] = v.reshape(p1 - p0, part.stop - part.start, Q)
+
+    map_chunks(decode_rows, list(range(0, P, step)))
     return out
