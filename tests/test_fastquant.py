@@ -379,3 +379,36 @@ def test_any_tensor_any_layout(x: np.ndarray, data: st.DataObject) -> None:
     if data.draw(st.booleans()):
         x = x.astype(np.float64) * (1 + 2.0**-30)
     _same(x, fmt, **kw)
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
+def test_float64_near_ties_round_on_the_exact_quotient(rounding: str) -> None:
+    """float64 data at and one ulp beside k + 1/2 times the scale: the division can land
+    exactly half way when the exact quotient is not (and the reverse), and the codes of
+    both paths are those of the exact rational quotient."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(10)
+    s32 = rng.uniform(0.5, 2.0, size=(24, 1)).astype(np.float32)
+    k = rng.integers(-127, 127, size=(24, 90)) + 0.5
+    mid = k * s32.astype(np.float64)  # exact in float64
+    x = np.concatenate(
+        [127 * s32.astype(np.float64), mid, np.nextafter(mid, np.inf), np.nextafter(mid, -np.inf)],
+        axis=1,
+    )
+    want = np.empty(x.shape, dtype=np.int64)
+    for (i, j), v in np.ndenumerate(x):
+        q = Fraction(float(v)) / Fraction(float(s32[i, 0]))
+        fl = q.numerator // q.denominator
+        frac = q - fl
+        if frac != Fraction(1, 2):
+            r = fl + (frac > Fraction(1, 2))
+        elif rounding == "nearest_away":
+            r = fl + 1 if q > 0 else fl
+        else:
+            r = fl + fl % 2
+        want[i, j] = min(max(r, -128), 127)
+    qt = _same(x, "int8", axis=0, rounding=rounding)
+    assert qt is not None
+    assert np.array_equal(qt.scale, s32)  # the quotients are the ones built above
+    np.testing.assert_array_equal(qt.unpack(), want)

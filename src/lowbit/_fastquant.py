@@ -144,20 +144,64 @@ if HAVE_NUMBA:
                 q = min(max(q, lo), hi)
                 o[j] = np.uint8(np.int64(q) & mask)
 
+    @njit(cache=True, nogil=True)
+    def _scaled_int_kernel64(x, offs, m, s, out, lo, hi, mask, ties):  # type: ignore[no-untyped-def]
+        """float64 data: the float64 quotient rounded half-even; where it is exactly half
+        way (true tie, or one the division made) the index goes to ``ties`` for the exact
+        quotient. Return how many, or -1 when ``ties`` is full."""
+        nt = 0
+        for r in range(offs.size):
+            v = x[offs[r] : offs[r] + m]
+            o = out[r * m : (r + 1) * m]
+            s64 = np.float64(s[r])
+            tie = False
+            for j in range(m):  # branch-free, so it vectorises
+                t = v[j] / s64
+                q = np.rint(t)
+                tie |= abs(t - q) == 0.5
+                q = min(max(q, lo), hi)
+                o[j] = np.uint8(np.int64(q) & mask)
+            if not tie:
+                continue
+            for j in range(m):
+                t = v[j] / s64
+                if abs(t - np.rint(t)) == 0.5:
+                    if nt == ties.size:
+                        return -1
+                    ties[nt] = r * m + j
+                    nt += 1
+        return nt
+
 
 def scaled_int_codes(
     V: np.ndarray, S: np.ndarray, away: bool, lo: float, hi: float, bits: int
 ) -> np.ndarray | None:
-    """uint8 codes of clip(round(V / S), lo, hi) for float32 ``V`` (ties to even, or away
-    from zero), or None (the caller's numpy path)."""
-    if not _fast.enabled() or V.dtype != np.float32 or bits > 8:
+    """uint8 codes of clip(round(V / S), lo, hi) of the exact quotient for float32 or
+    float64 ``V`` (ties to even, or away from zero), or None (the caller's numpy path)."""
+    if not _fast.enabled() or V.dtype not in (np.float32, np.float64) or bits > 8:
         return None
     found = _rows(V, S)
     if found is None:
         return None
     (x, offs, m), s = found
     out = np.empty(offs.size * m, dtype=np.uint8)
-    _scaled_int_kernel(x, offs, m, s, out, bool(away), float(lo), float(hi), (1 << bits) - 1)
+    mask = (1 << bits) - 1
+    if V.dtype == np.float32:
+        _scaled_int_kernel(x, offs, m, s, out, bool(away), float(lo), float(hi), mask)
+        return out.reshape(V.shape)
+    ties = np.empty(4096, dtype=np.int64)
+    nt = _scaled_int_kernel64(x, offs, m, s, out, float(lo), float(hi), mask, ties)
+    if nt < 0:
+        return None
+    if nt:  # the float64 quotient says half way: decide on the exact one
+        from lowbit._enums import Rounding
+        from lowbit.quant import exact_round_quotient
+
+        at = ties[:nt]
+        r, j = at // m, at % m
+        mode = Rounding.NEAREST_AWAY if away else Rounding.NEAREST_EVEN
+        q = exact_round_quotient(x[offs[r] + j], s[r].astype(np.float64), mode)
+        out[at] = (np.clip(q, lo, hi).astype(np.int64) & mask).astype(np.uint8)
     return out.reshape(V.shape)
 
 
