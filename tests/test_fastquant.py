@@ -412,3 +412,22 @@ def test_float64_near_ties_round_on_the_exact_quotient(rounding: str) -> None:
     assert qt is not None
     assert np.array_equal(qt.scale, s32)  # the quotients are the ones built above
     np.testing.assert_array_equal(qt.unpack(), want)
+
+
+def test_map_chunks_waits_for_every_band() -> None:
+    """When a later band fails, map_chunks raises only after the other bands finished."""
+    import time
+
+    done: list[int] = []
+
+    def work(i: int) -> int:
+        if i == 10:
+            raise ValueError("band two")
+        if i >= 20:
+            time.sleep(0.01)
+            done.append(i)
+        return i
+
+    with pytest.raises(ValueError, match="band two"):
+        _parallel.map_chunks(work, list(range(30)))
+    assert sorted(done) == list(range(20, 30))

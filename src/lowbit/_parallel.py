@@ -81,7 +81,6 @@ def map_chunks(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
     futures = [pool.submit(contextvars.copy_context().run, _band, fn, b) for b in bands[1:]]
     try:
         first = _band(fn, bands[0])  # the calling thread takes the first band
-    except BaseException:
-        wait(futures)  # no band still writing when the caller sees the error
-        raise
+    finally:
+        wait(futures)  # no band still writing when the caller sees a result or an error
     return first + [r for f in futures for r in f.result()]
