@@ -30,11 +30,12 @@ are in ``lowbit._kernels``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
+
+from lowbit._parallel import Switch
 
 try:  # numba is the optional extra ``lowbit[fast]``
     import numba  # noqa: F401
@@ -52,24 +53,17 @@ if HAVE_NUMBA:
         _wide_decode,
     )
 
-_force_numpy = False
+_numpy_only = Switch()
 
 
-@contextlib.contextmanager
-def numpy_only() -> Iterator[None]:
+def numpy_only() -> contextlib.AbstractContextManager[None]:
     """Within this block the codecs take the numpy path (for tests comparing the paths)."""
-    global _force_numpy
-    old = _force_numpy
-    _force_numpy = True
-    try:
-        yield
-    finally:
-        _force_numpy = old
+    return _numpy_only.set()
 
 
 def enabled() -> bool:
     """Whether the compiled kernels are in use (numba installed and not forced off)."""
-    return HAVE_NUMBA and not _force_numpy
+    return HAVE_NUMBA and not _numpy_only.on
 
 
 _PIECE = 1 << 19  # elements per thread's piece of a large array (smaller: one thread)

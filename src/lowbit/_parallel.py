@@ -21,24 +21,35 @@ T = TypeVar("T")
 
 _MAX_THREADS = 8  # the loops are bound by memory bandwidth long before this
 _MIN_CHUNKS = 2
-_force_serial = False
 
 
-@contextlib.contextmanager
-def serial() -> Iterator[None]:
+class Switch:
+    """A process-wide flag and a context manager that raises it for a block (and restores
+    it on exit, errors included): the test hooks ``serial()`` and ``_fast.numpy_only()``."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    @contextlib.contextmanager
+    def set(self) -> Iterator[None]:
+        old, self.on = self.on, True
+        try:
+            yield
+        finally:
+            self.on = old
+
+
+_serial = Switch()
+
+
+def serial() -> contextlib.AbstractContextManager[None]:
     """Within this block chunk loops run on the calling thread (tests compare the two)."""
-    global _force_serial
-    old = _force_serial
-    _force_serial = True
-    try:
-        yield
-    finally:
-        _force_serial = old
+    return _serial.set()
 
 
 def threads() -> int:
     """Threads the chunk loops use: the cores this process may run on, at most 8."""
-    if _force_serial:
+    if _serial.on:
         return 1
     try:
         n = len(os.sched_getaffinity(0))
