@@ -116,6 +116,10 @@ def test_float_formats_on_boundaries(name: str, rounding: str, dtype: Any) -> No
     x = _tied_rows(fmt, 64, rng, dtype)
     for kw in ({}, {"axis": 0}, {"group_size": 64}):
         _same(x, name, rounding=rounding, **kw)
+    # column mode: the same rows as columns, a scale per column or per group of rows
+    xt = np.ascontiguousarray(x.T)
+    for kw in ({"axis": -1}, {"group_size": 64, "axis": 0}):
+        _same(xt, name, rounding=rounding, **kw)
     # one long row: the quotient's edge check works per block of a long row
     long = np.concatenate([rng.standard_normal(3000).astype(dtype), x.reshape(-1)])
     _same(long, name, rounding=rounding)
@@ -159,6 +163,7 @@ def test_valueset_on_boundaries(name: str, rounding: str, dtype: Any) -> None:
     assert exact.size > 0  # the data does hold exact ties
     for kw in ({}, {"group_size": 64, "axis": 0}, {"group_size": 1024}):
         _same(x, name, rounding=rounding, **kw)
+    _same(np.ascontiguousarray(x.T), name, rounding=rounding, group_size=64, axis=0)
     _same(np.concatenate([x.reshape(-1), rng.standard_normal(5000).astype(dtype)]), name,
           rounding=rounding, group_size=2048)  # fmt: skip
 
@@ -320,8 +325,11 @@ def test_the_kernels_do_run() -> None:
     )
     assert _fastquant.scaled_float_codes(x, s / 448, lowbit.format("fp8_e4m3"), 0) is not None
     assert _fastquant.scaled_int_codes(x, s / 127, False, -128, 127, 8) is not None
-    cols = np.ones((1, 64), dtype=np.float32)
-    assert _fastquant.scaled_int_codes(x, cols, False, -128, 127, 8) is None  # column scales
+    cols = np.full((1, 64), 0.5, dtype=np.float32)  # column mode: a scale per column
+    got = _fastquant.scaled_int_codes(x, cols, False, -128, 127, 8)
+    assert got is not None
+    np.testing.assert_array_equal(got.view(np.int8), np.rint(x / 0.5).astype(np.int8))
+    assert _fastquant.scaled_int_codes(x[:, ::2], s / 127, False, -128, 127, 8) is None
 
 
 def test_nested_map_chunks_runs() -> None:
@@ -338,9 +346,13 @@ def test_nested_map_chunks_runs() -> None:
         ("fp4_e2m1", "scaled_float_codes"),
     ],
 )
-def test_kernels_take_ragged_groups(fmt: str, kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_kernels_take_ragged_groups(
+    fmt: str, kernel: str, axis: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Groups of 128 along rows of 576 (SmolLM2's width: a ragged last group of 64) go
-    through the kernels as strided row views, and agree with the numpy path."""
+    through the kernels as strided row views, and along columns (axis 0) in column mode,
+    and agree with the numpy path."""
     calls: list[bool] = []
     real = getattr(_fastquant, kernel)
 
@@ -352,7 +364,7 @@ def test_kernels_take_ragged_groups(fmt: str, kernel: str, monkeypatch: pytest.M
 
     monkeypatch.setattr(_fastquant, kernel, spy)
     x = np.random.default_rng(8).standard_normal((96, 576)).astype(np.float32)
-    _same(x, fmt, group_size=128)
+    _same(x if axis == -1 else np.ascontiguousarray(x.T), fmt, group_size=128, axis=axis)
     assert calls and all(calls)
 
 

@@ -2,12 +2,14 @@
 
 Each entry point takes a chunk as ``_qengine`` holds it (a 4-D view and its broadcasting
 scales), returns None when numba is missing, ``_fast.numpy_only()`` is on, or the layout
-does not fit, and the caller then takes the numpy path. The layouts that fit are "one
-scale per row": with the data's trailing axes of extent 1 dropped, the last axis is
-contiguous and the scales are one number or constant along it (per-tensor, per-channel
-on a leading axis, groups and blocks along the last axis, the strided views of a ragged
-last group). Kernels see the rows as offsets into one contiguous 1-D view of the memory
-they lie in, so every inner loop runs over a contiguous slice and vectorises.
+does not fit, and the caller then takes the numpy path. Every layout whose last axis
+(trailing axes of extent 1 dropped) is contiguous fits: in row mode the scales are one
+number or constant along that axis (per-tensor, per-channel on a leading axis, groups
+and blocks along the last axis, the strided views of a ragged last group); in column
+mode they vary along it (per-channel on the last axis, groups along a leading one), one
+row of a scale table per data row. Kernels see the rows as offsets into one contiguous
+1-D view of the memory they lie in, so every inner loop runs over a contiguous slice
+and vectorises.
 
 How each keeps the numpy path's codes:
 
@@ -82,24 +84,37 @@ def _row_view(V: np.ndarray) -> _Rows | None:
     return _Rows(flat, offs, m)
 
 
-def _rows(V: np.ndarray, S: np.ndarray, dtype: Any = np.float32) -> tuple[_Rows, np.ndarray] | None:
-    """(the rows of V, the scale of each row in ``dtype``) or None where the scales are
-    not constant along V's last non-trivial axis or the rows are not contiguous. One
-    scale for a C-contiguous V makes it one row."""
+def _rows(
+    V: np.ndarray, S: np.ndarray, dtype: Any = np.float32
+) -> tuple[_Rows, np.ndarray, np.ndarray, bool] | None:
+    """(the rows of V; a 2-D scale table in ``dtype``; the table row of each data row;
+    whether the table holds a scale per column) or None where the rows are not
+    contiguous. Row mode: scales constant along V's last non-trivial axis, one table
+    column (one scale for a C-contiguous V makes it one row). Column mode: the scales
+    vary along that axis (per channel on it, groups along another axis)."""
     while V.ndim > 1 and V.shape[-1] == 1:
         V = V[..., 0]
         S = S[..., 0] if S.ndim > V.ndim else S
     if V.ndim == 0 or V.size == 0 or S.ndim > V.ndim:
         return None
     s = S.astype(dtype, copy=False)
+    one = np.zeros(1, dtype=np.int64)
     if s.size == 1 and V.flags.c_contiguous:
-        return _Rows(V.reshape(-1), np.zeros(1, dtype=np.int64), V.size), s.reshape(1)
-    if s.shape[-1] != 1:
-        return None
+        return _Rows(V.reshape(-1), one, V.size), s.reshape(1, 1), one, False
     rows = _row_view(V)
     if rows is None:
         return None
-    return rows, np.ascontiguousarray(np.broadcast_to(s, (*V.shape[:-1], 1))).reshape(-1)
+    lead = V.shape[:-1]
+    srow = np.arange(rows.offs.size, dtype=np.int64)
+    if s.shape[-1] == 1:
+        s2 = np.ascontiguousarray(np.broadcast_to(s, (*lead, 1))).reshape(-1, 1)
+        return rows, s2, srow, False
+    if s.shape[-1] != V.shape[-1]:
+        return None
+    s = s.reshape((1,) * (V.ndim - s.ndim) + s.shape)
+    s2 = np.ascontiguousarray(s).reshape(-1, V.shape[-1])
+    index = np.arange(s2.shape[0], dtype=np.int64).reshape(s.shape[:-1])
+    return rows, s2, np.ascontiguousarray(np.broadcast_to(index, lead)).reshape(-1), True
 
 
 def _usable_scales(s: np.ndarray) -> bool:
@@ -108,69 +123,105 @@ def _usable_scales(s: np.ndarray) -> bool:
     return bool(np.all(s > 0)) and bool(np.isfinite(s).all())
 
 
-# ---- integers ------------------------------------------------------------------------
+# ---- kernels, built per layout --------------------------------------------------------
+#
+# Every kernel takes the rows (``x``, ``offs``, ``m``), a 2-D scale table ``s2`` and the
+# table row of each data row ``srow``. In row mode (``cols`` False) the table has one
+# column, one scale per row; in column mode each table row holds a scale per column
+# (per-channel on the last axis, groups along the first). ``cols`` is a compile-time
+# constant of the kernel, so the row-mode loop keeps its scale in a register.
 
-if HAVE_NUMBA:
+_KERNELS: dict[tuple[Any, ...], Any] = {}
 
-    @njit(cache=True, nogil=True)
-    def _scaled_int_kernel(x, offs, m, s, out, away, lo, hi, mask):  # type: ignore[no-untyped-def]
-        """Row ``r``'s codes: clip(round(v / s[r]), lo, hi) of its values ``v``, the float32
-        quotient rounded half-even, its ties re-done on the float64 quotient (exact for
-        float32 operands) with ``away`` choosing ties away from zero, as the numpy path."""
-        for r in range(offs.size):
-            v = x[offs[r] : offs[r] + m]
-            o = out[r * m : (r + 1) * m]
-            sr = s[r]
-            tie = False
-            for j in range(m):  # branch-free, so it vectorises
-                t = np.float32(v[j] / sr)
-                q = np.float64(np.rint(t))
-                tie |= abs(np.float64(t) - q) == 0.5
-                q = min(max(q, lo), hi)
-                o[j] = np.uint8(np.int64(q) & mask)
-            if not tie:
-                continue
-            s64 = np.float64(sr)
-            for j in range(m):  # a row with a tie of the float32 quotient: redo those
-                t = np.float32(v[j] / sr)
-                if abs(np.float64(t) - np.float64(np.rint(t))) != 0.5:
+
+def _built(key: tuple[Any, ...], build: Any) -> Any:
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = build()
+    return k
+
+
+def _int_kernel(cols: bool) -> Any:
+    """float32 data: clip(round(v / s), lo, hi), the float32 quotient rounded half-even,
+    its ties re-done on the float64 quotient (exact for float32 operands) with ``away``
+    choosing ties away from zero, as the numpy path."""
+
+    def build() -> Any:
+        @njit(cache=True, nogil=True)
+        def kernel(x, offs, m, s2, srow, out, away, lo, hi, mask):  # type: ignore[no-untyped-def]
+            for r in range(offs.size):
+                v = x[offs[r] : offs[r] + m]
+                o = out[r * m : (r + 1) * m]
+                sv = s2[srow[r]]
+                sr = sv[0]
+                tie = False
+                for j in range(m):  # branch-free, so it vectorises
+                    t = np.float32(v[j] / (sv[j] if cols else sr))
+                    q = np.float64(np.rint(t))
+                    tie |= abs(np.float64(t) - q) == 0.5
+                    q = min(max(q, lo), hi)
+                    o[j] = np.uint8(np.int64(q) & mask)
+                if not tie:
                     continue
-                t64 = np.float64(v[j]) / s64
-                q = np.rint(t64)
-                if away:
-                    fl = np.floor(t64)
-                    if t64 - fl == 0.5:
-                        q = fl + 1.0 if t64 > 0 else fl
-                q = min(max(q, lo), hi)
-                o[j] = np.uint8(np.int64(q) & mask)
+                for j in range(m):  # a row with a tie of the float32 quotient: redo those
+                    sj = sv[j] if cols else sr
+                    t = np.float32(v[j] / sj)
+                    if abs(np.float64(t) - np.float64(np.rint(t))) != 0.5:
+                        continue
+                    t64 = np.float64(v[j]) / np.float64(sj)
+                    q = np.rint(t64)
+                    if away:
+                        fl = np.floor(t64)
+                        if t64 - fl == 0.5:
+                            q = fl + 1.0 if t64 > 0 else fl
+                    q = min(max(q, lo), hi)
+                    o[j] = np.uint8(np.int64(q) & mask)
 
-    @njit(cache=True, nogil=True)
-    def _scaled_int_kernel64(x, offs, m, s, out, lo, hi, mask, ties):  # type: ignore[no-untyped-def]
-        """float64 data: the float64 quotient rounded half-even; where it is exactly half
-        way (true tie, or one the division made) the index goes to ``ties`` for the exact
-        quotient. Return how many, or -1 when ``ties`` is full."""
-        nt = 0
-        for r in range(offs.size):
-            v = x[offs[r] : offs[r] + m]
-            o = out[r * m : (r + 1) * m]
-            s64 = np.float64(s[r])
-            tie = False
-            for j in range(m):  # branch-free, so it vectorises
-                t = v[j] / s64
-                q = np.rint(t)
-                tie |= abs(t - q) == 0.5
-                q = min(max(q, lo), hi)
-                o[j] = np.uint8(np.int64(q) & mask)
-            if not tie:
-                continue
-            for j in range(m):
-                t = v[j] / s64
-                if abs(t - np.rint(t)) == 0.5:
-                    if nt == ties.size:
-                        return -1
-                    ties[nt] = r * m + j
-                    nt += 1
-        return nt
+        return kernel
+
+    return _built(("int", cols), build)
+
+
+def _int64_kernel(cols: bool) -> Any:
+    """float64 data: the float64 quotient rounded half-even; where it is exactly half way
+    (a true tie, or one the division made) the index goes to ``ties`` for the exact
+    quotient. The kernel returns how many, or -1 when ``ties`` is full."""
+
+    def build() -> Any:
+        @njit(cache=True, nogil=True)
+        def kernel(x, offs, m, s2, srow, out, lo, hi, mask, ties):  # type: ignore[no-untyped-def]
+            nt = 0
+            for r in range(offs.size):
+                v = x[offs[r] : offs[r] + m]
+                o = out[r * m : (r + 1) * m]
+                sv = s2[srow[r]]
+                sr = np.float64(sv[0])
+                tie = False
+                for j in range(m):  # branch-free, so it vectorises
+                    t = v[j] / (np.float64(sv[j]) if cols else sr)
+                    q = np.rint(t)
+                    tie |= abs(t - q) == 0.5
+                    q = min(max(q, lo), hi)
+                    o[j] = np.uint8(np.int64(q) & mask)
+                if not tie:
+                    continue
+                for j in range(m):
+                    t = v[j] / (np.float64(sv[j]) if cols else sr)
+                    if abs(t - np.rint(t)) == 0.5:
+                        if nt == ties.size:
+                            return -1
+                        ties[nt] = r * m + j
+                        nt += 1
+            return nt
+
+        return kernel
+
+    return _built(("int64", cols), build)
+
+
+def _scale_at(s2: np.ndarray, srow: np.ndarray, cols: bool, r: Any, j: Any) -> np.ndarray:
+    """The scales of flat elements (row ``r``, column ``j``) as float64."""
+    return s2[srow[r], j if cols else 0].astype(np.float64)
 
 
 def scaled_int_codes(
@@ -183,14 +234,14 @@ def scaled_int_codes(
     found = _rows(V, S)
     if found is None:
         return None
-    (x, offs, m), s = found
+    (x, offs, m), s2, srow, cols = found
     out = np.empty(offs.size * m, dtype=np.uint8)
     mask = (1 << bits) - 1
     if V.dtype == np.float32:
-        _scaled_int_kernel(x, offs, m, s, out, bool(away), float(lo), float(hi), mask)
+        _int_kernel(cols)(x, offs, m, s2, srow, out, bool(away), float(lo), float(hi), mask)
         return out.reshape(V.shape)
     ties = np.empty(4096, dtype=np.int64)
-    nt = _scaled_int_kernel64(x, offs, m, s, out, float(lo), float(hi), mask, ties)
+    nt = _int64_kernel(cols)(x, offs, m, s2, srow, out, float(lo), float(hi), mask, ties)
     if nt < 0:
         return None
     if nt:  # the float64 quotient says half way: decide on the exact one
@@ -200,81 +251,80 @@ def scaled_int_codes(
         at = ties[:nt]
         r, j = at // m, at % m
         mode = Rounding.NEAREST_AWAY if away else Rounding.NEAREST_EVEN
-        q = exact_round_quotient(x[offs[r] + j], s[r].astype(np.float64), mode)
+        q = exact_round_quotient(x[offs[r] + j], _scale_at(s2, srow, cols, r, j), mode)
         out[at] = (np.clip(q, lo, hi).astype(np.int64) & mask).astype(np.uint8)
     return out.reshape(V.shape)
 
 
 # ---- small floats ------------------------------------------------------------------------
 
-_FLOAT_KERNELS: dict[tuple[int, int], Any] = {}
 
+def _float_kernel(mode: int, kind: int, cols: bool) -> Any:
+    """float32 data onto a small float format: the float32 quotient rounded by the
+    codec's float32 core; a block holding a quotient whose low bits are all zero (maybe a
+    boundary) redoes those from the float64 quotient. ``mode`` (0 even, 1 away) and
+    ``kind`` are compile-time constants too, so the first pass vectorises."""
 
-def _float_kernel(mode: int, kind: int) -> Any:
-    """The scaled-float kernel for a rounding mode (0 even, 1 away) and a format kind,
-    both compile-time constants so the first pass vectorises (built on first use)."""
-    k = _FLOAT_KERNELS.get((mode, kind))
-    if k is not None:
-        return k
-
-    @njit(cache=True, nogil=True)
-    def kernel(x, offs, m, s, out, P, T, P64, lowmask):  # type: ignore[no-untyped-def]
-        maxc = T[0]
-        low = np.uint32(lowmask)
-        zero = np.uint32(0)
-        for r in range(offs.size):
-            sr = s[r]
-            s64 = np.float64(sr)
-            for j0 in range(0, m, _BLOCK):
-                n = min(_BLOCK, m - j0)
-                v = x[offs[r] + j0 : offs[r] + j0 + n]
-                o = out[r * m + j0 : r * m + j0 + n]
-                edge = False
-                for j in range(n):
-                    t = np.float32(v[j] / sr)
-                    mag, neg, u, isnan, isinf = _round32(t, P, mode, kind)
-                    o[j] = np.uint8(_finish(mag, neg, u != zero, isnan, isinf, T, mode, kind))
-                    edge |= (_bits32(t) & low) == zero
-                if not edge:
-                    continue
-                for j in range(n):  # maybe a boundary: round the float64 quotient
-                    t = np.float32(v[j] / sr)
-                    if (_bits32(t) & low) != zero:
+    def build() -> Any:
+        @njit(cache=True, nogil=True)
+        def kernel(x, offs, m, s2, srow, out, P, T, P64, lowmask):  # type: ignore[no-untyped-def]
+            maxc = T[0]
+            low = np.uint32(lowmask)
+            zero = np.uint32(0)
+            for r in range(offs.size):
+                srv = s2[srow[r]]
+                sr = srv[0]
+                for j0 in range(0, m, _BLOCK):
+                    n = min(_BLOCK, m - j0)
+                    # 1-D slices: indexing with an offset stops vectorising
+                    v = x[offs[r] + j0 : offs[r] + j0 + n]
+                    o = out[r * m + j0 : r * m + j0 + n]
+                    sv = srv[j0 : j0 + n] if cols else srv
+                    edge = False
+                    for j in range(n):
+                        t = np.float32(v[j] / (sv[j] if cols else sr))
+                        mag, neg, u, isnan, isinf = _round32(t, P, mode, kind)
+                        o[j] = np.uint8(_finish(mag, neg, u != zero, isnan, isinf, T, mode, kind))
+                        edge |= (_bits32(t) & low) == zero
+                    if not edge:
                         continue
-                    w = _bits64(np.float64(v[j]) / s64)
+                    for j in range(n):  # maybe a boundary: round the float64 quotient
+                        sj = sv[j] if cols else sr
+                        t = np.float32(v[j] / sj)
+                        if (_bits32(t) & low) != zero:
+                            continue
+                        w = _bits64(np.float64(v[j]) / np.float64(sj))
+                        mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
+                        c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
+                        o[j] = np.uint8(c)
+
+        return kernel
+
+    return _built(("float", mode, kind, cols), build)
+
+
+def _float64_kernel(mode: int, cols: bool) -> Any:
+    """float64 data onto a small float format: the float64 quotient is what the codec
+    rounds, so every element goes through the float64 core once."""
+
+    def build() -> Any:
+        @njit(cache=True, nogil=True)
+        def kernel(x, offs, m, s2, srow, out, T, P64):  # type: ignore[no-untyped-def]
+            maxc = T[0]
+            for r in range(offs.size):
+                sv = s2[srow[r]]
+                sr = np.float64(sv[0])
+                v = x[offs[r] : offs[r] + m]
+                o = out[r * m : (r + 1) * m]
+                for j in range(m):
+                    w = _bits64(v[j] / (np.float64(sv[j]) if cols else sr))
                     mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
                     c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
                     o[j] = np.uint8(c)
 
-    _FLOAT_KERNELS[(mode, kind)] = kernel
-    return kernel
+        return kernel
 
-
-_FLOAT64_KERNELS: dict[int, Any] = {}
-
-
-def _float64_kernel(mode: int) -> Any:
-    """The scaled-float kernel for float64 data: the float64 quotient is what the codec
-    rounds, so every element goes through the float64 core once (built on first use)."""
-    k = _FLOAT64_KERNELS.get(mode)
-    if k is not None:
-        return k
-
-    @njit(cache=True, nogil=True)
-    def kernel(x, offs, m, s, out, T, P64):  # type: ignore[no-untyped-def]
-        maxc = T[0]
-        for r in range(offs.size):
-            s64 = np.float64(s[r])
-            v = x[offs[r] : offs[r] + m]
-            o = out[r * m : (r + 1) * m]
-            for j in range(m):
-                w = _bits64(v[j] / s64)
-                mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
-                c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
-                o[j] = np.uint8(c)
-
-    _FLOAT64_KERNELS[mode] = kernel
-    return kernel
+    return _built(("float64", mode, cols), build)
 
 
 def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.ndarray | None:
@@ -292,14 +342,14 @@ def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.
     found = _rows(V, S)
     if found is None or not _usable_scales(found[1]):
         return None
-    (x, offs, m), s = found
+    (x, offs, m), s2, srow, cols = found
     out = np.empty(offs.size * m, dtype=np.uint8)
+    P64 = _fast._round64_params(fmt, mode)
     if V.dtype == np.float64:
-        _float64_kernel(mode)(x, offs, m, s, out, T, _fast._round64_params(fmt, mode))
-        return out.reshape(V.shape)
-    low = (1 << (23 - (fmt.mbits + 1))) - 1
-    kernel = _float_kernel(mode, _fast._kind(fmt))
-    kernel(x, offs, m, s, out, P, T, _fast._round64_params(fmt, mode), low)
+        _float64_kernel(mode, cols)(x, offs, m, s2, srow, out, T, P64)
+    else:
+        low = (1 << (23 - (fmt.mbits + 1))) - 1
+        _float_kernel(mode, _fast._kind(fmt), cols)(x, offs, m, s2, srow, out, P, T, P64, low)
     return out.reshape(V.shape)
 
 
@@ -329,54 +379,63 @@ def _valueset_table(fmt: Any) -> tuple[np.ndarray, np.ndarray, np.float32, float
     return table, mids, np.float32(lo * inv_w), inv_w
 
 
+def _valueset_kernel(cols: bool) -> Any:
+    """Codes from the bin table (``k2``: bins per unit of the quotient, per scale); the
+    (row, block start) pairs holding a risky bin go to ``flagged``; returns how many."""
+
+    def build() -> Any:
+        @njit(cache=True, nogil=True)
+        def kernel(x, offs, m, k2, srow, out, table, lo_w, flagged):  # type: ignore[no-untyped-def]
+            top = np.float32(table.size - 1)
+            nb = min(m, _BLOCK)
+            bins = np.empty(nb, dtype=np.int32)
+            nf = 0
+            for r in range(offs.size):
+                kv = k2[srow[r]]
+                kr = kv[0]
+                for j0 in range(0, m, nb):
+                    n = min(nb, m - j0)
+                    v = x[offs[r] + j0 : offs[r] + j0 + n]
+                    o = out[r * m + j0 : r * m + j0 + n]
+                    kb = kv[j0 : j0 + n] if cols else kv
+                    for j in range(n):  # vectorises: the bin index of each quotient
+                        b = np.float32(v[j] * (kb[j] if cols else kr)) - lo_w
+                        bins[j] = np.int32(min(max(b, np.float32(0)), top))
+                    risky = np.uint8(0)
+                    for j in range(n):
+                        c = table[bins[j]]
+                        o[j] = c & np.uint8(127)
+                        risky |= c
+                    if risky >= np.uint8(128):
+                        flagged[nf, 0] = r
+                        flagged[nf, 1] = j0
+                        nf += 1
+            return nf
+
+        return kernel
+
+    return _built(("valueset", cols), build)
+
+
 if HAVE_NUMBA:
 
     @njit(cache=True, nogil=True)
-    def _valueset_pass(x, offs, m, s, out, table, lo_w, inv_w, flagged):  # type: ignore[no-untyped-def]
-        """Codes from the bin table; the (row, block start) pairs holding a risky bin go
-        to ``flagged``; return how many."""
-        top = np.float32(table.size - 1)
-        nb = min(m, _BLOCK)
-        bins = np.empty(nb, dtype=np.int32)
-        nf = 0
-        for r in range(offs.size):
-            k = np.float32(inv_w / np.float64(s[r]))
-            for j0 in range(0, m, nb):
-                n = min(nb, m - j0)
-                v = x[offs[r] + j0 : offs[r] + j0 + n]
-                o = out[r * m + j0 : r * m + j0 + n]
-                for j in range(n):  # vectorises: the bin index of each quotient
-                    b = np.float32(v[j] * k) - lo_w
-                    bins[j] = np.int32(min(max(b, np.float32(0)), top))
-                risky = np.uint8(0)
-                for j in range(n):
-                    c = table[bins[j]]
-                    o[j] = c & np.uint8(127)
-                    risky |= c
-                if risky >= np.uint8(128):
-                    flagged[nf, 0] = r
-                    flagged[nf, 1] = j0
-                    nf += 1
-        return nf
-
-    @njit(cache=True, nogil=True)
-    def _valueset_redo(x, offs, m, s, out, table, mids, lo_w, inv_w, flagged, nf, ties):  # type: ignore[no-untyped-def]
+    def _valueset_redo(x, offs, m, s2, k2, srow, cstep, out, table, mids, lo_w, flagged, nf, ties):  # type: ignore[no-untyped-def]
         """The flagged blocks' risky elements: count the midpoints below the float64
-        quotient; exact ties go to ``ties`` (indices into ``out``). Return how many, or
-        -1 when ``ties`` is full."""
+        quotient (scale ``s2[srow[r], j * cstep]``); exact ties go to ``ties`` (indices
+        into ``out``). Return how many, or -1 when ``ties`` is full."""
         top = np.float32(table.size - 1)
         nb = min(m, _BLOCK)
         nt = 0
         for f in range(nf):
             r = flagged[f, 0]
-            k = np.float32(inv_w / np.float64(s[r]))
-            s64 = np.float64(s[r])
+            row = srow[r]
             for j in range(flagged[f, 1], min(flagged[f, 1] + nb, m)):
                 v = x[offs[r] + j]
-                b = np.float32(v * k) - lo_w
+                b = np.float32(v * k2[row, j * cstep]) - lo_w
                 if table[np.int32(min(max(b, np.float32(0)), top))] < np.uint8(128):
                     continue
-                t = np.float64(v) / s64
+                t = np.float64(v) / np.float64(s2[row, j * cstep])
                 c = 0
                 for q in range(mids.size):
                     c += t > mids[q]
@@ -399,21 +458,24 @@ def scaled_valueset_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: Any) -> 
     found = _rows(V, S)
     if found is None or not _usable_scales(found[1]):
         return None
-    (x, offs, m), s = found
+    (x, offs, m), s2, srow, cols = found
     table, mids, lo_w, inv_w = _valueset_table(fmt)
-    if np.any(inv_w / s.astype(np.float64) > np.finfo(np.float32).max):
+    k64 = inv_w / s2.astype(np.float64)
+    if np.any(k64 > np.finfo(np.float32).max):
         return None  # a tiny scale: the bin index would overflow float32
+    k2 = k64.astype(np.float32)
     out = np.empty(offs.size * m, dtype=np.uint8)
     flagged = np.empty((offs.size * -(-m // _BLOCK), 2), dtype=np.int64)
-    nf = _valueset_pass(x, offs, m, s, out, table, lo_w, inv_w, flagged)
+    nf = _valueset_kernel(cols)(x, offs, m, k2, srow, out, table, lo_w, flagged)
     ties = np.empty(1024, dtype=np.int64)
-    nt = _valueset_redo(x, offs, m, s, out, table, mids, lo_w, inv_w, flagged, nf, ties)
+    cstep = int(cols)
+    nt = _valueset_redo(x, offs, m, s2, k2, srow, cstep, out, table, mids, lo_w, flagged, nf, ties)
     if nt < 0:
         return None
     if nt:  # exact midpoints: the codec's tie rule
         at = ties[:nt]
         r, j = at // m, at % m
-        t = x[offs[r] + j].astype(np.float64) / s[r].astype(np.float64)
+        t = x[offs[r] + j].astype(np.float64) / _scale_at(s2, srow, cols, r, j)
         out[at] = fmt.encode(t, rounding=mode.value, saturate=True, nan="zero")
     return out.reshape(V.shape)
 
@@ -427,20 +489,31 @@ if HAVE_NUMBA:
         for i in range(c.size // 2):
             out[i] = np.uint8(c[2 * i] | (c[2 * i + 1] << np.uint8(4)))
 
-    @njit(cache=True, nogil=True)
-    def _dequant_kernel(codes, table, s, z, has_z, y, offs, m):  # type: ignore[no-untyped-def]
-        """Row ``r`` of ``y``: ``(table[code] - z[r]) * s[r]`` in the table's dtype."""
-        for r in range(offs.size):
-            c = codes[r * m : (r + 1) * m]
-            o = y[offs[r] : offs[r] + m]
-            sr = s[r]
-            if has_z:
-                zr = z[r]
-                for j in range(m):
-                    o[j] = (table[c[j]] - zr) * sr
-            else:
-                for j in range(m):
-                    o[j] = table[c[j]] * sr
+
+def _dequant_kernel(cols: bool) -> Any:
+    """Row ``r`` of ``y``: ``(table[code] - z) * s`` in the table's dtype."""
+
+    def build() -> Any:
+        @njit(cache=True, nogil=True)
+        def kernel(codes, table, s2, z2, has_z, y, offs, m, srow):  # type: ignore[no-untyped-def]
+            for r in range(offs.size):
+                c = codes[r * m : (r + 1) * m]
+                o = y[offs[r] : offs[r] + m]
+                sv = s2[srow[r]]
+                sr = sv[0]
+                if has_z:
+                    zv = z2[srow[r]]
+                    zr = zv[0]
+                    for j in range(m):
+                        zj = zv[j] if cols else zr
+                        o[j] = (table[c[j]] - zj) * (sv[j] if cols else sr)
+                else:
+                    for j in range(m):
+                        o[j] = table[c[j]] * (sv[j] if cols else sr)
+
+        return kernel
+
+    return _built(("dequant", cols), build)
 
 
 def pack4(flat: np.ndarray) -> np.ndarray | None:
@@ -464,13 +537,13 @@ def dequantize8(
     found = _rows(dst, S, dst.dtype)
     if found is None or codes.size != dst.size:
         return False
-    (y, offs, m), s = found
-    z = s[:0]
+    (y, offs, m), s2, srow, cols = found
+    z2 = s2
     if Z is not None:
         if Z.shape != S.shape:
             return False
-        z = _rows(dst, Z, dst.dtype)[1]  # type: ignore[index]
-    _dequant_kernel(codes.reshape(-1), table, s, z, Z is not None, y, offs, m)
+        z2 = _rows(dst, Z, dst.dtype)[1]  # type: ignore[index]
+    _dequant_kernel(cols)(codes.reshape(-1), table, s2, z2, Z is not None, y, offs, m, srow)
     return True
 
 
