@@ -326,9 +326,11 @@ def test_the_kernels_do_run() -> None:
     assert _fastquant.scaled_float_codes(x, s / 448, lowbit.format("fp8_e4m3"), 0) is not None
     assert _fastquant.scaled_int_codes(x, s / 127, False, -128, 127, 8) is not None
     cols = np.full((1, 64), 0.5, dtype=np.float32)  # column mode: a scale per column
-    got = _fastquant.scaled_int_codes(x, cols, False, -128, 127, 8)
+    got = _fastquant.scaled_valueset_codes(
+        x, cols, lowbit.format("nf4"), _qengine.Rounding.NEAREST_EVEN
+    )
     assert got is not None
-    np.testing.assert_array_equal(got.view(np.int8), np.rint(x / 0.5).astype(np.int8))
+    assert _fastquant.scaled_int_codes(x, cols, False, -128, 127, 8) is None  # numpy's is faster
     assert _fastquant.scaled_int_codes(x[:, ::2], s / 127, False, -128, 127, 8) is None
 
 
@@ -339,20 +341,20 @@ def test_nested_map_chunks_runs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fmt", "kernel"),
+    ("fmt", "kernel", "axis"),
     [
-        ("int4", "scaled_int_codes"),
-        ("nf4", "scaled_valueset_codes"),
-        ("fp4_e2m1", "scaled_float_codes"),
+        ("int4", "scaled_int_codes", -1),
+        ("nf4", "scaled_valueset_codes", -1),
+        ("fp4_e2m1", "scaled_float_codes", -1),
+        ("nf4", "scaled_valueset_codes", 0),  # column mode
     ],
 )
-@pytest.mark.parametrize("axis", [-1, 0])
 def test_kernels_take_ragged_groups(
     fmt: str, kernel: str, axis: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Groups of 128 along rows of 576 (SmolLM2's width: a ragged last group of 64) go
-    through the kernels as strided row views, and along columns (axis 0) in column mode,
-    and agree with the numpy path."""
+    through the kernels as strided row views (NF4 along columns too, in column mode), and
+    agree with the numpy path."""
     calls: list[bool] = []
     real = getattr(_fastquant, kernel)
 

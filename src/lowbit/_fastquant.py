@@ -126,10 +126,12 @@ def _usable_scales(s: np.ndarray) -> bool:
 # ---- kernels, built per layout --------------------------------------------------------
 #
 # Every kernel takes the rows (``x``, ``offs``, ``m``), a 2-D scale table ``s2`` and the
-# table row of each data row ``srow``. In row mode (``cols`` False) the table has one
-# column, one scale per row; in column mode each table row holds a scale per column
-# (per-channel on the last axis, groups along the first). ``cols`` is a compile-time
-# constant of the kernel, so the row-mode loop keeps its scale in a register.
+# table row of each data row ``srow``. In row mode the table has one column, one scale
+# per row; in column mode each table row holds a scale per column (per-channel on the
+# last axis, groups along the first). The integer and float kernels take row mode only:
+# LLVM does not vectorise a divide by a loaded vector here (measured 3-4x slower than
+# numpy), so column mode goes to numpy there. The value-set and dequantize kernels, which
+# gain either way, take both, with ``cols`` a compile-time constant of the kernel.
 
 _KERNELS: dict[tuple[Any, ...], Any] = {}
 
@@ -141,10 +143,10 @@ def _built(key: tuple[Any, ...], build: Any) -> Any:
     return k
 
 
-def _int_kernel(cols: bool) -> Any:
+def _int_kernel() -> Any:
     """float32 data: clip(round(v / s), lo, hi), the float32 quotient rounded half-even,
     its ties re-done on the float64 quotient (exact for float32 operands) with ``away``
-    choosing ties away from zero, as the numpy path."""
+    choosing ties away from zero, as the numpy path (row mode)."""
 
     def build() -> Any:
         @njit(cache=True, nogil=True)
@@ -152,11 +154,10 @@ def _int_kernel(cols: bool) -> Any:
             for r in range(offs.size):
                 v = x[offs[r] : offs[r] + m]
                 o = out[r * m : (r + 1) * m]
-                sv = s2[srow[r]]
-                sr = sv[0]
+                sr = s2[srow[r], 0]
                 tie = False
                 for j in range(m):  # branch-free, so it vectorises
-                    t = np.float32(v[j] / (sv[j] if cols else sr))
+                    t = np.float32(v[j] / sr)
                     q = np.float64(np.rint(t))
                     tie |= abs(np.float64(t) - q) == 0.5
                     q = min(max(q, lo), hi)
@@ -164,11 +165,10 @@ def _int_kernel(cols: bool) -> Any:
                 if not tie:
                     continue
                 for j in range(m):  # a row with a tie of the float32 quotient: redo those
-                    sj = sv[j] if cols else sr
-                    t = np.float32(v[j] / sj)
+                    t = np.float32(v[j] / sr)
                     if abs(np.float64(t) - np.float64(np.rint(t))) != 0.5:
                         continue
-                    t64 = np.float64(v[j]) / np.float64(sj)
+                    t64 = np.float64(v[j]) / np.float64(sr)
                     q = np.rint(t64)
                     if away:
                         fl = np.floor(t64)
@@ -179,13 +179,13 @@ def _int_kernel(cols: bool) -> Any:
 
         return kernel
 
-    return _built(("int", cols), build)
+    return _built(("int",), build)
 
 
-def _int64_kernel(cols: bool) -> Any:
+def _int64_kernel() -> Any:
     """float64 data: the float64 quotient rounded half-even; where it is exactly half way
     (a true tie, or one the division made) the index goes to ``ties`` for the exact
-    quotient. The kernel returns how many, or -1 when ``ties`` is full."""
+    quotient. The kernel returns how many, or -1 when ``ties`` is full (row mode)."""
 
     def build() -> Any:
         @njit(cache=True, nogil=True)
@@ -194,11 +194,10 @@ def _int64_kernel(cols: bool) -> Any:
             for r in range(offs.size):
                 v = x[offs[r] : offs[r] + m]
                 o = out[r * m : (r + 1) * m]
-                sv = s2[srow[r]]
-                sr = np.float64(sv[0])
+                sr = np.float64(s2[srow[r], 0])
                 tie = False
                 for j in range(m):  # branch-free, so it vectorises
-                    t = v[j] / (np.float64(sv[j]) if cols else sr)
+                    t = v[j] / sr
                     q = np.rint(t)
                     tie |= abs(t - q) == 0.5
                     q = min(max(q, lo), hi)
@@ -206,7 +205,7 @@ def _int64_kernel(cols: bool) -> Any:
                 if not tie:
                     continue
                 for j in range(m):
-                    t = v[j] / (np.float64(sv[j]) if cols else sr)
+                    t = v[j] / sr
                     if abs(t - np.rint(t)) == 0.5:
                         if nt == ties.size:
                             return -1
@@ -216,7 +215,7 @@ def _int64_kernel(cols: bool) -> Any:
 
         return kernel
 
-    return _built(("int64", cols), build)
+    return _built(("int64",), build)
 
 
 def _scale_at(s2: np.ndarray, srow: np.ndarray, cols: bool, r: Any, j: Any) -> np.ndarray:
@@ -235,13 +234,15 @@ def scaled_int_codes(
     if found is None:
         return None
     (x, offs, m), s2, srow, cols = found
+    if cols:  # a scale per column: LLVM does not vectorise that divide; numpy's is faster
+        return None
     out = np.empty(offs.size * m, dtype=np.uint8)
     mask = (1 << bits) - 1
     if V.dtype == np.float32:
-        _int_kernel(cols)(x, offs, m, s2, srow, out, bool(away), float(lo), float(hi), mask)
+        _int_kernel()(x, offs, m, s2, srow, out, bool(away), float(lo), float(hi), mask)
         return out.reshape(V.shape)
     ties = np.empty(4096, dtype=np.int64)
-    nt = _int64_kernel(cols)(x, offs, m, s2, srow, out, float(lo), float(hi), mask, ties)
+    nt = _int64_kernel()(x, offs, m, s2, srow, out, float(lo), float(hi), mask, ties)
     if nt < 0:
         return None
     if nt:  # the float64 quotient says half way: decide on the exact one
@@ -251,7 +252,7 @@ def scaled_int_codes(
         at = ties[:nt]
         r, j = at // m, at % m
         mode = Rounding.NEAREST_AWAY if away else Rounding.NEAREST_EVEN
-        q = exact_round_quotient(x[offs[r] + j], _scale_at(s2, srow, cols, r, j), mode)
+        q = exact_round_quotient(x[offs[r] + j], _scale_at(s2, srow, False, r, j), mode)
         out[at] = (np.clip(q, lo, hi).astype(np.int64) & mask).astype(np.uint8)
     return out.reshape(V.shape)
 
@@ -259,11 +260,11 @@ def scaled_int_codes(
 # ---- small floats ------------------------------------------------------------------------
 
 
-def _float_kernel(mode: int, kind: int, cols: bool) -> Any:
+def _float_kernel(mode: int, kind: int) -> Any:
     """float32 data onto a small float format: the float32 quotient rounded by the
     codec's float32 core; a block holding a quotient whose low bits are all zero (maybe a
     boundary) redoes those from the float64 quotient. ``mode`` (0 even, 1 away) and
-    ``kind`` are compile-time constants too, so the first pass vectorises."""
+    ``kind`` are compile-time constants, so the first pass vectorises (row mode)."""
 
     def build() -> Any:
         @njit(cache=True, nogil=True)
@@ -272,59 +273,55 @@ def _float_kernel(mode: int, kind: int, cols: bool) -> Any:
             low = np.uint32(lowmask)
             zero = np.uint32(0)
             for r in range(offs.size):
-                srv = s2[srow[r]]
-                sr = srv[0]
+                sr = s2[srow[r], 0]
                 for j0 in range(0, m, _BLOCK):
                     n = min(_BLOCK, m - j0)
                     # 1-D slices: indexing with an offset stops vectorising
                     v = x[offs[r] + j0 : offs[r] + j0 + n]
                     o = out[r * m + j0 : r * m + j0 + n]
-                    sv = srv[j0 : j0 + n] if cols else srv
                     edge = False
                     for j in range(n):
-                        t = np.float32(v[j] / (sv[j] if cols else sr))
+                        t = np.float32(v[j] / sr)
                         mag, neg, u, isnan, isinf = _round32(t, P, mode, kind)
                         o[j] = np.uint8(_finish(mag, neg, u != zero, isnan, isinf, T, mode, kind))
                         edge |= (_bits32(t) & low) == zero
                     if not edge:
                         continue
                     for j in range(n):  # maybe a boundary: round the float64 quotient
-                        sj = sv[j] if cols else sr
-                        t = np.float32(v[j] / sj)
+                        t = np.float32(v[j] / sr)
                         if (_bits32(t) & low) != zero:
                             continue
-                        w = _bits64(np.float64(v[j]) / np.float64(sj))
+                        w = _bits64(np.float64(v[j]) / np.float64(sr))
                         mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
                         c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
                         o[j] = np.uint8(c)
 
         return kernel
 
-    return _built(("float", mode, kind, cols), build)
+    return _built(("float", mode, kind), build)
 
 
-def _float64_kernel(mode: int, cols: bool) -> Any:
+def _float64_kernel(mode: int) -> Any:
     """float64 data onto a small float format: the float64 quotient is what the codec
-    rounds, so every element goes through the float64 core once."""
+    rounds, so every element goes through the float64 core once (row mode)."""
 
     def build() -> Any:
         @njit(cache=True, nogil=True)
         def kernel(x, offs, m, s2, srow, out, T, P64):  # type: ignore[no-untyped-def]
             maxc = T[0]
             for r in range(offs.size):
-                sv = s2[srow[r]]
-                sr = np.float64(sv[0])
+                sr = np.float64(s2[srow[r], 0])
                 v = x[offs[r] : offs[r] + m]
                 o = out[r * m : (r + 1) * m]
                 for j in range(m):
-                    w = _bits64(v[j] / (np.float64(sv[j]) if cols else sr))
+                    w = _bits64(v[j] / sr)
                     mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
                     c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
                     o[j] = np.uint8(c)
 
         return kernel
 
-    return _built(("float64", mode, cols), build)
+    return _built(("float64", mode), build)
 
 
 def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.ndarray | None:
@@ -343,13 +340,15 @@ def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.
     if found is None or not _usable_scales(found[1]):
         return None
     (x, offs, m), s2, srow, cols = found
+    if cols:  # a scale per column: LLVM does not vectorise that divide; numpy's is faster
+        return None
     out = np.empty(offs.size * m, dtype=np.uint8)
     P64 = _fast._round64_params(fmt, mode)
     if V.dtype == np.float64:
-        _float64_kernel(mode, cols)(x, offs, m, s2, srow, out, T, P64)
+        _float64_kernel(mode)(x, offs, m, s2, srow, out, T, P64)
     else:
         low = (1 << (23 - (fmt.mbits + 1))) - 1
-        _float_kernel(mode, _fast._kind(fmt), cols)(x, offs, m, s2, srow, out, P, T, P64, low)
+        _float_kernel(mode, _fast._kind(fmt))(x, offs, m, s2, srow, out, P, T, P64, low)
     return out.reshape(V.shape)
 
 
