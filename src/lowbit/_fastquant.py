@@ -2,12 +2,12 @@
 
 Each entry point takes a chunk as ``_qengine`` holds it (a 4-D view and its broadcasting
 scales), returns None when numba is missing, ``_fast.numpy_only()`` is on, or the layout
-does not fit, and the caller then takes the numpy path. Every layout whose last axis
-(trailing axes of extent 1 dropped) is contiguous fits: in row mode the scales are one
+does not fit, and the caller then takes the numpy path. Layouts whose last axis
+(trailing axes of extent 1 dropped) is contiguous fit: in row mode the scales are one
 number or constant along that axis (per-tensor, per-channel on a leading axis, groups
 and blocks along the last axis, the strided views of a ragged last group); in column
 mode they vary along it (per-channel on the last axis, groups along a leading one), one
-row of a scale table per data row. Kernels see the rows as offsets into one contiguous
+row of a scale table per data row, which only the value-set and dequantize kernels take. Kernels see the rows as offsets into one contiguous
 1-D view of the memory they lie in, so every inner loop runs over a contiguous slice
 and vectorises.
 
