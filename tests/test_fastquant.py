@@ -199,6 +199,11 @@ def test_extreme_scales_and_nonfinite(fmt: str) -> None:
     _same(x * np.float32(1e-42), fmt)
     _same(x.astype(np.float64) * 1e-300, fmt)
     _same(x.astype(np.float64) * 1e300, fmt)
+    # a clip far below an outlier: the float32 quotient overflows to infinity, and saturates
+    y = np.full((4, 64), 1e-3, dtype=np.float32)
+    y[0, 0], y[1, 5] = 3e38, -3e38
+    _same(y, fmt, scale_method="percentile", percentile=50.0)
+    _same(y, fmt, scale_method="percentile", percentile=50.0, axis=0)
     _same(x / np.abs(x).max() * np.float32(3e38), fmt)
     y = x.copy()
     y[0, 3] = np.nan

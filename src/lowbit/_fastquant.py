@@ -43,6 +43,7 @@ if HAVE_NUMBA:
 
     from lowbit._kernels import (
         _GENERIC,
+        _SIGNED,
         _bits32,
         _bits64,
         _finish,
@@ -270,6 +271,9 @@ def _float_kernel(mode: int, kind: int) -> Any:
         @njit(cache=True, nogil=True)
         def kernel(x, offs, m, s2, srow, out, P, T, P64, lowmask):  # type: ignore[no-untyped-def]
             maxc = T[0]
+            maxc32 = np.int32(maxc)
+            sbit = np.uint32(T[1])
+            keeps = T[2] != 0
             low = np.uint32(lowmask)
             zero = np.uint32(0)
             for r in range(offs.size):
@@ -283,7 +287,13 @@ def _float_kernel(mode: int, kind: int) -> Any:
                     for j in range(n):
                         t = np.float32(v[j] / sr)
                         mag, neg, u, isnan, isinf = _round32(t, P, mode, kind)
-                        o[j] = np.uint8(_finish(mag, neg, u != zero, isnan, isinf, T, mode, kind))
+                        if kind == _SIGNED:  # no NaN here, saturating: clamp, then the sign
+                            mag = min(mag, maxc32)
+                            keep = (mag != np.int32(0)) | keeps
+                            c = np.uint32(mag) | (sbit if neg & keep else zero)
+                        else:
+                            c = _finish(mag, neg, u != zero, isnan, isinf, T, mode, kind)
+                        o[j] = np.uint8(c)
                         edge |= (_bits32(t) & low) == zero
                     if not edge:
                         continue
