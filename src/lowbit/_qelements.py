@@ -175,6 +175,8 @@ def _float_nearest(V: np.ndarray, S: np.ndarray, fmt: Format, mode: Rounding) ->
     return code
 
 
+# A clip far below an outlier makes x/s overflow: that saturates, and is no error.
+@np.errstate(over="ignore", invalid="ignore")
 def encode_chunk(
     V: np.ndarray,
     S: np.ndarray,
@@ -191,21 +193,6 @@ def encode_chunk(
         Z3 = None if Z is None else Z[..., 0]
         T3 = None if T is None else T[..., 0]
         return encode_chunk(V[..., 0], S[..., 0], Z3, T3, fmt, scheme, mode, rng)[..., None]
-    # a clip far below an outlier makes x/s overflow: that saturates, and is no error
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _encode(V, S, Z, T, fmt, scheme, mode, rng)
-
-
-def _encode(
-    V: np.ndarray,
-    S: np.ndarray,
-    Z: np.ndarray | None,
-    T: np.ndarray | None,
-    fmt: Format,
-    scheme: Scheme,
-    mode: Rounding,
-    rng: np.random.Generator | None,
-) -> np.ndarray:
     kind = fmt.kind
     if T is not None and mode in _NEAREST:  # binary / ternary thresholds (BNN, TWN)
         if fmt.name == "binary":
