@@ -35,43 +35,25 @@ _MANT64 = np.uint64((1 << 52) - 1)
 _IMPLICIT64 = np.uint64(1 << 52)
 
 
-@intrinsic
-def _bits64(typingctx: Any, x: Any) -> Any:
-    """The bit pattern of a float64 as uint64 (a register bitcast)."""
-    if x != types.float64:
-        return None
-    sig = types.uint64(types.float64)
+def _bitcast(src: Any, dst: Any, llvm_type: Any, doc: str) -> Any:
+    """An intrinsic reinterpreting a ``src`` scalar's bits as ``dst`` (a register bitcast)."""
 
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.bitcast(args[0], _llir.IntType(64))
+    def impl(typingctx: Any, x: Any) -> Any:
+        if x != src:
+            return None
 
-    return sig, codegen
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], llvm_type)
 
+        return dst(src), codegen
 
-@intrinsic
-def _bits32(typingctx: Any, x: Any) -> Any:
-    """The bit pattern of a float32 as uint32 (a register bitcast)."""
-    if x != types.float32:
-        return None
-    sig = types.uint32(types.float32)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.bitcast(args[0], _llir.IntType(32))
-
-    return sig, codegen
+    impl.__doc__ = doc
+    return intrinsic(impl)
 
 
-@intrinsic
-def _f32_of(typingctx: Any, x: Any) -> Any:
-    """The float32 whose bit pattern is uint32 ``x``."""
-    if x != types.uint32:
-        return None
-    sig = types.float32(types.uint32)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.bitcast(args[0], _llir.FloatType())
-
-    return sig, codegen
+_bits64 = _bitcast(types.float64, types.uint64, _llir.IntType(64), "float64 bits as uint64")
+_bits32 = _bitcast(types.float32, types.uint32, _llir.IntType(32), "float32 bits as uint32")
+_f32_of = _bitcast(types.uint32, types.float32, _llir.FloatType(), "the float32 of uint32 bits")
 
 
 @njit(inline="always")
