@@ -24,15 +24,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _best(fn: Any, repeat: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from _timing import best
 
 
 def _torch_int4_g128(torch: Any) -> Any:
@@ -78,8 +70,8 @@ def run(quick: bool = False) -> str:
     numel = sum(w.size for w in weights)
     repeat = 1 if quick else 3
 
-    t_lowbit = _best(lambda: [lowbit.quantize(w, scheme) for w in weights], repeat)
-    t_copy = _best(lambda: [w.copy() for w in weights], repeat)
+    t_lowbit = best(lambda: [lowbit.quantize(w, scheme) for w in weights], repeat)
+    t_copy = best(lambda: [w.copy() for w in weights], repeat)
 
     import torch
 
@@ -89,7 +81,7 @@ def run(quick: bool = False) -> str:
     by_threads = {}
     for n in (1, 2):  # OpenMP's 2 threads can be far slower than 1 on a busy machine
         torch.set_num_threads(n)
-        by_threads[n] = _best(lambda: [tq(w) for w in tw], repeat)
+        by_threads[n] = best(lambda: [tq(w) for w in tw], repeat)
     torch.set_num_threads(old_threads)
     torch_threads = min(by_threads, key=lambda n: by_threads[n])
     t_torch = by_threads[torch_threads]

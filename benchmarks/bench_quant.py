@@ -9,20 +9,11 @@ bytes of the matrix (64 MiB) per second.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-
-def _best(fn: Any, repeat: int) -> float:
-    fn()  # warm up (caches, lazy tables, numba compilation)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from _timing import best
 
 
 def _torch_cases(torch: Any) -> dict[str, tuple[Any, Any]]:
@@ -113,9 +104,9 @@ def _bitsandbytes_nf4(torch: Any, x: np.ndarray, repeat: int, rows: list) -> str
         return "bitsandbytes is not installed here: its CPU NF4 path was not measured."
     tx = torch.from_numpy(x)
     try:
-        tq = _best(lambda: bnbf.quantize_4bit(tx, blocksize=64, quant_type="nf4"), repeat)
+        tq = best(lambda: bnbf.quantize_4bit(tx, blocksize=64, quant_type="nf4"), repeat)
         q, st = bnbf.quantize_4bit(tx, blocksize=64, quant_type="nf4")
-        td = _best(lambda: bnbf.dequantize_4bit(q, st), repeat)
+        td = best(lambda: bnbf.dequantize_4bit(q, st), repeat)
     except Exception as exc:  # pragma: no cover - depends on the build
         return f"bitsandbytes' CPU NF4 failed here: {type(exc).__name__}"
     _, _, oq, od, _, _ = next(r for r in rows if r[0] == "nf4 b64")
@@ -157,7 +148,7 @@ def run(quick: bool = False) -> str:
     x = rng.standard_normal((n, n)).astype(np.float32)
     gb = x.nbytes / 1e9
     dst = np.empty_like(x)
-    t_copy = _best(lambda: np.copyto(dst, x), repeat)
+    t_copy = best(lambda: np.copyto(dst, x), repeat)
     copy_bw = gb / t_copy
 
     try:
@@ -177,12 +168,12 @@ def run(quick: bool = False) -> str:
     timed = {}
     serial_rows = []
     for label, (fmt, kw) in CASES.items():
-        tq = _best(lambda fmt=fmt, kw=kw: lowbit.quantize(x, fmt, **kw), repeat)
+        tq = best(lambda fmt=fmt, kw=kw: lowbit.quantize(x, fmt, **kw), repeat)
         qt = lowbit.quantize(x, fmt, **kw)
-        td = _best(lambda qt=qt: qt.dequantize(), repeat)
+        td = best(lambda qt=qt: qt.dequantize(), repeat)
         with _parallel.serial():
-            sq = _best(lambda fmt=fmt, kw=kw: lowbit.quantize(x, fmt, **kw), repeat)
-            sd = _best(lambda qt=qt: qt.dequantize(), repeat)
+            sq = best(lambda fmt=fmt, kw=kw: lowbit.quantize(x, fmt, **kw), repeat)
+            sd = best(lambda qt=qt: qt.dequantize(), repeat)
         serial_rows.append((label, sq, sd))
         timed[label] = (qt.bits_per_value, tq, td)
     rows = []
@@ -190,9 +181,9 @@ def run(quick: bool = False) -> str:
         peer_q = peer_d = None
         if label in tcases:
             q_fn, d_fn = tcases[label]
-            peer_q = _best(lambda q_fn=q_fn: q_fn(tx), repeat)
+            peer_q = best(lambda q_fn=q_fn: q_fn(tx), repeat)
             st = q_fn(tx)
-            peer_d = _best(lambda d_fn=d_fn, st=st: d_fn(st), repeat)
+            peer_d = best(lambda d_fn=d_fn, st=st: d_fn(st), repeat)
         rows.append((label, bpv, tq, td, peer_q, peer_d))
     bnb_note = _bitsandbytes_nf4(torch, x, repeat, rows)
 
