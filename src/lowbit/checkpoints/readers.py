@@ -247,7 +247,9 @@ def _parse_safetensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str
     return infos, header.metadata
 
 
-class _SafetensorsBase(Checkpoint):
+class _Indexed(Checkpoint):
+    """A checkpoint whose header gave every tensor's TensorInfo up front (``_infos``)."""
+
     _infos: dict[str, TensorInfo]
 
     def info(self, name: str) -> TensorInfo:
@@ -259,6 +261,8 @@ class _SafetensorsBase(Checkpoint):
     def names(self) -> list[str]:
         return list(self._infos)
 
+
+class _SafetensorsBase(_Indexed):
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
         info = self.info(name)
         np_dtype = _ST_DTYPES[info.dtype]()
@@ -379,7 +383,7 @@ def _read_config(path: Path) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------- GGUF
 
 
-class GGUFFile(Checkpoint):
+class GGUFFile(_Indexed):
     """A llama.cpp ``.gguf`` file: metadata key/values and (block-quantized) tensors.
 
     Names are GGUF's own ("blk.0.attn_q.weight"); shapes are in numpy order; ``get`` dequantizes
@@ -401,15 +405,6 @@ class GGUFFile(Checkpoint):
             t.name: TensorInfo(t.name, t.shape, t.type_name, t.nbytes, path, t.offset)
             for t in self.header.tensors.values()
         }
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self._infos[name]
-        except KeyError:
-            raise self._missing(name) from None
-
-    def names(self) -> list[str]:
-        return list(self._infos)
 
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
         from lowbit.checkpoints import _gguf
