@@ -24,7 +24,7 @@ from lowbit.models import (  # noqa: E402
     unpermute_qk,
 )
 from lowbit.models_default import default_model_path  # noqa: E402
-from tiny_models import LAYER_TO_GGUF, TOP_TO_GGUF, llamacpp_permute, tiny_llama  # noqa: E402
+from tiny_models import gguf_tensors, llamacpp_permute, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -72,20 +72,8 @@ def _write_tiny_gguf(model: torch.nn.Module, path: Path) -> Path:
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     w.add_vocab_size(cfg.vocab_size)
-    for name, t in model.state_dict().items():
-        if name.startswith("model.layers."):
-            _, _, i, rest = name.split(".", 3)
-            gname = f"blk.{i}.{LAYER_TO_GGUF[rest]}"
-        elif name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        else:
-            gname = TOP_TO_GGUF[name]
-        arr = t.numpy().astype(np.float32)
-        if "q_proj" in name:
-            arr = llamacpp_permute(arr, cfg.num_attention_heads)
-        elif "k_proj" in name:
-            arr = llamacpp_permute(arr, cfg.num_key_value_heads)
-        w.add_tensor(gname, np.ascontiguousarray(arr))
+    for gname, arr in gguf_tensors(model).items():
+        w.add_tensor(gname, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -120,13 +120,11 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def save_gguf(model: Any, path: Path, *, embedding: str = "Q8_0") -> Path:
-    """Write a llama as llama.cpp's converter would: GGUF names, permuted q/k, F32 weights and
-    the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding)."""
-    from lowbit.export.gguf_writer import GGUFTensor, write_gguf
-
+def gguf_tensors(model: Any) -> dict[str, np.ndarray]:
+    """A llama's weights as llama.cpp's converter names and lays them out: GGUF names,
+    q/k rows permuted, float32, no lm_head when it is tied to the embedding."""
     cfg = model.config
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, np.ndarray] = {}
     for name, t in model.state_dict().items():
         if name.startswith("model.layers."):
             _, _, i, rest = name.split(".", 3)
@@ -140,7 +138,18 @@ def save_gguf(model: Any, path: Path, *, embedding: str = "Q8_0") -> Path:
             arr = llamacpp_permute(arr, cfg.num_attention_heads)
         elif "k_proj" in name:
             arr = llamacpp_permute(arr, cfg.num_key_value_heads)
-        tensors[gname] = GGUFTensor(arr, embedding) if gname == "token_embd.weight" else arr
+        tensors[gname] = np.ascontiguousarray(arr)
+    return tensors
+
+
+def save_gguf(model: Any, path: Path, *, embedding: str = "Q8_0") -> Path:
+    """Write a llama as llama.cpp's converter would: GGUF names, permuted q/k, F32 weights and
+    the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding)."""
+    from lowbit.export.gguf_writer import GGUFTensor, write_gguf
+
+    cfg = model.config
+    tensors: dict[str, Any] = gguf_tensors(model)
+    tensors["token_embd.weight"] = GGUFTensor(tensors["token_embd.weight"], embedding)
     metadata = {
         "llama.block_count": cfg.num_hidden_layers,
         "llama.context_length": cfg.max_position_embeddings,
