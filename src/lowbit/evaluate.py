@@ -221,15 +221,7 @@ def perplexity(
             bar.update(end - bar.n)
     seconds = time.perf_counter() - start
     result: dict[str, Any] = {
-        "text": label or "text",
-        "text_tokens": text_tokens,
-        "tokens": len(ids),
-        "scored": scored,
-        "window": window,
-        "stride": stride,
-        "windows": len(spans),
-        "bos": False,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, model),
         "perplexity": math.exp(nll_sum / scored),
         "nll": nll_sum / scored,
         "seconds": seconds,
@@ -243,6 +235,31 @@ def perplexity(
             top1_agreement=agree / scored,
         )
     return result
+
+
+def _window_facts(
+    label: str | None,
+    text_tokens: int,
+    tokens: int,
+    scored: int,
+    window: int,
+    stride: int,
+    spans: list[Any],
+    model: Any,
+) -> dict[str, Any]:
+    """What a sliding-window perplexity run measured over (text, windows, dtype), as its
+    result reports it."""
+    return {
+        "text": label or "text",
+        "text_tokens": text_tokens,
+        "tokens": tokens,
+        "scored": scored,
+        "window": window,
+        "stride": stride,
+        "windows": len(spans),
+        "bos": False,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
 
 
 def _log_probs(model: Any, inp: Any, skip: int) -> Any:

@@ -127,7 +127,7 @@ def compare_causal(
     """
     import torch
 
-    from lowbit.evaluate import _bar, _log_probs, _threads, _tokens_and_windows
+    from lowbit.evaluate import _bar, _log_probs, _threads, _tokens_and_windows, _window_facts
 
     label, stride, ids, text_tokens, spans = _tokens_and_windows(
         tokenizer, text, label, window, stride, max_tokens
@@ -175,15 +175,7 @@ def compare_causal(
             scored += end - first
     measured = {
         "kind": "causal-lm",
-        "text": label or "text",
-        "text_tokens": text_tokens,
-        "tokens": len(ids),
-        "scored": scored,
-        "window": window,
-        "stride": stride,
-        "windows": len(spans),
-        "bos": False,
-        "dtype": str(next(reference.parameters()).dtype).removeprefix("torch."),
+        **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, reference),
         "threads": used_threads,
         "seconds": time.perf_counter() - start,
         "reference_seconds": ref_secs,
