@@ -370,21 +370,13 @@ def _valueset_table(fmt: Any) -> tuple[np.ndarray, np.ndarray, np.float32, float
     """(bin table, float64 midpoints, the grid's origin in bins, bins per unit).
 
     ``table[b]`` is the code of bin ``b`` (the count of midpoints below its lower edge),
-    plus 128 when a midpoint lies in the bin or within ``tol`` of it. ``tol`` (2**-20 of
-    the largest magnitude) is several times the error of the float32 bin index."""
-    t = fmt.values().astype(np.float64)
-    mids = (t[:-1] + t[1:]) / 2
-    lo, hi = float(t[0]), float(t[-1])
-    tol = max(abs(lo), abs(hi)) * 2.0**-20
-    nbins = _VALUESET_BINS
-    edges = lo + (hi - lo) * np.arange(nbins + 1) / nbins
-    base = np.searchsorted(mids, edges[:-1], side="left")
-    risky = np.searchsorted(mids, edges[1:] + tol, side="left") > np.searchsorted(
-        mids, edges[:-1] - tol, side="left"
-    )
-    base[-1] = mids.size  # the top bin holds the top value (and all that clips there)
-    table = (base | (risky.astype(np.int64) << 7)).astype(np.uint8)
-    inv_w = nbins / (hi - lo)
+    plus 128 when a midpoint lies in the bin or within ``tol`` of it: the numpy path's
+    tables (``_qelements._valueset_lut``), finer. ``tol`` (2**-20 of the largest
+    magnitude) is several times the error of the float32 bin index."""
+    from lowbit._qelements import _valueset_lut
+
+    base, risky, mids, _tol, lo, inv_w = _valueset_lut(fmt, _VALUESET_BINS)
+    table = (base | (risky.astype(np.uint8) << 7)).astype(np.uint8)
     return table, mids, np.float32(lo * inv_w), inv_w
 
 

@@ -71,15 +71,18 @@ def _gather(a: np.ndarray, flat_index: np.ndarray, shape: tuple[int, ...]) -> np
 
 
 @cache
-def _valueset_lut(fmt: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]:
-    """Bin tables for rounding onto a value set (see ``_valueset_nearest``): on a uniform
-    grid over the table's range, the code at each bin's lower edge and whether a
-    midpoint lies in the bin or within ``tol`` of it (a "risky" bin)."""
+def _valueset_lut(
+    fmt: Format, min_bins: int = 4096
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]:
+    """Bin tables for rounding onto a value set (see ``_valueset_nearest``; the compiled
+    kernel builds on them): on a uniform grid of at least ``min_bins`` bins over the
+    table's range, the code at each bin's lower edge and whether a midpoint lies in the
+    bin or within ``tol`` of it (a "risky" bin)."""
     t = fmt.values().astype(np.float64)
     mids = (t[:-1] + t[1:]) / 2
     lo, hi = float(t[0]), float(t[-1])
     tol = max(abs(lo), abs(hi)) * 2.0**-20
-    nbins = 4096
+    nbins = min_bins
     while nbins < (1 << 16) and np.min(np.diff(mids), initial=np.inf) <= 4 * (hi - lo) / nbins:
         nbins *= 2
     edges = lo + (hi - lo) * np.arange(nbins + 1) / nbins
