@@ -55,8 +55,8 @@ def _torch_int4_g128(torch: Any) -> Any:
 
 def run(quick: bool = False) -> str:
     import lowbit
-    from lowbit.precision_plan import PrecisionPlan
-    from lowbit.quantize_model import open_model, plan_model, quantize_model
+    from lowbit.checkpoints.quantize_model import open_model, plan_model, quantize_model
+    from lowbit.quant.plan import PrecisionPlan
 
     plan = PrecisionPlan.uniform("int4", group=128)
     scheme = plan.default

@@ -22,7 +22,8 @@ import ml_dtypes
 import numpy as np
 
 import lowbit
-from lowbit import FloatFormat, _fast, _parallel
+from lowbit import FloatFormat, _parallel
+from lowbit.codecs import _numba as _fast
 
 # (format, peer dtype, target ratio of lowbit's time to the peer's)
 _MLD = [

@@ -18,7 +18,7 @@ from _timing import best
 
 def _torch_cases(torch: Any) -> dict[str, tuple[Any, Any]]:
     """(quantize+pack, unpack+dequantize) closures in eager torch for each case."""
-    from lowbit.catalog import NF4_TABLE
+    from lowbit.formats.catalog import NF4_TABLE
 
     nf4 = torch.tensor(NF4_TABLE, dtype=torch.float32)
     nf4_mid = (nf4[1:] + nf4[:-1]) / 2

@@ -133,7 +133,7 @@ CODEC_PATHS = ("default", "numpy")
 def codec_path(path: str) -> contextlib.AbstractContextManager:
     """A context in which the float codecs take ``path``: ``default`` (the compiled
     kernels where numba is installed) or ``numpy`` (the numpy path, always)."""
-    from lowbit import _fast
+    from lowbit.codecs import _numba as _fast
 
     if path == "numpy" and hasattr(_fast, "numpy_only"):
         return _fast.numpy_only()
@@ -151,7 +151,7 @@ def bit_pattern(values: np.ndarray) -> np.ndarray:
 @functools.cache
 def reference_values(fmt: lowbit.Format) -> np.ndarray:
     """The reference's float64 value of every code of a format of at most 16 bits."""
-    from lowbit import reference
+    from lowbit.formats import reference
 
     n = len(fmt.table) if isinstance(fmt, ValueSetFormat) else 1 << fmt.bits
     out = np.array([reference.decode_float64(fmt, c) for c in range(n)], dtype=np.float64)

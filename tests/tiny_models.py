@@ -145,7 +145,7 @@ def gguf_tensors(model: Any) -> dict[str, np.ndarray]:
 def save_gguf(model: Any, path: Path, *, embedding: str = "Q8_0") -> Path:
     """Write a llama as llama.cpp's converter would: GGUF names, permuted q/k, F32 weights and
     the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding)."""
-    from lowbit.export.gguf_writer import GGUFTensor, write_gguf
+    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
 
     cfg = model.config
     tensors: dict[str, Any] = gguf_tensors(model)
@@ -197,7 +197,7 @@ def shipped_path(name: str) -> Path:
     when that package is not installed."""
     import pytest
 
-    from lowbit.models_default import default_model_path
+    from lowbit.checkpoints.shipped import default_model_path
 
     try:
         return default_model_path(name)
@@ -208,7 +208,7 @@ def shipped_path(name: str) -> Path:
 def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
     """(path, open checkpoint, built torch model, tokenizer) of a shipped model."""
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.models import build_model, build_tokenizer
+    from lowbit.evaluation.models import build_model, build_tokenizer
 
     path = shipped_path(name)
     ckpt = open_checkpoint(path)

@@ -6,29 +6,32 @@ imported by the parts that need them.
 
 from __future__ import annotations
 
-from lowbit._enums import Inf, NaN, Rounding
-from lowbit.base import Format
-from lowbit.catalog import ALIASES, FORMATS, format, p3109
 from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError, UnknownFormatError
-from lowbit.floatformat import FloatFormat
-from lowbit.intformat import IntFormat
-from lowbit.valueset import ValueSetFormat
+from lowbit.formats.base import Format
+from lowbit.formats.catalog import ALIASES, FORMATS, format, p3109
+from lowbit.formats.enums import Inf, NaN, Rounding
+from lowbit.formats.floats import FloatFormat
+from lowbit.formats.ints import IntFormat
+from lowbit.formats.valueset import ValueSetFormat
 
 __version__ = "0.1.0"
 
 # Parts beyond the formats load on first use, so ``import lowbit`` stays light.
 _LAZY = {
-    "quantize": "lowbit.quant",
-    "quantize_dynamic": "lowbit.quant",
-    "dequantize": "lowbit.quant",
-    "QuantizedTensor": "lowbit.quant",
-    "Scheme": "lowbit.scheme",
-    "error": "lowbit.metrics",
-    "pack": "lowbit.packing",
-    "unpack": "lowbit.packing",
-    "plan": "lowbit.planner",
+    "quantize": "lowbit.quant.tensor",
+    "quantize_dynamic": "lowbit.quant.tensor",
+    "dequantize": "lowbit.quant.tensor",
+    "QuantizedTensor": "lowbit.quant.tensor",
+    "Scheme": "lowbit.quant.scheme",
+    "error": "lowbit.quant.metrics",
+    "pack": "lowbit.codecs.packing",
+    "unpack": "lowbit.codecs.packing",
+    "plan": "lowbit.planning.estimate",
     "load": "lowbit.checkpoints",
     "load_model": "lowbit.checkpoints",
+    "open_checkpoint": "lowbit.checkpoints",
+    "quantize_model": "lowbit.checkpoints.quantize_model",
+    "PrecisionPlan": "lowbit.quant.plan",
 }
 
 

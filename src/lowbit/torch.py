@@ -35,13 +35,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 import numpy as np
 
-from lowbit._enums import Rounding, as_rounding
-from lowbit.base import Format
-from lowbit.catalog import format as get_format
 from lowbit.errors import LowbitError, NaNPolicyError
-from lowbit.floatformat import FloatFormat
-from lowbit.intformat import IntFormat
-from lowbit.valueset import ValueSetFormat
+from lowbit.formats.base import Format
+from lowbit.formats.catalog import format as get_format
+from lowbit.formats.enums import Rounding, as_rounding
+from lowbit.formats.floats import FloatFormat
+from lowbit.formats.ints import IntFormat
+from lowbit.formats.valueset import ValueSetFormat
 
 __all__ = [
     "EmulatedLinear",

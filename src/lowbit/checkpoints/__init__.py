@@ -1,7 +1,17 @@
-"""Checkpoints: read safetensors files, Hugging Face folders and GGUF files; build models from them.
+"""Checkpoints: files on disk. Read safetensors files, Hugging Face folders and GGUF files,
+quantize them tensor by tensor, and write lowbit, compressed-tensors and GGUF checkpoints.
 
 ``open_checkpoint`` reads one tensor at a time (memory-mapped); ``load`` reads them all into a
-dict; ``load_model`` builds a runnable transformers model (see ``lowbit.models``).
+dict; ``load_model`` builds a runnable transformers model (see ``lowbit.evaluation.models``);
+``quantize_model`` streams a checkpoint through a precision plan into a new one.
+
+Writers for checkpoints other tools load (their names load on first use):
+
+- :mod:`lowbit.checkpoints.gguf_q`: Q8_0 / Q4_0 block quantizers, numpy only.
+- :mod:`lowbit.checkpoints.gguf_writer`: :func:`write_gguf`, :class:`GGUFTensor`,
+  :func:`gguf_from_quantized` (writing needs the ``gguf`` package).
+- :mod:`lowbit.checkpoints.compressed_tensors`: :func:`write_compressed_tensors`,
+  :class:`CTTensor`, :func:`from_quantized`.
 """
 
 from __future__ import annotations
@@ -12,7 +22,39 @@ from typing import Any
 from lowbit.checkpoints.readers import Checkpoint, TensorInfo, open_checkpoint
 from lowbit.errors import LowbitError
 
-__all__ = ["Checkpoint", "TensorInfo", "load", "load_model", "open_checkpoint"]
+_LAZY = {
+    "quantize_model": "lowbit.checkpoints.quantize_model",
+    "write_gguf": "lowbit.checkpoints.gguf_writer",
+    "GGUFTensor": "lowbit.checkpoints.gguf_writer",
+    "gguf_from_quantized": "lowbit.checkpoints.gguf_writer",
+    "write_compressed_tensors": "lowbit.checkpoints.compressed_tensors",
+    "CTTensor": "lowbit.checkpoints.compressed_tensors",
+    "from_quantized": "lowbit.checkpoints.compressed_tensors",
+}
+
+__all__ = [
+    "CTTensor",
+    "Checkpoint",
+    "GGUFTensor",
+    "TensorInfo",
+    "from_quantized",
+    "gguf_from_quantized",
+    "load",
+    "load_model",
+    "open_checkpoint",
+    "quantize_model",
+    "write_compressed_tensors",
+    "write_gguf",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lowbit.checkpoints' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 def load(
@@ -82,13 +124,13 @@ _NUMPY_NATIVE = {
 def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
     """Build a runnable transformers model (eval mode, float32) from a checkpoint.
 
-    A shortcut for ``lowbit.models.build_model(open_checkpoint(path), **kwargs)``; see there for
+    A shortcut for ``lowbit.evaluation.models.build_model(open_checkpoint(path), **kwargs)``; see there for
     the arguments. A lowbit quantized checkpoint (``lowbit quantize``) gives its dequantized
     weights, with the activation quantization its plan asks for simulated
     (``lowbit.checkpoints.lowbit_format.load_model``).
     """
     from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
-    from lowbit.models import build_model
+    from lowbit.evaluation.models import build_model
 
     if is_lowbit_checkpoint(path):
         from lowbit.checkpoints.lowbit_format import load_model as load_lowbit

@@ -9,9 +9,9 @@ A lowbit checkpoint is a folder::
       source_metadata.gguf         for a GGUF source: its metadata (tokenizer, hyperparameters)
 
 Every quantized tensor ``NAME`` is stored as the arrays of
-``lowbit.quant.QuantizedTensor.to_arrays(prefix="NAME:")``: ``NAME:codes`` (uint8, packed
-little-endian at the element width, ``lowbit.packing``), ``NAME:scale`` (float32, float16,
-bfloat16 as uint16 bit patterns, or E8M0 as uint8 codes, shaped as ``lowbit._qlayout`` says),
+``lowbit.quant.tensor.QuantizedTensor.to_arrays(prefix="NAME:")``: ``NAME:codes`` (uint8, packed
+little-endian at the element width, ``lowbit.codecs.packing``), ``NAME:scale`` (float32, float16,
+bfloat16 as uint16 bit patterns, or E8M0 as uint8 codes, shaped as ``lowbit.quant.layout`` says),
 ``NAME:zero_point`` (asymmetric integers: packed at the element width, two's complement), or for
 NF4 double quantization ``NAME:scale_codes``, ``NAME:scale_absmax``, ``NAME:scale_offset``. A
 kept tensor is stored under its own name exactly as the source stored it (a GGUF block type such
@@ -28,7 +28,7 @@ entry}}`` where an entry is ``{"kind": "quantized" | "kept" | "cast", "file", "s
 Reading back (:class:`LowbitCheckpoint`, ``lowbit.load(DIR)``) gives exactly
 ``QuantizedTensor.dequantize()``'s float32 values; ``lowbit.load_model(DIR)`` builds the
 transformers model with those weights and simulates per-token activation quantization on the
-layers whose plan asked for it (``lowbit.torch_sim``).
+layers whose plan asked for it (``lowbit.evaluation.activations``).
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def quantized_arrays(shape: Sequence[int], scheme: Any) -> list[ArraySpec]:
     quantized only when its bytes are due. The sum of their ``nbytes`` is the quantized
     tensor's ``nbytes``.
     """
-    from lowbit._qlayout import make_layout
-    from lowbit.packing import packed_nbytes
+    from lowbit.codecs.packing import packed_nbytes
+    from lowbit.quant.layout import make_layout
 
     shape = tuple(int(s) for s in shape)
     bits = scheme.element_format.bits
@@ -109,7 +109,7 @@ def quantized_arrays(shape: Sequence[int], scheme: Any) -> list[ArraySpec]:
     nscale = math.prod(layout.scale_shape)
     out = [ArraySpec("codes", np.dtype("u1"), (packed_nbytes(math.prod(shape), bits),))]
     if scheme.double_quant:
-        from lowbit.nf4 import DQ_BLOCK
+        from lowbit.quant.nf4 import DQ_BLOCK
 
         out += [
             ArraySpec("scale_codes", np.dtype("u1"), (nscale,)),
@@ -194,8 +194,8 @@ def write_lowbit_checkpoint(
         LowbitError: an existing folder without ``overwrite``, duplicate names.
     """
     from lowbit import __version__
-    from lowbit.export import _safetensors
-    from lowbit.export._atomic import atomic_dir
+    from lowbit.checkpoints import _safetensors_write as _safetensors
+    from lowbit.checkpoints._atomic import atomic_dir
 
     if max_shard_size <= 0:
         raise LowbitError(f"max_shard_size must be positive, got {max_shard_size}")
@@ -248,7 +248,7 @@ def write_lowbit_checkpoint(
             "tensors": tensors,
         }
         if gguf_metadata_source is not None:
-            from lowbit.export.gguf_writer import write_gguf
+            from lowbit.checkpoints.gguf_writer import write_gguf
 
             write_gguf(tmp / GGUF_METADATA, {}, source=gguf_metadata_source, progress=False)
         for src, rel in copy_files:
@@ -436,7 +436,7 @@ class LowbitCheckpoint(Checkpoint):
         Raises:
             LowbitError: the tensor was kept or cast, not quantized.
         """
-        from lowbit.quant import QuantizedTensor
+        from lowbit.quant.tensor import QuantizedTensor
 
         e = self.entry(name)
         if e["kind"] != "quantized":
@@ -465,8 +465,8 @@ class LowbitCheckpoint(Checkpoint):
 
     @property
     def plan(self) -> Any:
-        """The :class:`~lowbit.precision_plan.PrecisionPlan` the checkpoint was made with."""
-        from lowbit.precision_plan import PrecisionPlan
+        """The :class:`~lowbit.quant.plan.PrecisionPlan` the checkpoint was made with."""
+        from lowbit.quant.plan import PrecisionPlan
 
         return PrecisionPlan.from_dict(self.manifest.get("plan") or {}, where=str(self.path))
 
@@ -479,7 +479,7 @@ class LowbitCheckpoint(Checkpoint):
         }
 
     def as_source(self) -> Checkpoint:
-        """A view with the source's format name, for ``lowbit.models.build_model`` (GGUF names
+        """A view with the source's format name, for ``lowbit.evaluation.models.build_model`` (GGUF names
         are renamed and q/k rows un-permuted as for the source) and ``build_tokenizer``."""
         return _SourceView(self)
 
@@ -515,9 +515,9 @@ def load_model(path: str | os.PathLike[str], *, activations: bool = True, **kwar
     Args:
         path: the checkpoint folder.
         activations: simulate the per-token activation quantization the plan asks for
-            (``lowbit.torch_sim.fake_quantize_per_token`` on the inputs of those linear
+            (``lowbit.evaluation.activations.fake_quantize_per_token`` on the inputs of those linear
             layers); False gives the weight-only model.
-        **kwargs: passed to ``lowbit.models.build_model`` (``dtype``, ``strict``, ``progress``).
+        **kwargs: passed to ``lowbit.evaluation.models.build_model`` (``dtype``, ``strict``, ``progress``).
 
     Returns:
         The model; ``model.lowbit_activations`` maps hooked module names to their format.
@@ -526,7 +526,7 @@ def load_model(path: str | os.PathLike[str], *, activations: bool = True, **kwar
         LowbitError: an unreadable checkpoint, or an activation rule on a tensor that is not
             an ``nn.Linear`` weight.
     """
-    from lowbit.models import build_model
+    from lowbit.evaluation.models import build_model
 
     ckpt = LowbitCheckpoint(path)
     model = build_model(ckpt.as_source(), **kwargs)
@@ -554,7 +554,7 @@ def attach_activation_quantization(
         return {}
     import torch
 
-    from lowbit.torch_sim import fake_quantize_per_token
+    from lowbit.evaluation.activations import fake_quantize_per_token
 
     modules = dict(model.named_modules())
     base = getattr(model, "base_model_prefix", "") or ""
@@ -562,7 +562,7 @@ def attach_activation_quantization(
     for name, fmt in per_tensor.items():
         key = name
         if source_format == "gguf":
-            from lowbit.models import gguf_to_hf_name
+            from lowbit.evaluation.models import gguf_to_hf_name
 
             key = gguf_to_hf_name(name)
         key = key.removesuffix(".weight")

@@ -388,7 +388,7 @@ class GGUFFile(_Indexed):
 
     Names are GGUF's own ("blk.0.attn_q.weight"); shapes are in numpy order; ``get`` dequantizes
     block formats (Q4_0 ... Q8_0, K-quants, IQ types) to float32 with ``gguf.quants``. The
-    q/k rows keep llama.cpp's permutation: ``lowbit.models`` undoes it when building a model.
+    q/k rows keep llama.cpp's permutation: ``lowbit.evaluation.models`` undoes it when building a model.
     """
 
     format = "gguf"

@@ -87,7 +87,7 @@ def make_data(kind: str, size: int, seed: int) -> Any:
 
 def _scheme_for(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from lowbit.cli.cmd_quantize_tensor import scheme_kwargs
-    from lowbit.mx import is_mx_name
+    from lowbit.formats.mx import is_mx_name
 
     kw = scheme_kwargs(args)
     if is_mx_name(name):

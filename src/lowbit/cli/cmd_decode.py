@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit import explain
+    from lowbit.formats import explain
 
     d = explain.decode(args.format, args.code)
     if args.json:

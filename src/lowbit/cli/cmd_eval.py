@@ -82,7 +82,7 @@ def split_paths(paths: list[str]) -> tuple[str | None, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.quality import evaluate_variants
+    from lowbit.evaluation.variants import evaluate_variants
 
     for opt in ("tokens", "window", "sentences", "threads"):
         v = getattr(args, opt)

@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.catalog import ALIASES, FORMATS
+    from lowbit.formats.catalog import ALIASES, FORMATS
 
     formats = [f for f in FORMATS.values() if args.kind in (None, f.kind)]
     if args.json:

@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.hardware import PRECISION_KEYS, load_hardware, select_devices
+    from lowbit.planning.hardware import PRECISION_KEYS, load_hardware, select_devices
 
     devices = select_devices(args.devices or None, load_hardware(args.hardware_file))
     if args.json:

@@ -84,15 +84,15 @@ def _model_arg(args: argparse.Namespace) -> Any:
     if len(given) != 1:
         raise LowbitError("give exactly one model: MODEL, --params N or --config FILE")
     if args.params:
-        from lowbit.archs import parse_params
+        from lowbit.planning.archs import parse_params
 
         return parse_params(args.params)
     return args.config or args.model
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.hardware import load_hardware, select_devices
-    from lowbit.planner import plan
+    from lowbit.planning.estimate import plan
+    from lowbit.planning.hardware import load_hardware, select_devices
 
     names = _common.parse_list(args.devices)
     devices = None if not names or names == ["all"] else names

@@ -89,7 +89,7 @@ def register(sub: Any) -> None:
 
 def build_plan(args: argparse.Namespace) -> Any:
     """The precision plan the options describe."""
-    from lowbit.precision_plan import PrecisionPlan, scheme_from_spec
+    from lowbit.quant.plan import PrecisionPlan, scheme_from_spec
 
     if args.to is None and args.plan is None:
         raise LowbitError(
@@ -111,7 +111,7 @@ def build_plan(args: argparse.Namespace) -> Any:
     if args.to is not None:
         plan = plan.with_default(scheme_from_spec(args.to, pad=not args.no_pad, **opts))
     if args.activations:
-        from lowbit.precision_plan import activation_format
+        from lowbit.quant.plan import activation_format
 
         plan = plan.with_default(plan.default, activation_format(args.activations))
     return plan
@@ -136,7 +136,12 @@ def _mb(n: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.quantize_model import open_model, output_nbytes, plan_model, quantize_model
+    from lowbit.checkpoints.quantize_model import (
+        open_model,
+        output_nbytes,
+        plan_model,
+        quantize_model,
+    )
 
     progress = False if args.no_progress or args.json else None
     plan = build_plan(args)

@@ -25,7 +25,7 @@ examples:
 
 --out writes the codes, scales and zero points as safetensors arrays named
 TENSOR.codes, TENSOR.scale, ... with the scheme in the file's metadata (key "lowbit"),
-which lowbit.quant.QuantizedTensor.from_arrays reads back bit for bit.
+which lowbit.quant.tensor.QuantizedTensor.from_arrays reads back bit for bit.
 """
 
 

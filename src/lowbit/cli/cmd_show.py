@@ -101,10 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit import explain
-    from lowbit._enums import as_rounding
-    from lowbit.catalog import FORMATS
-    from lowbit.catalog import format as get_format
+    from lowbit.formats import explain
+    from lowbit.formats.catalog import FORMATS
+    from lowbit.formats.catalog import format as get_format
+    from lowbit.formats.enums import as_rounding
 
     x = explain.parse_value(args.value)
     mode = as_rounding(args.rounding)
@@ -199,7 +199,7 @@ def _row(r: dict[str, Any], colour: bool) -> list[str]:
 
 def _value(v: float) -> str:
     """Exact when short, else 10 significant digits marked ≈ (--json has it exactly)."""
-    from lowbit.explain import exact_decimal
+    from lowbit.formats.explain import exact_decimal
 
     exact = exact_decimal(v)
     digits = len(exact.lstrip("-").replace(".", "").lstrip("0"))

@@ -35,8 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit import explain
-    from lowbit.catalog import format as get_format
+    from lowbit.formats import explain
+    from lowbit.formats.catalog import format as get_format
 
     f = get_format(args.format)
     entries = explain.values(f)

@@ -347,7 +347,7 @@ def master_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def quantize_weights(model: torch.nn.Module, recipe: Recipe) -> dict[str, Any]:
     """The block linears' weights as :class:`lowbit.QuantizedTensor` in the recipe's QAT scheme."""
-    from lowbit.quant import quantize
+    from lowbit.quant.tensor import quantize
 
     if recipe.qat is None:
         raise LowbitError(f"recipe {recipe.name} has no QAT format to quantize to")
@@ -414,7 +414,7 @@ def load_quantized(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read :func:`save_quantized`'s file: name -> QuantizedTensor or float32 numpy array."""
     from safetensors import safe_open
 
-    from lowbit.quant import QuantizedTensor
+    from lowbit.quant.tensor import QuantizedTensor
 
     with safe_open(str(path), framework="numpy") as f:
         header = json.loads((f.metadata() or {}).get("lowbit", "{}"))

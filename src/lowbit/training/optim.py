@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from lowbit.base import Format
+from lowbit.formats.base import Format
 from lowbit.torch import round_to
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.base import Format
-from lowbit.catalog import FORMATS
-from lowbit.catalog import format as get_format
 from lowbit.errors import LowbitError
+from lowbit.formats.base import Format
+from lowbit.formats.catalog import FORMATS
+from lowbit.formats.catalog import format as get_format
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from lowbit.base import Format
 from lowbit.errors import LowbitError
+from lowbit.formats.base import Format
 from lowbit.torch import Quantizer, pow2_at_least
 
 

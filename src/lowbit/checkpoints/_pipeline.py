@@ -1,0 +1,464 @@
+"""The per-tensor work behind ``lowbit.checkpoints.quantize_model``: reading, quantizing, checking what an
+output format can hold, and the three writers (lowbit, compressed-tensors, GGUF).
+
+Every function here touches one tensor at a time and drops its memory map before reading the
+next (``Checkpoint.close()``; mapped pages that were read count as resident memory).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+from lowbit.quant.plan import AppliedPlan, TensorPlan
+
+GGUF_Q = {4: "Q4_0", 8: "Q8_0"}
+# small files of a Hugging Face folder copied into a quantized one (never weights)
+_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".gguf", ".h5",
+                  ".msgpack", ".onnx", ".ot")  # fmt: skip
+_COPY_LIMIT = 50 * 2**20
+
+
+def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
+    from lowbit.quant.scheme import Granularity
+
+    for t in applied.quantized:
+        s = t.scheme
+        assert s is not None
+        fmt = s.element_format
+        why = None
+        if len(t.shape) != 2:
+            why = "compressed-tensors stores 2-D weights [out, in]"
+        elif fmt.kind == "int" and fmt.bits <= 8:
+            if s.granularity is Granularity.CHANNEL and s.axis % 2 != 0:
+                why = "channel scales must run along the output axis (axis 0)"
+            elif s.granularity is Granularity.GROUP and (
+                s.axis % 2 != 1 or t.shape[1] % int(s.group_size)  # type: ignore[arg-type]
+            ):
+                why = (
+                    f"groups must run along the input axis and divide its length {t.shape[1]} "
+                    f"(group {s.group_size}); try a group size that divides it"
+                )
+        elif fmt.name == "float8_e4m3fn" and s.symmetric:
+            if s.granularity not in (Granularity.TENSOR, Granularity.CHANNEL) or (
+                s.granularity is Granularity.CHANNEL and s.axis % 2 != 0
+            ):
+                why = "fp8 weights take per-tensor or per-output-channel scales"
+        else:
+            why = "compressed-tensors defines int1..int8 and fp8 (float8_e4m3fn) weights"
+        if why is None and s.scale_format != "float32":
+            why = "lowbit writes compressed-tensors scales as float32: use fp32 scales"
+        if why is None and s.double_quant:
+            why = "double quantization has no compressed-tensors layout"
+        if why is None and t.activations not in (None, "int8", "float8_e4m3fn"):
+            why = f"compressed-tensors declares int8 or fp8 activations, not {t.activations}"
+        if why is not None:
+            raise LowbitError(
+                f"tensor {t.name!r} (shape {t.shape}) as {t.label}: {why} (or write "
+                f"--out-format lowbit, which holds every scheme)"
+            )
+    if checkpoint.format == "gguf":
+        from lowbit.evaluation.models import gguf_to_hf_name
+
+        for t in applied.tensors:
+            gguf_to_hf_name(t.name)  # raises for tensors with no transformers counterpart
+
+
+def _gguf_exact(s: Any) -> bool:
+    """Whether a scheme is exactly a GGUF Q4_0/Q8_0 block layout."""
+    from lowbit.quant.scheme import Granularity
+
+    fmt = s.element_format
+    return (
+        fmt.kind == "int"
+        and getattr(fmt, "signed", False)
+        and fmt.bits in GGUF_Q
+        and s.symmetric
+        and s.granularity is Granularity.GROUP
+        and s.group_size == 32
+        and s.axis in (-1, 1)
+        and s.scale_format == "float16"
+        and not s.restricted_range
+    )
+
+
+def check_gguf(applied: AppliedPlan, checkpoint: Any, rounding: str) -> None:
+    if checkpoint.format != "gguf":
+        raise LowbitError(
+            f"{checkpoint.path}: GGUF output copies a GGUF source's metadata (architecture, "
+            f"tokenizer); this source is {checkpoint.format}. Write --out-format lowbit or "
+            f"compressed-tensors"
+        )
+    approx = []
+    for t in applied.quantized:
+        s = t.scheme
+        fmt = s.element_format  # type: ignore[union-attr]
+        if fmt.kind != "int" or fmt.bits not in GGUF_Q:
+            raise LowbitError(
+                f"tensor {t.name!r} as {t.label}: lowbit writes GGUF Q8_0 and Q4_0 (int8 / int4); "
+                f"use --to q8_0 or q4_0, or --out-format lowbit for {fmt.name}"
+            )
+        if t.shape[-1] % 32:
+            raise LowbitError(
+                f"tensor {t.name!r} (shape {t.shape}): GGUF {GGUF_Q[fmt.bits]} needs rows that "
+                f"are a multiple of 32"
+            )
+        if rounding == "auto" and not _gguf_exact(s):
+            approx.append(t)
+    if approx:
+        labels = sorted({t.label for t in approx})
+        warnings.warn(
+            f"GGUF holds int4/int8 only as Q4_0/Q8_0 (groups of 32, float16 scales, symmetric): "
+            f"{len(approx)} tensors planned as {', '.join(labels)} are quantized with llama.cpp's "
+            f"own Q4_0/Q8_0 rounding instead",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def output_nbytes(t: TensorPlan, out_format: str = "lowbit") -> int:
+    """Bytes a tensor takes in the chosen output format (codes, scales, zero points, shapes)."""
+    if out_format == "lowbit" or t.action == "cast":
+        return t.nbytes
+    if t.action == "keep":
+        if out_format == "gguf" or _plain_dtype(t.dtype):
+            return t.source_nbytes  # copied as stored
+        return t.numel * 4  # a GGUF block type, dequantized to float32
+    s = t.scheme
+    assert s is not None
+    bits = s.element_format.bits
+    if out_format == "gguf":
+        from lowbit.checkpoints import gguf_q
+
+        return gguf_q.nbytes(t.shape, GGUF_Q[bits])
+    rows, cols = t.shape
+    gran = s.granularity.value
+    groups = 1 if gran in ("tensor", "channel") else -(-cols // int(s.group_size))  # type: ignore[arg-type]
+    nscale = 1 if gran == "tensor" else rows * groups
+    n = nscale * 4  # float32 scales
+    if t.activations is not None or s.element_format.kind == "float":
+        n += rows * cols  # int8 / fp8 weights, one byte each
+        if not s.symmetric:
+            n += nscale  # int8 zero points
+    else:
+        n += rows * -(-cols * bits // 32) * 4 + 16  # int32-packed rows + weight_shape
+        if not s.symmetric:  # zero points packed down the rows (a per-tensor one stays int8)
+            n += 1 if gran == "tensor" else -(-rows * bits // 32) * groups * 4
+    return n
+
+
+def _plain_dtype(dtype: str) -> bool:
+    return dtype in ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2") or dtype.startswith(
+        ("I", "U", "BOOL")
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Streaming
+# ---------------------------------------------------------------------------------------
+
+
+def read_quantized(checkpoint: Any, t: TensorPlan) -> Any:
+    """Read one tensor and quantize it; its memory map is dropped before the next read."""
+    from lowbit.quant.tensor import quantize
+
+    checkpoint.close()  # unmap the previous tensor's pages (they count as resident memory)
+    arr = checkpoint.get(t.name)
+    try:
+        return quantize(arr, t.scheme)
+    except LowbitError as exc:
+        raise LowbitError(f"tensor {t.name!r}: {exc}") from None
+    finally:
+        del arr
+
+
+def read_cast(checkpoint: Any, t: TensorPlan) -> np.ndarray:
+    checkpoint.close()
+    arr = checkpoint.get(t.name)
+    if t.cast == "bfloat16":
+        import ml_dtypes
+
+        return np.asarray(arr, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    with np.errstate(over="ignore"):
+        out = np.asarray(arr).astype(t.cast)
+    if not np.isfinite(out).all() and np.isfinite(np.asarray(arr, dtype=np.float32)).all():
+        raise LowbitError(f"tensor {t.name!r}: values overflow {t.cast} when cast")
+    return out
+
+
+def raw_bytes(checkpoint: Any, name: str) -> np.ndarray:
+    """The stored bytes of one tensor, uint8 ``[rows, bytes per row]`` (memory-mapped)."""
+    info = checkpoint.info(name)
+    shape = _raw_shape(info.shape, info.nbytes)
+    if info.nbytes == 0:
+        return np.zeros(shape, dtype=np.uint8)
+    raw = np.memmap(info.file, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.nbytes,))
+    return np.asarray(raw).reshape(shape)
+
+
+def _raw_shape(shape: tuple[int, ...], nbytes: int) -> tuple[int, ...]:
+    """``[rows, bytes per row]`` for 2-D+ tensors, ``[bytes]`` for 1-D ones."""
+    if len(shape) <= 1:
+        return (nbytes,)
+    rows = math.prod(shape[:-1])
+    return (rows, nbytes // rows) if rows else (0, 0)
+
+
+def source_files(checkpoint: Any) -> list[tuple[Path, str]]:
+    """Small non-weight files of a Hugging Face source (config, tokenizer, pooling config...)
+    as ``(file, relative name)``; nothing for GGUF sources."""
+    if checkpoint.format == "gguf":
+        return []
+    folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
+    if checkpoint.format == "safetensors" and not (folder / "config.json").exists():
+        return []
+    out = []
+    for f in sorted(folder.rglob("*")):
+        rel = f.relative_to(folder)
+        if (
+            not f.is_file()
+            or any(part.startswith(".") for part in rel.parts)
+            or f.name.endswith(_SKIP_SUFFIXES)
+            or f.name.endswith(".safetensors.index.json")
+            or f.stat().st_size > _COPY_LIMIT
+            or len(rel.parts) > 2
+        ):
+            continue
+        out.append((f, rel.as_posix()))
+    return out
+
+
+def write_lowbit(
+    ckpt: Any,
+    applied: AppliedPlan,
+    out: Path,
+    overwrite: bool,
+    max_shard_size: int | None,
+    progress: bool | None,
+) -> None:
+    from lowbit.checkpoints import lowbit_format as lf
+
+    units = []
+    for t in applied.tensors:
+        entry: dict[str, Any] = {
+            "kind": {"quantize": "quantized", "keep": "kept", "cast": "cast"}[t.action],
+            "shape": list(t.shape),
+            "source_dtype": t.dtype,
+            "label": t.label,
+        }
+        if t.action == "quantize":
+            entry["activations"] = t.activations
+            entry["rule"] = t.rule
+            units.append(
+                lf.quantized_unit(t.name, t.shape, t.scheme, _bind(read_quantized, ckpt, t), entry)
+            )
+        elif t.action == "cast":
+            dt = _cast_dtype(t.cast)  # type: ignore[arg-type]
+            entry["dtype"] = t.cast
+            units.append(
+                lf.Unit(t.name, entry, [(t.name, dt, t.shape)], _bind(_cast_unit, ckpt, t))
+            )
+        else:
+            units.append(_kept_unit(ckpt, t, entry))
+    manifest = {
+        "source": {"path": str(ckpt.path), "format": ckpt.format},
+        "plan": applied.plan.to_dict(),
+        "config": ckpt.config,
+        "totals": applied.totals(),
+    }
+    lf.write_lowbit_checkpoint(
+        out,
+        units,
+        manifest,
+        copy_files=[(f, rel) for f, rel in source_files(ckpt) if rel != lf.MANIFEST],
+        gguf_metadata_source=ckpt.path if ckpt.format == "gguf" else None,
+        max_shard_size=max_shard_size or lf.DEFAULT_SHARD_SIZE,
+        overwrite=overwrite,
+        progress=progress,
+    )
+
+
+def _bind(fn: Any, *args: Any) -> Any:
+    return lambda: fn(*args)
+
+
+def _cast_dtype(name: str) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _cast_unit(ckpt: Any, t: TensorPlan) -> dict[str, np.ndarray]:
+    return {t.name: read_cast(ckpt, t)}
+
+
+def _kept_unit(ckpt: Any, t: TensorPlan, entry: dict[str, Any]) -> Any:
+    from lowbit.checkpoints import lowbit_format as lf
+    from lowbit.checkpoints._safetensors_write import dtype_code
+
+    info = ckpt.info(t.name)
+    if ckpt.format == "gguf" and t.dtype not in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32",
+                                                   "I64"):  # fmt: skip
+        entry.update(dtype=t.dtype, encoding=f"gguf:{t.dtype}")
+
+        def raw() -> dict[str, np.ndarray]:
+            ckpt.close()
+            return {t.name: raw_bytes(ckpt, t.name)}
+
+        shape = _raw_shape(t.shape, info.nbytes)
+        return lf.Unit(t.name, entry, [(t.name, np.dtype("u1"), shape)], raw)
+    sample = ckpt.get(t.name)
+    dtype = sample.dtype
+    del sample
+    try:
+        dtype_code(dtype)
+    except LowbitError:
+        raise LowbitError(f"tensor {t.name!r}: cannot store dtype {dtype} in safetensors") from None
+    entry.update(dtype=t.dtype, encoding="array")
+
+    def plain() -> dict[str, np.ndarray]:
+        ckpt.close()
+        return {t.name: ckpt.get(t.name)}
+
+    return lf.Unit(t.name, entry, [(t.name, dtype, t.shape)], plain)
+
+
+class _Lazy(Mapping):
+    """A Mapping whose values are made when looked up (the exporters look each one up twice,
+    planning and writing, and keep none in between)."""
+
+    def __init__(self, keys: list[str], make: Any) -> None:
+        self._keys = keys
+        self._index = set(keys)
+        self._make = make
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._index:
+            raise KeyError(key)
+        return self._make(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def write_ct(
+    ckpt: Any,
+    applied: AppliedPlan,
+    out: Path,
+    overwrite: bool,
+    max_shard_size: int | None,
+    progress: bool | None,
+) -> None:
+    import tempfile
+
+    from lowbit.checkpoints.compressed_tensors import from_quantized, write_compressed_tensors
+
+    is_gguf = ckpt.format == "gguf"
+    by_out: dict[str, TensorPlan] = {}
+    for t in applied.tensors:
+        if is_gguf:
+            from lowbit.evaluation.models import gguf_to_hf_name
+
+            by_out[gguf_to_hf_name(t.name)] = t
+        else:
+            by_out[t.name] = t
+    cfg = dict(ckpt.config or {})
+
+    def unpermute(hf: str, arr: np.ndarray) -> np.ndarray:
+        if not is_gguf:
+            return arr
+        from lowbit.evaluation.models import unpermute_qk
+
+        if ".q_proj." in hf:
+            return unpermute_qk(np.asarray(arr), cfg["num_attention_heads"])
+        if ".k_proj." in hf:
+            return unpermute_qk(
+                np.asarray(arr), cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+            )
+        return arr
+
+    acts = {"int8": "int8", "float8_e4m3fn": "fp8", None: None}
+
+    def make(hf: str) -> Any:
+        from lowbit.quant.tensor import quantize
+
+        t = by_out[hf]
+        ckpt.close()
+        if t.action == "quantize":
+            arr = unpermute(hf, ckpt.get(t.name))
+            qt = quantize(arr, t.scheme)
+            del arr
+            return from_quantized(qt, activations=acts[t.activations])
+        if t.action == "cast":
+            return unpermute(hf, read_cast(ckpt, t))
+        return unpermute(hf, ckpt.get(t.name))
+
+    with tempfile.TemporaryDirectory() as extra:
+        files = [f for f, rel in source_files(ckpt) if "/" not in rel and f.name != "config.json"]
+        if is_gguf:
+            from lowbit.evaluation.models import build_tokenizer
+
+            try:
+                build_tokenizer(ckpt).save_pretrained(extra)
+            except (LowbitError, OSError, ValueError, KeyError) as exc:
+                warnings.warn(
+                    f"{ckpt.path.name}: no tokenizer written ({exc})", UserWarning, stacklevel=3
+                )
+            files = sorted(p for p in Path(extra).iterdir() if p.is_file())
+        write_compressed_tensors(
+            out,
+            _Lazy(list(by_out), make),
+            cfg,
+            max_shard_size=max_shard_size or 5 * 2**30,
+            copy_files=files,
+            overwrite=overwrite,
+            progress=progress is not False,
+        )
+
+
+def write_gguf(
+    ckpt: Any,
+    applied: AppliedPlan,
+    out: Path,
+    overwrite: bool,
+    progress: bool | None,
+    rounding: str,
+) -> None:
+    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+
+    by_name = {t.name: t for t in applied.tensors}
+
+    def make(name: str) -> Any:
+        from lowbit.quant.tensor import quantize
+
+        t = by_name[name]
+        ckpt.close()
+        if t.action == "keep":
+            return GGUFTensor(raw_bytes(ckpt, name), t.dtype, raw=True)
+        if t.action == "cast":
+            return GGUFTensor(read_cast(ckpt, t), {"float32": "F32", "float16": "F16",
+                                                "bfloat16": "BF16"}[t.cast])  # type: ignore[index]  # fmt: skip
+        s = t.scheme
+        assert s is not None
+        if rounding == "auto" and _gguf_exact(s):
+            return quantize(ckpt.get(name), s)
+        return GGUFTensor(
+            np.asarray(ckpt.get(name), dtype=np.float32), GGUF_Q[s.element_format.bits]
+        )
+
+    write_gguf(
+        out,
+        _Lazy(list(by_name), make),
+        source=ckpt.path,
+        overwrite=overwrite,
+        progress=progress is not False,
+    )

@@ -1,0 +1,446 @@
+"""Write GGUF checkpoints that llama.cpp runs: Q8_0 / Q4_0 weights, F32 / F16 / BF16 for the rest.
+
+The file is written with the ``gguf`` package's own ``GGUFWriter`` (so its header, metadata and
+alignment follow the GGUF specification as llama.cpp reads it), one tensor at a time: the writer
+plans every tensor from its shape first, then quantizes and writes each in turn, so peak memory
+is about one tensor. The file appears under its final name only when complete.
+
+Tensor names and layouts are written as given: a file llama.cpp can run needs llama.cpp's names
+(``blk.0.attn_q.weight``) and row order, as in a GGUF read back from llama.cpp or the ``gguf``
+package. Copy the metadata of such a source file (architecture, hyperparameters, tokenizer) with
+``source=``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowbit._arrays import _is_ml_float
+from lowbit.checkpoints import gguf_q
+from lowbit.checkpoints._atomic import atomic_file
+from lowbit.checkpoints._write_arrays import as_numpy
+from lowbit.errors import LowbitError
+
+__all__ = ["GGUFTensor", "gguf_from_quantized", "write_gguf"]
+
+# Reader-generated header fields, not metadata: the writer recomputes them.
+_HEADER_KEYS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
+# Keys the writer sets itself (architecture in GGUFWriter's constructor; data alignment is the
+# writer's default 32, so a source's other alignment must not be copied).
+_WRITER_KEYS = ("general.architecture", "general.alignment")
+
+_MAX_NAME = 63  # GGML_MAX_NAME is 64 bytes including the terminating NUL
+
+_PLAIN = {"F32": np.float32, "F16": np.float16}
+
+
+@dataclass(frozen=True, eq=False)
+class GGUFTensor:
+    """A tensor and the GGUF type to store it as.
+
+    Attributes:
+        data: the values (any real array or torch tensor), or with ``raw=True`` the tensor's
+            stored bytes (uint8, as ``gguf.GGUFReader`` gives them), copied unchanged.
+        qtype: ``"Q8_0"``, ``"Q4_0"`` (quantized here, llama.cpp's reference rounding),
+            ``"F32"``, ``"F16"`` or ``"BF16"``; with ``raw=True`` any GGML type name
+            (``"Q4_1"``, ``"Q6_K"``, ...).
+        raw: ``data`` already holds ``qtype``'s bytes.
+    """
+
+    data: Any
+    qtype: str = "F32"
+    raw: bool = False
+
+
+@dataclass
+class _Planned:
+    shape: tuple[int, ...]
+    ggml_type: Any  # gguf.GGMLQuantizationType
+    nbytes: int
+    produce: Callable[[], np.ndarray]
+
+
+def _ggml_type(name: str) -> Any:
+    from gguf import GGMLQuantizationType
+
+    key = str(getattr(name, "name", name)).upper()
+    try:
+        return GGMLQuantizationType[key]
+    except KeyError:
+        raise LowbitError(f"unknown GGML tensor type {name!r}") from None
+
+
+def _is_quantized_tensor(x: Any) -> bool:
+    return all(hasattr(x, a) for a in ("unpack", "scale", "scheme", "shape"))
+
+
+def gguf_from_quantized(qt: Any) -> GGUFTensor:
+    """Map a lowbit ``QuantizedTensor`` onto GGUF Q4_0 / Q8_0 blocks without requantizing.
+
+    Q4_0 is symmetric int4 and Q8_0 symmetric int8, both with one float16 scale per group of 32
+    along the last axis: a ``QuantizedTensor`` of that scheme (``group_size=32``, ``axis=-1``,
+    ``scale_format="float16"``, no zero point) is stored exactly, and llama.cpp dequantizes it
+    to the same float32 values as ``qt.dequantize()``.
+
+    Raises:
+        LowbitError: any other scheme (named in the message, with the scheme it needs).
+    """
+    fmt = qt.format
+    name = getattr(fmt, "name", str(fmt))
+    kind = getattr(fmt, "kind", None)
+    bits = getattr(fmt, "bits", None)
+    shape = tuple(qt.shape)
+    need = "int4 or int8, symmetric, group_size=32 along the last axis, float16 scales"
+    if kind != "int" or not getattr(fmt, "signed", False) or bits not in (4, 8):
+        raise LowbitError(f"GGUF Q4_0/Q8_0 hold {need}; got format {name}")
+    if getattr(qt, "zero_point", None) is not None:
+        raise LowbitError(f"GGUF Q4_0/Q8_0 hold {need}; got an asymmetric {name} (zero points)")
+    scheme = qt.scheme
+    granularity = str(getattr(qt.granularity, "value", qt.granularity))
+    axis = scheme.axis if scheme.axis is not None else -1
+    if (
+        granularity != "group"
+        or scheme.group_size != gguf_q.BLOCK
+        or not shape
+        or axis not in (-1, len(shape) - 1)
+    ):
+        raise LowbitError(
+            f"GGUF Q4_0/Q8_0 hold {need}; got {name} with granularity {granularity}, "
+            f"group_size {scheme.group_size}, axis {scheme.axis}"
+        )
+    qtype = "Q4_0" if bits == 4 else "Q8_0"
+
+    codes = np.asarray(qt.unpack()).reshape(shape)
+    build = gguf_q.q4_0_from_codes if bits == 4 else gguf_q.q8_0_from_codes
+    return GGUFTensor(build(np.asarray(qt.scale), codes), qtype, raw=True)
+
+
+def _plan(name: str, value: Any) -> _Planned:
+    """Shape, type and size of one tensor, and a function making its bytes (run later)."""
+    if not name or len(name.encode()) > _MAX_NAME:
+        raise LowbitError(
+            f"GGUF tensor names must be 1 to {_MAX_NAME} bytes (llama.cpp's limit), got {name!r}"
+        )
+    if _is_quantized_tensor(value):
+        value = gguf_from_quantized(value)
+    if not isinstance(value, GGUFTensor):
+        arr = as_numpy(value)
+        if arr.dtype == np.float16:
+            qtype = "F16"
+        elif arr.dtype.name == "bfloat16":
+            qtype = "BF16"
+        elif arr.dtype.kind in "fiub" and arr.dtype.kind != "f":
+            return _plan_int(name, arr)
+        else:
+            qtype = "F32"
+        value = GGUFTensor(arr, qtype)
+
+    gtype = _ggml_type(value.qtype)
+    qname = gtype.name
+    if value.raw:
+        from gguf import GGML_QUANT_SIZES
+
+        raw = np.asarray(value.data)
+        if raw.dtype != np.uint8 or raw.ndim == 0:
+            raise LowbitError(f"tensor {name!r}: raw {qname} data must be a uint8 array")
+        block, size = GGML_QUANT_SIZES[gtype]
+        if raw.shape[-1] % size:
+            raise LowbitError(
+                f"tensor {name!r}: {raw.shape[-1]} bytes per row is not a whole number of "
+                f"{qname} blocks ({size} bytes)"
+            )
+        shape = (*raw.shape[:-1], raw.shape[-1] // size * block)
+        return _Planned(shape, gtype, raw.nbytes, lambda: np.ascontiguousarray(raw))
+
+    arr = as_numpy(value.data)
+    shape = tuple(arr.shape)
+    if arr.dtype.kind not in "fiu" and not _is_ml_float(arr.dtype):
+        raise LowbitError(f"tensor {name!r}: expected real numbers, got dtype {arr.dtype}")
+    if qname in gguf_q.QTYPES:
+        if not shape or shape[-1] % gguf_q.BLOCK:
+            raise LowbitError(
+                f"tensor {name!r} of shape {shape}: {qname} needs a last axis that is a "
+                f"multiple of {gguf_q.BLOCK}"
+            )
+
+        def make() -> np.ndarray:
+            try:
+                return gguf_q.quantize(arr, qname)
+            except LowbitError as exc:
+                raise LowbitError(f"tensor {name!r}: {exc}") from None
+
+        return _Planned(shape, gtype, gguf_q.nbytes(shape, qname), make)
+    if qname in _PLAIN:
+        dtype = _PLAIN[qname]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return _Planned(shape, gtype, nbytes, lambda: np.ascontiguousarray(arr, dtype=dtype))
+    if qname == "BF16":
+        import ml_dtypes
+
+        nbytes = int(np.prod(shape, dtype=np.int64)) * 2
+
+        def make_bf16() -> np.ndarray:
+            # round to nearest even, as llama.cpp's converter does
+            bf = np.ascontiguousarray(arr.astype(np.float32).astype(ml_dtypes.bfloat16))
+            return bf.view(np.uint16)
+
+        return _Planned(shape, gtype, nbytes, make_bf16)
+    raise LowbitError(
+        f"tensor {name!r}: cannot quantize to {qname} here; choose one of "
+        f"{[*gguf_q.QTYPES, 'F32', 'F16', 'BF16']}, or pass the bytes with raw=True"
+    )
+
+
+_INT_TYPES = {"int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64"}
+
+
+def _plan_int(name: str, arr: np.ndarray) -> _Planned:
+    qname = _INT_TYPES.get(arr.dtype.name)
+    if qname is None:
+        raise LowbitError(
+            f"tensor {name!r}: GGUF stores signed integers int8..int64, got dtype {arr.dtype}"
+        )
+    return _Planned(
+        tuple(arr.shape), _ggml_type(qname), arr.nbytes, lambda: np.ascontiguousarray(arr)
+    )
+
+
+def _value_type(value: Any) -> tuple[Any, Any, Any]:
+    """(value, GGUFValueType, sub_type) for a Python metadata value, or a typed GGUFValue."""
+    from gguf import GGUFValueType
+    from gguf.gguf_writer import GGUFValue
+
+    if isinstance(value, GGUFValue):
+        return value.value, value.type, value.sub_type
+    if isinstance(value, (list, tuple)):
+        return list(value), GGUFValueType.ARRAY, _array_type(value)
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value), GGUFValueType.BOOL, None
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+        if 0 <= v < 2**32:
+            return v, GGUFValueType.UINT32, None
+        if -(2**31) <= v < 0:
+            return v, GGUFValueType.INT32, None
+        return v, (GGUFValueType.UINT64 if v > 0 else GGUFValueType.INT64), None
+    if isinstance(value, (float, np.floating)):
+        return float(value), GGUFValueType.FLOAT32, None
+    if isinstance(value, str):
+        return value, GGUFValueType.STRING, None
+    raise LowbitError(
+        f"GGUF metadata value {value!r} of type {type(value).__name__} is not a bool, int, "
+        "float, str or list of those (pass a gguf.GGUFValue for an explicit type)"
+    )
+
+
+def _array_type(values: list[Any] | tuple[Any, ...]) -> Any:
+    """Element type of a metadata array: BOOL, INT32 (INT64 if large), FLOAT32 or STRING."""
+    from gguf import GGUFValueType
+
+    if not values:
+        raise LowbitError("GGUF metadata arrays cannot be empty")
+    if all(isinstance(v, (bool, np.bool_)) for v in values):
+        return GGUFValueType.BOOL
+    if all(isinstance(v, (str, bytes)) for v in values):
+        return GGUFValueType.STRING
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        fits = all(-(2**31) <= int(v) < 2**31 for v in values)
+        return GGUFValueType.INT32 if fits else GGUFValueType.INT64
+    if all(isinstance(v, (int, float, np.integer, np.floating)) for v in values):
+        return GGUFValueType.FLOAT32
+    raise LowbitError("GGUF metadata arrays need elements of one kind (bool, int, float or str)")
+
+
+def _source_fields(source: Any) -> dict[str, Any]:
+    """Every metadata key of a GGUF file, as typed ``GGUFValue``s (header fields left out)."""
+    from gguf import GGUFReader, GGUFValueType
+    from gguf.gguf_writer import GGUFValue
+
+    if isinstance(source, GGUFReader):
+        reader = source
+    else:
+        try:
+            reader = GGUFReader(source)
+        except (OSError, ValueError) as exc:
+            raise LowbitError(f"cannot read GGUF metadata from {source}: {exc}") from None
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key in _HEADER_KEYS or not field.types:
+            continue
+        main = field.types[0]
+        sub = field.types[-1] if main == GGUFValueType.ARRAY else None
+        if main == GGUFValueType.ARRAY and len(field.types) > 2:
+            raise LowbitError(f"{source}: nested metadata array {key!r} is not supported")
+        if sub == GGUFValueType.STRING:
+            # raw bytes: token strings need not be valid UTF-8
+            value: Any = [bytes(field.parts[i]) for i in field.data]
+        elif main == GGUFValueType.STRING:
+            value = bytes(field.parts[-1])
+        else:
+            value = field.contents()
+        out[key] = GGUFValue(value, main, sub)
+    return out
+
+
+def _file_type(planned: Mapping[str, _Planned]) -> int:
+    """llama.cpp's general.file_type: the type holding most elements of the 2-D+ tensors."""
+    from gguf import LlamaFileType
+
+    counts: dict[str, int] = {}
+    for p in planned.values():
+        if len(p.shape) >= 2:
+            n = int(np.prod(p.shape, dtype=np.int64))
+            counts[p.ggml_type.name] = counts.get(p.ggml_type.name, 0) + n
+    if not counts:
+        return int(LlamaFileType.ALL_F32)
+    top = max(counts, key=lambda k: counts[k])
+    if top == "F32":
+        return int(LlamaFileType.ALL_F32)
+    member = {"F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16"}.get(top, f"MOSTLY_{top}")
+    return int(getattr(LlamaFileType, member, LlamaFileType.GUESSED))
+
+
+def write_gguf(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, Any],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    source: str | os.PathLike[str] | Any | None = None,
+    arch: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Write a GGUF file of the given tensors and metadata.
+
+    Args:
+        path: the ``.gguf`` file to create. It is written under a temporary name in the same
+            directory and renamed when complete; on any error nothing is left behind.
+        tensors: name -> value, in file order. A value is a :class:`GGUFTensor` (values and the
+            type to store them as, or raw bytes), a lowbit ``QuantizedTensor`` of a scheme GGUF
+            holds (see :func:`gguf_from_quantized`), or a plain array: float32/float64 become
+            F32, float16 F16, bfloat16 BF16, signed integers I8..I64. Each value is looked
+            up twice, for its shape when planning the header and for its data when written,
+            and not kept in between: a Mapping that loads or computes on access keeps memory
+            to about one tensor.
+        metadata: GGUF key -> value, applied after ``source``'s. Python values get the types
+            llama.cpp uses: bool BOOL, int UINT32 (INT32 if negative, 64-bit if large), float
+            FLOAT32, str STRING, lists ARRAY (ints INT32). Pass a ``gguf.GGUFValue`` for another
+            type. ``general.file_type`` is derived from the tensors unless given here.
+        source: a GGUF file (path, or an open ``gguf.GGUFReader``: opening one parses its
+            whole vocabulary, seconds for a real model) whose metadata (architecture,
+            hyperparameters, tokenizer, chat template) is copied with its exact types.
+        arch: ``general.architecture``; default: from ``metadata`` or ``source``.
+        overwrite: replace an existing ``path``.
+        progress: show a tqdm progress bar (if tqdm is installed).
+
+    Returns:
+        The path written.
+
+    Raises:
+        LowbitError: no architecture, a tensor that cannot take its type (row length not a
+            multiple of 32 for Q8_0/Q4_0, NaN, a block scale beyond float16), bad metadata, an
+            unreadable source, or an existing ``path`` without ``overwrite``.
+        ImportError: the ``gguf`` package is missing (``pip install 'lowbit[models]'``).
+    """
+    try:
+        import gguf
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "writing GGUF needs the gguf package: pip install 'lowbit[models]'"
+        ) from exc
+
+    kv: dict[str, Any] = {}
+    if source is not None:
+        kv.update(_source_fields(source))
+    for key, value in (metadata or {}).items():
+        kv[str(key)] = value
+    typed = {k: _value_type(v) for k, v in kv.items() if k not in _HEADER_KEYS}
+
+    if arch is None:
+        found = typed.get("general.architecture")
+        if found is None:
+            raise LowbitError(
+                "GGUF needs general.architecture: pass arch=, metadata={'general.architecture': "
+                "...} or a source file"
+            )
+        arch = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
+
+    # Plan every tensor from a first look at its value and drop it; the value is fetched
+    # again when written, so a lazy Mapping keeps about one tensor in memory.
+    keys = {str(key): key for key in tensors}
+    if len(keys) != len(tensors):
+        raise LowbitError("tensor names must be distinct as strings")
+    planned = {}
+    for name, key in keys.items():
+        planned[name] = _plan(name, tensors[key])
+        planned[name].produce = _unplanned
+    if "general.file_type" not in (metadata or {}):  # a source's file_type described its tensors
+        typed["general.file_type"] = (_file_type(planned), gguf.GGUFValueType.UINT32, None)
+    has_blocks = any(
+        p.ggml_type.name not in ("F32", "F16", "BF16", "F64") for p in planned.values()
+    )
+    if has_blocks and "general.quantization_version" not in typed:
+        typed["general.quantization_version"] = (
+            gguf.GGML_QUANT_VERSION,
+            gguf.GGUFValueType.UINT32,
+            None,
+        )
+
+    with atomic_file(path, overwrite=overwrite) as tmp:
+        writer = gguf.GGUFWriter(tmp, arch)
+        try:
+            for key, (value, vtype, sub) in typed.items():
+                if key not in _WRITER_KEYS:
+                    writer.add_key_value(key, value, vtype, sub_type=sub)
+            for name, p in planned.items():
+                writer.add_tensor_info(
+                    name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.ggml_type
+                )
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            bar = _progress(progress, sum(p.nbytes for p in planned.values()), Path(path).name)
+            try:
+                for name, p in planned.items():
+                    again = _plan(name, tensors[keys[name]])
+                    if (again.shape, again.ggml_type, again.nbytes) != (
+                        p.shape,
+                        p.ggml_type,
+                        p.nbytes,
+                    ):
+                        raise LowbitError(f"tensor {name!r} changed while the file was written")
+                    data = again.produce()
+                    if data.nbytes != p.nbytes:  # internal invariant: plan and bytes agree
+                        raise AssertionError(
+                            f"{name}: planned {p.nbytes} bytes, made {data.nbytes}"
+                        )
+                    writer.write_tensor_data(data)
+                    del again, data
+                    if bar is not None:
+                        bar.update(p.nbytes)
+            finally:
+                if bar is not None:
+                    bar.close()
+        finally:
+            writer.close()
+    return Path(path)
+
+
+def _unplanned() -> np.ndarray:  # pragma: no cover - replaced before use
+    raise AssertionError("tensor data is made from a fresh look at the value")
+
+
+def _progress(enabled: bool, total: int, desc: str) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {desc}")

@@ -1,0 +1,221 @@
+"""Quantize a whole checkpoint, streaming: one tensor at a time from the reader, through
+``lowbit.quantize``, into a writer.
+
+>>> from lowbit.quant.plan import PrecisionPlan                      # doctest: +SKIP
+>>> plan = PrecisionPlan.uniform("int4", group=128)
+>>> quantize_model("smollm2", plan, "smollm2-int4")                       # lowbit checkpoint
+>>> quantize_model("model_dir", PrecisionPlan.uniform("int8"), "ct", out_format="compressed-tensors")
+>>> quantize_model("m.gguf", PrecisionPlan.uniform("q4_0"), "m.Q4_0.gguf", out_format="gguf")
+
+Memory stays at about one tensor (its float32 values, their quantized codes and the memory map
+of its bytes, released before the next tensor is read), whatever the checkpoint's size: headers
+are planned from shapes alone (``lowbit.checkpoints.lowbit_format.quantized_arrays``), then each
+tensor is read, quantized and written when its bytes are due. Everything is written under a
+temporary name and renamed when complete.
+
+Outputs:
+
+- ``lowbit``: lowbit's own checkpoint (``lowbit.checkpoints.lowbit_format``), any scheme;
+- ``compressed-tensors``: the folder vLLM serves (``lowbit.checkpoints.compressed_tensors``), for the
+  schemes it defines: int1..8 per tensor / output channel / group (groups must divide the rows),
+  fp8 E4M3 per tensor / channel; a GGUF source is renamed to Hugging Face names with its q/k
+  rows un-permuted and its tokenizer saved beside;
+- ``gguf``: llama.cpp's file (``lowbit.checkpoints.gguf_writer``) from a GGUF source (its metadata
+  is copied): int4/int8 symmetric groups of 32 with float16 scales are stored exactly as Q4_0 /
+  Q8_0 blocks; other int4/int8 schemes (and ``--to q4_0`` / ``q8_0``) use llama.cpp's own
+  reference rounding (``lowbit.checkpoints.gguf_q``); kept tensors are copied byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lowbit.checkpoints import _pipeline as qw
+from lowbit.checkpoints._pipeline import output_nbytes
+from lowbit.errors import LowbitError
+from lowbit.quant.plan import AppliedPlan, PrecisionPlan, TensorPlan, checkpoint_tensors
+
+__all__ = [
+    "OUT_FORMATS",
+    "open_model",
+    "output_nbytes",
+    "plan_model",
+    "quantize_model",
+    "quantized_weights",
+    "resolve_model",
+]
+
+OUT_FORMATS = ("lowbit", "compressed-tensors", "gguf")
+
+
+# ---------------------------------------------------------------------------------------
+# Opening and planning
+# ---------------------------------------------------------------------------------------
+
+
+def resolve_model(model: str | os.PathLike[str] | None) -> Path:
+    """The path of a model argument: a file or folder, or a shipped model name.
+
+    ``None`` is the default SmolLM2; ``smollm2`` / ``minilm`` (and their aliases) are the
+    shipped models (``lowbit.checkpoints.shipped``) unless a file of that name exists.
+
+    Raises:
+        LowbitError: neither an existing path nor a shipped model name.
+        ImportError: a shipped model whose package is not installed (says how to install it).
+    """
+    from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
+
+    if model is None:
+        return default_model_path("smollm2")
+    p = Path(model)
+    if p.exists():
+        return p
+    key = default_model_key(str(model))
+    if key is not None:
+        return default_model_path(key)
+    raise LowbitError(
+        f"{model}: no such file or folder (and not a shipped model: "
+        f"{', '.join(sorted(DEFAULT_MODELS))})"
+    )
+
+
+def open_model(model: Any) -> Any:
+    """Open a model argument (see :func:`resolve_model`) as a ``Checkpoint`` for reading.
+
+    Raises:
+        LowbitError: an unreadable checkpoint, or a lowbit checkpoint (quantize its source).
+    """
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
+
+    if hasattr(model, "names") and hasattr(model, "get"):
+        return model
+    path = resolve_model(model)
+    if is_lowbit_checkpoint(path):
+        raise LowbitError(
+            f"{path} is already a lowbit checkpoint; quantize its source model instead"
+        )
+    return open_checkpoint(path)
+
+
+def plan_model(
+    checkpoint: Any,
+    plan: PrecisionPlan,
+    *,
+    out_format: str = "lowbit",
+    gguf_rounding: str = "auto",
+) -> AppliedPlan:
+    """Apply a plan to a checkpoint's tensors and check the output format can hold the result.
+
+    Args:
+        checkpoint: an open checkpoint (``open_model``).
+        plan: the precision plan.
+        out_format: ``lowbit``, ``compressed-tensors`` or ``gguf``.
+        gguf_rounding: for GGUF output, ``auto`` (lowbit's codes where the scheme is exactly
+            Q4_0/Q8_0, llama.cpp's rounding otherwise) or ``llama.cpp`` (always).
+
+    Returns:
+        The :class:`~lowbit.quant.plan.AppliedPlan`.
+
+    Raises:
+        LowbitError: an unquantizable tensor (named), or a scheme the output format lacks.
+
+    Warns:
+        UserWarning: rules matching no tensor; GGUF output approximating a scheme with
+            llama.cpp's block layout.
+    """
+    if out_format not in OUT_FORMATS:
+        raise LowbitError(
+            f"unknown output format {out_format!r}; choose one of {', '.join(OUT_FORMATS)}"
+        )
+    if gguf_rounding not in ("auto", "llama.cpp"):
+        raise LowbitError(f"gguf_rounding must be 'auto' or 'llama.cpp', got {gguf_rounding!r}")
+    applied = plan.apply(checkpoint_tensors(checkpoint), source=str(checkpoint.path.name))
+    if out_format == "compressed-tensors":
+        qw.check_ct(applied, checkpoint)
+    elif out_format == "gguf":
+        qw.check_gguf(applied, checkpoint, gguf_rounding)
+    return applied
+
+
+def quantized_weights(
+    checkpoint: Any, applied: AppliedPlan, *, progress: bool | None = None
+) -> Iterator[tuple[TensorPlan, Any]]:
+    """Yield ``(tensor plan, QuantizedTensor)`` for each tensor the plan quantizes, one at a time.
+
+    For evaluating a scheme in memory without writing anything.
+    """
+    from lowbit.checkpoints.lowbit_format import progress_bar
+
+    todo = applied.quantized
+    with progress_bar(len(todo), progress, "quantizing", "tensor") as bar:
+        for t in todo:
+            yield t, qw.read_quantized(checkpoint, t)
+            bar.update(1)
+
+
+def quantize_model(
+    model: Any,
+    plan: PrecisionPlan,
+    out: str | os.PathLike[str],
+    *,
+    out_format: str = "lowbit",
+    gguf_rounding: str = "auto",
+    overwrite: bool = False,
+    max_shard_size: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Quantize a checkpoint with a precision plan and write the result.
+
+    Args:
+        model: a path (``.safetensors``, a Hugging Face folder, ``.gguf``), a shipped model
+            name (``smollm2``, ``minilm``), or an open checkpoint.
+        plan: the :class:`~lowbit.quant.plan.PrecisionPlan`.
+        out: the folder (``lowbit``, ``compressed-tensors``) or ``.gguf`` file to write.
+        out_format: ``lowbit`` (default), ``compressed-tensors`` or ``gguf``.
+        gguf_rounding: see :func:`plan_model`.
+        overwrite: replace an existing output.
+        max_shard_size: bytes per safetensors shard (default 2 GiB for lowbit, 5 GiB for
+            compressed-tensors).
+        progress: tqdm bars (``None``: only on a terminal; ``False``: never).
+
+    Returns:
+        A summary: ``out``, ``out_format``, ``source``, ``totals`` (the plan's), ``bytes``
+        (written, on disk) and ``seconds``.
+
+    Raises:
+        LowbitError: an unreadable source, an unquantizable tensor, a scheme the output format
+            lacks, an existing output without ``overwrite``. Nothing is left half-written.
+    """
+    start = time.perf_counter()
+    ckpt = open_model(model)
+    applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)
+    out = Path(out)
+    if out_format == "lowbit":
+        qw.write_lowbit(ckpt, applied, out, overwrite, max_shard_size, progress)
+    elif out_format == "compressed-tensors":
+        qw.write_ct(ckpt, applied, out, overwrite, max_shard_size, progress)
+    else:
+        qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding)
+    ckpt.close()
+    return {
+        "out": str(out),
+        "out_format": out_format,
+        "source": str(ckpt.path),
+        "source_format": ckpt.format,
+        "totals": applied.totals(),
+        "bytes": disk_bytes(out),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def disk_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of a file, or of every file under a folder."""
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())

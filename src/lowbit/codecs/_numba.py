@@ -1,0 +1,405 @@
+"""Optional compiled kernels (numba, the ``lowbit[fast]`` extra): bit for bit the numpy path.
+
+Encoding runs ``codec._encode_chunk``'s single-rounding integer algorithm per element,
+in one pass that also notes NaNs (for ``nan="raise"``). Two rounding cores feed one
+shared tail:
+
+- float64 fields (float32 or float64 input, every rounding mode): exactly the chunk
+  algorithm; a float32 widens to float64 in a register, so no float64 copy is made;
+- float32 fields (float32 input, deterministic modes, formats whose lowest binade is at
+  or above 2**-127), in 32-bit lanes: "add the rounding increment, then shift" in the
+  format's normal range, and below it the float32 adder rounding onto the uniform grid.
+  A float32 carries 24 significant bits, so a shift capped at 31 loses no sticky bit.
+
+The tail (overflow, infinities, NaN, sign, the unsigned rules) is reduced per format and
+``saturate`` to a handful of codes, so the loops stay branch-free and vectorise. Formats
+with float32's exponent field (bfloat16, TF32) have a kernel of their own: the rounded
+float32 pattern shifted right is the code. Format parameters reach the kernels as tuples
+of ints; kernels are specialised only on the rounding mode (nearest-even or not), a
+coarse format kind, and the input and output dtypes, and built on first use.
+
+Integer formats get one kernel (``round_to_integer``, then clamp or wrap). Decoding is a
+lookup in the numpy path's own value table, or arithmetic for float16-like, bfloat16,
+TF32 and E8M0 codes. Each entry point returns False/None when numba is missing or no
+kernel applies, and the caller takes the numpy path. ``numpy_only()`` forces that path;
+it exists so tests can compare the two (they agree bit for bit, so it never changes what
+a caller gets). This module chooses and parameterises the kernels; their definitions
+are in ``lowbit.codecs._kernels``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from lowbit._parallel import Switch
+
+try:  # numba is the optional extra ``lowbit[fast]``
+    import numba  # noqa: F401
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised where numba is not installed
+    HAVE_NUMBA = False
+
+if HAVE_NUMBA:
+    from lowbit.codecs._kernels import (
+        _e8m0_decode,
+        _ieee_decode,
+        _kernel,
+        _take_kernel,
+        _wide_decode,
+    )
+
+_numpy_only = Switch()
+
+
+def numpy_only() -> contextlib.AbstractContextManager[None]:
+    """Within this block the codecs take the numpy path (for tests comparing the paths)."""
+    return _numpy_only.set()
+
+
+def enabled() -> bool:
+    """Whether the compiled kernels are in use (numba installed and not forced off)."""
+    return HAVE_NUMBA and not _numpy_only.on
+
+
+_PIECE = 1 << 19  # elements per thread's piece of a large array (smaller: one thread)
+
+
+def _split(call: Any, n: int) -> bool:
+    """``call(a, b)`` over contiguous pieces ``[a, b)`` of ``range(n)``, on the threads of
+    ``lowbit._parallel`` when there are at least two pieces of ``_PIECE`` elements; whether
+    any call returned true (a NaN seen). Pieces are element ranges, so results do not
+    depend on the split."""
+    from lowbit._parallel import map_chunks, threads
+
+    pieces = min(threads(), n // _PIECE)
+    if pieces < 2:
+        return bool(call(0, n))
+    step = -(-n // pieces)
+    return any(map_chunks(lambda a: call(a, min(a + step, n)), list(range(0, n, step))))
+
+
+# ---- parameters (plain Python, cached per format) -----------------------------------
+
+_OUT_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32))
+_IN_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# Format kinds, for compile-time specialisation (the values of ``_kernels``' constants)
+_GENERIC, _SIGNED, _NOZERO = 0, 1, 2
+
+
+def _f64_bits(value: float) -> int:
+    return int(np.array(value, dtype=np.float64).view(np.uint64))
+
+
+def _f32_bits(value: float) -> int | None:
+    """float32 bit pattern of ``value`` if it is exactly a float32, else None."""
+    f = np.float32(value)
+    return int(np.array(f).view(np.uint32)) if float(f) == value else None
+
+
+def _zone_rule(fmt: Any, mode: int, half_bits: int, never: int) -> tuple[int, int]:
+    """(threshold, direction) for values below the smallest positive of a format
+    without subnormals: such a value rounds up to it iff its absolute bit pattern is
+    >= threshold and direction allows (0 any sign, 1 positive only, 2 negative only);
+    it becomes 0 otherwise (``codec._patch_no_subnormal_zone``)."""
+    if not fmt.has_zero or mode == 2:
+        return never, 0
+    if mode == 0:
+        return half_bits + 1, 0  # above the midpoint
+    if mode == 1:
+        return half_bits, 0  # at or above the midpoint
+    return 1, 1 if mode == 3 else 2  # any non-zero value, toward the rounding direction
+
+
+@lru_cache(maxsize=256)
+def _tail_params(fmt: Any, saturate: bool) -> tuple[int, ...] | None:
+    """The tail as codes, or None where no kernel applies: (max magnitude code, sign bit,
+    whether a negative zero magnitude keeps its sign, signed, code of +NaN and -NaN input,
+    code of positive and negative overflow/infinity, code of a negative value that has no
+    unsigned code, whether a magnitude code 0 is non-zero)."""
+    if np.dtype(fmt.code_dtype) not in _OUT_DTYPES:
+        return None
+    if not fmt.signed and fmt.has_inf and not fmt.has_nan:
+        return None  # no code for -inf/negative overflow: left to the numpy path
+    if fmt.max_code_magnitude >= (1 << 31) - 1:
+        return None  # the tail works in int32
+    maxc = fmt.max_code_magnitude
+    sbit = 1 << fmt.magnitude_bits if fmt.signed else 0
+    keeps_sign = fmt.has_negative_zero or not fmt.has_zero  # a zero magnitude keeps "-"
+    nan_code = fmt.nan_code if fmt.nan_code is not None else 0
+    # NaN codes keep the sign where the format's NaN has one (codec._signed_nan)
+    nan_neg = nan_code | (sbit if fmt.nan.value in ("high", "ieee") else 0)
+    if saturate or (not fmt.has_inf and not fmt.has_nan):
+        # overflow and infinities clamp to ±max, signed as a finite result is
+        pos = maxc
+        neg = maxc | (sbit if (maxc != 0 or keeps_sign) else 0)
+    elif fmt.has_inf:
+        pos = fmt.inf_code
+        neg = fmt.inf_code | sbit if fmt.signed else nan_code
+    else:
+        pos, neg = nan_code, nan_neg
+    return (
+        maxc,
+        sbit,
+        int(keeps_sign),
+        int(fmt.signed),
+        nan_code if fmt.has_nan else 0,
+        nan_neg if fmt.has_nan else 0,
+        pos,
+        neg if fmt.signed else pos,
+        0 if saturate else nan_code,
+        int(not fmt.has_zero),
+    )
+
+
+@lru_cache(maxsize=512)
+def _round64_params(fmt: Any, mode: int) -> tuple[int, ...]:
+    """(mbits, bias, emin, zone end, zone threshold, zone direction) for float64 fields."""
+    tiny = fmt.smallest_positive
+    zone_end = 0 if fmt.subnormals else _f64_bits(tiny)
+    thr, direction = _zone_rule(fmt, mode, _f64_bits(tiny / 2), (1 << 63) - 1)
+    return (fmt.mbits, fmt.bias, fmt.emin, zone_end, thr, direction)
+
+
+@lru_cache(maxsize=512)
+def _round32_params(fmt: Any, mode: int) -> tuple[int, ...] | None:
+    """Parameters of the float32-field core, or None where it does not apply.
+
+    It needs the format's lowest binade at or above 2**-127 (``emin >= -127``) so that
+    no float32 subnormal needs normalising, and at least one float32 mantissa bit
+    below the kept ones in every binade.
+    """
+    m, bias, emin = fmt.mbits, fmt.bias, fmt.emin
+    if mode == 5 or emin < -127 or m > min(22, emin + 148) or emin - m + 23 < -126:
+        return None
+    zone_end, thr, direction = 0, 0xFFFFFFFF, 0  # above every float32 that is not NaN
+    if not fmt.subnormals:
+        tiny32 = _f32_bits(fmt.smallest_positive)
+        half32 = _f32_bits(fmt.smallest_positive / 2)
+        if tiny32 is None or half32 is None:
+            return None
+        zone_end = tiny32
+        thr, direction = _zone_rule(fmt, mode, half32, 0xFFFFFFFF)
+    return (
+        23 - m,  # bits dropped from a float32 mantissa in the format's normal range
+        (127 - bias) << m,  # exponent rebias, in magnitude-code units
+        int(m == 0),  # ties to even look at the significand 1.m, always odd when m == 0
+        max((emin + 127) << 23, 1 << 23),  # first bit pattern of the normal-range path
+        emin - m + 150,  # the shift of the low path is this minus max(E, 1)
+        (emin + bias - 1) << m,  # the low path's code offset
+        (emin - m + 150) << 23,  # 2**(emin - m + 23) as float32 bits (mode 0's low path)
+        zone_end,
+        thr,
+        direction,
+    )
+
+
+@lru_cache(maxsize=256)
+def _ieee_decode_params(fmt: Any) -> tuple[int, ...] | None:
+    """Parameters of the arithmetic decode to float32 of 9- to 16-bit IEEE-style formats
+    (float16 and the like), whose every value is a float32; else None."""
+    ieee = (
+        fmt.signed
+        and fmt.subnormals
+        and fmt.inf.value == "ieee"
+        and fmt.nan.value == "ieee"
+        and 8 < fmt.bits <= 16
+        and 1 <= fmt.mbits <= 23
+        and 1 - fmt.bias - fmt.mbits >= -149
+        and (1 << fmt.ebits) - 2 - fmt.bias <= 127
+    )
+    if not ieee:
+        return None
+    scale = _f32_bits(2.0 ** (1 - fmt.bias - fmt.mbits))  # a subnormal's unit
+    assert scale is not None
+    return (fmt.mbits, fmt.magnitude_bits, (127 - fmt.bias) << 23, scale, (1 << fmt.ebits) - 1)
+
+
+def _is_e8m0(fmt: Any) -> bool:
+    """The OCP MX scale layout: 8 exponent bits, bias 127, unsigned, NaN = 0xFF only."""
+    return (fmt.ebits, fmt.mbits, fmt.bias, fmt.signed, fmt.subnormals) == (
+        8, 0, 127, False, False
+    ) and (fmt.inf.value, fmt.nan.value) == ("none", "high")  # fmt: skip
+
+
+def _kind(fmt: Any) -> int:
+    """Which tail rules a format can need (compile-time specialisation of the kernels)."""
+    if fmt.signed and fmt.subnormals:
+        return _SIGNED
+    if not fmt.signed and not fmt.has_zero:
+        return _NOZERO
+    return _GENERIC
+
+
+@lru_cache(maxsize=256)
+def _wide_params(fmt: Any, saturate: bool) -> tuple[int, ...] | None:
+    """Parameters of the kernel for formats with float32's exponent field, or None."""
+    wide = (
+        fmt.ebits == 8
+        and fmt.bias == 127
+        and fmt.signed
+        and fmt.subnormals
+        and fmt.inf.value == "ieee"
+        and fmt.nan.value == "ieee"
+        and 1 <= fmt.mbits <= 22
+    )
+    if not wide:
+        return None
+    return (23 - fmt.mbits, fmt.max_code_magnitude, int(saturate), fmt.nan_code, fmt.magnitude_bits)
+
+
+def encode_float(
+    fmt: Any,
+    x: np.ndarray,
+    mode: int,
+    saturate: bool,
+    rbits: np.ndarray | None,
+    out: np.ndarray,
+    *,
+    nan_check: bool = False,
+    neg_check: bool = False,
+) -> bool:
+    """Fill ``out`` with the codes of ``x`` if a compiled kernel applies; else return False.
+
+    Args:
+        fmt: the FloatFormat.
+        x: flat contiguous float32 or float64 input.
+        mode: rounding mode index (``codec._MODE_INDEX``).
+        saturate: clamp overflow and infinities to ±max.
+        rbits: flat uint64 random bits (stochastic rounding) or None.
+        out: flat array of ``fmt.code_dtype`` to fill.
+        nan_check: raise NaNPolicyError if ``x`` holds a NaN.
+        neg_check: raise LowbitError if ``x`` holds a negative value.
+
+    Raises:
+        NaNPolicyError, LowbitError: as ``codec.encode_float`` does for the same input.
+    """
+    if not enabled() or x.dtype not in _IN_DTYPES or out.dtype != fmt.code_dtype:
+        return False
+    saturate = bool(saturate)
+    tail = _tail_params(fmt, saturate)
+    if tail is None or (mode == 5 and not fmt.subnormals and fmt.has_zero):
+        return False  # the stochastic zone of such formats needs exact fractions
+    kmode = 0 if mode == 0 else -1
+    wide = _wide_params(fmt, saturate) if x.dtype == np.float32 and mode != 5 else None
+    p32 = _round32_params(fmt, mode) if x.dtype == np.float32 and wide is None else None
+    if wide is not None:
+        k = _kernel("wide", kmode, 0)
+        has_nan = _split(lambda a, b: k(x[a:b], out[a:b], wide, mode), x.size)
+    elif p32 is not None:
+        k = _kernel("32", kmode, _kind(fmt))
+        has_nan = _split(lambda a, b: k(x[a:b], out[a:b], p32, tail, mode), x.size)
+    else:
+        if rbits is None:
+            rbits = np.zeros(1, dtype=np.uint64)
+        kmode = 5 if mode == 5 else -1
+        k = _kernel("64", kmode, 0)
+        P64 = _round64_params(fmt, mode)
+        rb = rbits
+        has_nan = _split(
+            lambda a, b: k(x[a:b], out[a:b], rb if rb.size == 1 else rb[a:b], P64, tail, mode),
+            x.size,
+        )
+    from lowbit.codecs.vectorised import nan_error, negative_error
+
+    if nan_check and has_nan:
+        raise nan_error(fmt)
+    if neg_check and (x < 0).any():  # unsigned formats without NaN only: rare
+        raise negative_error(fmt)
+    return True
+
+
+def encode_int(
+    fmt: Any,
+    x: np.ndarray,
+    mode: int,
+    wrap: bool,
+    rbits: np.ndarray | None,
+    out: np.ndarray,
+    *,
+    nan_check: bool,
+) -> bool:
+    """Fill ``out`` with the integer codes of ``x`` if a compiled kernel applies.
+
+    Args:
+        fmt: the IntFormat.
+        x: flat contiguous float32 or float64 input.
+        mode: rounding mode index (``codec._MODE_INDEX``).
+        wrap: wrap modulo 2**bits (``saturate=False``) instead of clamping.
+        rbits: flat uint64 random bits (stochastic rounding) or None.
+        out: flat array of ``fmt.code_dtype`` to fill.
+        nan_check: raise NaNPolicyError if ``x`` holds a NaN (else NaN encodes as 0).
+
+    Raises:
+        NaNPolicyError: as ``IntFormat.encode`` does.
+    """
+    if not enabled() or x.dtype not in _IN_DTYPES or out.dtype != fmt.code_dtype:
+        return False
+    if rbits is None:
+        rbits = np.zeros(1, dtype=np.uint64)
+    kernel = _kernel("int", 0 if mode == 0 else -1, 0)
+    rb = rbits
+    lo, hi = float(fmt.min), float(fmt.max)
+    seen_nan = _split(
+        lambda a, b: kernel(
+            x[a:b], out[a:b], rb if rb.size == 1 else rb[a:b], mode, bool(wrap), lo, hi, fmt.bits
+        ),
+        x.size,
+    )
+    if nan_check and seen_nan:
+        from lowbit.errors import NaNPolicyError
+
+        raise NaNPolicyError(f"input contains NaN and {fmt.name} has no NaN code; pass nan='zero'")
+    return True
+
+
+def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
+    """Values of validated codes in ``dtype`` by a compiled loop, or None if none applies.
+
+    Formats of at most 16 bits: a lookup in ``codec.value_table`` (the numpy path's own
+    table, so results are the same bits). To float32, some layouts skip the table:
+    bfloat16 and TF32 (the code shifted into place), float16-like IEEE formats of 9-16
+    bits (arithmetic) and E8M0 (the code is the exponent field), with NaNs made the
+    table's canonical quiet NaN. The result has the codes' shape; 0-d codes of a format
+    of at most 16 bits give a numpy scalar, as ``np.take`` on the numpy path does.
+    """
+    if not enabled():
+        return None
+    if dtype == np.float32 and _wide_params(fmt, False) is not None:
+        out = _decode_with(_wide_decode, codes, fmt.code_dtype, np.float32, 23 - fmt.mbits)
+    elif fmt.bits > 16:
+        return None
+    elif dtype == np.float32 and _is_e8m0(fmt):
+        out = _decode_with(_e8m0_decode, codes, np.uint8, np.float32)
+    elif dtype == np.float32 and _ieee_decode_params(fmt) is not None:
+        out = _decode_with(_ieee_decode, codes, np.uint16, np.float32, _ieee_decode_params(fmt))
+    else:
+        from lowbit.codecs.vectorised import value_table
+
+        table = value_table(fmt, dtype)
+        if table.itemsize not in (2, 4, 8):
+            return None
+        uint = np.dtype(f"u{table.itemsize}")
+        narrow = np.uint8 if fmt.bits <= 8 and codes.dtype != np.uint16 else np.uint16
+        out = _decode_with(_take_kernel, codes, narrow, table.dtype, table.view(uint))
+    return out[()] if out.ndim == 0 and fmt.bits <= 16 else out
+
+
+def _decode_with(kernel: Any, codes: np.ndarray, code_dtype: Any, dtype: Any, *args: Any) -> Any:
+    """Run a decode kernel over flat codes (narrowed to ``code_dtype``: validated, they
+    fit) into a new array of ``dtype``, written through an unsigned view of its bits."""
+    flat = np.ascontiguousarray(codes).reshape(-1)
+    if flat.dtype != code_dtype:
+        flat = flat.astype(code_dtype)
+    out = np.empty(flat.size, dtype=dtype)
+    if kernel is _take_kernel:
+        bits = out.view(args[0].dtype)
+        _split(lambda a, b: kernel(args[0], flat[a:b], bits[a:b]), flat.size)
+    else:
+        bits = out.view(np.uint32)
+        _split(lambda a, b: kernel(flat[a:b], bits[a:b], *args), flat.size)
+    return out.reshape(codes.shape)

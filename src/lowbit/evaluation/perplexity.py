@@ -1,0 +1,444 @@
+"""Measure the quality a model keeps: perplexity and KL for causal LMs, embedding fidelity for encoders.
+
+- :func:`perplexity`: a causal LM over a text in fixed windows (default 512 tokens, non-overlapping,
+  no BOS, float32), optionally against a reference model in the same pass: mean KL divergence of
+  the next-token distributions, KL(reference || model) as llama.cpp's ``--kl-divergence`` reports
+  it, and how often both models agree on the most likely token.
+- :func:`embedding_fidelity`: sentence embeddings (mean over the attention mask, L2-normalised,
+  as sentence-transformers' all-MiniLM-L6-v2 pools) of a model against a reference: mean and
+  minimum cosine similarity, and nearest-neighbour agreement.
+- The default text is CPython's own ``pydoc_data.topics`` (the documentation ``help()`` shows),
+  which every Python install has; its exact content differs between Python versions, so results
+  state the version.
+
+Activation quantization (W8A8) is simulated with ``lowbit.evaluation.activations.simulate_activations``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+__all__ = [
+    "default_text",
+    "embed",
+    "embedding_fidelity",
+    "load_text",
+    "perplexity",
+    "sentences_from_text",
+    "tokenize",
+]
+
+
+def default_text() -> tuple[str, str]:
+    """CPython's ``pydoc_data.topics``, joined in sorted key order with blank lines.
+
+    Returns:
+        ``(label, text)``; the label names the Python version the text came with.
+    """
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[k] for k in sorted(topics))
+    return f"pydoc_data.topics (Python {platform.python_version()})", text
+
+
+def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
+    """``(label, text)`` of a UTF-8 text file, or the default text when ``path`` is None.
+
+    Raises:
+        LowbitError: the file cannot be read or is empty.
+    """
+    if path is None:
+        return default_text()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LowbitError(f"{p}: cannot read text ({exc})") from None
+    if not text.strip():
+        raise LowbitError(f"{p}: the text is empty")
+    return str(p), text
+
+
+def tokenize(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a whole text without special tokens (no BOS), never truncated or padded."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    # the fast tokenizer itself, so transformers does not log "longer than the model"; its
+    # truncation/padding settings (tokenizer.json may set them) are lifted for this call
+    truncation, padding = backend.truncation, backend.padding
+    backend.no_truncation()
+    backend.no_padding()
+    try:
+        return list(backend.encode(text, add_special_tokens=False).ids)
+    finally:
+        if truncation is not None:
+            backend.enable_truncation(**truncation)
+        if padding is not None:
+            backend.enable_padding(**padding)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def _threads(n: int | None) -> Iterator[int]:
+    import torch
+
+    old = torch.get_num_threads()
+    n = _cores() if n is None else n
+    if n < 1:
+        raise LowbitError(f"threads must be >= 1, got {n}")
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(old)
+
+
+def _bar(total: int, progress: bool | None, desc: str, unit: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total, desc=desc, unit=unit, disable=None if progress is None else not progress
+    )
+
+
+def _windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, first scored position) of each window over ``n`` tokens.
+
+    A window scores the positions after its first token that no earlier window scored, so
+    each position is scored at most once and always with context.
+    """
+    out = []
+    scored_to = 1  # position 0 has no context
+    for begin in range(0, max(n - 1, 0), stride):
+        end = min(begin + window, n)
+        first = max(scored_to, begin + 1)
+        if first < end:
+            out.append((begin, end, first))
+            scored_to = end
+        if end == n:
+            break
+    return out
+
+
+def perplexity(
+    model: Any,
+    tokenizer: Any,
+    text: str | None = None,
+    *,
+    label: str | None = None,
+    window: int = 512,
+    stride: int | None = None,
+    max_tokens: int | None = 16_384,
+    reference: Any = None,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Perplexity of a causal LM over a text, and its KL divergence from a reference model.
+
+    The text is tokenized without BOS and cut to ``max_tokens``; windows of ``window`` tokens
+    start every ``stride`` tokens, and each window scores only positions no earlier window
+    scored (with ``stride == window``, the default, windows do not overlap and each predicts
+    ``window - 1`` tokens). Logits are float32 as the model computes them.
+
+    Args:
+        model: a causal LM (``model(input_ids=...).logits``), e.g. from ``lowbit.load_model``.
+        tokenizer: its tokenizer.
+        text: the text (default: :func:`default_text`).
+        label: how to name the text in the result (default: "pydoc_data.topics (Python x.y.z)"
+            for the default text, else "text").
+        window: tokens per window (context length).
+        stride: tokens between window starts (default: ``window``).
+        max_tokens: use only the first this many tokens (``None``: all).
+        reference: a second model with the same vocabulary; adds ``kl_mean`` (mean over scored
+            tokens of KL(reference || model), in nats), ``kl_max``, ``top1_agreement`` (fraction
+            of positions where both argmaxes agree) and ``reference_perplexity``. Its
+            log-probabilities are computed window by window in the same pass.
+        threads: torch threads (default: the machine's cores); restored afterwards.
+        progress: tqdm bar (``None``: only on a terminal; ``False``: never).
+
+    Returns:
+        A dict: text, text_tokens (in the whole text), tokens (used), scored, window, stride,
+        windows, bos (False), dtype, perplexity, nll (mean, nats), seconds, tokens_per_second,
+        and with a reference the KL entries above.
+
+    Raises:
+        LowbitError: window < 2, stride outside [1, window], fewer than 2 tokens, or a
+            reference whose vocabulary size differs.
+    """
+    import torch
+
+    label, stride, ids, text_tokens, spans = _tokens_and_windows(
+        tokenizer, text, label, window, stride, max_tokens
+    )
+    tokens = torch.tensor(ids, dtype=torch.long)
+    nll_sum = 0.0
+    ref_nll_sum = 0.0
+    kl_sum = 0.0
+    kl_max = 0.0
+    agree = 0
+    scored = 0
+    start = time.perf_counter()
+    bar = _bar(len(ids), progress, "perplexity", "tok")
+    with _threads(threads), torch.inference_mode(), bar:
+        for begin, end, first in spans:
+            inp = tokens[begin:end].unsqueeze(0)
+            logp = _log_probs(model, inp, first - begin)
+            target = tokens[first:end]
+            nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1)
+            nll_sum += float(nll.double().sum())
+            if reference is not None:
+                ref = _log_probs(reference, inp, first - begin)
+                if ref.shape != logp.shape:
+                    raise LowbitError(
+                        f"reference vocabulary ({ref.shape[-1]}) differs from the model's "
+                        f"({logp.shape[-1]})"
+                    )
+                ref_nll_sum += float(-ref.gather(1, target.unsqueeze(1)).double().sum())
+                kl = (ref.exp() * (ref - logp)).sum(dim=-1)
+                kl_sum += float(kl.double().sum())
+                kl_max = max(kl_max, float(kl.max()))
+                agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+            scored += end - first
+            bar.update(end - bar.n)
+    seconds = time.perf_counter() - start
+    result: dict[str, Any] = {
+        **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, model),
+        "perplexity": math.exp(nll_sum / scored),
+        "nll": nll_sum / scored,
+        "seconds": seconds,
+        "tokens_per_second": len(ids) / seconds if seconds > 0 else float("inf"),
+    }
+    if reference is not None:
+        result.update(
+            reference_perplexity=math.exp(ref_nll_sum / scored),
+            kl_mean=kl_sum / scored,
+            kl_max=kl_max,
+            top1_agreement=agree / scored,
+        )
+    return result
+
+
+def _window_facts(
+    label: str | None,
+    text_tokens: int,
+    tokens: int,
+    scored: int,
+    window: int,
+    stride: int,
+    spans: list[Any],
+    model: Any,
+) -> dict[str, Any]:
+    """What a sliding-window perplexity run measured over (text, windows, dtype), as its
+    result reports it."""
+    return {
+        "text": label or "text",
+        "text_tokens": text_tokens,
+        "tokens": tokens,
+        "scored": scored,
+        "window": window,
+        "stride": stride,
+        "windows": len(spans),
+        "bos": False,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
+
+
+def _log_probs(model: Any, inp: Any, skip: int) -> Any:
+    """float32 log-probabilities predicting positions ``skip .. len-1`` of ``inp``."""
+    import torch
+
+    out = model(input_ids=inp, use_cache=False)
+    logits = out.logits[0, skip - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+# ----------------------------------------------------------------------------- encoders
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'`])")
+
+
+def sentences_from_text(
+    text: str, n: int = 256, *, seed: int = 0, min_chars: int = 30, max_chars: int = 300
+) -> list[str]:
+    """Draw ``n`` distinct prose sentences from a text (deterministically for a seed).
+
+    Paragraphs are split at blank lines, whitespace collapsed, and split into sentences after
+    ``.``, ``!`` or ``?``; sentences of ``min_chars`` .. ``max_chars`` characters that contain
+    mostly letters are candidates, and ``n`` are drawn without replacement, kept in text order.
+
+    Raises:
+        LowbitError: fewer than ``n`` candidates (or n < 2).
+    """
+    if n < 2:
+        raise LowbitError(f"need at least 2 sentences, got n={n}")
+    seen: set[str] = set()
+    candidates = []
+    for para in re.split(r"\n\s*\n", text):
+        flat = " ".join(para.split())
+        for s in _SENTENCE_END.split(flat):
+            letters = sum(c.isalpha() for c in s)
+            if min_chars <= len(s) <= max_chars and letters >= 0.6 * len(s) and s not in seen:
+                seen.add(s)
+                candidates.append(s)
+    if len(candidates) < n:
+        raise LowbitError(f"the text has {len(candidates)} usable sentences, fewer than n={n}")
+    pick = np.sort(np.random.default_rng(seed).choice(len(candidates), size=n, replace=False))
+    return [candidates[i] for i in pick]
+
+
+def embed(
+    model: Any,
+    tokenizer: Any,
+    sentences: Sequence[str],
+    *,
+    batch_size: int = 32,
+    max_length: int = 256,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> np.ndarray:
+    """Sentence embeddings: last hidden state averaged over the attention mask, L2-normalised.
+
+    This is all-MiniLM-L6-v2's pooling (its ``1_Pooling/config.json``: mean tokens; then the
+    ``Normalize`` module); ``max_length`` 256 is its ``max_seq_length``.
+
+    Returns:
+        float32 array ``[len(sentences), hidden]`` of unit vectors.
+    """
+    import torch
+
+    out = []
+    bar = _bar(len(sentences), progress, "embedding", "sent")
+    with _threads(threads), torch.inference_mode(), bar:
+        for i in range(0, len(sentences), batch_size):
+            out.append(_embed_batch(model, tokenizer, sentences[i : i + batch_size], max_length))
+            bar.update(len(sentences[i : i + batch_size]))
+    return np.concatenate(out).astype(np.float32)
+
+
+def _embed_batch(model: Any, tokenizer: Any, batch: Sequence[str], max_length: int) -> Any:
+    import torch
+
+    enc = tokenizer(
+        list(batch), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+    )
+    hidden = model(**enc).last_hidden_state.float()
+    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
+
+
+def embedding_fidelity(
+    model: Any,
+    reference: Any,
+    tokenizer: Any,
+    sentences: Sequence[str] | None = None,
+    *,
+    n: int = 256,
+    seed: int = 0,
+    text: str | None = None,
+    label: str | None = None,
+    batch_size: int = 32,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """How closely a (quantized) encoder's sentence embeddings follow a reference's.
+
+    Args:
+        model: the encoder under test (``model(**enc).last_hidden_state``).
+        reference: the original encoder.
+        tokenizer: their tokenizer.
+        sentences: the sentences (default: ``n`` drawn from ``text`` with ``seed``).
+        n, seed: how many sentences to draw, and from which seed.
+        text: where to draw them from (default: :func:`default_text`).
+        label: how to name the text in the result.
+
+    Returns:
+        A dict: text, sentences (count), seed, mean_cosine, min_cosine (between each sentence's
+        two embeddings), nn_agreement (fraction of sentences whose nearest other sentence is
+        the same under both models), seconds.
+    """
+    start = time.perf_counter()
+    sentences, label = _fidelity_sentences(sentences, text, label, n, seed)
+    kw = {"batch_size": batch_size, "threads": threads, "progress": progress}
+    a = embed(model, tokenizer, sentences, **kw)
+    b = embed(reference, tokenizer, sentences, **kw)
+    cos = np.sum(a.astype(np.float64) * b, axis=1)
+    return {
+        "text": label or ("sentences" if text is None else "text"),
+        "sentences": len(sentences),
+        "seed": seed,
+        "mean_cosine": float(cos.mean()),
+        "min_cosine": float(cos.min()),
+        "nn_agreement": float(np.mean(_nearest(a) == _nearest(b))),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _nearest(e: np.ndarray) -> np.ndarray:
+    sim = e.astype(np.float64) @ e.T.astype(np.float64)
+    np.fill_diagonal(sim, -np.inf)
+    return np.argmax(sim, axis=1)
+
+
+def _tokens_and_windows(
+    tokenizer: Any,
+    text: str | None,
+    label: str | None,
+    window: int,
+    stride: int | None,
+    max_tokens: int | None,
+) -> tuple[str | None, int, list[int], int, list[tuple[int, int, int]]]:
+    """Check window/stride, tokenize the text (default: pydoc_data.topics), cut the windows.
+
+    Returns (label, stride, ids, tokens in the whole text, window spans).
+    """
+    if window < 2:
+        raise LowbitError(f"window must be at least 2 tokens, got {window}")
+    stride = window if stride is None else stride
+    if not 1 <= stride <= window:
+        raise LowbitError(f"stride must be between 1 and the window ({window}), got {stride}")
+    if text is None:
+        default_label, text = default_text()
+        label = label or default_label
+    ids = tokenize(tokenizer, text)
+    text_tokens = len(ids)
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise LowbitError(f"the text gives {len(ids)} tokens; perplexity needs at least 2")
+    return label, stride, ids, text_tokens, _windows(len(ids), window, stride)
+
+
+def _fidelity_sentences(
+    sentences: Sequence[str] | None, text: str | None, label: str | None, n: int, seed: int
+) -> tuple[Sequence[str], str | None]:
+    """The sentences to embed: the caller's (at least 2), or ``n`` drawn from the text
+    (default: pydoc_data.topics). Returns (sentences, label)."""
+    if sentences is None:
+        if text is None:
+            default_label, text = default_text()
+            label = label or default_label
+        return sentences_from_text(text, n, seed=seed), label
+    if len(sentences) < 2:
+        raise LowbitError("embedding fidelity needs at least 2 sentences")
+    return sentences, label

@@ -1,0 +1,487 @@
+"""The quality a model keeps under quantization: the original and its variants, measured together.
+
+:func:`evaluate_variants` is what ``lowbit eval`` runs: it builds the original model, each
+quantized variant (lowbit checkpoints or other checkpoints on disk, or schemes quantized in
+memory without writing anything), optionally each with simulated W8A8 activations, and measures
+all of them in one pass over the same data:
+
+- causal LMs: perplexity over fixed windows, and against the original the mean KL divergence of
+  next-token distributions and top-1 agreement (:func:`compare_causal`; the same arithmetic as
+  ``lowbit.evaluation.perplexity.perplexity``, with the original's log-probabilities computed once per
+  window for every variant instead of once per variant);
+- encoders: mean/min cosine similarity of sentence embeddings against the original's, and
+  nearest-neighbour agreement (:func:`compare_encoder`, as ``lowbit.evaluation.perplexity.embedding_fidelity``).
+
+Sizes are tensor data bytes: as stored for checkpoints on disk, as a lowbit checkpoint would
+store them for in-memory variants. Bits per weight count every stored bit (codes, scales, zero
+points) of the tensors the plan quantizes (for the original: of those same tensors as stored).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+__all__ = [
+    "DEFAULT_SCHEMES",
+    "Variant",
+    "compare_causal",
+    "compare_encoder",
+    "evaluate_variants",
+]
+
+#: The schemes ``lowbit eval`` compares when given none (issue 4's list).
+DEFAULT_SCHEMES = ("int8:ch", "int4:g128", "int4:g128:asym", "nf4", "fp8_e4m3:ch", "mxfp4")
+DEFAULT_TOKENS = 4096
+DEFAULT_SENTENCES = 256
+
+
+@dataclass
+class Variant:
+    """One model to measure against the original.
+
+    Attributes:
+        name: the row label (``original``, a scheme string, a folder name).
+        format: what it is, in words (``int4 g128``, ``Q4_1 GGUF``).
+        model: the torch model.
+        activations: per-token activation format simulated on every linear layer's input
+            during measurement (``int8`` for W8A8 rows), or None.
+        bits_per_weight: stored bits per weight of the quantized tensors, scales included.
+        nbytes: tensor data bytes.
+        source: ``disk`` or ``memory``.
+    """
+
+    name: str
+    format: str
+    model: Any
+    activations: str | None = None
+    bits_per_weight: float | None = None
+    nbytes: int | None = None
+    source: str = "memory"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "format": self.format,
+            "activations": self.activations,
+            "bits_per_weight": self.bits_per_weight,
+            "bytes": self.nbytes,
+            "size_source": self.source,
+            **self.extra,
+        }
+
+
+def _act_context(model: Any, fmt: str | None) -> Any:
+    if fmt is None:
+        return contextlib.nullcontext()
+    from lowbit.evaluation.activations import simulate_activations
+
+    return simulate_activations(model, fmt)
+
+
+# ---------------------------------------------------------------------------------------
+# Causal LMs
+# ---------------------------------------------------------------------------------------
+
+
+def compare_causal(
+    variants: Sequence[Variant],
+    reference: Any,
+    tokenizer: Any,
+    text: str | None = None,
+    *,
+    label: str | None = None,
+    window: int = 512,
+    stride: int | None = None,
+    max_tokens: int | None = DEFAULT_TOKENS,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Perplexity, KL and top-1 agreement of every variant against ``reference``, in one pass.
+
+    Windows, scoring and arithmetic are those of ``lowbit.evaluation.perplexity.perplexity`` (which gives the
+    same numbers one model at a time): the text is tokenized without BOS and cut to
+    ``max_tokens``; a window of ``window`` tokens starts every ``stride`` tokens and scores the
+    positions no earlier window scored; KL is KL(reference || variant) in nats, averaged over
+    scored tokens. A variant whose model *is* the reference (with no activation simulation)
+    reuses the reference's log-probabilities.
+
+    Returns:
+        ``(measured, rows)``: what was measured (text, text_tokens, tokens, scored, window,
+        stride, windows, bos, dtype, threads, seconds), and per variant a dict with
+        perplexity, nll, kl_mean, kl_max, top1_agreement, seconds.
+
+    Raises:
+        LowbitError: as ``lowbit.evaluation.perplexity.perplexity`` (window, stride, too few tokens,
+            vocabularies that differ).
+    """
+    import torch
+
+    from lowbit.evaluation.perplexity import (
+        _bar,
+        _log_probs,
+        _threads,
+        _tokens_and_windows,
+        _window_facts,
+    )
+
+    label, stride, ids, text_tokens, spans = _tokens_and_windows(
+        tokenizer, text, label, window, stride, max_tokens
+    )
+    tokens = torch.tensor(ids, dtype=torch.long)
+    n = len(variants)
+    nll = [0.0] * n
+    kl = [0.0] * n
+    kl_max = [0.0] * n
+    agree = [0] * n
+    secs = [0.0] * n
+    ref_secs = 0.0
+    scored = 0
+    start = time.perf_counter()
+    bar = _bar(len(ids) * (n + 1), progress, "evaluating", "tok")
+    with _threads(threads) as used_threads, torch.inference_mode(), bar:
+        for begin, end, first in spans:
+            inp = tokens[begin:end].unsqueeze(0)
+            target = tokens[first:end].unsqueeze(1)
+            t0 = time.perf_counter()
+            ref = _log_probs(reference, inp, first - begin)
+            ref_secs += time.perf_counter() - t0
+            ref_argmax = ref.argmax(-1)
+            ref_p = ref.exp()
+            bar.update(end - begin)
+            for i, v in enumerate(variants):
+                t0 = time.perf_counter()
+                if v.model is reference and v.activations is None:
+                    logp = ref
+                else:
+                    with _act_context(v.model, v.activations):
+                        logp = _log_probs(v.model, inp, first - begin)
+                if logp.shape != ref.shape:
+                    raise LowbitError(
+                        f"{v.name}: vocabulary ({logp.shape[-1]}) differs from the original's "
+                        f"({ref.shape[-1]})"
+                    )
+                nll[i] += float(-logp.gather(1, target).squeeze(1).double().sum())
+                k = (ref_p * (ref - logp)).sum(dim=-1)
+                kl[i] += float(k.double().sum())
+                kl_max[i] = max(kl_max[i], float(k.max()))
+                agree[i] += int((ref_argmax == logp.argmax(-1)).sum())
+                secs[i] += time.perf_counter() - t0
+                bar.update(end - begin)
+            scored += end - first
+    measured = {
+        "kind": "causal-lm",
+        **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, reference),
+        "threads": used_threads,
+        "seconds": time.perf_counter() - start,
+        "reference_seconds": ref_secs,
+    }
+    rows = []
+    for i in range(n):
+        rows.append(
+            {
+                "perplexity": math.exp(nll[i] / scored),
+                "nll": nll[i] / scored,
+                "kl_mean": kl[i] / scored,
+                "kl_max": kl_max[i],
+                "top1_agreement": agree[i] / scored,
+                "seconds": secs[i],
+            }
+        )
+    return measured, rows
+
+
+# ---------------------------------------------------------------------------------------
+# Encoders
+# ---------------------------------------------------------------------------------------
+
+
+def compare_encoder(
+    variants: Sequence[Variant],
+    reference: Any,
+    tokenizer: Any,
+    sentences: Sequence[str] | None = None,
+    *,
+    n: int = DEFAULT_SENTENCES,
+    seed: int = 0,
+    text: str | None = None,
+    label: str | None = None,
+    batch_size: int = 32,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Embedding fidelity of every variant against ``reference`` (embedded once).
+
+    The measures are ``lowbit.evaluation.perplexity.embedding_fidelity``'s: cosine similarity of each
+    sentence's two embeddings (mean and minimum), and the fraction of sentences whose nearest
+    other sentence is the same under both models.
+
+    Returns:
+        ``(measured, rows)``; rows hold mean_cosine, min_cosine, nn_agreement, seconds.
+    """
+    from lowbit.evaluation.perplexity import _fidelity_sentences, _nearest, embed
+
+    start = time.perf_counter()
+    sentences, label = _fidelity_sentences(sentences, text, label, n, seed)
+    kw = {"batch_size": batch_size, "threads": threads, "progress": progress}
+    ref = embed(reference, tokenizer, sentences, **kw)
+    ref_nn = _nearest(ref)
+    rows = []
+    for v in variants:
+        t0 = time.perf_counter()
+        if v.model is reference and v.activations is None:
+            a = ref
+        else:
+            with _act_context(v.model, v.activations):
+                a = embed(v.model, tokenizer, sentences, **kw)
+        cos = np.sum(a.astype(np.float64) * ref, axis=1)
+        rows.append(
+            {
+                "mean_cosine": float(cos.mean()),
+                "min_cosine": float(cos.min()),
+                "nn_agreement": float(np.mean(_nearest(a) == ref_nn)),
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+    measured = {
+        "kind": "encoder",
+        "text": label or ("sentences" if text is None else "text"),
+        "sentences": len(sentences),
+        "seed": seed,
+        "pooling": "mean over the attention mask, L2-normalised (max 256 tokens)",
+        "seconds": time.perf_counter() - start,
+    }
+    return measured, rows
+
+
+# ---------------------------------------------------------------------------------------
+# Building the variants
+# ---------------------------------------------------------------------------------------
+
+
+def _stored_bits(checkpoint: Any, names: Sequence[str]) -> float | None:
+    """Stored bits per value of the named tensors as the checkpoint holds them."""
+    numel = sum(math.prod(checkpoint.shape(n)) for n in names)
+    if not numel:
+        return None
+    return sum(checkpoint.info(n).nbytes for n in names) * 8 / numel
+
+
+def _default_quantized(checkpoint: Any) -> list[str]:
+    """Names of the tensors the default plan quantizes (the 2-D linear weights)."""
+    from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
+
+    plan = PrecisionPlan(default=PrecisionPlan.uniform("int8").default)
+    return [t.name for t in plan.apply(checkpoint_tensors(checkpoint)).quantized]
+
+
+def _dominant_dtype(checkpoint: Any, names: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
+    for n in names:
+        d = str(checkpoint.dtype(n))
+        counts[d] = counts.get(d, 0) + math.prod(checkpoint.shape(n))
+    return max(counts, key=lambda k: counts[k]) if counts else "?"
+
+
+def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Variant:
+    from lowbit.checkpoints.quantize_model import plan_model, quantized_weights
+    from lowbit.evaluation.models import build_model
+    from lowbit.quant.plan import PrecisionPlan, scheme_label
+
+    plan = PrecisionPlan.uniform(spec)
+    applied = plan_model(checkpoint, plan)
+    weights: dict[str, np.ndarray] = {}
+    qbytes = 0
+    qnumel = 0
+    for t, qt in quantized_weights(checkpoint, applied, progress=progress):
+        weights[t.name] = qt.dequantize(np.float32)
+        qbytes += qt.nbytes
+        qnumel += qt.numel
+    model = build_model(checkpoint, weights=weights, progress=progress)
+    del weights
+    totals = applied.totals()
+    if totals["quantized_bytes"] != qbytes:  # internal invariant: the plan's bytes are exact
+        raise AssertionError(f"{spec}: planned {totals['quantized_bytes']} bytes, got {qbytes}")
+    return Variant(
+        name=spec,
+        format=scheme_label(plan.default),
+        model=model,
+        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        nbytes=totals["bytes"],
+        source="memory",
+        extra={"quantized_tensors": totals["quantized"]},
+    )
+
+
+def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint, load_model
+    from lowbit.evaluation.models import build_model
+
+    if is_lowbit_checkpoint(path):
+        ckpt = LowbitCheckpoint(path)
+        if set(ckpt.names()) != set(original.names()):
+            raise LowbitError(
+                f"{path} was quantized from {ckpt.manifest.get('source', {}).get('path')}, whose "
+                f"tensors differ from {original.path}"
+            )
+        totals = ckpt.manifest.get("totals") or {}
+        labels = sorted(
+            {
+                e.get("label", "?")
+                for n in ckpt.names()
+                if (e := ckpt.entry(n))["kind"] == "quantized"
+            }
+        )
+        model = load_model(path, progress=progress)
+        acts = sorted(set(model.lowbit_activations.values()))
+        fmt = ", ".join(labels) or "nothing quantized"
+        if acts:
+            fmt += f" + {'/'.join(acts)} activations"
+        return Variant(
+            name=path.name,
+            format=fmt,
+            model=model,
+            bits_per_weight=totals.get("bits_per_weight"),
+            nbytes=ckpt.nbytes,
+            source="disk",
+            extra={"path": str(path)},
+        )
+    ckpt = open_checkpoint(path)
+    names = _default_quantized(ckpt)
+    return Variant(
+        name=path.name,
+        format=f"{_dominant_dtype(ckpt, names)} {ckpt.format}",
+        model=build_model(ckpt, progress=progress),
+        bits_per_weight=_stored_bits(ckpt, names),
+        nbytes=ckpt.nbytes,
+        source="disk",
+        extra={"path": str(path)},
+    )
+
+
+def evaluate_variants(
+    model: Any = None,
+    quantized: Sequence[str | Path] = (),
+    schemes: Sequence[str] | None = None,
+    *,
+    w8a8: str | None = None,
+    tokens: int | None = DEFAULT_TOKENS,
+    window: int = 512,
+    stride: int | None = None,
+    text: str | Path | None = None,
+    sentences: int = DEFAULT_SENTENCES,
+    seed: int = 0,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Measure a model and its quantized variants; what ``lowbit eval`` prints.
+
+    Args:
+        model: the original (path or shipped name; default SmolLM2).
+        quantized: checkpoints of it on disk (lowbit checkpoints, GGUF files ...).
+        schemes: scheme strings quantized in memory with the default plan (2-D linear weights;
+            default :data:`DEFAULT_SCHEMES` when ``quantized`` is empty too, pass ``[]`` for
+            none).
+        w8a8: also measure every model with per-token activations in this format (``int8``,
+            ``fp8_e4m3``) on every linear layer but the LM head.
+        tokens, window, stride: perplexity data (causal LMs): the first ``tokens`` tokens,
+            windows of ``window`` every ``stride``.
+        text: a UTF-8 text file (default: CPython's ``pydoc_data.topics``).
+        sentences, seed: how many sentences encoders are compared on, drawn from the text.
+        threads: torch threads (default: the machine's cores).
+        progress: tqdm bars (``None``: only on a terminal).
+
+    Returns:
+        ``{"model", "kind", "measured", "rows"}``; each row has name, format, activations,
+        bits_per_weight, bytes, size_source and the measures, plus ``change`` (relative
+        perplexity change against the original) for causal LMs.
+
+    Raises:
+        LowbitError: unreadable models or texts, bad schemes, variants of another model.
+    """
+    from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.evaluation.models import build_model, build_tokenizer
+    from lowbit.evaluation.perplexity import load_text
+    from lowbit.quant.plan import activation_format
+
+    if schemes is None:
+        schemes = [] if quantized else list(DEFAULT_SCHEMES)
+    act = activation_format(w8a8) if w8a8 else None
+    label, body = load_text(text)
+    ckpt = open_model(model)
+    tokenizer = build_tokenizer(ckpt)
+    reference = build_model(ckpt, progress=progress)
+    names = _default_quantized(ckpt)
+    variants = [
+        Variant(
+            name="original",
+            format=f"{_dominant_dtype(ckpt, names)} {ckpt.format}",
+            model=reference,
+            bits_per_weight=_stored_bits(ckpt, names),
+            nbytes=ckpt.nbytes,
+            source="disk",
+        )
+    ]
+    for q in quantized:
+        variants.append(_disk_variant(Path(q), ckpt, progress))
+    for spec in schemes:
+        variants.append(_scheme_variant(ckpt, spec, progress))
+    if act is not None:
+        for v in list(variants):
+            variants.append(
+                Variant(
+                    name=f"{v.name} + {act} act",
+                    format=f"{v.format}, {act} per-token activations",
+                    model=v.model,
+                    activations=act,
+                    bits_per_weight=v.bits_per_weight,
+                    nbytes=v.nbytes,
+                    source=v.source,
+                )
+            )
+    causal = reference.get_output_embeddings() is not None
+    if causal:
+        measured, rows = compare_causal(
+            variants,
+            reference,
+            tokenizer,
+            body,
+            label=label,
+            window=window,
+            stride=stride,
+            max_tokens=tokens,
+            threads=threads,
+            progress=progress,
+        )
+        base = rows[0]["perplexity"]
+        for r in rows:
+            r["change"] = r["perplexity"] / base - 1.0
+    else:
+        measured, rows = compare_encoder(
+            variants,
+            reference,
+            tokenizer,
+            n=sentences,
+            seed=seed,
+            text=body,
+            label=label,
+            threads=threads,
+            progress=progress,
+        )
+    return {
+        "model": str(ckpt.path),
+        "kind": measured["kind"],
+        "measured": measured,
+        "rows": [{**v.row(), **r} for v, r in zip(variants, rows, strict=True)],
+    }

@@ -1,0 +1,42 @@
+"""A tensor with scales: schemes, quantize/dequantize, layouts, scales and precision plans.
+
+- :mod:`~lowbit.quant.scheme`: :class:`Scheme`, the one description of how a tensor is
+  quantized (format, granularity, scales), with its storage arithmetic.
+- :mod:`~lowbit.quant.tensor`: :func:`quantize`, :func:`dequantize`, :func:`quantize_dynamic`
+  and :class:`QuantizedTensor`.
+- :mod:`~lowbit.quant.layout`, :mod:`~lowbit.quant.scales`: which values share a scale, and how
+  each scale is chosen.
+- ``_engine``/``_elements``/``_numba``: the chunked engine behind ``quantize`` and its compiled
+  path.
+- :mod:`~lowbit.quant.nf4`, :mod:`~lowbit.quant.metrics`: QLoRA's NF4 helpers; error metrics.
+- :mod:`~lowbit.quant.rules`, :mod:`~lowbit.quant.plan`: rules that say what each tensor of a
+  model becomes, and :class:`PrecisionPlan`.
+
+Names load on first use, so importing one submodule does not load them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "quantize": "lowbit.quant.tensor",
+    "quantize_dynamic": "lowbit.quant.tensor",
+    "dequantize": "lowbit.quant.tensor",
+    "QuantizedTensor": "lowbit.quant.tensor",
+    "Scheme": "lowbit.quant.scheme",
+    "Granularity": "lowbit.quant.scheme",
+    "ScaleMethod": "lowbit.quant.scheme",
+    "PrecisionPlan": "lowbit.quant.plan",
+    "error": "lowbit.quant.metrics",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lowbit.quant' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

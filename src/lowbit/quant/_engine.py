@@ -1,0 +1,432 @@
+"""The quantize/dequantize loops behind ``lowbit.quant.tensor`` (see its docstring for the rules).
+
+Work is done per 4-D view (``lowbit.quant.layout``) in chunks along the first non-trivial
+axis (1M elements with the compiled kernels, 128K on the numpy path so temporaries stay
+in cache), each a contiguous range of the tensor, in bands on ``lowbit._parallel``'s
+threads. The codes of one chunk come from ``lowbit.quant._elements``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lowbit._parallel import map_chunks
+from lowbit.codecs import _numba as _fast
+from lowbit.codecs.packing import _pack_unchecked, unpack
+from lowbit.errors import LowbitError
+from lowbit.formats.enums import Rounding, as_rounding
+from lowbit.quant import _numba as _fastquant
+from lowbit.quant._elements import encode_chunk
+from lowbit.quant.layout import Layout, make_layout
+from lowbit.quant.scales import (
+    asymmetric_range,
+    grid_quantizer,
+    int_range,
+    meanabs,
+    minmax,
+    symmetric_clip,
+)
+from lowbit.quant.scheme import ScaleMethod, Scheme
+
+if TYPE_CHECKING:
+    from lowbit.formats.base import Format
+    from lowbit.quant.tensor import QuantizedTensor
+
+# Elements per chunk, measured on the bench matrix: the numpy path's temporaries want
+# the cache (best of 2**13..2**18); the compiled kernels stream, and larger chunks cut
+# the per-chunk Python work that holds the GIL while other threads wait (2**17..2**21).
+_CHUNK_NUMPY = 1 << 17
+_CHUNK_FAST = 1 << 20
+
+
+# ---- chunking ------------------------------------------------------------------------
+
+
+def _chunk_axis(shape: tuple[int, ...]) -> int:
+    """The axis chunks run along: the first one longer than 1."""
+    return next((i for i, n in enumerate(shape) if n > 1), len(shape) - 1)
+
+
+def _chunks(shape: tuple[int, ...]) -> Iterator[tuple[tuple[slice, ...], int, int]]:
+    """(index, first flat element, end flat element) of contiguous pieces of a 4-D shape,
+    about ``_CHUNK_FAST`` (compiled kernels) or ``_CHUNK_NUMPY`` elements each; every piece but the last is a multiple of 8 elements,
+    so bit-packed codes of any width start on a byte boundary."""
+    k = _chunk_axis(shape)
+    inner = int(np.prod(shape[k + 1 :], dtype=np.int64)) or 1
+    size = _CHUNK_FAST if _fast.enabled() else _CHUNK_NUMPY
+    step = max(1, size // inner)
+    align = 8 // math.gcd(inner, 8)
+    step = max(align, step - step % align)
+    for start in range(0, shape[k], step):
+        stop = min(start + step, shape[k])
+        yield (slice(None),) * k + (slice(start, stop),), start * inner, stop * inner
+
+
+def _take(a: np.ndarray | None, idx: tuple[slice, ...]) -> Any:
+    """Slice a broadcasting operand like the data (axes of extent 1 stay whole)."""
+    if a is None:
+        return None
+    k = len(idx) - 1
+    return a[idx] if a.shape[k] > 1 else a
+
+
+# ---- scales ----------------------------------------------------------------------------
+
+
+def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
+    """Round float64 scales to the scale format (float32 values); never to zero."""
+    if scale_format == "float32":
+        with np.errstate(over="ignore"):
+            s = s64.astype(np.float32)
+        tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
+    elif scale_format == "float8_e8m0fnu":
+        # round up to a power of two (NVIDIA's RCEIL rule): nothing that absmax keeps clips
+        m, e = np.frexp(s64)
+        exp = np.where(m == 0.5, e - 1, e).astype(np.int64)
+        s = np.ldexp(np.float32(1.0), np.clip(exp, -127, 127).astype(np.int32)).astype(np.float32)
+        tiny = np.float32(2.0**-127)
+    else:
+        from lowbit.formats.catalog import format as lookup
+
+        f = lookup(scale_format)
+        s = f.decode(f.encode(s64, saturate=True), dtype=np.float32)
+        tiny = np.float32(f.smallest_positive)
+    if not np.isfinite(s).all():
+        raise LowbitError(
+            f"a scale overflows {scale_format} (the input's range is too large for it)"
+        )
+    return np.where((s == 0) & (s64 > 0), tiny, s).astype(np.float32)
+
+
+def choose_scale(
+    V: np.ndarray,
+    axes: tuple[int, ...],
+    mn: np.ndarray,
+    mx: np.ndarray,
+    scheme: Scheme,
+    fmt: Format,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(float32 scale, float64 zero point or None, float64 threshold or None) per group."""
+    method = scheme.scale_method
+    if scheme.is_mx:
+        from lowbit.formats.mx import mx_format, scale_values, shared_exponent
+
+        mxf = mx_format(scheme.format)
+        exp = shared_exponent(np.maximum(mx, -mn), mxf.emax_elem)
+        return scale_values(exp, mxf.int_shift), None, None
+    if method is ScaleMethod.MEANABS:
+        if fmt.name not in ("binary", "ternary"):
+            raise LowbitError(
+                f"the meanabs scale is for binary and ternary formats, not {fmt.name}"
+            )
+        s64, thresh = meanabs(V, axes, fmt.name == "ternary")
+        return round_scale(np.where(s64 > 0, s64, 1.0), scheme.scale_format), None, thresh
+    if not scheme.symmetric:
+        qmin, qmax = int_range(fmt, scheme.restricted_range)
+        lo, hi = asymmetric_range(
+            V, axes, method, mn, mx, percentile=scheme.percentile, k_std=scheme.k_std,
+            qrange=(qmin, qmax),
+        )  # fmt: skip
+        span = hi - lo
+        s32 = round_scale(np.where(span > 0, span / (qmax - qmin), 1.0), scheme.scale_format)
+        zp = np.clip(np.rint(qmin - lo / s32.astype(np.float64)), qmin, qmax)
+        return s32, zp, None
+    qrange = int_range(fmt, scheme.restricted_range) if fmt.kind == "int" else None
+    qmax = float(fmt.max)
+    quantizer = grid_quantizer(fmt, qrange) if method is ScaleMethod.MSE else None
+    c = symmetric_clip(
+        V, axes, method, mn, mx, percentile=scheme.percentile, k_std=scheme.k_std,
+        quantizer=quantizer, qmax=qmax,
+    )  # fmt: skip
+    return round_scale(np.where(c > 0, c / qmax, 1.0), scheme.scale_format), None, None
+
+
+def _patch_nonfinite(
+    V: np.ndarray,
+    mask: np.ndarray,
+    codes: np.ndarray,
+    s32: np.ndarray,
+    fmt: Format,
+    axes: tuple[int, ...],
+) -> np.ndarray:
+    """Under nan='propagate': NaN/inf codes where the format has them (in place), and the
+    scales with NaN for the groups holding a value the format cannot represent."""
+    if fmt.kind == "float":
+        isnan = np.isnan(V) & mask
+        isinf = mask & ~isnan
+        nan_code = fmt.nan_code  # type: ignore[attr-defined]
+        inf_code = fmt.inf_code  # type: ignore[attr-defined]
+        if nan_code is not None:
+            codes[isnan] = nan_code
+        if inf_code is not None:
+            sign = (V[isinf] < 0).astype(np.uint64) << np.uint64(fmt.magnitude_bits)  # type: ignore[attr-defined]
+            codes[isinf] = (np.uint64(inf_code) | sign).astype(codes.dtype)
+        elif nan_code is not None:
+            codes[isinf] = nan_code
+    lost = _lost_mask(V, mask, fmt)
+    if s32.size and lost.any():
+        bad = np.any(lost, axis=axes, keepdims=True)
+        s32 = np.where(bad, np.float32(np.nan), s32).astype(np.float32)
+    return s32
+
+
+def _extremes(
+    V: np.ndarray, axes: tuple[int, ...], scheme: Scheme
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group (min, max); (-amax, amax) where the scale depends on the largest
+    magnitude alone (symmetric absmax, MX), which one integer max finds faster."""
+    only_amax = scheme.is_mx or (scheme.symmetric and scheme.scale_method is ScaleMethod.ABSMAX)
+    if only_amax and V.ndim and [a for a in axes if V.shape[a] != 1] == [V.ndim - 1]:
+        am = _fastquant.row_absmax(V)
+        if am is not None:
+            return -am, am
+    return minmax(V, axes)
+
+
+def _scales_for(
+    V: np.ndarray, axes: tuple[int, ...], scheme: Scheme, fmt: Format, nan: str
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray]:
+    """Scale, zero point, threshold per group of ``V``; the non-finite mask (or None) and
+    the data to encode (non-finite values replaced by 0 under nan='propagate')."""
+    if V.ndim == 4 and V.shape[3] == 1:
+        # a trailing axis of length 1 makes numpy's inner loops one element long
+        out = _scales_for(V[..., 0], tuple(a for a in axes if a != 3), scheme, fmt, nan)
+        return tuple(None if a is None else a[..., None] for a in out)  # type: ignore[return-value]
+    mn, mx = _extremes(V, axes, scheme)
+    mask = None
+    if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
+        mask = ~np.isfinite(V)
+        if nan == "raise":
+            n_nan = int(np.isnan(V).sum())
+            raise LowbitError(
+                f"input contains {n_nan} NaN and {int(mask.sum()) - n_nan} infinite values; "
+                "pass nan='propagate' to keep them (NaN/inf codes, or NaN group scales)"
+            )
+        V = np.where(mask, V.dtype.type(0), V)
+        mn, mx = _extremes(V, axes, scheme)
+    s32, zp, thresh = choose_scale(V, axes, mn, mx, scheme, fmt)
+    return s32, zp, thresh, mask, V
+
+
+def encode_tensor(
+    arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str, is_torch: bool
+) -> QuantizedTensor:
+    """Quantize a C-contiguous float32/float64 array (see ``lowbit.quant.tensor.quantize``).
+
+    When the groups do not cross chunks (groups along an axis, per-channel on the first
+    axis), each chunk is read once: its statistics, scales, codes and packed bytes are
+    computed while it is in cache.
+    """
+    from lowbit.codecs.packing import packed_nbytes
+    from lowbit.quant.tensor import QuantizedTensor
+
+    layout = make_layout(arr.shape, scheme)
+    fmt = scheme.element_format
+    bits = fmt.bits
+    mode = as_rounding(scheme.rounding)
+    rng = None
+    if mode is Rounding.STOCHASTIC:
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    axes = layout.reduce_axes
+    parts = layout.parts
+    direct = len(parts) == 1  # chunks are contiguous ranges of the tensor: pack as we go
+    packed = np.empty(packed_nbytes(arr.size, bits), dtype=np.uint8) if direct else None
+    codes3 = None if direct else np.empty(layout.pqr, dtype=fmt.code_dtype)
+    scales: list[np.ndarray] = []
+    zps: list[np.ndarray] = []
+
+    def emit(codes: np.ndarray, e0: int, e1: int, part_out: np.ndarray | None, idx: Any) -> None:
+        if packed is not None:
+            b0 = e0 * bits // 8
+            flat = codes.reshape(-1)
+            if bits == 8 and flat.dtype == np.uint8:  # the codes are the bytes: one copy
+                packed[e0:e1] = flat
+                return
+            packed[b0 : b0 + packed_nbytes(e1 - e0, bits)] = _pack_unchecked(flat, bits)
+        else:
+            assert part_out is not None
+            part_out[idx] = codes
+
+    for part in parts:
+        V = layout.view(arr, part)
+        part_out = None if direct else np.empty(V.shape, dtype=fmt.code_dtype)
+        k = _chunk_axis(V.shape)
+        chunks = list(_chunks(V.shape))
+        serial = rng is not None  # random bits are drawn chunk after chunk
+        if k not in axes:  # fused: every group lies inside one chunk
+
+            def fused(item: Any, V: np.ndarray = V, part_out: Any = part_out) -> tuple[Any, Any]:
+                idx, e0, e1 = item
+                s32, zp, thresh, mask, Vc = _scales_for(V[idx], axes, scheme, fmt, nan)
+                codes = encode_chunk(Vc, s32, zp, thresh, fmt, scheme, mode, rng)
+                if mask is not None:
+                    s32 = _patch_nonfinite(V[idx], mask, codes, s32, fmt, axes)
+                emit(codes, e0, e1, part_out, idx)
+                return s32, zp
+
+            done = [fused(c) for c in chunks] if serial else map_chunks(fused, chunks)
+            s_list = [s for s, _ in done]
+            z_list = [z for _, z in done if z is not None]
+            scales.append(np.concatenate(s_list, axis=k) if len(s_list) > 1 else s_list[0])
+            if z_list:
+                zps.append(np.concatenate(z_list, axis=k) if len(z_list) > 1 else z_list[0])
+        else:
+            s32, zp, thresh, mask, Vz = _scales_for(V, axes, scheme, fmt, nan)
+
+            def encode(
+                item: Any, V: np.ndarray = V, Vz: np.ndarray = Vz, part_out: Any = part_out,
+                s32: np.ndarray = s32, zp: Any = zp, thresh: Any = thresh, mask: Any = mask,
+            ) -> None:  # fmt: skip
+                idx, e0, e1 = item
+                codes = encode_chunk(
+                    Vz[idx], _take(s32, idx), _take(zp, idx), _take(thresh, idx),
+                    fmt, scheme, mode, rng,
+                )  # fmt: skip
+                if mask is not None and mask[idx].any():  # NaN/inf codes (scales below)
+                    _patch_nonfinite(V[idx], mask[idx], codes, s32[:0], fmt, axes)
+                emit(codes, e0, e1, part_out, idx)
+
+            _ = [encode(c) for c in chunks] if serial else map_chunks(encode, chunks)
+            if mask is not None:
+                lost = _lost_mask(V, mask, fmt)
+                s32 = np.where(np.any(lost, axis=axes, keepdims=True), np.float32(np.nan), s32)
+            scales.append(s32.astype(np.float32))
+            if zp is not None:
+                zps.append(zp)
+        if codes3 is not None:
+            assert part_out is not None
+            P, _, Q = layout.pqr
+            codes3[:, part.start : part.stop, :] = part_out.reshape(P, part.stop - part.start, Q)
+    scale = layout.join_scales(scales)
+    zero_point = layout.join_scales(zps).astype(np.int32) if zps else None
+    dq = None
+    if scheme.double_quant:
+        from lowbit.quant.nf4 import double_dequantize, double_quantize
+
+        c8, a2, off = double_quantize(scale)
+        dq = (c8, a2, off)
+        scale = double_dequantize(c8, a2, off).reshape(scale.shape)
+    if packed is None:
+        assert codes3 is not None
+        packed = _pack_unchecked(codes3.reshape(-1), bits)
+    return QuantizedTensor(
+        codes=packed,
+        scale=scale,
+        zero_point=zero_point,
+        shape=arr.shape,
+        scheme=scheme,
+        dq=dq,
+        source_torch=is_torch,
+    )
+
+
+def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:
+    """Non-finite elements the format cannot hold (their group's scale becomes NaN)."""
+    if fmt.kind != "float":
+        return mask
+    isnan = np.isnan(V) & mask
+    isinf = mask & ~isnan
+    lost = np.zeros(V.shape, dtype=bool)
+    if fmt.nan_code is None:  # type: ignore[attr-defined]
+        lost |= isnan
+        if fmt.inf_code is None:  # type: ignore[attr-defined]
+            lost |= isinf
+    return lost
+
+
+# ---- dequantize -------------------------------------------------------------------------
+
+
+def value_table(fmt: Format, dtype: Any) -> np.ndarray:
+    """Value of every code 0 .. 2**bits - 1 in ``dtype`` (NaN for codes a value set lacks)."""
+    n = 1 << fmt.bits
+    if fmt.kind == "valueset":
+        t = np.full(n, np.nan, dtype=dtype)
+        t[: fmt.finite_count] = fmt.values().astype(dtype)
+        return t
+    return fmt.decode(np.arange(n, dtype=np.uint32), dtype=dtype)
+
+
+@cache
+def _pair_table(fmt: Format, dtype: Any) -> np.ndarray:
+    """Values of both nibbles of every byte: ``[b] -> (value(b & 15), value(b >> 4))``."""
+    t = value_table(fmt, dtype)
+    b = np.arange(256)
+    return np.stack([t[b & 15], t[b >> 4]], axis=1)
+
+
+def decode_tensor(qt: QuantizedTensor, work: Any) -> np.ndarray:
+    """``(value(code) - zp) * scale`` in ``work`` (float32 or float64), chunk by chunk."""
+    fmt = qt.format
+    bits = fmt.bits
+    if bits > 16:  # pragma: no cover - the scheme rejects them
+        raise LowbitError(f"cannot dequantize {bits}-bit codes")
+    work = np.dtype(work)
+    layout: Layout = make_layout(qt.shape, qt.scheme)
+    table = value_table(fmt, work)
+    scale = qt.scale.astype(work)
+    zp = qt.zero_point.astype(work) if qt.zero_point is not None else None
+    parts = layout.parts
+    packed = qt.codes
+    out = np.empty(qt.shape, dtype=work)
+    if len(parts) == 1:
+        O = layout.view(out, parts[0])  # a view: writes land in ``out``
+        S = layout.scale4(scale, 0)
+        Z = layout.scale4(zp, 0) if zp is not None else None
+        pairs = _pair_table(fmt, work) if bits == 4 else None
+
+        def decode(item: Any) -> None:
+            idx, e0, e1 = item
+            n = e1 - e0
+            dst = O[idx]
+            if pairs is not None:
+                v = np.take(pairs, packed[e0 // 2 : (e1 + 1) // 2], axis=0).reshape(-1)[:n]
+            elif bits == 8:
+                Zc = None if Z is None else _take(Z, idx)
+                if _fastquant.dequantize8(packed[e0:e1], table, _take(S, idx), Zc, dst):
+                    return
+                v = np.take(table, packed[e0:e1])
+            else:
+                b0 = e0 * bits // 8
+                c = unpack(packed[b0 : b0 + (n * bits + 7) // 8], bits, n)
+                v = np.take(table, c)
+            Sc = _take(S, idx)
+            Zc = None if Z is None else _take(Z, idx)
+            while dst.ndim > 1 and dst.shape[-1] == 1:  # one-element inner loops are slow
+                dst, Sc = dst[..., 0], Sc[..., 0]
+                Zc = None if Zc is None else Zc[..., 0]
+            v = v.reshape(dst.shape)
+            if Zc is not None:
+                v -= Zc
+            np.multiply(v, Sc, out=dst)
+
+        map_chunks(decode, list(_chunks(O.shape)))
+        return out
+    # two parts (a ragged last group): rows of the P axis at a time, each part of them
+    P, L, Q = layout.pqr
+    c3 = unpack(packed, bits, qt.numel).reshape(P, L, Q)
+    out3 = out.reshape(P, L, Q)
+    step = max(1, _CHUNK_NUMPY // max(1, L * Q))
+
+    def decode_rows(p0: int) -> None:
+        p1 = min(p0 + step, P)
+        for i, part in enumerate(parts):
+            C = c3[p0:p1, part.start : part.stop, :].reshape(p1 - p0, part.groups, part.size, Q)
+            v = np.take(table, C)
+            S4 = layout.scale4(scale, i)[p0:p1]
+            Z4 = None if zp is None else layout.scale4(zp, i)[p0:p1]
+            if Q == 1:  # one-element inner loops are slow
+                v, S4 = v[..., 0], S4[..., 0]
+                Z4 = None if Z4 is None else Z4[..., 0]
+            if Z4 is not None:
+                v -= Z4
+            v *= S4
+            out3[p0:p1, part.start : part.stop, :] = v.reshape(p1 - p0, part.stop - part.start, Q)
+
+    map_chunks(decode_rows, list(range(0, P, step)))
+    return out

@@ -1,0 +1,153 @@
+"""Where the scales go: each granularity as 4-D views of the tensor.
+
+Every granularity is handled as one or two 4-D views ``V`` of the (C-contiguous)
+tensor with a scale array ``S`` that broadcasts against ``V``:
+
+* tensor:  ``V = x.reshape(1, 1, N, 1)``, ``S`` shape ``(1, 1, 1, 1)``;
+* channel along ``a``: ``V = x.reshape(P, C, 1, Q)``, ``S`` ``(1, C, 1, 1)``;
+* group/block of ``G`` along ``a``: ``V = x.reshape(P, L//G, G, Q)``, ``S``
+  ``(P, L//G, 1, Q)``, plus a second view ``(P, 1, L%G, Q)`` for a ragged last group;
+
+where ``P`` and ``Q`` are the products of the dimensions before and after ``a``. The
+stored scale keeps the tensor's rank: tensor ``(1,)*ndim``; channel ``C`` at ``a`` and
+1 elsewhere; group: the tensor's shape with ``L`` replaced by ``ceil(L/G)`` (the layout
+of compressed-tensors' group scales, ``[out, in/G]`` for a weight ``[out, in]``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+from lowbit.quant.scheme import Granularity, Scheme
+
+REDUCE_GROUP = (2,)
+REDUCE_CHANNEL = (0, 2, 3)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One 4-D view's geometry: which slice of axis ``a`` it covers and its group size."""
+
+    start: int
+    stop: int
+    groups: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple[int, ...]
+    granularity: Granularity
+    axis: int | None  # normalised, None for tensor
+    group: int | None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def pqr(self) -> tuple[int, int, int]:
+        """(P, L, Q): sizes before, along and after the axis."""
+        if self.axis is None:
+            return 1, self.numel, 1
+        a = self.axis
+        return math.prod(self.shape[:a]), self.shape[a], math.prod(self.shape[a + 1 :])
+
+    @property
+    def reduce_axes(self) -> tuple[int, ...]:
+        return REDUCE_CHANNEL if self.granularity is Granularity.CHANNEL else REDUCE_GROUP
+
+    @property
+    def parts(self) -> list[Part]:
+        _P, L, _Q = self.pqr
+        if self.granularity in (Granularity.TENSOR, Granularity.CHANNEL):
+            return [Part(0, L, 1, L)]
+        G = int(self.group)  # type: ignore[arg-type]
+        full = L // G
+        out = []
+        if full:
+            out.append(Part(0, full * G, full, G))
+        if L % G:
+            out.append(Part(full * G, L, 1, L % G))
+        return out
+
+    @property
+    def n_groups_axis(self) -> int:
+        return sum(p.groups for p in self.parts)
+
+    @property
+    def scale_shape(self) -> tuple[int, ...]:
+        nd = len(self.shape)
+        if self.granularity is Granularity.TENSOR:
+            return (1,) * nd
+        a = self.axis
+        assert a is not None
+        if self.granularity is Granularity.CHANNEL:
+            return (1,) * a + (self.shape[a],) + (1,) * (nd - a - 1)
+        return (*self.shape[:a], self.n_groups_axis, *self.shape[a + 1 :])
+
+    def view(self, x: np.ndarray, part: Part) -> np.ndarray:
+        """The 4-D view of ``x`` (C-contiguous, ``self.shape``) for ``part``."""
+        P, L, Q = self.pqr
+        if self.granularity is Granularity.TENSOR:
+            return x.reshape(1, 1, L, 1)
+        if self.granularity is Granularity.CHANNEL:
+            return x.reshape(P, L, 1, Q)
+        x3 = x.reshape(P, L, Q)
+        if part.start == 0 and part.stop == L:
+            return x3.reshape(P, part.groups, part.size, Q)
+        return x3[:, part.start : part.stop, :].reshape(P, part.groups, part.size, Q)
+
+    def scale4(self, scale: np.ndarray, part_index: int) -> np.ndarray:
+        """The stored scale (or zero point) as the 4-D array broadcasting with ``part``."""
+        P, L, Q = self.pqr
+        if self.granularity is Granularity.TENSOR:
+            return scale.reshape(1, 1, 1, 1)
+        if self.granularity is Granularity.CHANNEL:
+            return scale.reshape(1, L, 1, 1)
+        s3 = scale.reshape(P, self.n_groups_axis, Q)
+        g0 = sum(p.groups for p in self.parts[:part_index])
+        g = self.parts[part_index].groups
+        return s3[:, g0 : g0 + g, :].reshape(P, g, 1, Q)
+
+    def join_scales(self, scales: list[np.ndarray]) -> np.ndarray:
+        """Per-part 4-D scales -> the stored scale array."""
+        if len(scales) == 1:
+            return scales[0].reshape(self.scale_shape)
+        return np.concatenate(scales, axis=1).reshape(self.scale_shape)
+
+
+def make_layout(shape: tuple[int, ...], scheme: Scheme) -> Layout:
+    """Check the scheme against the shape and return the layout.
+
+    Raises:
+        LowbitError: axis out of range, or a group size that does not divide the axis
+            when ``pad=False``.
+    """
+    nd = len(shape)
+    g = scheme.granularity
+    if g is Granularity.TENSOR:
+        return Layout(shape, g, None, None)
+    axis = scheme.axis
+    assert axis is not None
+    if nd == 0 or not -nd <= axis < nd:
+        raise LowbitError(
+            f"axis {axis} is out of range for a tensor of shape {shape} (allowed {-nd}..{nd - 1})"
+            if nd
+            else f"a 0-d tensor has no axis {axis}"
+        )
+    a = axis % nd
+    if g is Granularity.CHANNEL:
+        return Layout(shape, g, a, None)
+    G = int(scheme.group_size)  # type: ignore[arg-type]
+    L = shape[a]
+    if L % G and not scheme.pad:
+        raise LowbitError(
+            f"group size {G} does not divide the length {L} of axis {axis} (shape {shape}) "
+            "and pad=False; pass pad=True to let the last group be shorter"
+        )
+    return Layout(shape, g, a, G)

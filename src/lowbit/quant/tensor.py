@@ -1,0 +1,544 @@
+"""Quantize tensors to scaled low-bit formats, and back: ``q = clamp(round(x/scale) + zp)``.
+
+``quantize`` picks a scale per tensor, channel, group or MX block (``lowbit.quant.scheme``),
+rounds ``x / scale`` with the element format's exact codec, and returns a
+:class:`QuantizedTensor` holding bit-packed codes (``lowbit.codecs.packing``), scales and zero
+points. Definitions, pinned by tests:
+
+* **Integers**: ``q = clamp(round(x / s) + zp, qmin, qmax)`` where the rounding is of the
+  *exact* quotient ``x / s`` (for float32/float16/bfloat16 inputs the float64 quotient
+  rounds identically; the fast path divides in float32 and re-does, in float64, the
+  rare elements whose float32 quotient lands exactly on a tie). Symmetric:
+  ``s = clip / qmax`` with ``qmax = 2**(n-1) - 1``, ``zp = 0``. Asymmetric:
+  ``s = (hi - lo) / (qmax - qmin)``, ``zp = clamp(round(qmin - lo / s))`` so that 0.0 is
+  exactly the code ``zp``.
+* **Scaled floats** (FP8/FP6/FP4): ``code = fmt.encode(x / s, saturate=True)`` with
+  ``s = clip / fmt.max``, the quotient in float64.
+* **Value sets**: NF4 as QLoRA (``s`` = absmax per block of 64, nearest table entry);
+  binary/ternary with the mean-absolute scale (``lowbit.quant.scales.meanabs``).
+* **MX**: ``lowbit.formats.mx`` (OCP MX v1.0 §6.3).
+* The scale is rounded to ``scale_format`` first and the codes are computed with the
+  rounded scale, so ``dequantize`` reproduces exactly what was encoded (NF4 double
+  quantization is the one exception, as in QLoRA: ``lowbit.quant.nf4``).
+* ``dequantize``: ``(value(q) - zp) * s`` rounded once to float32 (exact in float64 when
+  ``dtype=float64`` is asked for).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from lowbit._arrays import as_float64
+from lowbit.codecs.packing import pack, packed_nbytes, unpack
+from lowbit.errors import LowbitError
+from lowbit.formats.base import Format
+from lowbit.formats.enums import Rounding
+from lowbit.quant.layout import Layout, make_layout
+from lowbit.quant.scheme import Granularity, Scheme
+
+FORMAT_VERSION = 1
+_CHUNK = 1 << 16  # elements per chunk: a few hundred KiB of temporaries, cache-sized
+_NAN_POLICIES = ("raise", "propagate")
+_STORE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+# ---- input -------------------------------------------------------------------------
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def _as_input(x: Any) -> tuple[np.ndarray, bool]:
+    """x as a C-contiguous float32 (when that is exact) or float64 array; was it torch?"""
+    is_torch = _is_torch(x)
+    if is_torch:
+        t = x.detach().cpu()
+        x = (
+            t.numpy()
+            if str(t.dtype) in ("torch.float32", "torch.float64", "torch.float16")
+            else (t.float().numpy() if t.is_floating_point() else t.numpy())
+        )
+    arr = np.asarray(x) if isinstance(x, np.ndarray) else None
+    if arr is None:
+        arr = as_float64(x)
+    if arr.dtype in (np.float32, np.float64):
+        return _contiguous(arr), is_torch
+    if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16",) or _is_small_ml_float(arr.dtype):
+        if np.dtype(arr.dtype).itemsize <= 2:  # float16, bfloat16, float8: exact in float32
+            with np.errstate(invalid="ignore"):
+                return _contiguous(arr.astype(np.float32)), is_torch
+    return _contiguous(as_float64(arr)), is_torch
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
+
+
+def _is_small_ml_float(dtype: np.dtype) -> bool:
+    try:
+        import ml_dtypes
+
+        ml_dtypes.finfo(dtype)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _kw_defaults() -> dict[str, Any]:
+    return {
+        "axis": None,
+        "group_size": None,
+        "scale_method": None,
+        "symmetric": True,
+        "scale_format": "float32",
+        "rounding": "nearest_even",
+        "restricted_range": False,
+        "percentile": 99.9,
+        "k_std": 3.0,
+        "double_quant": False,
+        "granularity": None,
+        "pad": True,
+    }
+
+
+# ---- public API --------------------------------------------------------------------
+
+
+def quantize(
+    x: Any,
+    fmt: str | Format | Scheme,
+    *,
+    axis: int | None = None,
+    group_size: int | None = None,
+    scale_method: str | None = None,
+    symmetric: bool = True,
+    scale_format: str = "float32",
+    rounding: str = "nearest_even",
+    seed: Any = None,
+    restricted_range: bool = False,
+    percentile: float = 99.9,
+    k_std: float = 3.0,
+    double_quant: bool = False,
+    nan: str = "raise",
+    granularity: str | None = None,
+    pad: bool = True,
+) -> QuantizedTensor:
+    """Quantize a tensor to a scaled low-bit format.
+
+    ``lowbit.quantize([-0.5, 0.3, 1.2, -2.1], "int8")`` gives scale 2.1/127 and codes
+    [-30, 18, 73, -127]; with ``"int4"``, scale 0.3 and codes [-2, 1, 4, -7].
+
+    Args:
+        x: array-like or torch tensor (any float dtype; never modified).
+        fmt: a format name/alias, a catalog ``Format``, an MX name (``mxfp4``...), or a
+            :class:`~lowbit.quant.scheme.Scheme` (then the other options must be left default).
+        axis: the channel axis (one scale per index along it), or with ``group_size`` the
+            axis the groups run along (default -1).
+        group_size: values per scale along ``axis``.
+        scale_method: ``absmax`` (default), ``percentile``, ``meanstd``, ``mse``;
+            ``meanabs`` (default for binary/ternary).
+        symmetric: False gives integer formats a zero point (0.0 exact).
+        scale_format: ``float32``, ``float16``, ``bfloat16`` or ``e8m0`` (scales are
+            rounded to it before the values are encoded; e8m0 rounds up, so nothing
+            clips that absmax would keep).
+        rounding: element rounding (``nearest_even``, ``stochastic`` with ``seed``, ...).
+        seed: seed or ``numpy.random.Generator`` for stochastic rounding.
+        restricted_range: integers in -(2^(n-1)-1)..2^(n-1)-1.
+        percentile, k_std: parameters of those scale methods.
+        double_quant: NF4: 8-bit block scales in blocks of 256 (QLoRA).
+        nan: ``"raise"`` (default) rejects NaN/inf input; ``"propagate"`` keeps them: a
+            NaN (inf) becomes the format's NaN (inf) code where it has one, else its
+            whole group's scale becomes NaN; scales come from the finite values.
+        granularity: override the derived granularity (``tensor`` for per-tensor NF4).
+        pad: True (default) lets the last group be shorter; False makes it an error.
+
+    Returns:
+        A :class:`QuantizedTensor`.
+
+    Raises:
+        LowbitError: empty input, NaN/inf under ``nan="raise"``, axis out of range,
+            a group size that does not divide with ``pad=False``, a format that cannot
+            be scaled, bad options.
+    """
+    if nan not in _NAN_POLICIES:
+        raise LowbitError(f"unknown NaN policy {nan!r}; allowed: 'raise', 'propagate'")
+    if isinstance(fmt, Scheme):
+        given = {
+            "axis": axis, "group_size": group_size, "scale_method": scale_method,
+            "symmetric": symmetric, "scale_format": scale_format, "rounding": rounding,
+            "restricted_range": restricted_range, "percentile": percentile, "k_std": k_std,
+            "double_quant": double_quant, "granularity": granularity, "pad": pad,
+        }  # fmt: skip
+        changed = sorted(k for k, v in given.items() if v != _kw_defaults()[k])
+        if changed:
+            raise LowbitError(
+                f"pass either a Scheme or options, not both (got a Scheme and {changed})"
+            )
+        scheme = fmt
+    else:
+        name = fmt.name if isinstance(fmt, Format) else fmt
+        if isinstance(fmt, Format):
+            from lowbit.formats.catalog import format as lookup
+
+            try:
+                found = lookup(fmt.name)
+            except LowbitError:
+                found = None
+            if found != fmt:
+                raise LowbitError(
+                    f"format {fmt.name!r} is not the catalog's format of that name; "
+                    "quantize takes catalog formats (their names are saved with the result)"
+                )
+        scheme = Scheme(
+            format=name,
+            granularity=granularity,  # type: ignore[arg-type]
+            axis=axis,
+            group_size=group_size,
+            scale_method=scale_method,  # type: ignore[arg-type]
+            symmetric=symmetric,
+            scale_format=scale_format,
+            rounding=rounding,
+            restricted_range=restricted_range,
+            percentile=percentile,
+            k_std=k_std,
+            double_quant=double_quant,
+            pad=pad,
+        )
+    arr, is_torch = _as_input(x)
+    if arr.size == 0:
+        raise LowbitError(f"cannot quantize an empty tensor (shape {arr.shape})")
+    from lowbit.quant._engine import encode_tensor
+
+    return encode_tensor(arr, scheme, seed=seed, nan=nan, is_torch=is_torch)
+
+
+def quantize_dynamic(x: Any, fmt: str = "int8", *, axis: int = -1) -> QuantizedTensor:
+    """Per-token dynamic quantization for activations: one scale per row.
+
+    Every slice along ``axis`` (the hidden dimension; -1 for ``[tokens, hidden]`` or
+    ``[batch, seq, hidden]``) gets its own absmax scale, computed now from the values
+    themselves (a group as long as the axis).
+
+    Raises:
+        LowbitError: as :func:`quantize`.
+    """
+    arr, _ = _as_input(x)
+    if arr.ndim == 0:
+        raise LowbitError("quantize_dynamic needs at least a 1-d tensor")
+    nd = arr.ndim
+    if not -nd <= axis < nd:
+        raise LowbitError(f"axis {axis} is out of range for a tensor of shape {arr.shape}")
+    length = arr.shape[axis]
+    if length == 0:
+        raise LowbitError(f"cannot quantize an empty tensor (shape {arr.shape})")
+    return quantize(x, fmt, axis=axis, group_size=length)
+
+
+def dequantize(qt: QuantizedTensor, dtype: Any = np.float32) -> Any:
+    """Values of a :class:`QuantizedTensor` (see :meth:`QuantizedTensor.dequantize`)."""
+    if not isinstance(qt, QuantizedTensor):
+        raise LowbitError(f"dequantize takes a QuantizedTensor, got {type(qt).__name__}")
+    return qt.dequantize(dtype)
+
+
+# ---- the result ---------------------------------------------------------------------
+
+
+class QuantizedTensor:
+    """Packed codes + scales (+ zero points) + shape + scheme: a tensor in a low-bit format.
+
+    Attributes:
+        codes: uint8 bit-packed codes (``lowbit.codecs.packing`` order), C order of ``shape``.
+        scale: float32 scales, already rounded to ``scheme.scale_format``; shape as in
+            ``lowbit.quant.layout`` (tensor ``(1,)*ndim``; channel: C at the axis; group:
+            the axis length replaced by the number of groups).
+        zero_point: int32 zero points (asymmetric integers) of ``scale``'s shape, or None.
+        shape: the tensor's shape.
+        format: the element format (MX: the element format; MXINT8: ``int8`` with the
+            scale ``X * 2**-6``).
+        scheme: the :class:`~lowbit.quant.scheme.Scheme` used.
+        granularity: ``scheme.granularity``.
+    """
+
+    def __init__(
+        self,
+        *,
+        codes: np.ndarray,
+        scale: np.ndarray,
+        zero_point: np.ndarray | None,
+        shape: tuple[int, ...],
+        scheme: Scheme,
+        dq: tuple[np.ndarray, np.ndarray, np.float32] | None = None,
+        source_torch: bool = False,
+    ) -> None:
+        self.codes = codes
+        self.scale = scale
+        self.zero_point = zero_point
+        self.shape = tuple(int(s) for s in shape)
+        self.scheme = scheme
+        self.format: Format = scheme.element_format
+        self.granularity: Granularity = scheme.granularity  # type: ignore[assignment]
+        self._dq = dq
+        self._source_torch = source_torch
+
+    # ---- sizes -----------------------------------------------------------------------
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def layout(self) -> Layout:
+        return make_layout(self.shape, self.scheme)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes as stored: packed codes + scales (+ zero points, + NF4 double-quant state)."""
+        n = self.codes.nbytes
+        if self._dq is not None:
+            c, a2, _ = self._dq
+            n += c.nbytes + a2.size * 4 + 4
+        else:
+            n += self.scale.size * self.scheme.scale_bits // 8
+        if self.zero_point is not None:
+            n += packed_nbytes(self.zero_point.size, self.format.bits)
+        return int(n)
+
+    @property
+    def bits_per_value(self) -> float:
+        """``nbytes * 8 / numel``: every stored bit counted (int4 g128 fp16 = 4.125)."""
+        return self.nbytes * 8 / self.numel
+
+    # ---- views -----------------------------------------------------------------------
+
+    def unpack(self) -> np.ndarray:
+        """One integer per element, in ``shape``: the signed value for integer formats
+        (int8/int16), the bit pattern (code) for every other format."""
+        codes = unpack(self.codes, self.format.bits, self.numel).reshape(self.shape)
+        if self.format.kind == "int":
+            return self.format.to_signed(codes)  # type: ignore[attr-defined]
+        return codes
+
+    def dequantize(self, dtype: Any = np.float32) -> Any:
+        """The values ``(value(code) - zp) * scale`` in ``dtype``.
+
+        float32 (default) rounds each product once to float32; ``float64`` is exact.
+        Returns a torch tensor when the input was torch (``dtype`` may be a torch dtype).
+        """
+        torch_dtype = None
+        if _is_torch_dtype(dtype):
+            torch_dtype = dtype
+            dtype = np.float64 if str(dtype) == "torch.float64" else np.float32
+        np_dtype = np.dtype(dtype)
+        if np_dtype.kind != "f":
+            raise LowbitError(f"dequantize needs a float dtype, got {np_dtype}")
+        from lowbit.quant._engine import decode_tensor
+
+        work = np.float64 if np_dtype == np.float64 else np.float32
+        out = decode_tensor(self, work)
+        if np_dtype != work:
+            out = out.astype(np_dtype)
+        if self._source_torch or torch_dtype is not None:
+            import torch
+
+            t = torch.from_numpy(out)
+            return t.to(torch_dtype) if torch_dtype is not None else t
+        return out
+
+    # ---- storage ----------------------------------------------------------------------
+
+    def to_arrays(self, prefix: str = "") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Flat named numpy arrays (safetensors-ready) and JSON-able metadata.
+
+        Arrays: ``codes`` (uint8 packed); ``scale`` stored in its format (float32,
+        float16, bfloat16 as uint16 bit patterns, E8M0 as uint8 codes); ``zero_point``
+        (uint8, packed at the element width, two's complement); for NF4 double
+        quantization ``scale_codes`` (uint8), ``scale_absmax`` (float32, one per 256
+        scales) and ``scale_offset`` (float32, one) instead of ``scale``. Names carry
+        ``prefix``. Metadata: ``version``, ``shape``, ``scale_shape``, ``scheme``.
+        """
+        arrays: dict[str, np.ndarray] = {prefix + "codes": self.codes}
+        if self._dq is not None:
+            c, a2, off = self._dq
+            arrays[prefix + "scale_codes"] = c
+            arrays[prefix + "scale_absmax"] = a2
+            arrays[prefix + "scale_offset"] = np.array([off], dtype=np.float32)
+        else:
+            arrays[prefix + "scale"] = _store_scale(self.scale, self.scheme)
+        if self.zero_point is not None:
+            bits = self.format.bits
+            zp = self.zero_point.astype(np.int64) & ((1 << bits) - 1)
+            arrays[prefix + "zero_point"] = pack(zp.astype(np.uint32), bits)
+        meta = {
+            "version": FORMAT_VERSION,
+            "shape": list(self.shape),
+            "scale_shape": list(self.scale.shape),
+            "scheme": self.scheme.to_dict(),
+        }
+        return arrays, meta
+
+    @classmethod
+    def from_arrays(
+        cls, arrays: dict[str, np.ndarray], meta: dict[str, Any], prefix: str = ""
+    ) -> QuantizedTensor:
+        """Rebuild a QuantizedTensor saved by :meth:`to_arrays` (bit for bit).
+
+        Raises:
+            LowbitError: unknown version, missing arrays, or shapes/dtypes that do not
+                match the metadata.
+        """
+        if isinstance(meta, str):
+            meta = json.loads(meta)
+        version = meta.get("version")
+        if version != FORMAT_VERSION:
+            raise LowbitError(
+                f"quantized tensor version {version!r} is not supported (expected {FORMAT_VERSION})"
+            )
+        try:
+            shape = tuple(int(s) for s in meta["shape"])
+            scheme = Scheme.from_dict(meta["scheme"])
+        except KeyError as exc:
+            raise LowbitError(f"quantized tensor metadata lacks {exc}") from None
+        layout = make_layout(shape, scheme)
+        fmt = scheme.element_format
+        numel = math.prod(shape)
+
+        def get(name: str, dtype: Any) -> np.ndarray:
+            key = prefix + name
+            if key not in arrays:
+                raise LowbitError(f"missing array {key!r} for a quantized tensor")
+            a = np.asarray(arrays[key])
+            if a.dtype != np.dtype(dtype):
+                raise LowbitError(f"array {key!r} has dtype {a.dtype}, expected {np.dtype(dtype)}")
+            return a
+
+        codes = get("codes", np.uint8).reshape(-1)
+        need = packed_nbytes(numel, fmt.bits)
+        if codes.size != need:
+            raise LowbitError(
+                f"array {prefix}codes has {codes.size} bytes but shape {shape} at "
+                f"{fmt.bits} bits needs {need}: shapes do not match"
+            )
+        sshape = layout.scale_shape
+        nscale = math.prod(sshape)
+        dq = None
+        if scheme.double_quant:
+            from lowbit.quant.nf4 import DQ_BLOCK, double_dequantize
+
+            c = get("scale_codes", np.uint8).reshape(-1)
+            a2 = get("scale_absmax", np.float32).reshape(-1)
+            off = get("scale_offset", np.float32).reshape(-1)
+            if c.size != nscale or a2.size != -(-nscale // DQ_BLOCK) or off.size != 1:
+                raise LowbitError(
+                    f"double-quantized scales do not match shape {shape}: expected "
+                    f"{nscale} codes and {-(-nscale // DQ_BLOCK)} second-level scales"
+                )
+            dq = (c, a2, np.float32(off[0]))
+            scale = double_dequantize(c, a2, dq[2]).reshape(sshape)
+        else:
+            stored = arrays.get(prefix + "scale")
+            if stored is None:
+                raise LowbitError(f"missing array {prefix + 'scale'!r} for a quantized tensor")
+            scale = _load_scale(np.asarray(stored), scheme, prefix)
+            if scale.size != nscale:
+                raise LowbitError(
+                    f"array {prefix}scale has {scale.size} values but shape {shape} with "
+                    f"{scheme.describe()} needs {nscale} (shape {sshape}): shapes do not match"
+                )
+            scale = scale.reshape(sshape)
+        zero_point = None
+        if not scheme.symmetric:
+            zp_packed = get("zero_point", np.uint8)
+            if zp_packed.size != packed_nbytes(nscale, fmt.bits):
+                raise LowbitError(f"array {prefix}zero_point does not match shape {sshape}")
+            raw = unpack(zp_packed, fmt.bits, nscale)
+            zero_point = fmt.to_signed(raw).astype(np.int32).reshape(sshape)  # type: ignore[attr-defined]
+        return cls(
+            codes=codes, scale=scale, zero_point=zero_point, shape=shape, scheme=scheme, dq=dq
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantizedTensor(shape={self.shape}, scheme={self.scheme.describe()!r}, "
+            f"bits_per_value={self.bits_per_value:.4g}, nbytes={self.nbytes})"
+        )
+
+
+def _is_torch_dtype(dtype: Any) -> bool:
+    return type(dtype).__module__.startswith("torch")
+
+
+def _store_scale(scale: np.ndarray, scheme: Scheme) -> np.ndarray:
+    sf = scheme.scale_format
+    if sf == "float8_e8m0fnu":
+        from lowbit.formats.mx import e8m0_codes, mx_format
+
+        shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
+        s = scale.astype(np.float64)
+        nanm = ~np.isfinite(s)
+        _, e = np.frexp(np.where(nanm, 1.0, s))
+        codes = e8m0_codes(e.astype(np.int64) - 1 + shift)
+        return np.where(nanm, np.uint8(0xFF), codes).astype(np.uint8)
+    if sf == "bfloat16":
+        import ml_dtypes
+
+        return scale.astype(ml_dtypes.bfloat16).view(np.uint16)
+    return scale.astype(_STORE_DTYPE[sf])
+
+
+def _load_scale(stored: np.ndarray, scheme: Scheme, prefix: str) -> np.ndarray:
+    sf = scheme.scale_format
+    expect = np.uint8 if sf == "float8_e8m0fnu" else _STORE_DTYPE[sf]
+    if stored.dtype != np.dtype(expect):
+        raise LowbitError(
+            f"array {prefix}scale has dtype {stored.dtype}; a {sf} scale is stored as {np.dtype(expect)}"
+        )
+    if sf == "float8_e8m0fnu":
+        from lowbit.formats.mx import mx_format
+
+        shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
+        e = stored.astype(np.int32) - 127 - shift
+        out = np.ldexp(np.float32(1.0), e).astype(np.float32)
+        return np.where(stored == 0xFF, np.float32(np.nan), out)
+    if sf == "bfloat16":
+        import ml_dtypes
+
+        return stored.view(ml_dtypes.bfloat16).astype(np.float32)
+    return stored.astype(np.float32)
+
+
+# ---- exact rounding of x / s at float32 ties ------------------------------------------
+
+
+def exact_round_quotient(x: np.ndarray, s: np.ndarray, mode: Rounding) -> np.ndarray:
+    """round(x / s) for the exact rational quotient (a few elements; Python Fractions)."""
+    out = np.empty(x.shape, dtype=np.float64)
+    for i, (xv, sv) in enumerate(zip(x.reshape(-1).tolist(), s.reshape(-1).tolist(), strict=True)):
+        q = Fraction(xv) / Fraction(sv)
+        fl = math.floor(q)
+        frac = q - fl
+        if frac > Fraction(1, 2):
+            r = fl + 1
+        elif frac < Fraction(1, 2):
+            r = fl
+        elif mode is Rounding.NEAREST_AWAY:
+            r = fl + 1 if q > 0 else fl
+        else:
+            r = fl + (fl % 2)
+        out.reshape(-1)[i] = r
+    return out
+
+
+__all__ = [
+    "QuantizedTensor",
+    "dequantize",
+    "quantize",
+    "quantize_dynamic",
+]

@@ -1,0 +1,152 @@
+"""Measuring variants together: the same numbers as lowbit.evaluation.perplexity one model at a time, and
+in-memory schemes equal to the same scheme written to disk and loaded back."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
+
+from lowbit.checkpoints.quantize_model import quantize_model  # noqa: E402
+from lowbit.evaluation import perplexity as evaluate  # noqa: E402
+from lowbit.evaluation.variants import Variant, compare_causal, compare_encoder, evaluate_variants  # noqa: E402
+from lowbit.quant.plan import PrecisionPlan  # noqa: E402
+from tiny_models import byte_tokenizer_json, save_hf_folder, tiny_bert, tiny_llama  # noqa: E402
+
+WORDS = "river stone cloud garden lantern harbor meadow signal copper violet winter orchard"
+
+
+def _text() -> str:
+    """Distinct prose sentences (the encoder draws from them; the LM reads them)."""
+    w = WORDS.split()
+    return "\n\n".join(
+        f"The {w[i % 12]} near the {w[(i * 5 + 1) % 12]} keeps {i} quiet {w[(i * 7 + 3) % 12]}s "
+        f"until the {w[(i + 4) % 12]} returns."
+        for i in range(80)
+    )
+
+
+def _tokenizer() -> Any:
+    from tokenizers import Tokenizer
+
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(byte_tokenizer_json()), pad_token="<pad>"
+    )
+
+
+def _perturbed(model: Any, scale: float, seed: int) -> Any:
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in other.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("dense.weight"):
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    return other
+
+
+@pytest.mark.parametrize("stride", [None, 24])
+def test_compare_causal_equals_evaluate_perplexity(stride: int | None) -> None:
+    """One pass over all variants gives exactly evaluate.perplexity's numbers per variant
+    (perplexity, KL mean/max, top-1), with and without simulated int8 activations."""
+    ref = tiny_llama()
+    tok = _tokenizer()
+    a, b = _perturbed(ref, 0.01, 1), _perturbed(ref, 0.05, 2)
+    variants = [
+        Variant("original", "", ref),
+        Variant("a", "", a),
+        Variant("b", "", b),
+        Variant("a+int8", "", a, activations="int8"),
+    ]
+    kw = {"window": 48, "stride": stride, "max_tokens": 300, "threads": 1, "progress": False}
+    measured, rows = compare_causal(variants, ref, tok, _text(), label="t", **kw)
+    assert measured["tokens"] == 300 and measured["windows"] > 4
+    for v, row in zip(variants, rows, strict=True):
+        if v.activations:
+            from lowbit.evaluation.activations import simulate_activations
+
+            with simulate_activations(v.model, "int8"):
+                want = evaluate.perplexity(v.model, tok, _text(), reference=ref, **kw)
+        else:
+            want = evaluate.perplexity(v.model, tok, _text(), reference=ref, **kw)
+        for key in ("perplexity", "nll", "kl_mean", "kl_max", "top1_agreement"):
+            assert row[key] == want[key], (v.name, key)
+    assert rows[0]["kl_mean"] == 0 and rows[0]["top1_agreement"] == 1
+    assert 0 < rows[1]["kl_mean"] < rows[2]["kl_mean"]
+    assert rows[3]["perplexity"] != rows[1]["perplexity"]
+
+
+def test_compare_encoder_equals_embedding_fidelity() -> None:
+    """Embedding fidelity of each variant equals evaluate.embedding_fidelity's."""
+    ref = tiny_bert()
+    tok = _tokenizer()
+    other = _perturbed(ref, 0.05, 3)
+    sentences = evaluate.sentences_from_text(_text(), 24, seed=1)
+    variants = [Variant("original", "", ref), Variant("x", "", other)]
+    _, rows = compare_encoder(variants, ref, tok, sentences, threads=1, progress=False)
+    want = evaluate.embedding_fidelity(other, ref, tok, sentences, threads=1, progress=False)
+    for key in ("mean_cosine", "min_cosine", "nn_agreement"):
+        assert rows[1][key] == want[key]
+    assert rows[0]["mean_cosine"] == pytest.approx(1.0) and rows[0]["nn_agreement"] == 1.0
+    assert rows[1]["mean_cosine"] < 1
+
+
+def test_memory_variant_equals_disk_variant(tmp_path: Path) -> None:
+    """A scheme quantized in memory measures exactly like the same scheme written by
+    quantize_model and loaded back; sizes and bits per weight agree too."""
+    src = save_hf_folder(tiny_llama(), tmp_path / "src")
+    (tmp_path / "text.txt").write_text(_text())
+    out = tmp_path / "int8"
+    quantize_model(src, PrecisionPlan.uniform("int8:ch"), out, progress=False)
+    res = evaluate_variants(
+        src,
+        [out],
+        ["int8:ch", "int4:g32"],
+        w8a8="int8",
+        tokens=200,
+        window=40,
+        text=tmp_path / "text.txt",
+        threads=1,
+        progress=False,
+    )
+    assert res["kind"] == "causal-lm" and res["measured"]["tokens"] == 200
+    rows = {r["name"]: r for r in res["rows"]}
+    assert list(rows) == [
+        "original", "int8", "int8:ch", "int4:g32",
+        "original + int8 act", "int8 + int8 act", "int8:ch + int8 act", "int4:g32 + int8 act",
+    ]  # fmt: skip
+    disk, mem = rows["int8"], rows["int8:ch"]
+    for key in ("perplexity", "kl_mean", "top1_agreement", "bits_per_weight", "bytes"):
+        assert disk[key] == mem[key], key
+    assert disk["size_source"] == "disk" and mem["size_source"] == "memory"
+    assert rows["original"]["change"] == 0 and rows["original"]["bits_per_weight"] == 32
+    # one fp32 scale per output row: 512 rows of 36,864 weights per layer
+    assert mem["bits_per_weight"] == pytest.approx(8 + 32 * 512 / 36864)
+    assert rows["int4:g32"]["kl_mean"] > mem["kl_mean"] > 0
+    assert rows["int8:ch + int8 act"]["kl_mean"] > mem["kl_mean"]
+
+
+def test_encoder_variants(tmp_path: Path) -> None:
+    """An encoder folder is measured by embedding fidelity."""
+    folder = tmp_path / "bert"
+    model = tiny_bert()
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+    (folder / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>"}'
+    )
+    (tmp_path / "text.txt").write_text(_text())
+    res = evaluate_variants(
+        folder, schemes=["int8:ch", "int4:g32"], sentences=20, text=tmp_path / "text.txt",
+        threads=1, progress=False,
+    )  # fmt: skip
+    assert res["kind"] == "encoder" and res["measured"]["sentences"] == 20
+    cos = [r["mean_cosine"] for r in res["rows"]]
+    assert cos[0] == pytest.approx(1.0) and 1 > cos[1] > cos[2] > 0.5
+    assert np.isfinite([r["min_cosine"] for r in res["rows"]]).all()
