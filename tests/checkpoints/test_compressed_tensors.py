@@ -25,6 +25,7 @@ from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import (  
 from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
+import lowbit.checkpoints._ct_tensor as ct_tensor  # noqa: E402
 import lowbit.checkpoints.compressed_tensors as lct  # noqa: E402
 from lowbit.checkpoints.compressed_tensors import (  # noqa: E402
     CTTensor,
@@ -121,7 +122,7 @@ def test_pack_int32_in_row_chunks(
     """Packing a few rows at a time (bounded memory) gives the same words."""
     codes = rng.integers(-8, 8, size=(11, 40)).astype(np.int8)
     whole = pack_int32(codes, 4)
-    monkeypatch.setattr(lct, "_PACK_CHUNK", 90)  # two rows per step
+    monkeypatch.setattr(ct_tensor, "_PACK_CHUNK", 90)  # two rows per step
     np.testing.assert_array_equal(pack_int32(codes, 4), whole)
     np.testing.assert_array_equal(whole, pack_to_int32(torch.from_numpy(codes), 4).numpy())
 

@@ -23,6 +23,10 @@ along the input axis). A weight dequantizes as ``(q - zp) * scale`` computed in 
 default, so the result is exactly lowbit's float32 dequantization. The format chosen for a scheme
 is the one compressed-tensors itself infers (``infer_module_format``), so its model-free
 dequantizer and its model loaders agree with the file.
+
+The jobs live in three modules: :mod:`lowbit.checkpoints._ct_tensor` (:class:`CTTensor`, its
+checks, :func:`pack_int32`, :func:`from_quantized`), :mod:`lowbit.checkpoints._ct_config`
+(:func:`quantization_config`) and this one (the writer: safetensors entries, shards, the folder).
 """
 
 from __future__ import annotations
@@ -30,10 +34,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,13 @@ import numpy as np
 
 from lowbit.checkpoints import _safetensors_write as _safetensors
 from lowbit.checkpoints._atomic import atomic_dir
+from lowbit.checkpoints._ct_config import (
+    CT_FORMAT_VERSION,
+    _config,
+    _scheme_key,
+    quantization_config,
+)
+from lowbit.checkpoints._ct_tensor import _FP8, CTTensor, _checked, from_quantized, pack_int32
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
 
@@ -54,327 +63,7 @@ __all__ = [
     "write_compressed_tensors",
 ]
 
-CT_FORMAT_VERSION = "0.20.1"
-"""The compressed-tensors release whose on-disk format this writer follows (checked in tests)."""
-
-_KINDS = ("int", "float")
-_STRATEGIES = ("tensor", "channel", "group")
-_ACTIVATIONS = ("int8", "fp8")
 _SCALE_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-_FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
-
-
-@dataclass(frozen=True, eq=False)
-class CTTensor:
-    """One quantized 2-D weight ``[out, in]`` in compressed-tensors terms.
-
-    Dequantized value: ``(codes - zero_point) * scale`` for ``kind="int"``, ``codes * scale``
-    for ``kind="float"``, in float32.
-
-    Attributes:
-        codes: ``kind="int"``: signed integer codes in ``[-2^(b-1), 2^(b-1) - 1]``, shape
-            ``[out, in]``. ``kind="float"``: float8_e4m3fn values (an ml_dtypes array) or their
-            uint8 bit patterns.
-        scale: one per tensor (size 1), per output channel (``[out]`` or ``[out, 1]``) or per
-            group (``[out, in // group_size]``); real, positive, finite.
-        kind: ``"int"`` or ``"float"`` (fp8 E4M3, the only float compressed-tensors packs here).
-        num_bits: 1..8 for ``int``; 8 for ``float``.
-        zero_point: integer codes like ``codes``, shaped like ``scale`` (asymmetric ``int``).
-        group_size: ``G`` for group scales along the input axis.
-        strategy: ``"tensor"``, ``"channel"`` or ``"group"``; derived from ``group_size`` and
-            the scale's size when omitted.
-        activations: ``None`` (weight-only), ``"int8"`` or ``"fp8"``: declares dynamic per-token
-            symmetric quantization of the layer's inputs (W8A8), which also selects the
-            ``int-quantized`` / ``float-quantized`` storage compressed-tensors uses for it.
-    """
-
-    codes: Any
-    scale: Any
-    kind: str = "int"
-    num_bits: int = 8
-    zero_point: Any = None
-    group_size: int | None = None
-    strategy: str | None = None
-    activations: str | None = None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The weight's shape ``(out, in)``."""
-        return tuple(np.shape(self.codes))
-
-    @property
-    def symmetric(self) -> bool:
-        return self.zero_point is None
-
-    def resolved_strategy(self) -> str:
-        """The strategy, derived when not given: group if ``group_size``, else by scale size."""
-        if self.strategy is not None:
-            return self.strategy
-        if self.group_size is not None:
-            return "group"
-        return "tensor" if np.size(self.scale) == 1 else "channel"
-
-    def format(self) -> str:
-        """The compressed-tensors storage format (as its ``infer_module_format`` chooses)."""
-        return _format(self.kind, self.activations)
-
-    def dequantize(self) -> np.ndarray:
-        """float32 values, computed as compressed-tensors does with float32 scales."""
-        codes, scale, zp = _checked(self, "<tensor>")
-        if self.kind == "float":
-            values = codes.view(_FP8).astype(np.float32)
-        else:
-            values = codes.astype(np.float32)
-        if zp is not None:
-            values = values - _expand(zp, self, codes.shape).astype(np.float32)
-        return values * _expand(scale.astype(np.float32), self, codes.shape)
-
-
-def _format(kind: str, activations: str | None) -> str:
-    # compressed-tensors' priority order (compressors/format.py): weights with input
-    # activations -> int-/float-quantized; integer weights alone -> pack-quantized; others naive
-    if kind == "int":
-        return "int-quantized" if activations else "pack-quantized"
-    return "float-quantized" if activations else "naive-quantized"
-
-
-def _expand(per: np.ndarray, t: CTTensor, shape: tuple[int, ...]) -> np.ndarray:
-    """Scale/zero point in compressed-tensors' layout -> broadcast to the weight's shape."""
-    strategy = t.resolved_strategy()
-    if strategy == "group":
-        return np.repeat(per, t.group_size, axis=1)
-    return np.broadcast_to(per, shape)
-
-
-def _layout(strategy: str, shape: tuple[int, ...], group_size: int | None) -> tuple[int, ...]:
-    out, cols = shape
-    if strategy == "tensor":
-        return (1,)
-    if strategy == "channel":
-        return (out, 1)
-    assert group_size is not None
-    return (out, cols // group_size)
-
-
-def _checked(t: CTTensor, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Validate ``t``; return (codes: int8/uint8 fp8 bits, scale in CT layout, zp in CT layout)."""
-
-    def bad(msg: str) -> LowbitError:
-        return LowbitError(f"compressed-tensors weight {name!r}: {msg}")
-
-    if t.kind not in _KINDS:
-        raise bad(f"kind must be one of {list(_KINDS)}, got {t.kind!r}")
-    lo, hi = -(1 << (t.num_bits - 1)), (1 << (t.num_bits - 1)) - 1
-    if t.activations not in (None, *_ACTIVATIONS):
-        raise bad(f"activations must be None or one of {list(_ACTIVATIONS)}, got {t.activations!r}")
-    codes = as_numpy(t.codes)
-    if codes.ndim != 2 or 0 in codes.shape:
-        raise bad(f"codes must be a 2-D weight [out, in], got shape {codes.shape}")
-    strategy = t.resolved_strategy()
-    if strategy not in _STRATEGIES:
-        raise bad(f"strategy must be one of {list(_STRATEGIES)}, got {strategy!r}")
-    if (strategy == "group") != (t.group_size is not None):
-        raise bad("group_size goes with strategy 'group' (and only with it)")
-    if strategy == "group" and (
-        not isinstance(t.group_size, (int, np.integer))
-        or t.group_size <= 0
-        or codes.shape[1] % t.group_size
-    ):
-        raise bad(f"group_size {t.group_size} does not divide the {codes.shape[1]} input columns")
-
-    if t.kind == "int":
-        if not 1 <= t.num_bits <= 8:
-            raise bad(f"integer num_bits must be 1..8, got {t.num_bits}")
-        if codes.dtype.kind not in "iu":
-            raise bad(f"integer codes must have an integer dtype, got {codes.dtype}")
-        if codes.min() < lo or codes.max() > hi:
-            raise bad(
-                f"int{t.num_bits} codes must lie in {lo}..{hi}, got {codes.min()}..{codes.max()}"
-            )
-        codes = codes.astype(np.int8)
-    else:
-        if t.num_bits != 8:
-            raise bad(f"float weights are fp8 (num_bits 8), got {t.num_bits}")
-        if t.zero_point is not None:
-            raise bad("float weights are symmetric: no zero point")
-        if strategy == "group":
-            raise bad("fp8 weights take tensor or channel scales here")
-        if codes.dtype == _FP8:
-            codes = codes.view(np.uint8)
-        elif codes.dtype != np.uint8:
-            raise bad(f"fp8 codes must be float8_e4m3fn values or uint8 bits, got {codes.dtype}")
-        if np.any((codes & 0x7F) == 0x7F):
-            raise bad("fp8 codes contain NaN (0x7F/0xFF)")
-
-    want = _layout(strategy, codes.shape, t.group_size)
-    scale = as_numpy(t.scale)
-    if scale.dtype.kind != "f" and scale.dtype.name != "bfloat16":
-        raise bad(f"scale must be floating point, got {scale.dtype}")
-    if scale.size != int(np.prod(want)):
-        raise bad(
-            f"{strategy} scales for shape {codes.shape} need shape {list(want)}, got {list(scale.shape)}"
-        )
-    scale = scale.astype(np.float32).reshape(want)
-    if not (np.isfinite(scale).all() and (scale > 0).all()):
-        raise bad("scales must be positive and finite")
-    zp = None
-    if t.zero_point is not None:
-        zp = as_numpy(t.zero_point)
-        if zp.dtype.kind not in "iu" or zp.size != scale.size:
-            raise bad(f"zero_point must be integers shaped like the scale {list(want)}")
-        if zp.min() < lo or zp.max() > hi:
-            raise bad(f"zero points must lie in {lo}..{hi} like the codes")
-        zp = zp.astype(np.int8).reshape(want)
-    return codes, scale, zp
-
-
-def pack_int32(codes: np.ndarray, num_bits: int, axis: int = 1) -> np.ndarray:
-    """Pack signed ``num_bits`` codes of a 2-D array into int32 words, compressed-tensors style.
-
-    Codes are offset by ``2^(num_bits-1)`` to unsigned, then along ``axis`` each row (column for
-    ``axis=0``) becomes one little-endian bit stream: element ``i`` occupies bits
-    ``[i*b, (i+1)*b)``, bit ``k`` of the stream is bit ``k % 32`` of word ``k // 32``, and the row
-    ends after ``ceil(n*b/32)`` words (``compressors/pack_quantized/helpers.py: pack_to_int32``).
-    Example, int4: codes ``[-8, -7, 0, 7, ...]`` are nibbles ``0, 1, 8, 15`` from the lowest bits
-    of word 0 up.
-    """
-    codes = np.asarray(codes)
-    if axis == 0:
-        return pack_int32(codes.T, num_bits, axis=1).T.copy()
-    rows, cols = codes.shape
-    words = -(-cols * num_bits // 32)
-    out = np.empty((rows, words), dtype=np.int32)
-    step = max(1, _PACK_CHUNK // max(cols, 1))  # rows at a time: bounded temporaries
-    for r in range(0, rows, step):
-        out[r : r + step] = _pack_rows(codes[r : r + step], num_bits, words)
-    return out
-
-
-_PACK_CHUNK = 1 << 21  # codes per packing step
-
-
-def _pack_rows(codes: np.ndarray, num_bits: int, words: int) -> np.ndarray:
-    u = (codes.astype(np.int16) + (1 << (num_bits - 1))).astype(np.uint32)
-    rows, cols = u.shape
-    if 32 % num_bits == 0:  # whole elements per word (1, 2, 4, 8 bits): shift and add
-        per = 32 // num_bits
-        padded = np.zeros((rows, words * per), dtype=np.uint32)
-        padded[:, :cols] = u
-        shifts = (np.arange(per, dtype=np.uint32) * num_bits)[None, None, :]
-        packed = (padded.reshape(rows, words, per) << shifts).sum(axis=2, dtype=np.uint32)
-        return packed.view(np.int32)
-    # elements straddle words: build the bit stream explicitly
-    bits = ((u[:, :, None] >> np.arange(num_bits, dtype=np.uint32)) & 1).astype(np.uint8)
-    stream = np.zeros((rows, words * 32), dtype=np.uint8)
-    stream[:, : cols * num_bits] = bits.reshape(rows, -1)
-    return np.packbits(stream, axis=1, bitorder="little").view("<u4").view(np.int32)
-
-
-def _scheme_key(t: CTTensor) -> tuple[Any, ...]:
-    return (
-        t.kind,
-        t.num_bits,
-        t.symmetric,
-        t.resolved_strategy(),
-        t.group_size,
-        t.activations,
-    )
-
-
-def _scheme_dict(key: tuple[Any, ...], targets: list[str]) -> dict[str, Any]:
-    kind, bits, symmetric, strategy, group_size, activations = key
-    weights = {
-        "num_bits": bits,
-        "type": kind,
-        "symmetric": symmetric,
-        "group_size": group_size,
-        "strategy": strategy,
-        "dynamic": False,
-    }
-    inputs = None
-    if activations is not None:
-        inputs = {
-            "num_bits": 8,
-            "type": "int" if activations == "int8" else "float",
-            "symmetric": True,
-            "group_size": None,
-            "strategy": "token",
-            "dynamic": True,
-        }
-    return {
-        "targets": targets,
-        "weights": weights,
-        "input_activations": inputs,
-        "output_activations": None,
-        "format": _format(kind, activations),
-    }
-
-
-def _compact_targets(members: set[str], modules: set[str]) -> list[str]:
-    """Targets naming exactly ``members`` among ``modules``: regexes over layer numbers if exact.
-
-    ``model.layers.0.mlp.down_proj`` ... ``model.layers.29.mlp.down_proj`` become one
-    ``re:model\\.layers\\.\\d+\\.mlp\\.down_proj$`` when that pattern matches no module outside
-    ``members`` (compressed-tensors and vLLM match with ``re.match``); otherwise exact names.
-    """
-    by_pattern: dict[str, set[str]] = {}
-    for name in members:
-        parts = (r"\d+" if part.isdigit() else re.escape(part) for part in name.split("."))
-        pattern = r"\.".join(parts)
-        by_pattern.setdefault(pattern + "$", set()).add(name)
-    targets: list[str] = []
-    for pattern, names in sorted(by_pattern.items()):
-        rx = re.compile(pattern)
-        if len(names) > 1 and all(m in members for m in modules if rx.match(m)):
-            targets.append("re:" + pattern)
-        else:
-            targets.extend(sorted(names))
-    return targets
-
-
-def quantization_config(
-    tensors: Mapping[str, Any], *, version: str = CT_FORMAT_VERSION
-) -> dict[str, Any]:
-    """The ``quantization_config`` block for these tensors (CTTensor values are the quantized).
-
-    One config group per distinct scheme, targets naming its modules (see
-    :func:`_compact_targets`), ``format`` the common format or ``"mixed-precision"``, status
-    ``"compressed"``, keys as compressed-tensors' ``ModelCompressor.update_config`` writes them.
-    """
-    schemes = {}
-    for name in tensors:
-        value = tensors[name]
-        schemes[str(name)] = _scheme_key(value) if isinstance(value, CTTensor) else None
-    return _config(schemes, version)
-
-
-def _config(schemes: Mapping[str, tuple[Any, ...] | None], version: str) -> dict[str, Any]:
-    """quantization_config from tensor name -> scheme key (None: stored as it is)."""
-    modules = {_module_name(n) for n in schemes if "." in n}
-    groups: dict[tuple[Any, ...], set[str]] = {}
-    for name, key in schemes.items():
-        if key is not None:
-            groups.setdefault(key, set()).add(_module_name(name))
-    config_groups = {}
-    for i, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: sorted(kv[1])[0])):
-        config_groups[f"group_{i}"] = _scheme_dict(key, _compact_targets(members, modules))
-    formats = {g["format"] for g in config_groups.values()}
-    return {
-        "config_groups": config_groups,
-        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
-        "global_compression_ratio": None,
-        "ignore": [],
-        "kv_cache_scheme": None,
-        "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "sparsity_config": {},
-        "transform_config": {},
-        "version": version,
-    }
-
-
-def _module_name(tensor_name: str) -> str:
-    return tensor_name.rsplit(".", 1)[0]
 
 
 class _Parts:
@@ -624,80 +313,3 @@ def _progress(enabled: bool, total: int, desc: str) -> Any:
     except ImportError:
         return None
     return tqdm(total=total, unit="tensor", desc=f"writing {desc}")
-
-
-def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
-    """Map a lowbit ``QuantizedTensor`` of a 2-D weight ``[out, in]`` to a :class:`CTTensor`.
-
-    Supported (compressed-tensors' schemes): integer formats of 1..8 bits, symmetric or with a
-    zero point, per tensor, per output channel (``axis=0``) or in groups along the input axis
-    (``axis=-1``); ``float8_e4m3fn`` per tensor or per output channel. Unsigned integer codes
-    (``uint4`` with a zero point) are shifted to the signed range, which changes no value.
-
-    Raises:
-        LowbitError: any other format or layout (NF4, MX blocks, fp4, e5m2, channels along the
-            input axis, ...), naming what compressed-tensors would need.
-    """
-    fmt = qt.format
-    name = getattr(fmt, "name", str(fmt))
-    kind = getattr(fmt, "kind", None)
-    shape = tuple(qt.shape)
-    scheme = getattr(qt, "scheme", None)
-    granularity = str(getattr(qt.granularity, "value", qt.granularity))
-    if len(shape) != 2:
-        raise LowbitError(f"compressed-tensors stores 2-D weights [out, in]; got shape {shape}")
-    axis = getattr(scheme, "axis", None)
-    axis = None if axis is None else axis % 2
-    if granularity == "tensor":
-        strategy, group_size = "tensor", None
-    elif granularity == "channel" and axis in (None, 0):
-        strategy, group_size = "channel", None
-    elif granularity == "group" and axis in (None, 1):
-        strategy, group_size = "group", int(scheme.group_size)
-    else:
-        raise LowbitError(
-            f"compressed-tensors scales weights per tensor, per output channel (axis 0) or in "
-            f"groups along the input axis (axis -1); got granularity {granularity} on axis {axis}"
-        )
-    codes = np.asarray(qt.unpack()).reshape(shape)
-    scale = np.asarray(qt.scale, dtype=np.float32)
-    zp = getattr(qt, "zero_point", None)
-    if kind == "int" and getattr(fmt, "bits", 99) <= 8:
-        bits = int(fmt.bits)
-        codes = codes.astype(np.int16)
-        if zp is not None:
-            zpa = np.asarray(zp)
-            if not np.array_equal(zpa, np.round(zpa)):
-                raise LowbitError(
-                    "compressed-tensors zero points are integers; got fractional ones"
-                )
-            zp = zpa.astype(np.int16)
-        if not getattr(fmt, "signed", True):
-            codes = codes - (1 << (bits - 1))
-            zp = None if zp is None else zp - (1 << (bits - 1))
-        t = CTTensor(
-            codes=codes.astype(np.int8),
-            scale=scale,
-            kind="int",
-            num_bits=bits,
-            zero_point=None if zp is None else np.asarray(zp).astype(np.int8),
-            group_size=group_size,
-            strategy=strategy,
-            activations=activations,
-        )
-    elif name == "float8_e4m3fn" and zp is None and strategy != "group":
-        t = CTTensor(
-            codes=codes.astype(np.uint8),
-            scale=scale,
-            kind="float",
-            num_bits=8,
-            strategy=strategy,
-            activations=activations,
-        )
-    else:
-        raise LowbitError(
-            f"compressed-tensors has no scheme for {name} with {granularity} scales; it takes "
-            "int1..int8 (tensor/channel/group) and float8_e4m3fn (tensor/channel)"
-        )
-    _checked(t, "<QuantizedTensor>")  # a ragged last group, out-of-range zero points, ...
-    return t

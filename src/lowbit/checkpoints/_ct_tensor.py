@@ -1,0 +1,308 @@
+"""One quantized weight in compressed-tensors terms: :class:`CTTensor`, its checks, its packing.
+
+:class:`CTTensor` holds codes, scales and zero points in compressed-tensors' layout and says
+which storage format compressed-tensors infers for it; :func:`pack_int32` is its int32 bit
+packing (``pack-quantized``); :func:`from_quantized` maps a lowbit ``QuantizedTensor`` onto it.
+The files these end up in are described in :mod:`lowbit.checkpoints.compressed_tensors`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from lowbit.checkpoints._write_arrays import as_numpy
+from lowbit.errors import LowbitError
+
+__all__ = ["CTTensor", "from_quantized", "pack_int32"]
+
+_KINDS = ("int", "float")
+_STRATEGIES = ("tensor", "channel", "group")
+_ACTIVATIONS = ("int8", "fp8")
+_FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+@dataclass(frozen=True, eq=False)
+class CTTensor:
+    """One quantized 2-D weight ``[out, in]`` in compressed-tensors terms.
+
+    Dequantized value: ``(codes - zero_point) * scale`` for ``kind="int"``, ``codes * scale``
+    for ``kind="float"``, in float32.
+
+    Attributes:
+        codes: ``kind="int"``: signed integer codes in ``[-2^(b-1), 2^(b-1) - 1]``, shape
+            ``[out, in]``. ``kind="float"``: float8_e4m3fn values (an ml_dtypes array) or their
+            uint8 bit patterns.
+        scale: one per tensor (size 1), per output channel (``[out]`` or ``[out, 1]``) or per
+            group (``[out, in // group_size]``); real, positive, finite.
+        kind: ``"int"`` or ``"float"`` (fp8 E4M3, the only float compressed-tensors packs here).
+        num_bits: 1..8 for ``int``; 8 for ``float``.
+        zero_point: integer codes like ``codes``, shaped like ``scale`` (asymmetric ``int``).
+        group_size: ``G`` for group scales along the input axis.
+        strategy: ``"tensor"``, ``"channel"`` or ``"group"``; derived from ``group_size`` and
+            the scale's size when omitted.
+        activations: ``None`` (weight-only), ``"int8"`` or ``"fp8"``: declares dynamic per-token
+            symmetric quantization of the layer's inputs (W8A8), which also selects the
+            ``int-quantized`` / ``float-quantized`` storage compressed-tensors uses for it.
+    """
+
+    codes: Any
+    scale: Any
+    kind: str = "int"
+    num_bits: int = 8
+    zero_point: Any = None
+    group_size: int | None = None
+    strategy: str | None = None
+    activations: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The weight's shape ``(out, in)``."""
+        return tuple(np.shape(self.codes))
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zero_point is None
+
+    def resolved_strategy(self) -> str:
+        """The strategy, derived when not given: group if ``group_size``, else by scale size."""
+        if self.strategy is not None:
+            return self.strategy
+        if self.group_size is not None:
+            return "group"
+        return "tensor" if np.size(self.scale) == 1 else "channel"
+
+    def format(self) -> str:
+        """The compressed-tensors storage format (as its ``infer_module_format`` chooses)."""
+        return _format(self.kind, self.activations)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 values, computed as compressed-tensors does with float32 scales."""
+        codes, scale, zp = _checked(self, "<tensor>")
+        if self.kind == "float":
+            values = codes.view(_FP8).astype(np.float32)
+        else:
+            values = codes.astype(np.float32)
+        if zp is not None:
+            values = values - _expand(zp, self, codes.shape).astype(np.float32)
+        return values * _expand(scale.astype(np.float32), self, codes.shape)
+
+
+def _format(kind: str, activations: str | None) -> str:
+    # compressed-tensors' priority order (compressors/format.py): weights with input
+    # activations -> int-/float-quantized; integer weights alone -> pack-quantized; others naive
+    if kind == "int":
+        return "int-quantized" if activations else "pack-quantized"
+    return "float-quantized" if activations else "naive-quantized"
+
+
+def _expand(per: np.ndarray, t: CTTensor, shape: tuple[int, ...]) -> np.ndarray:
+    """Scale/zero point in compressed-tensors' layout -> broadcast to the weight's shape."""
+    strategy = t.resolved_strategy()
+    if strategy == "group":
+        return np.repeat(per, t.group_size, axis=1)
+    return np.broadcast_to(per, shape)
+
+
+def _layout(strategy: str, shape: tuple[int, ...], group_size: int | None) -> tuple[int, ...]:
+    out, cols = shape
+    if strategy == "tensor":
+        return (1,)
+    if strategy == "channel":
+        return (out, 1)
+    assert group_size is not None
+    return (out, cols // group_size)
+
+
+def _checked(t: CTTensor, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Validate ``t``; return (codes: int8/uint8 fp8 bits, scale in CT layout, zp in CT layout)."""
+
+    def bad(msg: str) -> LowbitError:
+        return LowbitError(f"compressed-tensors weight {name!r}: {msg}")
+
+    if t.kind not in _KINDS:
+        raise bad(f"kind must be one of {list(_KINDS)}, got {t.kind!r}")
+    lo, hi = -(1 << (t.num_bits - 1)), (1 << (t.num_bits - 1)) - 1
+    if t.activations not in (None, *_ACTIVATIONS):
+        raise bad(f"activations must be None or one of {list(_ACTIVATIONS)}, got {t.activations!r}")
+    codes = as_numpy(t.codes)
+    if codes.ndim != 2 or 0 in codes.shape:
+        raise bad(f"codes must be a 2-D weight [out, in], got shape {codes.shape}")
+    strategy = t.resolved_strategy()
+    if strategy not in _STRATEGIES:
+        raise bad(f"strategy must be one of {list(_STRATEGIES)}, got {strategy!r}")
+    if (strategy == "group") != (t.group_size is not None):
+        raise bad("group_size goes with strategy 'group' (and only with it)")
+    if strategy == "group" and (
+        not isinstance(t.group_size, (int, np.integer))
+        or t.group_size <= 0
+        or codes.shape[1] % t.group_size
+    ):
+        raise bad(f"group_size {t.group_size} does not divide the {codes.shape[1]} input columns")
+
+    if t.kind == "int":
+        if not 1 <= t.num_bits <= 8:
+            raise bad(f"integer num_bits must be 1..8, got {t.num_bits}")
+        if codes.dtype.kind not in "iu":
+            raise bad(f"integer codes must have an integer dtype, got {codes.dtype}")
+        if codes.min() < lo or codes.max() > hi:
+            raise bad(
+                f"int{t.num_bits} codes must lie in {lo}..{hi}, got {codes.min()}..{codes.max()}"
+            )
+        codes = codes.astype(np.int8)
+    else:
+        if t.num_bits != 8:
+            raise bad(f"float weights are fp8 (num_bits 8), got {t.num_bits}")
+        if t.zero_point is not None:
+            raise bad("float weights are symmetric: no zero point")
+        if strategy == "group":
+            raise bad("fp8 weights take tensor or channel scales here")
+        if codes.dtype == _FP8:
+            codes = codes.view(np.uint8)
+        elif codes.dtype != np.uint8:
+            raise bad(f"fp8 codes must be float8_e4m3fn values or uint8 bits, got {codes.dtype}")
+        if np.any((codes & 0x7F) == 0x7F):
+            raise bad("fp8 codes contain NaN (0x7F/0xFF)")
+
+    want = _layout(strategy, codes.shape, t.group_size)
+    scale = as_numpy(t.scale)
+    if scale.dtype.kind != "f" and scale.dtype.name != "bfloat16":
+        raise bad(f"scale must be floating point, got {scale.dtype}")
+    if scale.size != int(np.prod(want)):
+        raise bad(
+            f"{strategy} scales for shape {codes.shape} need shape {list(want)}, got {list(scale.shape)}"
+        )
+    scale = scale.astype(np.float32).reshape(want)
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        raise bad("scales must be positive and finite")
+    zp = None
+    if t.zero_point is not None:
+        zp = as_numpy(t.zero_point)
+        if zp.dtype.kind not in "iu" or zp.size != scale.size:
+            raise bad(f"zero_point must be integers shaped like the scale {list(want)}")
+        if zp.min() < lo or zp.max() > hi:
+            raise bad(f"zero points must lie in {lo}..{hi} like the codes")
+        zp = zp.astype(np.int8).reshape(want)
+    return codes, scale, zp
+
+
+def pack_int32(codes: np.ndarray, num_bits: int, axis: int = 1) -> np.ndarray:
+    """Pack signed ``num_bits`` codes of a 2-D array into int32 words, compressed-tensors style.
+
+    Codes are offset by ``2^(num_bits-1)`` to unsigned, then along ``axis`` each row (column for
+    ``axis=0``) becomes one little-endian bit stream: element ``i`` occupies bits
+    ``[i*b, (i+1)*b)``, bit ``k`` of the stream is bit ``k % 32`` of word ``k // 32``, and the row
+    ends after ``ceil(n*b/32)`` words (``compressors/pack_quantized/helpers.py: pack_to_int32``).
+    Example, int4: codes ``[-8, -7, 0, 7, ...]`` are nibbles ``0, 1, 8, 15`` from the lowest bits
+    of word 0 up.
+    """
+    codes = np.asarray(codes)
+    if axis == 0:
+        return pack_int32(codes.T, num_bits, axis=1).T.copy()
+    rows, cols = codes.shape
+    words = -(-cols * num_bits // 32)
+    out = np.empty((rows, words), dtype=np.int32)
+    step = max(1, _PACK_CHUNK // max(cols, 1))  # rows at a time: bounded temporaries
+    for r in range(0, rows, step):
+        out[r : r + step] = _pack_rows(codes[r : r + step], num_bits, words)
+    return out
+
+
+_PACK_CHUNK = 1 << 21  # codes per packing step
+
+
+def _pack_rows(codes: np.ndarray, num_bits: int, words: int) -> np.ndarray:
+    u = (codes.astype(np.int16) + (1 << (num_bits - 1))).astype(np.uint32)
+    rows, cols = u.shape
+    if 32 % num_bits == 0:  # whole elements per word (1, 2, 4, 8 bits): shift and add
+        per = 32 // num_bits
+        padded = np.zeros((rows, words * per), dtype=np.uint32)
+        padded[:, :cols] = u
+        shifts = (np.arange(per, dtype=np.uint32) * num_bits)[None, None, :]
+        packed = (padded.reshape(rows, words, per) << shifts).sum(axis=2, dtype=np.uint32)
+        return packed.view(np.int32)
+    # elements straddle words: build the bit stream explicitly
+    bits = ((u[:, :, None] >> np.arange(num_bits, dtype=np.uint32)) & 1).astype(np.uint8)
+    stream = np.zeros((rows, words * 32), dtype=np.uint8)
+    stream[:, : cols * num_bits] = bits.reshape(rows, -1)
+    return np.packbits(stream, axis=1, bitorder="little").view("<u4").view(np.int32)
+
+
+def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
+    """Map a lowbit ``QuantizedTensor`` of a 2-D weight ``[out, in]`` to a :class:`CTTensor`.
+
+    Supported (compressed-tensors' schemes): integer formats of 1..8 bits, symmetric or with a
+    zero point, per tensor, per output channel (``axis=0``) or in groups along the input axis
+    (``axis=-1``); ``float8_e4m3fn`` per tensor or per output channel. Unsigned integer codes
+    (``uint4`` with a zero point) are shifted to the signed range, which changes no value.
+
+    Raises:
+        LowbitError: any other format or layout (NF4, MX blocks, fp4, e5m2, channels along the
+            input axis, ...), naming what compressed-tensors would need.
+    """
+    fmt = qt.format
+    name = getattr(fmt, "name", str(fmt))
+    kind = getattr(fmt, "kind", None)
+    shape = tuple(qt.shape)
+    scheme = getattr(qt, "scheme", None)
+    granularity = str(getattr(qt.granularity, "value", qt.granularity))
+    if len(shape) != 2:
+        raise LowbitError(f"compressed-tensors stores 2-D weights [out, in]; got shape {shape}")
+    axis = getattr(scheme, "axis", None)
+    axis = None if axis is None else axis % 2
+    if granularity == "tensor":
+        strategy, group_size = "tensor", None
+    elif granularity == "channel" and axis in (None, 0):
+        strategy, group_size = "channel", None
+    elif granularity == "group" and axis in (None, 1):
+        strategy, group_size = "group", int(scheme.group_size)
+    else:
+        raise LowbitError(
+            f"compressed-tensors scales weights per tensor, per output channel (axis 0) or in "
+            f"groups along the input axis (axis -1); got granularity {granularity} on axis {axis}"
+        )
+    codes = np.asarray(qt.unpack()).reshape(shape)
+    scale = np.asarray(qt.scale, dtype=np.float32)
+    zp = getattr(qt, "zero_point", None)
+    if kind == "int" and getattr(fmt, "bits", 99) <= 8:
+        bits = int(fmt.bits)
+        codes = codes.astype(np.int16)
+        if zp is not None:
+            zpa = np.asarray(zp)
+            if not np.array_equal(zpa, np.round(zpa)):
+                raise LowbitError(
+                    "compressed-tensors zero points are integers; got fractional ones"
+                )
+            zp = zpa.astype(np.int16)
+        if not getattr(fmt, "signed", True):
+            codes = codes - (1 << (bits - 1))
+            zp = None if zp is None else zp - (1 << (bits - 1))
+        t = CTTensor(
+            codes=codes.astype(np.int8),
+            scale=scale,
+            kind="int",
+            num_bits=bits,
+            zero_point=None if zp is None else np.asarray(zp).astype(np.int8),
+            group_size=group_size,
+            strategy=strategy,
+            activations=activations,
+        )
+    elif name == "float8_e4m3fn" and zp is None and strategy != "group":
+        t = CTTensor(
+            codes=codes.astype(np.uint8),
+            scale=scale,
+            kind="float",
+            num_bits=8,
+            strategy=strategy,
+            activations=activations,
+        )
+    else:
+        raise LowbitError(
+            f"compressed-tensors has no scheme for {name} with {granularity} scales; it takes "
+            "int1..int8 (tensor/channel/group) and float8_e4m3fn (tensor/channel)"
+        )
+    _checked(t, "<QuantizedTensor>")  # a ragged last group, out-of-range zero points, ...
+    return t
