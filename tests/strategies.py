@@ -208,3 +208,23 @@ def model_shapes(draw: st.DrawFn, max_tensors: int = 8) -> list[tuple[int, ...]]
     """Shapes of a small model's tensors (1-D norms to 3-D expert stacks) for the planner."""
     dims = st.lists(st.integers(1, 300), min_size=1, max_size=3).map(tuple)
     return draw(st.lists(dims, min_size=1, max_size=max_tensors))
+
+
+# JSON values a tampered file may hold where another was expected: every JSON type, the
+# integers and floats at the edges (huge, negative, non-finite), strings that look like paths.
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 1, 2**31, 2**63, 2**64, 10**300]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.sampled_from(["", "..", "../x.safetensors", "/etc/passwd", "int8", "nf4", "quantized"]),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=10,
+)

@@ -64,6 +64,7 @@ def load(
     dtype: Any = None,
     framework: str = "numpy",
     progress: bool | None = None,
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Read the tensors of a checkpoint into a dict.
 
@@ -76,6 +77,8 @@ def load(
             stored type (GGUF block formats come back dequantized to float32).
         framework: "numpy" (arrays copied out of the file) or "torch" (CPU tensors).
         progress: tqdm progress bar: ``True``, ``False``, or ``None`` for "only on a terminal".
+        verify: for a lowbit checkpoint, check its manifest's digest and every file's sha256
+            (sizes, containment and the manifest's schema are checked either way).
 
     Returns:
         ``{name: array}`` in file order.
@@ -87,17 +90,19 @@ def load(
     if framework not in ("numpy", "torch"):
         raise LowbitError(f"framework must be 'numpy' or 'torch', got {framework!r}")
     out: dict[str, Any] = {}
-    with _open(path) as ckpt:
+    with _open(path, verify) as ckpt:
         for name, arr in ckpt.items(names, dtype=dtype, progress=progress):
             out[name] = arr.copy() if framework == "numpy" else _to_torch(arr)
     return out
 
 
-def _open(path: str | os.PathLike[str]) -> Checkpoint:
+def _open(path: str | os.PathLike[str], verify: bool = True) -> Checkpoint:
     """``open_checkpoint``, or for a lowbit quantized checkpoint its dequantizing reader."""
     from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 
-    return LowbitCheckpoint(path) if is_lowbit_checkpoint(path) else open_checkpoint(path)
+    if is_lowbit_checkpoint(path):
+        return LowbitCheckpoint(path, verify=verify)
+    return open_checkpoint(path)
 
 
 def _to_torch(arr: Any) -> Any:
@@ -121,13 +126,14 @@ _NUMPY_NATIVE = {
 }  # fmt: skip
 
 
-def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
+def load_model(path: str | os.PathLike[str], *, verify: bool = True, **kwargs: Any) -> Any:
     """Build a runnable transformers model (eval mode, float32) from a checkpoint.
 
     A shortcut for ``lowbit.evaluation.models.build_model(open_checkpoint(path), **kwargs)``; see there for
     the arguments. A lowbit quantized checkpoint (``lowbit quantize``) gives its dequantized
     weights, with the activation quantization its plan asks for simulated
-    (``lowbit.checkpoints.lowbit_format.load_model``).
+    (``lowbit.checkpoints.lowbit_format.load_model``), after checking its manifest and files;
+    ``verify=False`` skips their sha256s.
     """
     from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
     from lowbit.evaluation.models import build_model
@@ -135,6 +141,6 @@ def load_model(path: str | os.PathLike[str], **kwargs: Any) -> Any:
     if is_lowbit_checkpoint(path):
         from lowbit.checkpoints.lowbit_format import load_model as load_lowbit
 
-        return load_lowbit(path, **kwargs)
+        return load_lowbit(path, verify=verify, **kwargs)
 
     return build_model(open_checkpoint(path), **kwargs)

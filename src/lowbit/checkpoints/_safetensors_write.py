@@ -70,8 +70,13 @@ def write_file(
     entries: Sequence[Entry],
     metadata: dict[str, str] | None = None,
     on_tensor: Callable[[Entry], None] | None = None,
+    digest: Any = None,
 ) -> None:
-    """Write ``entries`` to one safetensors file, producing each tensor's data in turn."""
+    """Write ``entries`` to one safetensors file, producing each tensor's data in turn.
+
+    ``digest`` (a ``hashlib`` object) is fed every byte written, so a checksum of the file
+    costs no second read.
+    """
     header: dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -86,8 +91,10 @@ def write_file(
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
+        head = struct.pack("<Q", len(blob)) + blob
+        f.write(head)
+        if digest is not None:
+            digest.update(head)
         for e in entries:
             data = np.asarray(e.produce())
             want = np.dtype(e.dtype).newbyteorder("<")
@@ -97,6 +104,9 @@ def write_file(
                     f"{e.name}: planned {e.dtype}{list(e.shape)}, got {data.dtype}{list(data.shape)}"
                 )
             # a uint8 view of the (contiguous) data: written without another copy
-            f.write(np.ascontiguousarray(data, dtype=want).reshape(-1).view(np.uint8))
+            raw = np.ascontiguousarray(data, dtype=want).reshape(-1).view(np.uint8)
+            f.write(raw)
+            if digest is not None:
+                digest.update(raw)
             if on_tensor is not None:
                 on_tensor(e)

@@ -23,9 +23,13 @@ Face config (derived from GGUF metadata for a GGUF source), "files": [shards], "
 entry}}`` where an entry is ``{"kind": "quantized" | "kept" | "cast", "file", "shape",
 "source_dtype", ...}``; quantized entries add ``"tensor"`` (``to_arrays``' metadata: its own
 ``version``, shape, scale shape and the full ``Scheme``) and ``"activations"``; kept entries add
-``"dtype"`` and ``"encoding"`` (``"array"`` or ``"gguf:TYPE"``).
+``"dtype"`` and ``"encoding"`` (``"array"`` or ``"gguf:TYPE"``). ``"checksums"`` records the
+size and sha256 of every file written into the folder and ``"manifest_sha256"`` the digest of
+the manifest itself (:mod:`lowbit.checkpoints._manifest`, which also holds the schema every
+load checks).
 
-Reading back (:class:`LowbitCheckpoint`, ``lowbit.load(DIR)``) gives exactly
+Reading back (:class:`LowbitCheckpoint`, ``lowbit.load(DIR)``) first checks the manifest and the
+files against it (``verify=False`` skips the sha256s), then gives exactly
 ``QuantizedTensor.dequantize()``'s float32 values; ``lowbit.load_model(DIR)`` builds the
 transformers model with those weights and simulates per-token activation quantization on the
 layers whose plan asked for it (``lowbit.evaluation.activations``).
@@ -33,7 +37,7 @@ layers whose plan asked for it (``lowbit.evaluation.activations``).
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
 import os
 import shutil
@@ -44,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints import _manifest
+from lowbit.checkpoints._manifest import GGUF_METADATA, MANIFEST
 from lowbit.checkpoints.readers import Checkpoint, TensorInfo
 from lowbit.errors import LowbitError
 
@@ -60,10 +66,8 @@ __all__ = [
     "write_lowbit_checkpoint",
 ]
 
-MANIFEST = "lowbit.json"
 FORMAT_NAME = "lowbit-checkpoint"
 FORMAT_VERSION = 1
-GGUF_METADATA = "source_metadata.gguf"
 DEFAULT_SHARD_SIZE = 2 * 2**30
 
 _SCALE_DTYPES = {
@@ -219,6 +223,7 @@ def write_lowbit_checkpoint(
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
     meta = {"format": "lowbit", "lowbit_format_version": str(FORMAT_VERSION)}
+    digests: dict[str, Any] = {}
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         bar = progress_bar(len(units), progress, f"quantizing into {Path(out_dir).name}", "tensor")
         with bar:
@@ -234,7 +239,10 @@ def write_lowbit_checkpoint(
                     if e.name in last:
                         bar.update(1)
 
-                _safetensors.write_file(tmp / fname, entries, meta, on_tensor=done)
+                digests[fname] = hashlib.sha256()
+                _safetensors.write_file(
+                    tmp / fname, entries, meta, on_tensor=done, digest=digests[fname]
+                )
         tensors: dict[str, Any] = {}
         for fname, shard in zip(names, shards, strict=True):
             for u in shard:
@@ -255,8 +263,15 @@ def write_lowbit_checkpoint(
             dest = tmp / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dest)
-        (tmp / MANIFEST).write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+        _write_manifest(tmp, doc, {k: h.hexdigest() for k, h in digests.items()})
     return Path(out_dir)
+
+
+def _write_manifest(folder: Path, doc: dict[str, Any], digests: dict[str, str]) -> None:
+    """Write ``lowbit.json`` last: the size and sha256 of every file in the folder (the shards'
+    digests were taken while they were written), then the manifest's own digest."""
+    doc[_manifest.CHECKSUMS_KEY] = _manifest.record_files(folder, digests)
+    (folder / MANIFEST).write_text(_manifest.seal(doc, default=_jsonable))
 
 
 def progress_bar(total: int, progress: bool | None, desc: str, unit: str) -> Any:
@@ -341,45 +356,43 @@ class LowbitCheckpoint(Checkpoint):
 
     format = "lowbit"
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+        """Open a checkpoint folder, checking its manifest and files first.
+
+        Args:
+            path: the folder.
+            verify: check the manifest's own digest and every file's sha256 against it
+                (reads every byte once); False skips both. The schema, containment and file
+                sizes are checked either way (see :mod:`lowbit.checkpoints._manifest`).
+
+        Raises:
+            LowbitError: no manifest, or one that does not pass those checks, naming the file
+                and the field.
+        """
+        from lowbit.checkpoints.readers import SafetensorsFile
+
         super().__init__()
         self.path = Path(path)
-        mpath = self.path / MANIFEST
-        if not mpath.is_file():
-            raise LowbitError(f"{self.path}: not a lowbit checkpoint (no {MANIFEST})")
-        try:
-            doc = json.loads(mpath.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise LowbitError(f"{mpath}: not valid JSON ({exc})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-            raise LowbitError(f"{mpath}: not a lowbit checkpoint manifest")
-        if doc.get("version") != FORMAT_VERSION:
-            raise LowbitError(
-                f"{mpath}: lowbit checkpoint version {doc.get('version')!r}; this lowbit reads "
-                f"{FORMAT_VERSION}"
-            )
+        doc, expected = _manifest.load(
+            self.path, format_name=FORMAT_NAME, version=FORMAT_VERSION, verify=verify
+        )
+        where = str(self.path / MANIFEST)
         self.manifest = doc
-        self.source_format = str(doc.get("source", {}).get("format", "safetensors"))
-        self.config = doc.get("config")
-        self._entries: dict[str, dict[str, Any]] = doc.get("tensors") or {}
+        self.source_format = str(doc["source"]["format"])
+        self.config = doc["config"]
+        self._entries: dict[str, dict[str, Any]] = doc["tensors"]
         self._shards: dict[str, Any] = {}
-        for fname in doc.get("files") or []:
-            from lowbit.checkpoints.readers import SafetensorsFile
-
-            f = self.path / fname
+        for i, fname in enumerate(doc["files"]):
+            f = _manifest.member(self.path, fname, where, f"files[{i}]")
             if not f.is_file():
                 raise LowbitError(f"{self.path}: shard {fname} is missing")
             self._shards[fname] = SafetensorsFile(f)
-        for name, e in self._entries.items():
-            if e.get("file") not in self._shards:
-                raise LowbitError(
-                    f"{mpath}: tensor {name!r} names an unknown file {e.get('file')!r}"
-                )
-        meta_file = self.path / GGUF_METADATA
+        _manifest.check_arrays(expected, doc, self._shards, where)
         self.metadata: dict[str, Any] = {}
-        if meta_file.is_file():
+        if (self.path / GGUF_METADATA).exists():
             from lowbit.checkpoints import _gguf
 
+            meta_file = _manifest.member(self.path, GGUF_METADATA, where, GGUF_METADATA)
             self.metadata = _gguf.parse(meta_file).metadata
 
     # -- the Checkpoint interface ---------------------------------------------------------
@@ -509,7 +522,9 @@ class _SourceView(Checkpoint):
         return self.inner.get(name, dtype)
 
 
-def load_model(path: str | os.PathLike[str], *, activations: bool = True, **kwargs: Any) -> Any:
+def load_model(
+    path: str | os.PathLike[str], *, activations: bool = True, verify: bool = True, **kwargs: Any
+) -> Any:
     """A transformers model from a lowbit checkpoint: dequantized weights, eval mode.
 
     Args:
@@ -517,6 +532,8 @@ def load_model(path: str | os.PathLike[str], *, activations: bool = True, **kwar
         activations: simulate the per-token activation quantization the plan asks for
             (``lowbit.evaluation.activations.fake_quantize_per_token`` on the inputs of those linear
             layers); False gives the weight-only model.
+        verify: check the manifest's digest and every file's sha256 (see
+            :class:`LowbitCheckpoint`).
         **kwargs: passed to ``lowbit.evaluation.models.build_model`` (``dtype``, ``strict``, ``progress``).
 
     Returns:
@@ -528,7 +545,7 @@ def load_model(path: str | os.PathLike[str], *, activations: bool = True, **kwar
     """
     from lowbit.evaluation.models import build_model
 
-    ckpt = LowbitCheckpoint(path)
+    ckpt = LowbitCheckpoint(path, verify=verify)
     model = build_model(ckpt.as_source(), **kwargs)
     hooked: dict[str, str] = {}
     if activations:

@@ -449,15 +449,33 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             raise LowbitError(
                 f"{p}: several GGUF files ({', '.join(g.name for g in ggufs)}); name one"
             )
-        return HuggingFaceFolder(p)
+        return _not_lowbit_shards(HuggingFaceFolder(p))
     with open(p, "rb") as fh:
         magic = fh.read(4)
     if magic == b"GGUF" or p.suffix == ".gguf":
         return GGUFFile(p)
     if p.suffix == ".safetensors":
-        return SafetensorsFile(p)
+        return _not_lowbit_shards(SafetensorsFile(p))
     if p.name.endswith(".safetensors.index.json"):
-        return HuggingFaceFolder(p.parent)
+        return _not_lowbit_shards(HuggingFaceFolder(p.parent))
     if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
         raise LowbitError(f"{p}: a pickle file; lowbit never loads pickles (use safetensors)")
     raise LowbitError(f"{p}: not a .safetensors, .gguf or model folder")
+
+
+def _not_lowbit_shards(ckpt: Checkpoint) -> Checkpoint:
+    """Refuse safetensors that lowbit wrote as a checkpoint's shards: read without their
+    ``lowbit.json`` they would be packed codes and scales, not the model's tensors."""
+    if ckpt.metadata.get("format") == "lowbit" or "lowbit_format_version" in ckpt.metadata:
+        folder = ckpt.path if ckpt.path.is_dir() else ckpt.path.parent
+        if ckpt.path != folder and (folder / "lowbit.json").is_file():
+            raise LowbitError(
+                f"{ckpt.path}: a shard of the lowbit checkpoint {folder} (packed codes and "
+                f"scales); open the folder, whose lowbit.json says how to decode them"
+            )
+        raise LowbitError(
+            f"{ckpt.path}: safetensors written by lowbit as a quantized checkpoint's shards "
+            f"(packed codes and scales), but {folder} has no lowbit.json to decode them; "
+            f"restore the manifest or quantize the source model again"
+        )
+    return ckpt

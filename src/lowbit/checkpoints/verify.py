@@ -1,0 +1,396 @@
+"""Check a checkpoint on disk without building a model: ``lowbit verify``'s library side.
+
+:func:`verify_checkpoint` recognises what it is given and checks:
+
+- a **lowbit** checkpoint folder: everything :class:`~lowbit.checkpoints.lowbit_format.
+  LowbitCheckpoint` checks on open (the manifest's schema and digest, every recorded file inside
+  the folder with its size and sha256, every array's dtype and shape in the shard headers), then
+  decodes every tensor;
+- a **compressed-tensors** folder: ``config.json``'s ``quantization_config`` parses (method,
+  groups, weight arguments), every safetensors header is valid, and every quantized weight has
+  its packed/int8/fp8 values, scale and (asymmetric) zero point with the dtypes and shapes its
+  group's scheme gives;
+- a **GGUF** file: the header parses and every tensor has a known type and lies inside the
+  file (:func:`lowbit.checkpoints._gguf.parse`);
+- any other **safetensors** file or Hugging Face folder: its headers are valid.
+
+The first problem found is raised as one :class:`~lowbit.errors.LowbitError`; a checkpoint that
+passes gives a report of what was found.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+__all__ = ["verify_checkpoint"]
+
+
+def verify_checkpoint(path: str | os.PathLike[str], *, hashes: bool = True) -> dict[str, Any]:
+    """Check a checkpoint and say what it holds.
+
+    Args:
+        path: a lowbit or compressed-tensors folder, a Hugging Face folder, a ``.gguf`` or
+            ``.safetensors`` file.
+        hashes: for a lowbit checkpoint, check the manifest's digest and every file's sha256
+            (False: sizes only).
+
+    Returns:
+        ``{"path", "kind", "tensors", "checks": [what was checked], "files": [{"file",
+        "bytes", "sha256"}], "summary": {...}}``; ``kind`` is ``lowbit``,
+        ``compressed-tensors``, ``gguf``, ``safetensors`` or ``huggingface``.
+
+    Raises:
+        LowbitError: the first problem found, naming the file and what is wrong.
+    """
+    from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
+
+    p = Path(path)
+    if not p.exists():
+        raise LowbitError(f"{p}: no such file or folder")
+    if is_lowbit_checkpoint(p):
+        return _lowbit(p, hashes)
+    if p.is_dir() and _ct_config(p) is not None:
+        return _compressed_tensors(p)
+    if p.is_file():
+        with open(p, "rb") as fh:
+            magic = fh.read(4)
+        if magic == b"GGUF" or p.suffix == ".gguf":
+            return _gguf_file(p)
+    return _plain(p)
+
+
+# ------------------------------------------------------------------------------- lowbit
+
+
+def _lowbit(p: Path, hashes: bool) -> dict[str, Any]:
+    from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+
+    with LowbitCheckpoint(p, verify=hashes) as ckpt:
+        kinds: dict[str, int] = {}
+        for name in ckpt.names():
+            kinds[ckpt.entry(name)["kind"]] = kinds.get(ckpt.entry(name)["kind"], 0) + 1
+            ckpt.close()  # one tensor's pages mapped at a time
+            try:
+                ckpt.get(name)
+            except LowbitError as exc:
+                raise LowbitError(f"{p}: tensor {name!r} does not decode: {exc}") from None
+        doc = ckpt.manifest
+    records = doc.get(CHECKSUMS_KEY) or {}
+    files = [
+        {"file": rel, "bytes": rec["size"], "sha256": "matches" if hashes else "not checked"}
+        for rel, rec in records.items()
+    ]
+    unrecorded = sorted(
+        f.relative_to(p).as_posix()
+        for f in p.rglob("*")
+        if f.is_file() and f.relative_to(p).as_posix() not in records and f.name != MANIFEST
+    )
+    files += [{"file": rel, "bytes": (p / rel).stat().st_size, "sha256": "not recorded"}
+              for rel in unrecorded]  # fmt: skip
+    checks = ["manifest schema", "files inside the folder", "file sizes"]
+    if hashes:
+        checks[1:1] = ["manifest digest"]
+        checks.append("file sha256")
+    checks += ["array dtypes and shapes", "every tensor decodes"]
+    return {
+        "path": str(p),
+        "kind": "lowbit",
+        "tensors": sum(kinds.values()),
+        "checks": checks,
+        "files": files,
+        "summary": {
+            "lowbit_version": doc["lowbit_version"],
+            "source_format": doc["source"]["format"],
+            **{f"{k} tensors": n for k, n in sorted(kinds.items())},
+            "unrecorded files": len(unrecorded),
+        },
+    }
+
+
+# --------------------------------------------------------------------- compressed-tensors
+
+
+def _ct_config(folder: Path) -> dict[str, Any] | None:
+    """``config.json``'s quantization_config if it names compressed-tensors, else None."""
+    from lowbit.checkpoints.readers import _read_config
+
+    cfg = _read_config(folder / "config.json")
+    qc = (cfg or {}).get("quantization_config")
+    if isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors":
+        return qc
+    return None
+
+
+_CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
+_CT_STRATEGIES = ("tensor", "channel", "group")
+
+
+def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
+    """``[(group name, {targets, bits, type, symmetric, strategy, group_size, format})]``."""
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise LowbitError(f"{where}: quantization_config.config_groups is missing or empty")
+    out = []
+    for gname, g in groups.items():
+        field = f"{where}: quantization_config.config_groups.{gname}"
+        if not isinstance(g, dict):
+            raise LowbitError(f"{field} is not an object")
+        targets = g.get("targets")
+        if (
+            not isinstance(targets, list)
+            or not targets
+            or not all(isinstance(t, str) for t in targets)
+        ):
+            raise LowbitError(f"{field}.targets is not a non-empty list of strings")
+        w = g.get("weights")
+        if not isinstance(w, dict):
+            raise LowbitError(
+                f"{field}.weights is missing (lowbit verify checks quantized weights)"
+            )
+        bits, kind = w.get("num_bits"), w.get("type")
+        if type(bits) is not int or not 1 <= bits <= 8:
+            raise LowbitError(f"{field}.weights.num_bits {bits!r} is not an integer 1..8")
+        if kind not in ("int", "float") or (kind == "float" and bits != 8):
+            raise LowbitError(f"{field}.weights.type {kind!r} is not int or float (fp8)")
+        strategy = w.get("strategy")
+        if strategy not in _CT_STRATEGIES:
+            raise LowbitError(
+                f"{field}.weights.strategy {strategy!r}: lowbit verify knows "
+                f"{', '.join(_CT_STRATEGIES)}"
+            )
+        group_size = w.get("group_size")
+        if strategy == "group" and (type(group_size) is not int or group_size < 1):
+            raise LowbitError(
+                f"{field}.weights.group_size {group_size!r} is not a positive integer"
+            )
+        symmetric = w.get("symmetric", True)
+        if not isinstance(symmetric, bool):
+            raise LowbitError(f"{field}.weights.symmetric {symmetric!r} is not true or false")
+        fmt = g.get("format") or qc.get("format")
+        if fmt not in _CT_FORMATS:
+            raise LowbitError(
+                f"{field}.format {fmt!r}: lowbit verify knows {', '.join(_CT_FORMATS)}"
+            )
+        patterns = []
+        for t in targets:
+            if t.startswith("re:"):
+                try:
+                    patterns.append(("re", re.compile(t[3:])))
+                except re.error as exc:
+                    raise LowbitError(f"{field}.targets: bad regex {t!r} ({exc})") from None
+            else:
+                patterns.append(("name", t))
+        out.append(
+            (
+                str(gname),
+                {
+                    "targets": patterns,
+                    "bits": bits,
+                    "type": kind,
+                    "symmetric": symmetric,
+                    "strategy": strategy,
+                    "group_size": group_size,
+                    "format": fmt,
+                },
+            )
+        )
+    return out
+
+
+def _ct_candidates(
+    module: str, groups: list[tuple[str, dict[str, Any]]], modules: set[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The groups whose targets name ``module`` (exactly or by ``re:`` match); failing that,
+    those whose targets are layer class names (``Linear``), which need the model to resolve."""
+    named = [
+        (n, g)
+        for n, g in groups
+        if any(
+            (k == "re" and t.match(module)) or (k == "name" and t == module)
+            for k, t in g["targets"]
+        )
+    ]
+    if named:
+        return named
+    return [
+        (n, g) for n, g in groups if any(k == "name" and t not in modules for k, t in g["targets"])
+    ]
+
+
+def _ct_check_weight(ckpt: Any, module: str, g: dict[str, Any]) -> str | None:
+    """What is wrong with one quantized weight under a group's scheme (None: nothing)."""
+    names = set(ckpt.names())
+    bits, fmt = g["bits"], g["format"]
+
+    def info(suffix: str) -> Any:
+        key = f"{module}.{suffix}"
+        return ckpt.info(key) if key in names else None
+
+    if fmt == "pack-quantized":
+        if g["type"] != "int":
+            return "pack-quantized holds integer weights only"
+        packed, shp = info("weight_packed"), info("weight_shape")
+        if packed is None or shp is None:
+            return "needs weight_packed and weight_shape"
+        if shp.dtype not in ("I64", "I32") or shp.shape != (2,):
+            return f"weight_shape is {shp.dtype}{list(shp.shape)}, not a 2-element integer array"
+        out, cols = (int(v) for v in np.asarray(ckpt.get(f"{module}.weight_shape")))
+        if out < 0 or cols < 0:
+            return f"weight_shape [{out}, {cols}] is negative"
+        want = (out, -(-cols * bits // 32))
+        if packed.dtype != "I32" or packed.shape != want:
+            return (
+                f"weight_packed is {packed.dtype}{list(packed.shape)}, but int{bits} weights of "
+                f"shape [{out}, {cols}] pack to I32{list(want)}"
+            )
+    else:
+        w = info("weight")
+        wdtype = "I8" if g["type"] == "int" else "F8_E4M3"
+        if w is None:
+            return f"{fmt} needs {module}.weight"
+        if w.dtype != wdtype or len(w.shape) != 2:
+            return f"weight is {w.dtype}{list(w.shape)}, {fmt} {g['type']} stores 2-D {wdtype}"
+        out, cols = w.shape
+    scale = info("weight_scale")
+    if scale is None:
+        return "has no weight_scale"
+    if scale.dtype not in ("F32", "F16", "BF16"):
+        return f"weight_scale is {scale.dtype}, not F32, F16 or BF16"
+    strategy = g["strategy"]
+    if strategy == "tensor":
+        ok = scale.numel == 1
+        want_s = "one value"
+    elif strategy == "channel":
+        ok = scale.shape in ((out, 1), (out,))
+        want_s = f"[{out}, 1]"
+    else:
+        groups = -(-cols // g["group_size"])
+        ok = scale.shape == (out, groups)
+        want_s = f"[{out}, {groups}]"
+    if not ok:
+        return f"weight_scale has shape {list(scale.shape)}, {strategy} scales of [{out}, {cols}] are {want_s}"
+    zp = info("weight_zero_point")
+    if not g["symmetric"]:
+        if zp is None:
+            return "asymmetric but has no weight_zero_point"
+        if fmt == "pack-quantized" and strategy != "tensor":
+            want_z = (-(-out * bits // 32), scale.shape[1] if len(scale.shape) == 2 else 1)
+            if zp.dtype != "I32" or zp.shape != want_z:
+                return f"weight_zero_point is {zp.dtype}{list(zp.shape)}, packed it is I32{list(want_z)}"
+        elif zp.dtype != "I8" or zp.numel != scale.numel:
+            return f"weight_zero_point is {zp.dtype}{list(zp.shape)}, expected I8 like the scale"
+    return None
+
+
+def _compressed_tensors(p: Path) -> dict[str, Any]:
+    from lowbit.checkpoints.readers import HuggingFaceFolder
+
+    where = str(p / "config.json")
+    qc = _ct_config(p)
+    assert qc is not None
+    if qc.get("quantization_status", "compressed") != "compressed":
+        raise LowbitError(
+            f"{where}: quantization_status {qc.get('quantization_status')!r}: only compressed "
+            f"checkpoints hold packed weights"
+        )
+    groups = _ct_groups(qc, where)
+    ckpt = HuggingFaceFolder(p)
+    names = ckpt.names()
+    suffixes = (".weight_scale", ".weight_packed", ".weight_zero_point", ".weight_shape")
+    modules = sorted({n.rsplit(".", 1)[0] for n in names if n.endswith(suffixes)})
+    all_modules = {n.rsplit(".", 1)[0] for n in names}
+    per_format: dict[str, int] = {}
+    for m in modules:
+        cands = _ct_candidates(m, groups, all_modules)
+        if not cands:
+            raise LowbitError(f"{p}: {m} is stored quantized but no config group targets it")
+        problems = [(n, _ct_check_weight(ckpt, m, g)) for n, g in cands]
+        fits = [(n, g) for (n, g), (_, why) in zip(cands, problems, strict=True) if why is None]
+        if not fits:
+            gname, why = problems[0]
+            raise LowbitError(f"{p}: {m} ({gname}): {why}")
+        fmt = fits[0][1]["format"]
+        per_format[fmt] = per_format.get(fmt, 0) + 1
+    if not modules:
+        raise LowbitError(
+            f"{p}: quantization_config names compressed-tensors but no weight is quantized"
+        )
+    files = [
+        {"file": f.name, "bytes": f.stat().st_size, "sha256": "not recorded"}
+        for f in sorted({ckpt.info(n).file for n in names})
+    ]
+    return {
+        "path": str(p),
+        "kind": "compressed-tensors",
+        "tensors": len(names),
+        "checks": [
+            "quantization_config",
+            "safetensors headers",
+            "weights, scales and zero points match their group's scheme",
+        ],
+        "files": files,
+        "summary": {
+            "config groups": len(groups),
+            "quantized weights": len(modules),
+            **{f"{k} weights": n for k, n in sorted(per_format.items())},
+            "version": qc.get("version"),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------- GGUF
+
+
+def _gguf_file(p: Path) -> dict[str, Any]:
+    from lowbit.checkpoints import _gguf
+
+    header = _gguf.parse(p)
+    types: dict[str, int] = {}
+    for t in header.tensors.values():
+        types[t.type_name] = types.get(t.type_name, 0) + 1
+    arch = header.metadata.get("general.architecture")
+    return {
+        "path": str(p),
+        "kind": "gguf",
+        "tensors": len(header.tensors),
+        "checks": ["GGUF header", "tensor types known", "every tensor inside the file"],
+        "files": [{"file": p.name, "bytes": header.file_size, "sha256": "not recorded"}],
+        "summary": {
+            "gguf_version": header.version,
+            "architecture": arch if isinstance(arch, str) else None,
+            "metadata keys": len(header.metadata),
+            **{f"{k} tensors": n for k, n in sorted(types.items())},
+        },
+    }
+
+
+# ----------------------------------------------------------------------------- the rest
+
+
+def _plain(p: Path) -> dict[str, Any]:
+    from lowbit.checkpoints.readers import open_checkpoint
+
+    ckpt = open_checkpoint(p)
+    if ckpt.format == "gguf":  # a folder holding one .gguf
+        return _gguf_file(ckpt.path)
+    names = ckpt.names()
+    shard_files = sorted({ckpt.info(n).file for n in names})
+    return {
+        "path": str(p),
+        "kind": ckpt.format,
+        "tensors": len(names),
+        "checks": ["safetensors headers"],
+        "files": [
+            {"file": f.name, "bytes": f.stat().st_size, "sha256": "not recorded"}
+            for f in shard_files
+        ],
+        "summary": {"bytes of tensor data": sum(ckpt.info(n).nbytes for n in names)},
+    }
