@@ -120,6 +120,16 @@ def test_good_gguf_and_plain_files(
     assert doc["kind"] == "huggingface" and doc["tensors"] == 21
 
 
+def test_unrecorded_file_is_listed(copy_of: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file added to a lowbit folder is not an error (lowbit does not read it) but is listed
+    as not recorded, so its presence is visible."""
+    out = copy_of("lowbit")
+    (out / "notes.txt").write_text("added later")
+    doc = _report(capsys, out)
+    assert doc["summary"]["unrecorded files"] == 1
+    assert {"file": "notes.txt", "bytes": 11, "sha256": "not recorded"} in doc["files"]
+
+
 # ---------------------------------------------------------------------------- tampered ones
 
 

@@ -89,9 +89,10 @@ def _lowbit(p: Path, hashes: bool) -> dict[str, Any]:
         for rel, rec in records.items()
     ]
     unrecorded = sorted(
-        f.relative_to(p).as_posix()
-        for f in p.rglob("*")
-        if f.is_file() and f.relative_to(p).as_posix() not in records and f.name != MANIFEST
+        rel
+        for root, _, names in os.walk(p)  # symlinked folders are not followed
+        for name in names
+        if (rel := (Path(root) / name).relative_to(p).as_posix()) not in records and rel != MANIFEST
     )
     files += [{"file": rel, "bytes": (p / rel).stat().st_size, "sha256": "not recorded"}
               for rel in unrecorded]  # fmt: skip
