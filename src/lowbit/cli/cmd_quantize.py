@@ -25,7 +25,7 @@ changes that (see docs/quantize-models.md):
   rules:
     - {match: "*embed*", format: keep}
     - {component: mlp, ndim: 2, format: "nf4:g64", scale_method: mse}
-    - {regex: 'model\\.layers\\.0\\..*', format: "int8:ch"}
+    - {regex: 'model\\.layers\\.0\\..*proj\\.weight', format: "int8:ch"}
 
 examples:
   lowbit quantize --to int4 --group 128 --dry-run            the plan for SmolLM2, no work

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.errors import LowbitError
+from lowbit.evaluation.models import gguf_to_hf_name
 from lowbit.planning.archs import load_spec
 from lowbit.planning.hardware import Device, load_hardware, select_devices
 from lowbit.planning.modelspec import ModelSpec, TensorInfo
@@ -291,6 +292,16 @@ def _price(action: WeightScheme | None, t: TensorInfo) -> int:
     return action.tensor_bytes(t.shape)
 
 
+def _alias(spec: ModelSpec, name: str) -> str | None:
+    """A GGUF tensor's transformers name (rules may use either, as in ``lowbit quantize``)."""
+    if spec.source != "gguf":
+        return None
+    try:
+        return gguf_to_hf_name(name)
+    except LowbitError:
+        return None
+
+
 def tensor_decisions(
     spec: ModelSpec,
     scheme: WeightScheme,
@@ -307,12 +318,17 @@ def tensor_decisions(
     if plan_file is not None:
         plan = plan_file.with_default(scheme)
         for t in spec.parameters:
-            d = plan.decide(t.name, t.shape, t.dtype or "F32", t.nbytes)
+            d = plan.decide(t.name, t.shape, t.dtype or "F32", t.nbytes, _alias(spec, t.name))
             out.append((t, d.rule, d.decision))
         return out
     for t in spec.parameters:
+        alias = _alias(spec, t.name)
         idx = next(
-            (i for i, r in enumerate(rules) if r.matches(t.name, t.shape, component=t.component)),
+            (
+                i
+                for i, r in enumerate(rules)
+                if r.matches(t.name, t.shape, alias, component=t.component)
+            ),
             None,
         )
         out.append((t, idx, rules[idx].action if idx is not None else scheme))
@@ -487,7 +503,10 @@ def plan(
         rule_list = list(plan_file.rules)
 
     for r in rule_list:
-        if not any(r.matches(t.name, t.shape, component=t.component) for t in spec.parameters):
+        if not any(
+            r.matches(t.name, t.shape, _alias(spec, t.name), component=t.component)
+            for t in spec.parameters
+        ):
             warnings.warn(f"plan rule {r.to_dict()} matches no tensor of {spec.name}", stacklevel=2)
 
     rows_spec: list[tuple[WeightScheme, str | None]] = []
