@@ -55,7 +55,7 @@ __all__ = [
     "training_activation_bytes",
 ]
 
-WeightScheme = Scheme | Cast  # what a row or a KV cache is stored as
+Precision = Scheme | Cast  # what a row or a KV cache is stored as
 
 GB = 10**9
 GIB = 2**30
@@ -106,7 +106,7 @@ class PrecisionRow:
     """Memory and speed bounds of the model at one precision (one weight scheme)."""
 
     label: str
-    scheme: WeightScheme
+    scheme: Precision
     base: str | None
     weight_bytes: int
     component_bytes: dict[str, int]
@@ -196,7 +196,7 @@ class Plan:
     devices: tuple[Device, ...]
     context: int | None
     batch: int
-    kv_scheme: WeightScheme
+    kv_scheme: Precision
     kv_options: dict[str, int] = field(default_factory=dict)
     training: tuple[TrainingRow, ...] = ()
     train_context: int | None = None
@@ -258,7 +258,7 @@ _COMPUTE_KEY = {
 }  # fmt: skip
 
 
-def compute_precision(scheme: WeightScheme, device: Device) -> str | None:
+def compute_precision(scheme: Precision, device: Device) -> str | None:
     """The device peak a scheme runs at: its own precision if listed, else BF16, FP16, FP32.
 
     Weight-only formats the device has no units for (INT4, NF4, FP4 before Blackwell) are
@@ -276,7 +276,7 @@ def compute_precision(scheme: WeightScheme, device: Device) -> str | None:
 _KEPT_BYTES = 2  # a kept tensor of a spec without stored sizes: BF16, as checkpoints are stored
 
 
-def _price(action: WeightScheme | None, t: TensorInfo) -> int:
+def _price(action: Precision | None, t: TensorInfo) -> int:
     """Stored bytes of one tensor: kept as stored, cast, or quantized.
 
     Per-channel scales on a 1-D tensor (a norm, a bias, a bare parameter count) are priced as
@@ -304,17 +304,17 @@ def _alias(spec: ModelSpec, name: str) -> str | None:
 
 def tensor_decisions(
     spec: ModelSpec,
-    scheme: WeightScheme,
+    scheme: Precision,
     rules: Sequence[Rule] = (),
     plan_file: PrecisionPlan | None = None,
-) -> list[tuple[TensorInfo, int | None, WeightScheme | None]]:
+) -> list[tuple[TensorInfo, int | None, Precision | None]]:
     """What each parameter of ``spec`` becomes in a row: ``(tensor, rule index, action)``.
 
     With a plan file, each tensor is decided as ``lowbit quantize --plan`` decides it (the
     plan's rules, then ``scheme`` for 2-D linear weights, the rest kept); otherwise the first
     matching rule decides, and ``scheme`` takes every other tensor. Action None: kept.
     """
-    out: list[tuple[TensorInfo, int | None, WeightScheme | None]] = []
+    out: list[tuple[TensorInfo, int | None, Precision | None]] = []
     if plan_file is not None:
         plan = plan_file.with_default(scheme)
         for t in spec.parameters:
@@ -337,7 +337,7 @@ def tensor_decisions(
 
 def _weights(
     spec: ModelSpec,
-    scheme: WeightScheme,
+    scheme: Precision,
     rules: Sequence[Rule],
     plan_file: PrecisionPlan | None,
 ) -> tuple[int, dict[str, int], float]:
@@ -355,7 +355,7 @@ def _weights(
     return total, comps, read
 
 
-def kv_cache_bytes(spec: ModelSpec, context: int, batch: int, scheme: WeightScheme) -> int | None:
+def kv_cache_bytes(spec: ModelSpec, context: int, batch: int, scheme: Precision) -> int | None:
     """KV cache bytes: ``2 * layers * kv_heads * head_dim * context * batch`` values.
 
     Grouped-query attention enters through ``kv_heads``; scaled KV schemes group along
@@ -509,7 +509,7 @@ def plan(
         ):
             warnings.warn(f"plan rule {r.to_dict()} matches no tensor of {spec.name}", stacklevel=2)
 
-    rows_spec: list[tuple[WeightScheme, str | None]] = []
+    rows_spec: list[tuple[Precision, str | None]] = []
     if precisions is not None:
         schemes = [parse_scheme(p) for p in precisions]
         bases: dict[str, str] = {}
