@@ -21,7 +21,8 @@ from lowbit.checkpoints.lowbit_format import (
 )
 from lowbit.checkpoints.quantize_model import quantize_model
 from lowbit.errors import LowbitError
-from lowbit.quant.plan import PrecisionPlan, scheme_from_spec
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.rules import parse_action
 from lowbit.quant.scheme import Scheme
 
 pytest.importorskip("safetensors")
@@ -140,7 +141,7 @@ def test_round_trip_is_exact(tmp_path: Path, mixed_folder: Path) -> None:
 )
 def test_layout_is_known_before_quantizing(shape: tuple, spec: str) -> None:
     """quantized_arrays predicts exactly the arrays (dtype, size) to_arrays gives, any shape."""
-    scheme = scheme_from_spec(spec)
+    scheme = parse_action(spec)
     if len(shape) < 2 and scheme.granularity.value != "tensor":
         scheme = Scheme.from_dict({**scheme.to_dict(), "axis": -1}) if scheme.axis != -1 else scheme
     x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)

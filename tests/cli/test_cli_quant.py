@@ -31,7 +31,7 @@ def test_quantize_tensor_npy_table(capsys, weight) -> None:
     rc, out, _ = _run(capsys, "quantize-tensor", str(path), "--to", "int4", "--group", "128",
                       "--scale-format", "fp16")  # fmt: skip
     assert rc == 0
-    assert "int4 g128 fp16" in out and "4.1250" in out and "SQNR" in out and "cosine" in out
+    assert "int4:g128:fp16" in out and "4.1250" in out and "SQNR" in out and "cosine" in out
 
 
 def test_quantize_tensor_json_matches_library(capsys, weight) -> None:
@@ -98,21 +98,21 @@ def test_compare_nf4_beats_int4_on_normal_data(capsys) -> None:
     assert rc == 0
     res = json.loads(out)["results"]
     sq = {r["format"]: r["sqnr_db"] for r in res}
-    assert set(sq) == {"int8", "int4", "nf4", "fp4_e2m1", "mxfp4", "fp8_e4m3"}
-    assert sq["nf4"] > sq["int4"] + 1.0
-    assert sq["int8"] > sq["fp8_e4m3"] > sq["nf4"]
+    assert set(sq) == {"int8:t", "int4:t", "nf4", "fp4:t", "mxfp4", "fp8_e4m3:t"}
+    assert sq["nf4"] > sq["int4:t"] + 1.0
+    assert sq["int8:t"] > sq["fp8_e4m3:t"] > sq["nf4"]
     assert [r["sqnr_db"] for r in res] == sorted(sq.values(), reverse=True)
     bits = {r["format"]: r["bits_per_value"] for r in res}
-    assert bits["mxfp4"] == 4.25 and bits["int4"] == 4.5 and bits["nf4"] == 4.5
+    assert bits["mxfp4"] == 4.25 and bits["int4:t"] == 4.5 and bits["nf4"] == 4.5
 
 
 def test_compare_table_and_distributions(capsys, weight) -> None:
     """The table lists each scheme once; every named distribution and a file work."""
     rc, out, _ = _run(capsys, "compare", "--formats", "int4,nf4", "--group", "64", "--size", "4096")
-    assert rc == 0 and "int4 g64" in out and "nf4 g64" in out and "SQNR dB" in out
+    assert rc == 0 and "int4:g64:fp32" in out and "nf4:g64:fp32" in out and "SQNR dB" in out
     for dist in ("laplace", "student-t", "uniform"):
         assert (
-            _run(capsys, "compare", "--data", dist, "--size", "2048", "--formats", "int8")[0] == 0
+            _run(capsys, "compare", "--data", dist, "--size", "2048", "--formats", "int8:t")[0] == 0
         )
     path, _ = weight
     rc, out, _ = _run(capsys, "compare", "--data", str(path), "--formats", "int8,mxfp4")

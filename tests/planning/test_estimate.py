@@ -26,7 +26,10 @@ from lowbit.planning.estimate import (
 )
 from lowbit.planning.hardware import load_hardware, select_devices
 from lowbit.planning.modelspec import ModelSpec, TensorInfo
-from lowbit.planning.schemes import Rule, WeightScheme, load_plan_file, parse_rule, parse_scheme
+from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
+from lowbit.quant.rules import Rule, load_plan_file, parse_rule
+from lowbit.quant.scheme import Cast, Scheme
+from lowbit.quant.scheme_text import parse_scheme
 from strategies import granularities, model_shapes, quant_arrays
 
 CONFIGS = Path(__file__).parents[1] / "fixtures" / "configs"
@@ -64,28 +67,31 @@ def run_cli(*argv: str) -> tuple[int, str]:
 
 
 def test_per_billion_table_is_exact() -> None:
-    """1B parameters: 4 / 2 / 1 / 0.5 GB in fp32 / bf16 / int8 / int4, to the byte."""
+    """1B parameters: 4 / 2 / 1 / 0.5 GB in fp32 / bf16 / int8 / int4, to the byte (+ the one
+    FP32 scale a per-channel layout gives a 1-D count); NF4 in blocks of 64: 4.5 bits."""
     p = lowbit.plan("1B")
     got = {r.label: r.weight_bytes for r in p.rows}
     assert got["fp32"] == 4 * 10**9
     assert got["bf16"] == got["fp16"] == 2 * 10**9
-    assert got["int8"] == got["fp8_e4m3"] == 10**9
-    assert got["int4"] == got["nf4"] == got["fp4"] == 5 * 10**8
+    assert got["int8:ch:fp32"] == got["fp8_e4m3:ch:fp32"] == 10**9 + 4
+    assert got["int4:ch:fp32"] == got["fp4:ch:fp32"] == 5 * 10**8 + 4
+    assert got["nf4:g64:fp32"] == 10**9 * 4.5 / 8
+    assert p.row("int8") is p.row("int8:ch:fp32")
 
 
 @pytest.mark.parametrize(
     ("spec", "bits"),
     [("int4:g128:fp16", 4.125), ("int4:g128:fp16:asym", 4 + 16 / 128 + 4 / 128),
      ("nf4:g64", 4.5), ("mxfp4", 4.25), ("mxfp6", 6.25), ("mxfp8", 8.25), ("mxint8", 8.25),
-     ("nvfp4", 4.5), ("q8_0", 8.5), ("q4_0", 4.5), ("q4_1", 5.0), ("q5_0", 5.5),
-     ("int8:ch:fp16", 8.0), ("bf16", 16.0), ("tf32", 32.0), ("int3:g64:bf16:zp16", 3.5)],
+     ("q8_0", 8.5), ("q4_0", 4.5), ("q5_0", 5.5), ("int8:ch:fp16", 8.0), ("bf16", 16.0),
+     ("fp32", 32.0), ("int3:g64:bf16:asym", 3 + 19 / 64)],
 )  # fmt: skip
 def test_scale_aware_bits_at_one_billion(spec: str, bits: float) -> None:
     """Scaled schemes cost element bits + (scale + zero point) bits per group, exactly."""
     row = plan(10**9, precisions=[spec]).rows[0]
     if "ch" not in spec:  # per-channel overhead depends on the row length
         assert row.bits_per_weight == bits
-    assert parse_scheme(spec).nominal_bits_per_weight == bits
+    assert parse_scheme(spec).bits_per_value == bits
 
 
 def test_nf4_double_quant_by_hand() -> None:
@@ -96,16 +102,29 @@ def test_nf4_double_quant_by_hand() -> None:
     row = plan(n, precisions=["nf4:g64:dq"]).rows[0]
     assert row.weight_bytes == expect_bits // 8
     assert abs(row.bits_per_weight - 4.127) < 1e-3
-    assert parse_scheme("nf4:g64:dq").nominal_bits_per_weight == 4 + 8 / 64 + 32 / (64 * 256)
+    assert parse_scheme("nf4:g64:dq").bits_per_value == 4 + 8 / 64 + 32 / (64 * 256)
 
 
 def test_double_quant_without_groups() -> None:
     """``nf4:dq`` means QLoRA's blocks of 64 (as the dict form does); dq on other formats
-    without a group size is refused, naming the missing gN."""
+    is refused, naming NF4."""
     assert parse_scheme("nf4:dq") == parse_scheme("nf4:g64:dq")
     assert parse_scheme("nf4:dq") == parse_scheme({"format": "nf4", "double_quant": True})
-    with pytest.raises(LowbitError, match="needs groups: add gN"):
+    with pytest.raises(LowbitError, match="NF4 option"):
         parse_scheme("int4:dq")
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [("nvfp4", "E4M3 block scales"), ("q4_1", "FP16 minimum"), ("q5_1", "FP16 minimum"),
+     ("int4:g16:e4m3", "scales cannot be stored in float8_e4m3fn")],
+)  # fmt: skip
+def test_planner_refuses_what_the_quantizer_cannot_make(spec: str, why: str) -> None:
+    """nvfp4, q4_1/q5_1 and E4M3 scales are refused by plan, as by quantize, with the reason."""
+    with pytest.raises(LowbitError, match=why):
+        plan(10**9, precisions=[spec])
+    rc, _ = run_cli("plan", "--params", "1B", "--precisions", spec)
+    assert rc == 2
 
 
 @pytest.mark.parametrize(
@@ -115,7 +134,8 @@ def test_double_quant_without_groups() -> None:
      ("int8:ch:fp32", (5, 7), 35 + 20),  # one fp32 scale per row
      ("fp8_e4m3:t", (5, 7), 35 + 4),  # one fp32 scale per tensor
      ("mxfp4", (2, 33), 33 + 4),  # 66 nibbles; 2 rows x 2 blocks of E8M0
-     ("int2", (7,), 2), ("int3", (3,), 2)],  # codes packed to whole bytes
+     ("int2:t", (7,), 2 + 4), ("int3:t", (3,), 2 + 4),  # codes packed to whole bytes
+     ("int2", (7,), 2 + 7 * 4)],  # per channel on a 1-D tensor: a scale per value, as stored
 )  # fmt: skip
 def test_tensor_bytes_by_hand(spec: str, shape: tuple[int, ...], nbytes: int) -> None:
     """Small tensors' bytes, worked out by hand: codes, then scales, then zero points."""
@@ -126,8 +146,6 @@ def test_tensor_bytes_by_hand(spec: str, shape: tuple[int, ...], nbytes: int) ->
 @given(data=st.data(), x=quant_arrays())
 def test_tensor_bytes_equal_quantized_nbytes(data: st.DataObject, x: object) -> None:
     """The planner's bytes equal what lowbit.quantize stores, for any shape and granularity."""
-    from lowbit.quant.scheme import Scheme
-
     fmt = data.draw(st.sampled_from(["int4", "int8", "uint4", "int2", "nf4", "fp8_e4m3", "fp4"]))
     kw = data.draw(granularities(x.shape))  # type: ignore[attr-defined]
     if fmt.startswith(("int", "uint")):
@@ -137,7 +155,7 @@ def test_tensor_bytes_equal_quantized_nbytes(data: st.DataObject, x: object) -> 
         kw["double_quant"] = data.draw(st.booleans())
     scheme = Scheme(format=fmt, **kw)
     qt = lowbit.quantize(x, scheme)
-    assert parse_scheme(scheme).tensor_bytes(x.shape) == qt.nbytes  # type: ignore[attr-defined]
+    assert scheme.tensor_bytes(x.shape) == qt.nbytes  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp8_e5m2", "mxint8"])
@@ -145,29 +163,25 @@ def test_mx_bytes_equal_quantized_nbytes(fmt: str) -> None:
     """MX blocks: 32 elements + one E8M0 per block, as lowbit.quantize stores them."""
     import numpy as np
 
-    from lowbit.quant.scheme import Scheme
-
     x = np.linspace(-3, 3, 5 * 70, dtype=np.float32).reshape(5, 70)
-    assert parse_scheme(Scheme(format=fmt)).tensor_bytes(x.shape) == lowbit.quantize(x, fmt).nbytes
+    assert Scheme(format=fmt).tensor_bytes(x.shape) == lowbit.quantize(x, fmt).nbytes
 
 
 def test_scheme_matches_lowbit_scheme_bits() -> None:
-    """A lowbit.Scheme (object or to_dict) gives the same bits per value as Scheme says."""
-    from lowbit.quant.scheme import Scheme
-
+    """A lowbit.Scheme (object or to_dict) parses to itself."""
     for kw in [{"format": "int4", "group_size": 128, "scale_format": "fp16"},
                {"format": "nf4", "double_quant": True}, {"format": "mxfp4"},
                {"format": "int4", "group_size": 32, "symmetric": False}]:  # fmt: skip
         s = Scheme(**kw)
-        assert parse_scheme(s).nominal_bits_per_weight == s.bits_per_value
-        assert parse_scheme(s.to_dict()) == parse_scheme(s)
+        assert parse_scheme(s) is s
+        assert parse_scheme(s.to_dict()) == s
 
 
 @pytest.mark.parametrize(
     "spec",
-    ["bf16", "fp8_e5m2", "int4:g128:fp16", "int4:g128:fp16:asym", "int4:g32:fp16:zp16",
+    ["bf16", "fp8_e5m2", "int4:g128:fp16", "int4:g128:fp16:asym", "int4:g32:fp16:asym",
      "nf4:g64:fp32:dq", "int8:ch:fp16", "int8:ch:ax1:fp32", "fp8_e4m3:t:fp32", "mxfp6_e2m3",
-     "nvfp4", "q4_1", "int4:g64:ax0:bf16"],
+     "q4_0", "int4:g64:ax0:bf16"],
 )  # fmt: skip
 def test_label_round_trip(spec: str) -> None:
     """Every scheme's label parses back to the same scheme."""
@@ -178,9 +192,9 @@ def test_label_round_trip(spec: str) -> None:
 
 @pytest.mark.parametrize(
     ("spec", "match"),
-    [("int4:g0", "positive group_size"), ("int4:q7", "unknown token 'q7'"),
+    [("int4:g0", "group_size must be >= 1"), ("int4:q7", "unknown token 'q7'"),
      ("float99", "unknown format"), ("mxfp4:g16", "MX block format"),
-     ("bf16:dq:ch:asym", None), ({"format": "int4", "colour": 1}, "unknown scheme field")],
+     ("bf16:ch:fp16", None), ({"format": "int4", "colour": 1}, "unknown field")],
 )  # fmt: skip
 def test_bad_schemes(spec: object, match: str | None) -> None:
     """Bad schemes are LowbitErrors naming the bad part (a full but odd scheme is allowed)."""
@@ -203,8 +217,9 @@ def test_kv_cache_by_hand() -> None:
     smol = spec_from_config(CONFIGS / "smollm2-135m.json")
     expect = 2 * 30 * 3 * 64 * 8192 * 8
     assert kv_cache_bytes(smol, 8192, 8, parse_scheme("bf16")) == 2 * expect
-    assert kv_cache_bytes(smol, 8192, 8, parse_scheme("fp8")) == expect
-    assert kv_cache_bytes(smol, 8192, 8, parse_scheme("int4")) == expect // 2
+    assert kv_cache_bytes(smol, 8192, 8, parse_scheme("fp8:t")) == expect + 4
+    # int4 alone is per channel: one fp32 scale per 64-value head vector
+    assert kv_cache_bytes(smol, 8192, 8, parse_scheme("int4")) == expect * (4 + 32 / 64) / 8
     # int4 with an fp16 scale per 64-value head vector: 4 + 16/64 bits
     assert kv_cache_bytes(smol, 8192, 8, parse_scheme("int4:g64:fp16")) == expect * 4.25 / 8
 
@@ -212,9 +227,11 @@ def test_kv_cache_by_hand() -> None:
 def test_kv_cache_options_in_plan() -> None:
     """The plan lists the KV cache at bf16, fp8, int8 and int4 and uses the one asked for."""
     p = plan(CONFIGS / "meta-llama-3-8b.json", context=8192, batch=8, kv="fp8")
-    assert p.kv_options == {"bf16": 8 * 2**30, "fp8_e4m3": 4 * 2**30, "int8": 4 * 2**30,
-                            "int4": 2 * 2**30}  # fmt: skip
-    assert all(r.kv_bytes == 4 * 2**30 for r in p.rows)
+    per_row = 1 + 4 / 128  # one fp32 scale per 128-value head vector (the weight layout)
+    assert p.kv_options == {"bf16": 8 * 2**30, "fp8_e4m3:ch:fp32": 4 * 2**30 * per_row,
+                            "int8:ch:fp32": 4 * 2**30 * per_row,
+                            "int4:ch:fp32": 2 * 2**30 + 4 * 2**30 * (per_row - 1)}  # fmt: skip
+    assert all(r.kv_bytes == 4 * 2**30 * per_row for r in p.rows)
 
 
 def test_inference_activations_by_hand() -> None:
@@ -266,17 +283,30 @@ def test_keep_embeddings_bf16() -> None:
     row = p.rows[0]
     emb = 32000 * 4096
     assert row.component_bytes["embeddings"] == row.component_bytes["lm_head"] == 2 * emb
-    assert row.weight_bytes == 4 * emb + (6_738_415_616 - 2 * emb) // 2
+    # int4 alone is per output channel: codes + one fp32 scale per row (a 1-D tensor: one)
+    others = [t for t in p.model.parameters if t.component not in ("embeddings", "lm_head")]
+    scales = sum(t.shape[0] if len(t.shape) == 2 else 1 for t in others)
+    assert row.weight_bytes == 4 * emb + sum(t.numel // 2 for t in others) + 4 * scales
 
 
-def test_plan_file_reproduces_the_shipped_gguf(tmp_path: Path) -> None:
-    """Rules q8_0 for token_embd, fp32 for 1-D, q4_1 default give the GGUF's exact bytes."""
+def test_plan_file_prices_what_quantize_writes(tmp_path: Path) -> None:
+    """A plan file is priced tensor by tensor as PrecisionPlan decides it (the plan lowbit
+    quantize --plan applies): the same bytes as the applied plan, rows replacing the default."""
+    from lowbit.checkpoints.quantize_model import open_model
+
     f = tmp_path / "plan.json"
-    f.write_text(json.dumps({"version": 1, "default": "q4_1", "rules": [
-        {"match": "token_embd.weight", "format": "q8_0"}, {"ndim": 1, "format": "fp32"}]}))  # fmt: skip
+    f.write_text(json.dumps({"version": 1, "default": "q8_0", "rules": [
+        {"match": "token_embd.weight", "format": "int8:ch"}, {"ndim": 1, "format": "fp32"}]}))  # fmt: skip
     p = plan("smollm2", rules=f)
-    assert [r.label for r in p.rows] == ["q4_1"]
-    assert p.rows[0].weight_bytes == p.model.stored_bytes == 96_576_768
+    assert [r.label for r in p.rows] == ["int8:g32:fp16"]
+    tensors = checkpoint_tensors(open_model("smollm2"))
+    for row, spec in zip(plan("smollm2", rules=f, precisions=["q8_0", "int4:g64"]).rows,
+                         ["q8_0", "int4:g64"], strict=True):  # fmt: skip
+        applied = PrecisionPlan.from_file(f).with_default(parse_scheme(spec)).apply(tensors)
+        assert row.weight_bytes == sum(t.nbytes for t in applied.tensors)
+    assert (
+        p.rows[0].weight_bytes == plan("smollm2", rules=f, precisions=["q8_0"]).rows[0].weight_bytes
+    )
 
 
 def test_plan_file_yaml_and_first_match(tmp_path: Path) -> None:
@@ -288,8 +318,8 @@ def test_plan_file_yaml_and_first_match(tmp_path: Path) -> None:
         "  - {match: '*mlp.down_proj*', format: int8:ch:fp16}\n"
         "  - {component: mlp, format: bf16}\n"
     )
-    rules, default = load_plan_file(f)
-    assert default is None and len(rules) == 2
+    rules, default, activations = load_plan_file(f)
+    assert default is None and activations is None and len(rules) == 2
     p = plan(CONFIGS / "tinyllama-1.1b.json", precisions=["int4", "fp8"], rules=f)
     down = 22 * (2048 * 5632 + 2048 * 2)  # int8 codes + fp16 scale per row
     gate_up = 22 * 2 * 5632 * 2048 * 2
@@ -300,7 +330,7 @@ def test_plan_file_yaml_and_first_match(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("rule", "match"),
     [({"match": "*", "format": "int4", "dtype": "x"}, "unknown rule field"),
-     ({"format": "int4"}, "needs match, component or ndim"),
+     ({"format": "int4"}, "needs match, regex, component or ndim"),
      ({"component": "heads", "format": "int4"}, "unknown component"),
      ({"match": "*"}, "needs a format")],
 )  # fmt: skip
@@ -454,9 +484,10 @@ def test_cli_params_1b_prints_the_table() -> None:
             lines.setdefault(ln.split()[0], ln.split())
     assert lines["fp32"][1:3] == ["32", "4.000"]
     assert lines["bf16"][1:3] == ["16", "2.000"]
-    assert lines["int8"][1:3] == ["8", "1.000"]
-    assert lines["int4"][1:3] == ["4", "0.500"]
-    assert lines["int4"][4:7] == ["int4:g128:fp16", "4.125", "0.516"]
+    assert lines["int8:ch:fp32"][1:3] == ["8", "1.000"]
+    assert lines["int4:ch:fp32"][1:3] == ["4", "0.500"]
+    assert lines["int4:ch:fp32"][4:7] == ["int4:g128:fp16", "4.125", "0.516"]
+    assert "nvfp4" not in out
     assert "UPPER BOUND" in out
 
 
@@ -465,7 +496,10 @@ def test_cli_config_inference_and_training() -> None:
     rc, out = run_cli("plan", "--config", str(CONFIGS / "meta-llama-3-8b.json"), "--context",
                       "8192", "--batch", "8", "--train", "--precisions", "bf16,int4:g128:fp16")  # fmt: skip
     assert rc == 0
-    assert "KV cache GB by precision: bf16 8.590, fp8_e4m3 4.295, int8 4.295, int4 2.147" in out
+    assert (
+        "KV cache GB by precision: bf16 8.590, fp8_e4m3:ch:fp32 4.429, int8:ch:fp32 4.429, "
+        "int4:ch:fp32 2.282" in out
+    )
     assert "8 KV heads x 128 of 32 query heads" in out
     assert "Decode tokens/s per sequence, UPPER BOUND" in out
     assert "Prefill tokens/s, UPPER BOUND" in out
@@ -530,7 +564,7 @@ def test_planning_loads_no_heavy_modules() -> None:
 
 def test_rule_objects_and_plan_row_lookup() -> None:
     """Rule objects pass through; plan.row finds rows by label or by an equivalent spec."""
-    rule = Rule(WeightScheme(format="bf16"), component=("norms",))
+    rule = Rule(Cast("bf16"), component=("norms",))
     p = plan(CONFIGS / "gpt2.json", precisions=["int8", "int4:g128:float16"], rules=[rule])
     assert p.row("int4:g128:fp16") is p.rows[1]
     assert p.row("int8").component_bytes["norms"] == 2 * (12 * 2 * 2 * 768 + 2 * 768)

@@ -13,15 +13,9 @@ from hypothesis import strategies as st
 
 import lowbit
 from lowbit.errors import LowbitError
-from lowbit.quant.plan import (
-    Cast,
-    PlanRule,
-    PrecisionPlan,
-    parse_plan_rule,
-    scheme_from_spec,
-    scheme_label,
-)
-from lowbit.quant.scheme import Granularity, Scheme
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.rules import Rule, action_label, parse_action, parse_rule
+from lowbit.quant.scheme import Cast, Granularity, Scheme
 
 # (name, shape, dtype, nbytes) of a llama in Hugging Face names, a GGUF file and a BERT
 LLAMA = [
@@ -110,7 +104,7 @@ def test_uniform_options_build_the_scheme() -> None:
     assert plan.default == Scheme(
         format="int4", group_size=128, symmetric=False, scale_method="mse", scale_format="float16"
     )
-    assert scheme_label(plan.default) == "int4:g128:fp16:asym (mse)"
+    assert action_label(plan.default) == "int4:g128:fp16:asym:mse"
 
 
 @pytest.mark.parametrize(
@@ -138,8 +132,9 @@ def test_uniform_options_build_the_scheme() -> None:
     ],
 )
 def test_scheme_strings(spec: str, expected: object) -> None:
-    """Scheme strings (planschemes' syntax) give the weight layouts users expect."""
-    assert scheme_from_spec(spec) == expected
+    """Scheme strings (the one text form) give the weight layouts users expect."""
+    assert parse_action(spec) == expected
+    assert PrecisionPlan.uniform(spec).default == expected
 
 
 @pytest.mark.parametrize(
@@ -147,8 +142,8 @@ def test_scheme_strings(spec: str, expected: object) -> None:
     [
         ("int77", {}, "int77"),
         ("int4:g128:banana", {}, "unknown token 'banana'"),
-        ("q4_1", {}, "16-bit zero points"),
-        ("nvfp4", {}, "unsupported scale format"),
+        ("q4_1", {}, "FP16 minimum"),
+        ("nvfp4", {}, "not supported"),
         ("mxfp4", {"group": 16}, "MX block format"),
         ("fp8_e4m3", {"asym": True}, "integer format"),
         ("keep", {"group": 32}, "'keep' takes no"),
@@ -159,7 +154,7 @@ def test_scheme_strings(spec: str, expected: object) -> None:
 def test_bad_schemes(spec: str, kw: dict, message: str) -> None:
     """Bad schemes and option mixes are LowbitErrors naming the scheme and the problem."""
     with pytest.raises(LowbitError, match=message):
-        scheme_from_spec(spec, **kw)
+        PrecisionPlan.uniform(spec, **kw)
 
 
 # ----------------------------------------------------------------------------- rules
@@ -313,7 +308,7 @@ def test_plan_files_json_yaml_and_round_trip(tmp_path: Path) -> None:
     assert again == a
     (tmp_path / "planner.json").write_text(json.dumps([{"match": "*mlp*", "format": "int8:ch"}]))
     c = PrecisionPlan.from_file(tmp_path / "planner.json")
-    assert c.rules == (PlanRule(scheme_from_spec("int8:ch"), match=("*mlp*",)),)
+    assert c.rules == (Rule(parse_action("int8:ch"), match=("*mlp*",)),)
 
 
 @pytest.mark.parametrize(
@@ -342,10 +337,10 @@ def test_bad_plan_files(doc: dict, message: str, tmp_path: Path) -> None:
         PrecisionPlan.from_file(tmp_path / "missing.json")
 
 
-def test_parse_plan_rule_needs_an_object() -> None:
+def test_parse_rule_needs_an_object() -> None:
     """A rule that is not a mapping is refused."""
     with pytest.raises(LowbitError, match="must be an object"):
-        parse_plan_rule("int8")
+        parse_rule("int8")
 
 
 # ------------------------------------------------------------------------------ bytes
@@ -362,7 +357,7 @@ _SCHEMES = ["int8:ch", "int4:g32", "int4:g32:asym", "int3:g16:fp16:asym", "nf4",
 )
 def test_planned_bytes_equal_quantized_bytes(rows: int, cols: int, spec: str) -> None:
     """The plan's bytes (known before quantizing) equal QuantizedTensor.nbytes, any shape."""
-    scheme = scheme_from_spec(spec)
+    scheme = parse_action(spec)
     t = PrecisionPlan(default=scheme).decide("x.weight", (rows, cols), "F32")
     assert t.action == "quantize"
     x = np.random.default_rng(rows * 1000 + cols).standard_normal((rows, cols)).astype(np.float32)

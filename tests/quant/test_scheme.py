@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
+import lowbit
 from lowbit import LowbitError
-from lowbit.quant.scheme import Granularity, ScaleMethod, Scheme
+from lowbit.quant.scheme import Cast, Granularity, ScaleMethod, Scheme
 
 
 def test_granularity_is_derived_from_the_options() -> None:
@@ -106,8 +108,55 @@ def test_from_dict_rejects_unknown_versions_and_keys() -> None:
         Scheme.from_dict({"format": "int8", "colour": "red"})
 
 
-def test_describe_labels() -> None:
-    """describe() gives the short label the CLI prints."""
-    assert Scheme(format="int4", group_size=128, scale_format="fp16").describe() == "int4 g128 fp16"
-    assert Scheme(format="mxfp4").describe() == "mxfp4"
-    assert Scheme(format="nf4", double_quant=True).describe() == "nf4 g64 dq"
+def test_label_is_the_text_form() -> None:
+    """label (and describe()) is the one text form: format, granularity, scale format, options."""
+    assert Scheme(format="int4", group_size=128, scale_format="fp16").label == "int4:g128:fp16"
+    assert Scheme(format="int4", group_size=128, scale_format="fp16").describe() == "int4:g128:fp16"
+    assert Scheme(format="mxfp4").label == "mxfp4"
+    assert Scheme(format="nf4", double_quant=True).label == "nf4:g64:fp32:dq"
+    assert Scheme(format="int8").label == "int8:t:fp32"
+    assert Scheme(format="int8", axis=1).label == "int8:ch:ax1:fp32"
+    assert Scheme(format="int4", group_size=32, symmetric=False, scale_method="mse").label == (
+        "int4:g32:fp32:asym:mse"
+    )
+    assert Scheme(format="ternary").label == "ternary:t:fp32"  # meanabs is ternary's default
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "shape"),
+    [
+        ({"format": "int4", "group_size": 128, "scale_format": "fp16"}, (64, 300)),
+        ({"format": "int8", "granularity": "channel"}, (7, 5)),
+        ({"format": "int8", "granularity": "channel", "axis": 1}, (7, 5, 3)),
+        ({"format": "int4", "group_size": 16, "symmetric": False}, (3, 50)),
+        ({"format": "int3", "group_size": 7, "axis": 0, "symmetric": False}, (9, 4)),
+        ({"format": "nf4", "double_quant": True}, (40, 1000)),
+        ({"format": "nf4"}, (5, 3)),
+        ({"format": "mxfp4"}, (4, 70)),
+        ({"format": "fp8_e4m3"}, (33,)),
+        ({"format": "mxint8"}, (2, 64)),
+    ],
+)
+def test_tensor_bytes_is_what_quantize_stores(kwargs: dict, shape: tuple[int, ...]) -> None:
+    """Scheme.tensor_bytes (the planner's arithmetic) equals QuantizedTensor.nbytes."""
+    scheme = Scheme(**kwargs)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    qt = lowbit.quantize(x, scheme)
+    assert scheme.tensor_bytes(shape) == qt.nbytes
+    assert scheme.n_scales(shape) == qt.scale.size or scheme.double_quant
+
+
+def test_scale_bits_derive_from_the_scale_format() -> None:
+    """scale_bits is the scale format's width (8 for a double-quantized code)."""
+    for fmt, bits in (("fp32", 32), ("fp16", 16), ("bf16", 16)):
+        assert Scheme(format="int4", group_size=32, scale_format=fmt).scale_bits == bits
+    assert Scheme(format="mxfp4").scale_bits == 8
+    assert Scheme(format="nf4", double_quant=True).scale_bits == 8
+
+
+def test_cast_prices_plain_values() -> None:
+    """A Cast stores numel * bits / 8 bytes and only float32/float16/bfloat16."""
+    assert Cast("bf16").tensor_bytes((3, 5)) == 30
+    assert Cast("fp32").label == "fp32"
+    with pytest.raises(LowbitError, match="plain cast"):
+        Cast("fp8_e4m3")

@@ -6,15 +6,21 @@ import argparse
 from typing import Any
 
 from lowbit.cli import _common
+from lowbit.cli.cmd_quantize_tensor import add_scheme_options, build_scheme, load_tensor
 from lowbit.errors import LowbitError
+from lowbit.formats.mx import is_mx_name
 
-DEFAULT_FORMATS = "int8,int4,nf4,fp4_e2m1,mxfp4,fp8_e4m3"
+#: One scale per tensor for the scaled formats: the synthetic data is one 1-D vector.
+DEFAULT_FORMATS = "int8:t,int4:t,nf4,fp4:t,mxfp4,fp8_e4m3:t"
 DISTRIBUTIONS = ("normal", "laplace", "student-t", "uniform")
 
 _EPILOG = """\
-Each format is applied with the same options (--group, --scale-method, ...); MX formats
-always use their blocks of 32 and E8M0 scales, and NF4 its blocks of 64 unless --group
-says otherwise. Rows are sorted by SQNR (higher is better).
+Each entry of --formats is a scheme string, FORMAT[:gN|:ch|:t][:SCALEFMT][:asym][:dq], read
+as every lowbit command reads it: with no granularity a format gets the weight layout (one
+scale per output channel, NF4 in blocks of 64), so on 1-D data write :t (one scale) or :gN.
+The options (--group, --scale-method, ...) apply to every entry, except that MX formats keep
+their blocks of 32 and E8M0 scales, and --double-quant applies to NF4 only; --asym and
+--restricted are errors for a float format. Rows are sorted by SQNR (higher is better).
 
 examples:
   lowbit compare                                     the default six on N(0,1) data
@@ -27,8 +33,6 @@ examples:
 
 
 def register(sub: Any) -> None:
-    from lowbit.cli.cmd_quantize_tensor import add_scheme_options
-
     p = sub.add_parser(
         "compare",
         help="compare formats and scale choices on the same data (bits/value vs error)",
@@ -85,30 +89,14 @@ def make_data(kind: str, size: int, seed: int) -> Any:
     return x.astype(np.float32)
 
 
-def _scheme_for(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    from lowbit.cli.cmd_quantize_tensor import scheme_kwargs
-    from lowbit.formats.mx import is_mx_name
-
-    kw = scheme_kwargs(args)
-    if is_mx_name(name):
-        kw["group_size"] = None
-        kw["scale_format"] = "float32"
-        kw["scale_method"] = None
-    fmt_kind = None if is_mx_name(name) else _kind(name)
-    if fmt_kind != "int":
-        kw["symmetric"] = True
-        kw["restricted_range"] = False
-    if name.strip().lower() != "nf4":
-        kw["double_quant"] = False
-    if kw["group_size"] is not None and kw["axis"] is None:
-        kw["axis"] = -1
-    return kw
-
-
-def _kind(name: str) -> str:
-    import lowbit
-
-    return lowbit.format(name).kind
+def _scheme_for(name: str, args: argparse.Namespace, shape: tuple[int, ...]) -> Any:
+    """The scheme of one --formats entry with the shared options applied."""
+    skip: dict[str, Any] = {}
+    if is_mx_name(name.split(":")[0].strip()):
+        skip = {"group_size": None, "scale_format": None, "scale_method": None}
+    if name.split(":")[0].strip().lower() != "nf4":
+        skip["double_quant"] = None
+    return build_scheme(name, args, shape, **skip)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
         label = f"{args.data} (n={data.size:,}, seed {args.seed})"
     else:
         from pathlib import Path
-
-        from lowbit.cli.cmd_quantize_tensor import load_tensor
 
         src = args.data
         file = src.partition(".safetensors:")[0] + ".safetensors" if ".safetensors:" in src else src
@@ -139,14 +125,15 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     results = []
     qts = {}
+    schemes = {name: _scheme_for(name, args, tuple(np.shape(data))) for name in names}
     for name in names:
-        qt = lowbit.quantize(data, name, seed=args.seed, **_scheme_for(name, args))
+        qt = lowbit.quantize(data, schemes[name], seed=args.seed)
         err = lowbit.error(data, qt)
         qts[name] = qt
         results.append(
             {
                 "format": name,
-                "scheme": qt.scheme.describe(),
+                "scheme": qt.scheme.label,
                 "bits_per_value": qt.bits_per_value,
                 "bytes": qt.nbytes,
                 **err,
@@ -245,7 +232,7 @@ def _plot(
     for v in lv:
         ax2.axvline(v, color="C3", lw=0.6, alpha=0.8)
     ax2.set_xlim(-1.05 * span, 1.05 * span)
-    ax2.set_title(f"data with the levels of {qt.scheme.describe()} (first group)")
+    ax2.set_title(f"data with the levels of {qt.scheme.label} (first group)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.cli import _common
+from lowbit.quant.rules import action_label
 
 _EPILOG = """\
 examples:
@@ -18,9 +19,14 @@ examples:
   lowbit plan model.safetensors --keep-embeddings bf16 --precisions int4:g128:fp16
   lowbit plan --params 70B --precisions bf16,fp8,int4:g128:fp16 --devices h100,mi300x
 
-schemes: FORMAT[:gN|:ch|:t][:SCALE][:asym|:zpN][:dq]  e.g. bf16, int4:g128:fp16 (4.125
-bits/weight), nf4:g64 (4.5), nf4:g64:dq (~4.127), int8:ch:fp16; MX: mxfp8, mxfp6, mxfp4,
-mxint8; presets: nvfp4, q8_0, q4_0, q4_1, q5_0, q5_1.
+schemes: FORMAT[:gN|:ch|:t][:SCALEFMT][:asym][:dq], as every lowbit command reads them: with
+no granularity a format gets the weight layout lowbit quantize gives it (int8 = int8:ch, one
+FP32 scale per output channel; nf4 = nf4:g64; MX formats blocks of 32); bf16, fp16, fp32 alone
+are plain casts. E.g. int4:g128:fp16 (4.125 bits/weight), nf4:dq (~4.127), int8:ch:fp16; MX:
+mxfp8, mxfp6, mxfp4, mxint8; presets: q8_0, q4_0, q5_0 (nvfp4, q4_1, q5_1: not supported).
+A plan file (--plan-file, the format lowbit quantize --plan reads) is priced tensor by tensor
+as lowbit quantize decides it: its rules, its default (or each --precisions row) for the 2-D
+linear weights, the rest kept as stored.
 Speeds are upper bounds: decode = bandwidth / bytes read per token; prefill = dense peak at
 the compute precision / (2 x parameters used per token). Formulas: docs/planning.md.
 """
@@ -63,7 +69,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--keep-norms", metavar="FMT", help="keep 1-D tensors (norms, biases) in FMT")
     p.add_argument(
-        "--plan-file", metavar="FILE", help="JSON/YAML plan: ordered rules glob -> format"
+        "--plan-file",
+        metavar="FILE",
+        help="JSON/YAML plan file, as lowbit quantize --plan reads it (rules, default)",
     )
     p.add_argument(
         "--devices", help="device ids/names to show, or 'all' (default: a representative set)"
@@ -192,11 +200,13 @@ def _print(p: Any, columns: list[str]) -> None:
     for note in m.notes:
         print(f"  note: {note}")
     if p.rules:
-        desc = "; ".join(
-            f"{'/'.join(r.component or r.match) or f'{r.ndim}-D tensors'} -> {r.scheme.label}"
-            for r in p.rules
+        desc = "; ".join(f"{r.selector() or 'all'} -> {action_label(r.action)}" for r in p.rules)
+        rest = (
+            "2-D linear weights per row, the rest kept"
+            if p.plan_file is not None
+            else "everything else per row"
         )
-        print(f"  mixed plan (first match wins): {desc}; everything else per row")
+        print(f"  mixed plan (first match wins): {desc}; {rest}")
     print()
     _print_weights(p)
     _print_fit(p, columns)

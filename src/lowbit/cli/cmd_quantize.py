@@ -11,6 +11,8 @@ from typing import Any
 
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.rules import activation_format, parse_action
 
 _EPILOG = """\
 MODEL is a .safetensors file, a Hugging Face folder, a .gguf file, or a shipped model:
@@ -23,7 +25,7 @@ changes that (see docs/quantize-models.md):
   rules:
     - {match: "*embed*", format: keep}
     - {component: mlp, ndim: 2, format: "nf4:g64", scale_method: mse}
-    - {regex: 'model\\.layers\\.0\\..*', format: "int8:ch"}
+    - {regex: 'model\\.layers\\.0\\..*proj\\.weight', format: "int8:ch"}
 
 examples:
   lowbit quantize --to int4 --group 128 --dry-run            the plan for SmolLM2, no work
@@ -52,7 +54,8 @@ def register(sub: Any) -> None:
         "--to",
         metavar="FORMAT",
         help="scheme for the linear weights: int8, int4, nf4, fp8_e4m3, mxfp4, q4_0, or a "
-        "scheme string such as int4:g128:fp16 (no granularity: per output channel)",
+        "scheme string such as int4:g128:fp16 (no granularity: per output channel, NF4 in "
+        "blocks of 64); bf16/fp16/fp32 alone are plain casts",
     )
     p.add_argument("--group", type=int, metavar="N", help="values per scale along each row")
     p.add_argument(
@@ -60,7 +63,9 @@ def register(sub: Any) -> None:
         choices=["absmax", "percentile", "meanstd", "mse"],
         help="how each group's clipping range is chosen (default absmax)",
     )
-    p.add_argument("--asym", action="store_true", help="integer formats: add a zero point")
+    p.add_argument(
+        "--asym", action="store_true", help="integer formats: add a zero point (floats: error)"
+    )
     p.add_argument("--scale-format", metavar="F", help="scales in fp32 (default), fp16, bf16")
     p.add_argument(
         "--no-pad",
@@ -88,9 +93,7 @@ def register(sub: Any) -> None:
 
 
 def build_plan(args: argparse.Namespace) -> Any:
-    """The precision plan the options describe."""
-    from lowbit.quant.plan import PrecisionPlan, scheme_from_spec
-
+    """The precision plan the options describe (schemes through the one scheme parser)."""
     if args.to is None and args.plan is None:
         raise LowbitError(
             "say what to quantize to: --to FORMAT (e.g. int4 --group 128) or --plan FILE"
@@ -109,10 +112,17 @@ def build_plan(args: argparse.Namespace) -> Any:
         )
     plan = PrecisionPlan.from_file(args.plan)
     if args.to is not None:
-        plan = plan.with_default(scheme_from_spec(args.to, pad=not args.no_pad, **opts))
+        plan = plan.with_default(
+            parse_action(
+                args.to,
+                group_size=args.group,
+                scale_method=args.scale_method,
+                symmetric=False if args.asym else None,
+                scale_format=args.scale_format,
+                pad=False if args.no_pad else None,
+            )
+        )
     if args.activations:
-        from lowbit.quant.plan import activation_format
-
         plan = plan.with_default(plan.default, activation_format(args.activations))
     return plan
 

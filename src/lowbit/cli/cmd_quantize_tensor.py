@@ -11,15 +11,23 @@ from typing import Any
 
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
+from lowbit.quant.scheme import Cast, Granularity, Scheme
+from lowbit.quant.scheme_text import parse_scheme
 
 _EPILOG = """\
 SOURCE is a .npy file or a tensor inside a .safetensors file (FILE.safetensors:NAME;
 the name may be left out when the file holds one tensor).
 
+--to takes a scheme string, FORMAT[:gN|:ch|:t][:SCALEFMT][:asym][:dq], as every lowbit command
+does: with no granularity a format gets the weight layout (one scale per output channel, NF4
+in blocks of 64, MX in blocks of 32); the options below change what the string says.
+
 examples:
   lowbit quantize-tensor w.npy --to int4 --group 128 --scale-format fp16
+  lowbit quantize-tensor w.npy --to int4:g128:fp16              the same scheme as one string
   lowbit quantize-tensor model.safetensors:layers.0.mlp.down_proj.weight --to nf4
-  lowbit quantize-tensor w.npy --to int8 --axis 0            per-channel (rows)
+  lowbit quantize-tensor w.npy --to int8                     per channel (rows)
+  lowbit quantize-tensor w.npy --to int8:t                   one scale for the tensor
   lowbit quantize-tensor w.npy --to mxfp4 --out w_mxfp4.safetensors
   lowbit quantize-tensor w.npy --to int4 --group 64 --asym --scale-method mse --json
 
@@ -52,7 +60,8 @@ def add_scheme_options(p: argparse.ArgumentParser, required: bool, seed: bool = 
             "--to",
             required=True,
             metavar="FORMAT",
-            help="element format (int4, nf4, mxfp4, fp8_e4m3, ...)",
+            help="scheme: int4, int4:g128:fp16, nf4, mxfp4, fp8_e4m3:t, q4_0, ... "
+            "(no granularity: per output channel)",
         )
     p.add_argument("--group", type=int, metavar="N", help="values per scale along --axis")
     p.add_argument(
@@ -64,22 +73,23 @@ def add_scheme_options(p: argparse.ArgumentParser, required: bool, seed: bool = 
         choices=["absmax", "percentile", "meanstd", "mse", "meanabs"],
         help="how each group's clipping range is chosen (default absmax)",
     )
-    p.add_argument("--percentile", type=float, default=99.9, help="for --scale-method percentile")
-    p.add_argument("--k-std", type=float, default=3.0, help="for --scale-method meanstd")
+    p.add_argument("--percentile", type=float, help="for --scale-method percentile (default 99.9)")
+    p.add_argument("--k-std", type=float, help="for --scale-method meanstd (default 3)")
+    p.add_argument("--scale-format", metavar="F", help="fp32 (default) | fp16 | bf16 | e8m0")
     p.add_argument(
-        "--scale-format", default="float32", metavar="F", help="float32 | fp16 | bf16 | e8m0"
+        "--asym", action="store_true", help="integer formats: add a zero point (floats: error)"
     )
-    p.add_argument("--asym", action="store_true", help="integer formats: add a zero point")
     p.add_argument(
         "--restricted", action="store_true", help="integers: symmetric range ±(2^(n-1)-1)"
     )
     p.add_argument("--double-quant", action="store_true", help="NF4: QLoRA double quantization")
-    p.add_argument("--rounding", default="nearest_even", help="element rounding (or stochastic)")
+    p.add_argument("--rounding", help="element rounding (default nearest_even; or stochastic)")
     if seed:
         p.add_argument("--seed", type=int, default=None, help="seed for stochastic rounding")
 
 
-def scheme_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def scheme_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The Scheme fields the options set (None where an option was not given)."""
     return {
         "axis": args.axis,
         "group_size": args.group,
@@ -87,11 +97,36 @@ def scheme_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "percentile": args.percentile,
         "k_std": args.k_std,
         "scale_format": args.scale_format,
-        "symmetric": not args.asym,
-        "restricted_range": args.restricted,
-        "double_quant": args.double_quant,
+        "symmetric": False if args.asym else None,
+        "restricted_range": True if args.restricted else None,
+        "double_quant": True if args.double_quant else None,
         "rounding": args.rounding,
     }
+
+
+def build_scheme(
+    spec: str, args: argparse.Namespace, shape: tuple[int, ...], **overrides: Any
+) -> Scheme:
+    """The scheme ``spec`` with the options applied, checked against the tensor's shape.
+
+    Raises:
+        LowbitError: a bad scheme or option, a plain cast (nothing to scale), or per-channel
+            scales on a tensor with no rows (unless ``--axis`` asks for them).
+    """
+    kw = {**scheme_overrides(args), **overrides}
+    scheme = parse_scheme(spec, **kw)
+    if isinstance(scheme, Cast):
+        raise LowbitError(
+            f"{spec!r} is a plain cast to {scheme.dtype} (no scale): quantize to a scaled "
+            f"scheme such as {scheme.label}:t, or convert the array's dtype instead"
+        )
+    if scheme.granularity is Granularity.CHANNEL and len(shape) < 2 and kw.get("axis") is None:
+        raise LowbitError(
+            f"{spec!r} is {scheme.label}: one scale per output channel, and a {len(shape)}-D "
+            f"tensor of shape {shape} has no rows; use {scheme.label.replace(':ch', ':t', 1)} "
+            "(one scale per tensor) or a group size (:g128)"
+        )
+    return scheme
 
 
 def load_tensor(source: str) -> tuple[Any, str]:
@@ -164,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
     import lowbit
 
     arr, name = load_tensor(args.source)
-    qt = lowbit.quantize(arr, args.to, seed=args.seed, **scheme_kwargs(args))
+    scheme = build_scheme(args.to, args, tuple(np.shape(arr)))
+    qt = lowbit.quantize(arr, scheme, seed=args.seed)
     err = lowbit.error(arr, qt)
     orig_bytes = int(np.asarray(arr).nbytes)
     result = {
@@ -172,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         "shape": list(qt.shape),
         "dtype": str(np.asarray(arr).dtype),
         "scheme": qt.scheme.to_dict(),
-        "label": qt.scheme.describe(),
+        "label": qt.scheme.label,
         "bits_per_value": qt.bits_per_value,
         "bytes": qt.nbytes,
         "original_bytes": orig_bytes,
@@ -185,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         _common.print_json(result)
         return 0
-    print(f"{name} {tuple(qt.shape)} {result['dtype']} -> {qt.scheme.describe()}")
+    print(f"{name} {tuple(qt.shape)} {result['dtype']} -> {qt.scheme.label}")
     rows = [
         ["bits/value", f"{qt.bits_per_value:.4f}"],
         ["bytes", f"{qt.nbytes:,} (from {orig_bytes:,}: {result['compression']:.2f}x smaller)"],

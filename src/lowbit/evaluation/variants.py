@@ -37,6 +37,8 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
+from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
+from lowbit.quant.rules import action_label, activation_format
 
 __all__ = [
     "DEFAULT_SCHEMES",
@@ -44,6 +46,7 @@ __all__ = [
     "compare_causal",
     "compare_encoder",
     "evaluate_variants",
+    "variant_plan",
 ]
 
 #: The schemes ``lowbit eval`` compares when given none (issue 4's list).
@@ -65,8 +68,6 @@ def _stored_bits(checkpoint: Any, names: Sequence[str]) -> float | None:
 
 def _default_quantized(checkpoint: Any) -> list[str]:
     """Names of the tensors the default plan quantizes (the 2-D linear weights)."""
-    from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
-
     plan = PrecisionPlan(default=PrecisionPlan.uniform("int8").default)
     return [t.name for t in plan.apply(checkpoint_tensors(checkpoint)).quantized]
 
@@ -79,12 +80,24 @@ def _dominant_dtype(checkpoint: Any, names: Sequence[str]) -> str:
     return max(counts, key=lambda k: counts[k]) if counts else "?"
 
 
+def variant_plan(spec: str) -> PrecisionPlan:
+    """The plan an ``eval --schemes`` entry quantizes with: ``lowbit quantize --to SPEC``'s
+    (the scheme string read by :func:`lowbit.quant.scheme_text.parse_scheme`).
+
+    Raises:
+        LowbitError: a bad scheme string, or ``keep`` (not a variant).
+    """
+    plan = PrecisionPlan.uniform(spec)
+    if plan.default is None:
+        raise LowbitError(f"--schemes {spec!r}: 'keep' is the original, not a variant")
+    return plan
+
+
 def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Variant:
     from lowbit.checkpoints.quantize_model import plan_model, quantized_weights
     from lowbit.evaluation.models import build_model
-    from lowbit.quant.plan import PrecisionPlan, scheme_label
 
-    plan = PrecisionPlan.uniform(spec)
+    plan = variant_plan(spec)
     applied = plan_model(checkpoint, plan)
     weights: dict[str, np.ndarray] = {}
     qbytes = 0
@@ -100,7 +113,7 @@ def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Varian
         raise AssertionError(f"{spec}: planned {totals['quantized_bytes']} bytes, got {qbytes}")
     return Variant(
         name=spec,
-        format=scheme_label(plan.default),
+        format=action_label(plan.default),
         model=model,
         bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
         nbytes=totals["bytes"],
@@ -199,10 +212,11 @@ def evaluate_variants(
     from lowbit.checkpoints.quantize_model import open_model
     from lowbit.evaluation.models import build_model, build_tokenizer
     from lowbit.evaluation.perplexity import load_text
-    from lowbit.quant.plan import activation_format
 
     if schemes is None:
         schemes = [] if quantized else list(DEFAULT_SCHEMES)
+    for spec in schemes:  # a bad scheme string fails before any model loads
+        variant_plan(spec)
     act = activation_format(w8a8) if w8a8 else None
     label, body = load_text(text)
     ckpt = open_model(model)

@@ -11,10 +11,12 @@ dimensions) and the hardware catalog. The formulas are stated in ``docs/planning
 - decode upper bound: tokens/s = bandwidth / (weight bytes read per token + KV bytes);
 - prefill upper bound: tokens/s = peak FLOPS / (2 * parameters used per token).
 
-The format catalog gives the element bits (``lowbit.format(name).bits``; TF32 counts its
-32-bit container). Schemes mirror the fields of ``lowbit.Scheme`` (format, granularity,
-group_size, symmetric, scale_format, double_quant), so a plan accepts a Scheme, its
-``to_dict()``, or the short strings below.
+Schemes are ``lowbit.Scheme`` objects (or a plain :class:`~lowbit.quant.scheme.Cast`), priced
+with their own storage arithmetic (:meth:`~lowbit.quant.scheme.Scheme.tensor_bytes`, equal to
+what ``lowbit.quantize`` stores), and built from text with the one parser every command uses
+(:func:`lowbit.quant.scheme_text.parse_scheme`). A plan file is read with the one reader
+(:meth:`lowbit.quant.plan.PrecisionPlan.from_file`) and each tensor is priced as that plan
+decides it, so ``lowbit plan --plan-file`` prices what ``lowbit quantize --plan`` writes.
 """
 
 from __future__ import annotations
@@ -22,47 +24,38 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from lowbit.errors import LowbitError
+from lowbit.evaluation.models import gguf_to_hf_name
 from lowbit.planning.archs import load_spec
 from lowbit.planning.hardware import Device, load_hardware, select_devices
-from lowbit.planning.modelspec import COMPONENTS, ModelSpec
-from lowbit.planning.schemes import (
-    MX_ELEMENTS,
-    PRESETS,
-    Rule,
-    WeightScheme,
-    load_plan_file,
-    parse_rule,
-    parse_scheme,
-    storage_bits,
-)
+from lowbit.planning.modelspec import ModelSpec, TensorInfo
+from lowbit.quant.components import COMPONENTS
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.rules import Rule, parse_rule
+from lowbit.quant.scheme import Cast, Granularity, Scheme
+from lowbit.quant.scheme_text import parse_scheme
 
 __all__ = [
     "DEFAULT_PRECISIONS",
     "KV_FORMATS",
-    "MX_ELEMENTS",
-    "PRESETS",
     "TRAINING_REGIMES",
     "Plan",
     "PrecisionRow",
-    "Rule",
     "TrainingRegime",
     "TrainingRow",
-    "WeightScheme",
     "compute_precision",
     "inference_activation_bytes",
     "kv_cache_bytes",
-    "load_plan_file",
-    "parse_rule",
-    "parse_scheme",
     "plan",
-    "storage_bits",
+    "tensor_decisions",
     "training_activation_bytes",
 ]
+
+Precision = Scheme | Cast  # what a row or a KV cache is stored as
 
 GB = 10**9
 GIB = 2**30
@@ -113,7 +106,7 @@ class PrecisionRow:
     """Memory and speed bounds of the model at one precision (one weight scheme)."""
 
     label: str
-    scheme: WeightScheme
+    scheme: Precision
     base: str | None
     weight_bytes: int
     component_bytes: dict[str, int]
@@ -140,10 +133,10 @@ class PrecisionRow:
         return {
             "format": self.label,
             "base": self.base,
-            "element_format": self.scheme.element_format,
+            "element_format": self.scheme.element_format.name,
             "scheme": self.scheme.to_dict(),
             "bits_per_weight": self.bits_per_weight,
-            "nominal_bits_per_weight": self.scheme.nominal_bits_per_weight,
+            "nominal_bits_per_weight": self.scheme.bits_per_value,
             "weight_bytes": self.weight_bytes,
             "weight_gb": self.weight_bytes / GB,
             "weight_gib": self.weight_bytes / GIB,
@@ -203,15 +196,17 @@ class Plan:
     devices: tuple[Device, ...]
     context: int | None
     batch: int
-    kv_scheme: WeightScheme
+    kv_scheme: Precision
     kv_options: dict[str, int] = field(default_factory=dict)
     training: tuple[TrainingRow, ...] = ()
     train_context: int | None = None
     rules: tuple[Rule, ...] = ()
     memory_fraction: float = 0.9
+    plan_file: PrecisionPlan | None = None
 
     def row(self, label: str) -> PrecisionRow:
-        """The row for a scheme label (``"bf16"``, ``"int4:g128:fp16"``, ``"mxfp4"``)."""
+        """The row for a scheme label or string (``"bf16"``, ``"int4:g128:fp16"``, ``"mxfp4"``,
+        ``"int8"`` = ``"int8:ch"``)."""
         want = parse_scheme(label).label if label not in {r.label for r in self.rows} else label
         for r in self.rows:
             if r.label == want:
@@ -229,6 +224,7 @@ class Plan:
             "kv_bytes_by_format": self.kv_options,
             "memory_fraction": self.memory_fraction,
             "rules": [r.to_dict() for r in self.rules],
+            **({"plan": self.plan_file.to_dict()} if self.plan_file is not None else {}),
             "rows": [r.to_dict() for r in self.rows],
             "training_context": self.train_context,
             "training": [t.to_dict() for t in self.training],
@@ -240,7 +236,8 @@ class Plan:
 # The arithmetic
 # ---------------------------------------------------------------------------------------
 
-#: Default rows: each plain format with its usual scaled forms beside it.
+#: Default rows: each format in its weight layout (as ``lowbit quantize --to FORMAT`` makes
+#: it: per output channel, NF4 in blocks of 64), with other layouts of it beside it.
 DEFAULT_PRECISIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fp32", ()),
     ("bf16", ()),
@@ -249,8 +246,8 @@ DEFAULT_PRECISIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("int8", ("q8_0", "int8:ch:fp16")),
     ("fp6_e3m2", ("mxfp6",)),
     ("int4", ("int4:g128:fp16", "int4:g128:fp16:asym")),
-    ("nf4", ("nf4:g64", "nf4:g64:dq")),
-    ("fp4", ("mxfp4", "nvfp4")),
+    ("nf4", ("nf4:dq",)),
+    ("fp4", ("mxfp4",)),
 )
 KV_FORMATS = ("bf16", "fp8", "int8", "int4")
 
@@ -261,13 +258,13 @@ _COMPUTE_KEY = {
 }  # fmt: skip
 
 
-def compute_precision(scheme: WeightScheme, device: Device) -> str | None:
+def compute_precision(scheme: Precision, device: Device) -> str | None:
     """The device peak a scheme runs at: its own precision if listed, else BF16, FP16, FP32.
 
     Weight-only formats the device has no units for (INT4, NF4, FP4 before Blackwell) are
     dequantized to 16 bits for the matrix products.
     """
-    elem = scheme.element_format
+    elem = scheme.element_format.name
     key = _COMPUTE_KEY.get(elem) or ("fp8" if elem.startswith("float8") else None)
     if key == "fp6" and device.peak("fp6") is None:
         key = "fp8"
@@ -276,18 +273,81 @@ def compute_precision(scheme: WeightScheme, device: Device) -> str | None:
     return next((k for k in order if device.peak(k)), None)
 
 
+_KEPT_BYTES = 2  # a kept tensor of a spec without stored sizes: BF16, as checkpoints are stored
+
+
+def _price(action: Precision | None, t: TensorInfo) -> int:
+    """Stored bytes of one tensor: kept as stored, cast, or quantized.
+
+    Per-channel scales on a 1-D tensor (a norm, a bias, a bare parameter count) are priced as
+    one scale: a 1-D tensor is one channel (``lowbit quantize`` keeps such tensors)."""
+    if action is None:
+        return t.nbytes if t.nbytes is not None else t.numel * _KEPT_BYTES
+    if (
+        isinstance(action, Scheme)
+        and action.granularity is Granularity.CHANNEL
+        and len(t.shape) < 2
+    ):
+        action = replace(action, granularity=Granularity.TENSOR, axis=None)
+    return action.tensor_bytes(t.shape)
+
+
+def _alias(spec: ModelSpec, name: str) -> str | None:
+    """A GGUF tensor's transformers name (rules may use either, as in ``lowbit quantize``)."""
+    if spec.source != "gguf":
+        return None
+    try:
+        return gguf_to_hf_name(name)
+    except LowbitError:
+        return None
+
+
+def tensor_decisions(
+    spec: ModelSpec,
+    scheme: Precision,
+    rules: Sequence[Rule] = (),
+    plan_file: PrecisionPlan | None = None,
+) -> list[tuple[TensorInfo, int | None, Precision | None]]:
+    """What each parameter of ``spec`` becomes in a row: ``(tensor, rule index, action)``.
+
+    With a plan file, each tensor is decided as ``lowbit quantize --plan`` decides it (the
+    plan's rules, then ``scheme`` for 2-D linear weights, the rest kept); otherwise the first
+    matching rule decides, and ``scheme`` takes every other tensor. Action None: kept.
+    """
+    out: list[tuple[TensorInfo, int | None, Precision | None]] = []
+    if plan_file is not None:
+        plan = plan_file.with_default(scheme)
+        for t in spec.parameters:
+            d = plan.decide(t.name, t.shape, t.dtype or "F32", t.nbytes, _alias(spec, t.name))
+            out.append((t, d.rule, d.decision))
+        return out
+    for t in spec.parameters:
+        alias = _alias(spec, t.name)
+        idx = next(
+            (
+                i
+                for i, r in enumerate(rules)
+                if r.matches(t.name, t.shape, alias, component=t.component)
+            ),
+            None,
+        )
+        out.append((t, idx, rules[idx].action if idx is not None else scheme))
+    return out
+
+
 def _weights(
-    spec: ModelSpec, scheme: WeightScheme, rules: Sequence[Rule]
+    spec: ModelSpec,
+    scheme: Precision,
+    rules: Sequence[Rule],
+    plan_file: PrecisionPlan | None,
 ) -> tuple[int, dict[str, int], float]:
-    cache: dict[tuple[int, tuple[int, ...]], int] = {}
+    cache: dict[tuple[int | None, tuple[int, ...], int | None], int] = {}
     total, read = 0, 0.0
     comps = dict.fromkeys(COMPONENTS, 0)
-    for t in spec.parameters:
-        idx = next((i for i, r in enumerate(rules) if r.matches(t)), -1)
-        s = rules[idx].scheme if idx >= 0 else scheme
-        key = (idx, t.shape)
-        if key not in cache:
-            cache[key] = s.tensor_bytes(t.shape)
+    for t, idx, action in tensor_decisions(spec, scheme, rules, plan_file):
+        key = (idx, t.shape, t.nbytes if action is None else None)
+        if key not in cache or plan_file is not None:
+            cache[key] = _price(action, t)
         b = cache[key]
         total += b
         comps[t.component] += b
@@ -295,7 +355,7 @@ def _weights(
     return total, comps, read
 
 
-def kv_cache_bytes(spec: ModelSpec, context: int, batch: int, scheme: WeightScheme) -> int | None:
+def kv_cache_bytes(spec: ModelSpec, context: int, batch: int, scheme: Precision) -> int | None:
     """KV cache bytes: ``2 * layers * kv_heads * head_dim * context * batch`` values.
 
     Grouped-query attention enters through ``kv_heads``; scaled KV schemes group along
@@ -305,7 +365,7 @@ def kv_cache_bytes(spec: ModelSpec, context: int, batch: int, scheme: WeightSche
     if per_token is None:
         return None
     head_dim = spec.head_dim or 1
-    return scheme.tensor_bytes((per_token // head_dim * context * batch, head_dim))
+    return _price(scheme, TensorInfo("kv", (per_token // head_dim * context * batch, head_dim), ""))
 
 
 def _act_dims(spec: ModelSpec) -> tuple[int, int, int, int, int, bool] | None:
@@ -398,9 +458,12 @@ def plan(
         train_context: sequence length for training activations (default: context or 2048).
         keep_embeddings: scheme for embeddings and lm_head in every row (a mixed plan).
         keep_norms: scheme for 1-D tensors (norms and biases) in every row.
-        rules: ordered rules (dicts ``{"match"|"component"|"ndim", "format"}`` or
-            :class:`Rule`), or a plan file path (its ``default`` becomes the only row unless
-            ``precisions`` is given). Rules from the keep flags come first.
+        rules: ordered rules (plan-file rule dicts or :class:`~lowbit.quant.rules.Rule`; the
+            first match decides, the row's scheme takes the rest), or a plan file path or
+            :class:`~lowbit.quant.plan.PrecisionPlan` (each tensor priced as ``lowbit quantize
+            --plan`` decides it; the plan's ``default`` becomes the only row unless
+            ``precisions`` is given, and each row replaces it). Rules from the keep flags come
+            first.
         devices: catalog ids or names to fit and time (default: all).
         hardware_file: extra catalog rows (JSON/YAML), overriding same-id rows.
         memory_fraction: share of device memory usable for the model (default 0.9).
@@ -428,24 +491,35 @@ def plan(
         rule_list.append(Rule(parse_scheme(keep_embeddings), component=("embeddings", "lm_head")))
     if keep_norms is not None:
         rule_list.append(Rule(parse_scheme(keep_norms), ndim=1))
-    file_default = None
+    plan_file = None
     if isinstance(rules, (str, Path)):
-        file_rules, file_default = load_plan_file(rules)
-        rule_list += file_rules
+        plan_file = PrecisionPlan.from_file(rules)
+    elif isinstance(rules, PrecisionPlan):
+        plan_file = rules
     elif rules is not None:
         rule_list += [parse_rule(r) for r in rules]
+    if plan_file is not None:
+        plan_file = replace(plan_file, rules=tuple(rule_list) + plan_file.rules)
+        rule_list = list(plan_file.rules)
 
     for r in rule_list:
-        if not any(r.matches(t) for t in spec.parameters):
+        if not any(
+            r.matches(t.name, t.shape, _alias(spec, t.name), component=t.component)
+            for t in spec.parameters
+        ):
             warnings.warn(f"plan rule {r.to_dict()} matches no tensor of {spec.name}", stacklevel=2)
 
-    rows_spec: list[tuple[WeightScheme, str | None]] = []
+    rows_spec: list[tuple[Precision, str | None]] = []
     if precisions is not None:
         schemes = [parse_scheme(p) for p in precisions]
-        plain = {s.element_format: s.label for s in schemes if s.is_plain}
-        rows_spec = [(s, None if s.is_plain else plain.get(s.element_format)) for s in schemes]
-    elif file_default is not None:
-        rows_spec = [(file_default, None)]
+        bases: dict[str, str] = {}
+        for sch in schemes:
+            elem = sch.element_format.name
+            base = bases.get(elem)
+            rows_spec.append((sch, base if base != sch.label else None))
+            bases.setdefault(elem, sch.label)
+    elif plan_file is not None and plan_file.default is not None:
+        rows_spec = [(plan_file.default, None)]
     else:
         for base, variants in DEFAULT_PRECISIONS:
             b = parse_scheme(base)
@@ -469,7 +543,7 @@ def plan(
     used = spec.params_per_token
     rows = []
     for scheme, base in rows_spec:
-        wbytes, comps, read = _weights(spec, scheme, rule_list)
+        wbytes, comps, read = _weights(spec, scheme, rule_list, plan_file)
         act_b = 4 if scheme.element_bits >= 32 else 2
         act = inference_activation_bytes(spec, context, batch, act_b) if context else None
         total = wbytes + (kv_bytes or 0) + (act or 0)
@@ -526,4 +600,5 @@ def plan(
         train_context=tctx,
         rules=tuple(rule_list),
         memory_fraction=memory_fraction,
+        plan_file=plan_file,
     )

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lowbit._files import read_data_file
 from lowbit.errors import LowbitError
 
 #: The precision keys a row's ``tflops`` may hold.
@@ -118,30 +119,6 @@ def _device(row: Any, where: str) -> Device:
 
 def _slug(name: str) -> str:
     return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
-
-
-def read_data_file(path: str | Path) -> Any:
-    """Read a JSON file, or YAML when the name ends in .yaml/.yml (needs PyYAML).
-
-    Raises:
-        LowbitError: the file does not parse.
-        ImportError: a YAML file without PyYAML installed.
-    """
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    if p.suffix.lower() in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise ImportError(f"reading {p} needs PyYAML: pip install pyyaml") from None
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise LowbitError(f"malformed YAML in {p}: {exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LowbitError(f"malformed JSON in {p}: {exc}") from None
 
 
 def _rows(data: Any, where: str) -> list[Device]:

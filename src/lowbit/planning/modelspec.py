@@ -1,7 +1,7 @@
 """A model as the planner sees it: named tensors with shapes, components and per-token use.
 
 :class:`ModelSpec` is what :mod:`lowbit.planning.archs` builds from a ``config.json``, a checkpoint
-header or a bare parameter count; :func:`classify` names the component (embeddings,
+header or a bare parameter count; :func:`~lowbit.quant.components.classify` (re-exported here) names the component (embeddings,
 attention, MLP, norms, LM head) of a tensor from its ``transformers`` or GGUF name.
 Non-parameter buffers stored in checkpoints (``position_ids``, ``rotary_emb.inv_freq``,
 GPT-2's causal-mask ``attn.bias``) are kept apart: they are not parameters.
@@ -16,12 +16,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lowbit.errors import LowbitError
-
-COMPONENTS = ("embeddings", "attention", "mlp", "norms", "lm_head", "other")
+from lowbit.quant.components import COMPONENTS, classify, is_token_embedding
 
 # ---------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------
+
+__all__ = [
+    "COMPONENTS",
+    "ModelSpec",
+    "TensorInfo",
+    "classify",
+    "parse_params",
+    "spec_from_params",
+]
 
 
 @dataclass(frozen=True)
@@ -146,40 +154,6 @@ class ModelSpec:
         }
 
 
-# ---------------------------------------------------------------------------------------
-# Component classification (works on transformers and GGUF names alike)
-# ---------------------------------------------------------------------------------------
-
-_BUFFER = re.compile(r"(position_ids|inv_freq|\.attn\.(masked_)?bias|_float_tensor)$")
-_NORM = re.compile(r"(norm|(^|\.)ln_?[a-z0-9]*(\.|$)|layernorm)", re.IGNORECASE)
-_TOKEN_EMBED = re.compile(
-    r"(embed_tokens|(^|\.)wte\.|word_embeddings|token_embd|embed_in|tok_embeddings)"
-)
-_EMBED = re.compile(r"(embed|(^|\.)wpe\.|position_embeddings|token_type_embeddings)")
-_LM_HEAD = re.compile(r"(^|\.)(lm_head|embed_out|output)\.(weight|bias)$|cls\.predictions")
-_ATTN = re.compile(r"(attn|attention|\.(q|k|v|o|qkv)_(proj|lin)|out_lin)")
-_MLP = re.compile(r"(mlp|ffn|feed_forward|intermediate|experts|moe|(^|\.)output\.dense|lin[12])")
-
-
-def classify(name: str, ndim: int = 2) -> str:
-    """The component a tensor name belongs to (see :data:`COMPONENTS`), or ``"buffer"``."""
-    if _BUFFER.search(name):
-        return "buffer"
-    if _NORM.search(name) and ndim <= 1:
-        return "norms"
-    if _LM_HEAD.search(name):
-        return "lm_head"
-    if _EMBED.search(name) or _TOKEN_EMBED.search(name):
-        return "embeddings"
-    if _ATTN.search(name):
-        return "attention"
-    if _MLP.search(name):
-        return "mlp"
-    if _NORM.search(name):
-        return "norms"
-    return "other"
-
-
 def _with_use(
     tensors: Iterable[TensorInfo], *, tied: bool, is_decoder: bool, expert_use: float | None
 ) -> tuple[TensorInfo, ...]:
@@ -188,7 +162,7 @@ def _with_use(
     for t in tensors:
         use = 1.0
         if t.component == "embeddings":
-            use = 1.0 if (tied and is_decoder and _TOKEN_EMBED.search(t.name)) else 0.0
+            use = 1.0 if (tied and is_decoder and is_token_embedding(t.name)) else 0.0
         elif expert_use is not None and re.search(r"experts?\.\d+\.|_exps\.", t.name):
             use = expert_use
         out.append(replace(t, use=use))

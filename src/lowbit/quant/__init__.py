@@ -9,8 +9,12 @@
 - ``_engine``/``_elements``/``_numba``: the chunked engine behind ``quantize`` and its compiled
   path.
 - :mod:`~lowbit.quant.nf4`, :mod:`~lowbit.quant.metrics`: QLoRA's NF4 helpers; error metrics.
-- :mod:`~lowbit.quant.rules`, :mod:`~lowbit.quant.plan`: rules that say what each tensor of a
-  model becomes, and :class:`PrecisionPlan`.
+- :mod:`~lowbit.quant.scheme_text`: the one text form of a scheme (``int4:g128:fp16:asym``)
+  and the presets; every command builds its schemes with :func:`parse_scheme`.
+- :mod:`~lowbit.quant.components`: which component (embeddings, attention, MLP, ...) a tensor
+  name belongs to.
+- :mod:`~lowbit.quant.rules`, :mod:`~lowbit.quant.plan`: the one :class:`Rule` type and plan-file
+  reader, and :class:`PrecisionPlan` (what each tensor of a model becomes).
 
 Names load on first use, so importing one submodule does not load them all.
 """
@@ -28,6 +32,10 @@ _LAZY = {
     "Scheme": "lowbit.quant.scheme",
     "Granularity": "lowbit.quant.scheme",
     "ScaleMethod": "lowbit.quant.scheme",
+    "Cast": "lowbit.quant.scheme",
+    "parse_scheme": "lowbit.quant.scheme_text",
+    "PRESETS": "lowbit.quant.scheme_text",
+    "Rule": "lowbit.quant.rules",
     "PrecisionPlan": "lowbit.quant.plan",
     "error": "lowbit.quant.metrics",
 }

@@ -8,8 +8,10 @@ gets the first rule that matches it; tensors no rule names follow the defaults a
 - embeddings, the LM head, norms, biases, 1-D tensors, integer tensors and buffers are kept
   exactly as stored.
 
-Rules use the planner's format (``lowbit.planning.schemes``: ``match`` globs, ``component``,
-``ndim``, ``format``) with a few additions for real checkpoints::
+Rules (:class:`~lowbit.quant.rules.Rule`: ``match`` globs, ``regex``, ``component``, ``ndim``,
+``format``, ``scale_method``, ``activations``, ``pad``) come from the one plan-file reader,
+:func:`~lowbit.quant.rules.load_plan_file`, which ``lowbit plan --plan-file`` uses too::
+
 
     version: 1
     default: int4:g128            # scheme for the 2-D linear weights no rule names ("keep": none)
@@ -27,9 +29,9 @@ Rules use the planner's format (``lowbit.planning.schemes``: ``match`` globs, ``
       - match: lm_head.weight
         format: bf16              # a plain cast (float32 / float16 / bfloat16)
 
-Scheme strings are :func:`lowbit.planning.schemes.parse_scheme`'s
-(``FORMAT[:gN|:ch|:t][:SCALE][:asym][:dq]``, MX names, presets ``q8_0``/``q4_0``); a format
-given without granularity gets the usual weight layout: one scale per output channel
+Scheme strings are :func:`lowbit.quant.scheme_text.parse_scheme`'s
+(``FORMAT[:gN|:ch|:t][:SCALEFMT][:asym][:dq]``, MX names, presets ``q8_0``/``q4_0``); a format
+given without granularity gets the weight layout: one scale per output channel
 (``int8`` = ``int8:ch``), NF4 in QLoRA's blocks of 64, MX in blocks of 32. A rule matching no
 tensor is a warning naming the closest tensor names; a rule that makes a tensor unquantizable
 (a 1-D tensor into group-128 or per-channel scales, integers, an axis the tensor lacks, a group
@@ -43,43 +45,41 @@ import difflib
 import math
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lowbit.errors import LowbitError
-from lowbit.planning.modelspec import classify
+from lowbit.quant.components import classify
+from lowbit.quant.layout import make_layout
 from lowbit.quant.rules import (
     KEEP,
+    PLAN_VERSION,
     Action,
-    Cast,
-    PlanRule,
+    Rule,
     action_dict,
+    action_label,
     activation_format,
-    parse_plan_rule,
-    scheme_from_spec,
-    scheme_label,
+    load_plan_file,
+    parse_action,
+    parse_plan,
+    parse_rule,
 )
-from lowbit.quant.scheme import Granularity, Scheme
+from lowbit.quant.scheme import Cast, Granularity, Scheme
 
 __all__ = [
+    "DEFAULT_COMPONENTS",
     "KEEP",
     "AppliedPlan",
-    "Cast",
-    "PlanRule",
     "PrecisionPlan",
     "TensorPlan",
-    "activation_format",
-    "parse_plan_rule",
-    "scheme_from_spec",
-    "scheme_label",
+    "is_float_dtype",
+    "unquantizable",
 ]
 
-PLAN_VERSION = 1
 #: Tensors the defaults quantize: 2-D weights of these components.
 DEFAULT_COMPONENTS = ("attention", "mlp", "other")
-_PLAN_KEYS = {"version", "default", "activations", "rules"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -128,23 +128,27 @@ class TensorPlan:
         return math.prod(self.shape)
 
     @property
-    def label(self) -> str:
+    def decision(self) -> Action:
+        """What the tensor becomes: its Scheme, a Cast, or None (keep)."""
         if self.action == "quantize":
-            return scheme_label(self.scheme)
+            return self.scheme
         if self.action == "cast":
-            return scheme_label(Cast(self.cast))  # type: ignore[arg-type]
-        return KEEP
+            return Cast(self.cast)  # type: ignore[arg-type]
+        return None
+
+    @property
+    def label(self) -> str:
+        """The decision's label: a scheme's (``int4:g128``), a cast's (``bf16``) or ``keep``."""
+        return action_label(self.decision)
 
     @property
     def nbytes(self) -> int:
-        """Bytes in a lowbit checkpoint: codes + scales (+ zero points), or the cast/kept data."""
-        if self.action == "quantize":
-            from lowbit.checkpoints.lowbit_format import quantized_arrays
-
-            return sum(a.nbytes for a in quantized_arrays(self.shape, self.scheme))  # type: ignore[arg-type]
-        if self.action == "cast":
-            return self.numel * (4 if self.cast == "float32" else 2)
-        return self.source_nbytes
+        """Bytes in a lowbit checkpoint: codes + scales (+ zero points), or the cast/kept data
+        (:meth:`~lowbit.quant.scheme.Scheme.tensor_bytes`, the planner's arithmetic)."""
+        decision = self.decision
+        if decision is None:
+            return self.source_nbytes
+        return decision.tensor_bytes(self.shape)
 
     @property
     def bits(self) -> float:
@@ -225,7 +229,7 @@ class PrecisionPlan:
             rule names another.
     """
 
-    rules: tuple[PlanRule, ...] = ()
+    rules: tuple[Rule, ...] = ()
     default: Action = None
     activations: str | None = None
 
@@ -249,16 +253,16 @@ class PrecisionPlan:
         Raises:
             LowbitError: a bad scheme or rule.
         """
-        default = scheme_from_spec(
+        default = parse_action(
             to,
-            group=group,
+            group_size=group,
             scale_method=scale_method,
-            asym=asym or None,
+            symmetric=False if asym else None,
             scale_format=scale_format,
-            pad=pad,
+            pad=None if pad else False,
         )
         return cls(
-            rules=tuple(parse_plan_rule(r) for r in rules),
+            rules=tuple(parse_rule(r) for r in rules),
             default=default,
             activations=activation_format(activations),
         )
@@ -271,35 +275,7 @@ class PrecisionPlan:
         Raises:
             LowbitError: unknown keys, a newer version, bad rules.
         """
-        if isinstance(data, list):
-            data = {"rules": data}
-        if not isinstance(data, Mapping):
-            raise LowbitError(f"{where}: a plan is an object with 'rules' (and 'default')")
-        unknown = set(data) - _PLAN_KEYS
-        if unknown:
-            raise LowbitError(
-                f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                f"allowed: {', '.join(sorted(_PLAN_KEYS))}"
-            )
-        if data.get("version", PLAN_VERSION) != PLAN_VERSION:
-            raise LowbitError(
-                f"{where}: plan version {data.get('version')!r}; this lowbit reads {PLAN_VERSION}"
-            )
-        rules = data.get("rules") or []
-        if not isinstance(rules, list):
-            raise LowbitError(f"{where}: 'rules' must be a list")
-        parsed = []
-        for i, r in enumerate(rules):
-            try:
-                parsed.append(parse_plan_rule(r))
-            except LowbitError as exc:
-                raise LowbitError(f"{where}: rule {i + 1}: {exc}") from None
-        default = data.get("default")
-        try:
-            action = _parse_default(default)
-        except LowbitError as exc:
-            raise LowbitError(f"{where}: default: {exc}") from None
-        return cls(tuple(parsed), action, activation_format(data.get("activations")))
+        return cls(*parse_plan(data, where))
 
     @classmethod
     def from_file(cls, path: str | Path) -> PrecisionPlan:
@@ -308,12 +284,7 @@ class PrecisionPlan:
         Raises:
             LowbitError: a missing or malformed file, or a bad plan.
         """
-        from lowbit.planning.hardware import read_data_file
-
-        p = Path(path)
-        if not p.is_file():
-            raise LowbitError(f"plan file {p} does not exist")
-        return cls.from_dict(read_data_file(p), where=str(p))
+        return cls(*load_plan_file(path))
 
     def with_default(self, default: Action, activations: str | None = None) -> PrecisionPlan:
         """The same rules with another default (``--plan FILE --to FORMAT``)."""
@@ -449,24 +420,6 @@ class PrecisionPlan:
         return AppliedPlan(plans, self)
 
 
-def _parse_default(default: Any) -> Action:
-    """A plan's default: a scheme string, ``keep``, a Scheme dict, or ``{format, scale_method,
-    pad}``."""
-    if default is None:
-        return None
-    if (
-        isinstance(default, Mapping)
-        and "format" in default
-        and set(default) <= {"format", "scale_method", "pad"}
-    ):
-        return scheme_from_spec(
-            default["format"],
-            scale_method=default.get("scale_method"),
-            pad=default.get("pad", True),
-        )
-    return scheme_from_spec(default)
-
-
 def unquantizable(p: TensorPlan) -> str | None:
     """Why the plan's choice for this tensor cannot be carried out, or None when it can."""
     if p.action == "keep":
@@ -489,8 +442,6 @@ def unquantizable(p: TensorPlan) -> str | None:
             f"a {len(p.shape)}-D tensor has no rows for {what}; keep it, use a per-tensor "
             f"scheme (e.g. fp8_e4m3:t), or narrow the rule with ndim: 2"
         )
-    from lowbit.quant.layout import make_layout
-
     try:
         make_layout(p.shape, s)
     except LowbitError as exc:
@@ -498,7 +449,7 @@ def unquantizable(p: TensorPlan) -> str | None:
     return None
 
 
-def _close_hint(rule: PlanRule, items: list[tuple[Any, ...]]) -> str:
+def _close_hint(rule: Rule, items: list[tuple[Any, ...]]) -> str:
     """'; close names: ...' for a rule that matched nothing.
 
     Names that contain every literal piece of a pattern in order come first (``*.mlp.gate``

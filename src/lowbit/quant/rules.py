@@ -1,212 +1,100 @@
-"""Scheme strings and plan rules for quantizing checkpoints (used by ``lowbit.quant.plan``).
+"""Plan rules: which tensors of a model get which scheme, and the one plan-file reader.
 
-:func:`scheme_from_spec` turns the planner's scheme strings (``lowbit.planning.schemes.parse_scheme``:
-``FORMAT[:gN|:ch|:t][:SCALE][:asym][:dq]``, MX names, presets) into the ``lowbit.Scheme`` a weight
-is quantized with, giving a format without granularity the usual weight layout (per output
-channel; NF4 in blocks of 64); ``keep`` and plain casts (``bf16``) are the other actions.
-:class:`PlanRule` is one ordered rule: globs, full-match regexes, components and rank select
-tensors; :func:`parse_plan_rule` reads the planner's rule dicts plus ``regex``,
-``scale_method``, ``activations`` and ``pad``.
+A :class:`Rule` selects tensors by name globs (``match``), full-match regular expressions
+(``regex``, or a glob written ``re:...``), component (:data:`~lowbit.quant.components.COMPONENTS`)
+and rank (``ndim``); what they become (its *action*) is a :class:`~lowbit.quant.scheme.Scheme`,
+a plain :class:`~lowbit.quant.scheme.Cast`, or None (keep as stored). The first matching rule
+wins. ``lowbit quantize --plan``, ``lowbit plan --plan-file`` and ``PrecisionPlan.from_file``
+all read plan files with :func:`load_plan_file`::
+
+    version: 1
+    default: int4:g128          # what the 2-D linear weights no rule names become
+    activations: int8           # optional: per-token activation format (W8A8 simulation)
+    rules:
+      - {match: "*embed*", format: keep}
+      - {regex: 'model\\.layers\\.0\\..*', format: "int8:ch", scale_method: mse}
+      - {component: mlp, ndim: 2, format: "nf4:g64:dq", activations: fp8_e4m3}
+      - {match: lm_head.weight, format: bf16}
+
+Formats are scheme strings (:func:`lowbit.quant.scheme_text.parse_scheme`), ``keep``, or
+``Scheme.to_dict()`` dicts; ``scale_method`` and ``pad`` set those Scheme fields.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from lowbit._files import read_data_file
 from lowbit.errors import LowbitError
-from lowbit.planning.modelspec import COMPONENTS, classify
-from lowbit.quant.scheme import Granularity, ScaleMethod, Scheme
+from lowbit.formats.catalog import format as _lookup
+from lowbit.quant.components import COMPONENTS, classify
+from lowbit.quant.scheme import Cast, ScaleMethod, Scheme
+from lowbit.quant.scheme_text import parse_scheme
 
 __all__ = [
-    "CAST_FORMATS",
     "KEEP",
+    "PLAN_VERSION",
     "Action",
-    "Cast",
-    "PlanRule",
+    "Rule",
     "action_dict",
+    "action_label",
     "activation_format",
-    "parse_plan_rule",
-    "scheme_from_spec",
-    "scheme_label",
+    "load_plan_file",
+    "parse_action",
+    "parse_plan",
+    "parse_rule",
 ]
 
 KEEP = "keep"
-
-#: Formats a plain cast may store (safetensors dtype names for the lowbit checkpoint).
-CAST_FORMATS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+PLAN_VERSION = 1
 _RULE_KEYS = {"match", "regex", "component", "ndim", "format", "scheme", "scale_method",
               "activations", "pad"}  # fmt: skip
-
-# ---------------------------------------------------------------------------------------
-# Schemes
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cast:
-    """Store a tensor in a plain float type, no scale (``bf16``, ``fp16``, ``fp32``)."""
-
-    dtype: str  # float32 | float16 | bfloat16
-
-    @property
-    def bits(self) -> int:
-        return 32 if self.dtype == "float32" else 16
-
-    def describe(self) -> str:
-        return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.dtype]
-
+_PLAN_KEYS = {"version", "default", "activations", "rules"}
 
 Action = Scheme | Cast | None  # None: keep as stored
 
 
-def scheme_label(scheme: Scheme | Cast | None) -> str:
-    """A short text form: ``int4:g128:fp32``, ``int8:ch:fp32:asym``, ``mxfp4``, ``bf16``, ``keep``.
-
-    The scale method is appended in parentheses when it is not absmax (``int4:g128:fp32 (mse)``).
-    """
-    if scheme is None:
-        return KEEP
-    if isinstance(scheme, Cast):
-        return scheme.describe()
-    from lowbit.planning.schemes import WeightScheme
-
-    ws = WeightScheme(
-        format=scheme.format,
-        granularity=scheme.granularity.value,
-        axis=None if scheme.granularity is Granularity.TENSOR else scheme.axis,
-        group_size=scheme.group_size
-        if scheme.granularity in (Granularity.GROUP, Granularity.BLOCK)
-        else None,
-        scale_format=scheme.scale_format,
-        symmetric=scheme.symmetric,
-        double_quant=scheme.double_quant,
-    )
-    label = ws.label
-    if scheme.scale_method not in (ScaleMethod.ABSMAX, ScaleMethod.MEANABS):
-        label += f" ({scheme.scale_method.value})"
-    return label
-
-
-def scheme_from_spec(
-    spec: Any,
-    *,
-    group: int | None = None,
-    scale_method: str | None = None,
-    asym: bool | None = None,
-    scale_format: str | None = None,
-    pad: bool = True,
-) -> Scheme | Cast | None:
-    """The scheme a weight gets from a scheme string, dict or object, with CLI-style overrides.
-
-    Strings are parsed by :func:`lowbit.planning.schemes.parse_scheme` (``int4:g128:fp16``,
-    ``nf4:dq``, ``mxfp4``, ``q4_0``, ``bf16`` ...), ``"keep"`` means keep as stored. A format
-    with no granularity gets the weight layout: per output channel for integers and floats,
-    QLoRA's blocks of 64 for NF4 (MX formats are blocks of 32 anyway); ``fp32``/``fp16``/
-    ``bf16`` alone are plain casts. A dict with ``"version"`` is ``Scheme.to_dict()``'s.
-
-    Args:
-        spec: the scheme (string, dict, :class:`~lowbit.quant.scheme.Scheme` or :class:`Cast`).
-        group: values per scale along the rows (``--group N``): group granularity.
-        scale_method: ``absmax`` | ``percentile`` | ``meanstd`` | ``mse``.
-        asym: integer formats get a zero point (``--asym``).
-        scale_format: the scales' format (``fp32``, ``fp16``, ``bf16``, ``e8m0``).
-        pad: let the last group of a row be shorter (False: a row the group does not divide is
-            an error).
-
-    Returns:
-        A :class:`~lowbit.quant.scheme.Scheme`, a :class:`Cast`, or None for keep.
+def parse_action(spec: Any, **overrides: Any) -> Action:
+    """What a plan entry's ``format`` says: ``keep`` (None), or a scheme through
+    :func:`~lowbit.quant.scheme_text.parse_scheme` with its field overrides.
 
     Raises:
-        LowbitError: an unknown format or token, or a combination lowbit cannot quantize to
-            (the message names the scheme).
+        LowbitError: a bad scheme, or options given with ``keep``.
     """
-    if isinstance(spec, (Scheme, Cast)) or spec is None:
-        if any(v is not None for v in (group, scale_method, asym, scale_format)):
-            raise LowbitError("options such as --group apply to scheme strings, not Scheme objects")
-        return spec
-    if isinstance(spec, str) and spec.strip().lower() == KEEP:
-        if any(v is not None for v in (group, scale_method, asym, scale_format)):
-            raise LowbitError("'keep' takes no --group, --scale-method, --asym or --scale-format")
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == KEEP):
+        given = sorted(k for k, v in overrides.items() if v is not None)
+        if given:
+            raise LowbitError(f"'keep' takes no scheme options (got {', '.join(given)})")
         return None
-    if isinstance(spec, Mapping) and "version" in spec:
-        return Scheme.from_dict(dict(spec))
-    from lowbit.planning.schemes import parse_scheme
+    return parse_scheme(spec, **overrides)
 
-    text = spec if isinstance(spec, str) else None
+
+def action_label(action: Action) -> str:
+    """``keep``, a cast's ``bf16``, or the scheme's label (``int4:g128:fp16:mse``)."""
+    return KEEP if action is None else action.label
+
+
+def action_dict(action: Action) -> dict[str, Any]:
+    """The plan-file form of an action, ``{"format": LABEL}`` (plus ``pad: false``), which
+    :func:`parse_action` reads back to exactly ``action``; a Scheme whose label cannot say
+    everything (percentile, k_std, rounding) as ``{"format": Scheme.to_dict()}``."""
+    if action is None or isinstance(action, Cast):
+        return {"format": action_label(action)}
+    out: dict[str, Any] = {"format": action.label}
+    if not action.pad:
+        out["pad"] = False
     try:
-        ws = parse_scheme(spec)
-        overrides: dict[str, Any] = {}
-        if group is not None:
-            if ws.granularity == "block":
-                raise LowbitError(f"{ws.format} is an MX block format: its group is 32")
-            overrides.update(granularity="group", group_size=int(group), axis=None)
-        if asym:
-            overrides["symmetric"] = False
-        if scale_format is not None:
-            overrides["scale_format"] = scale_format
-        if overrides:
-            if ws.granularity == "none" and "granularity" not in overrides:
-                overrides["granularity"] = _weight_granularity(ws.format)
-                if overrides["granularity"] == "group":
-                    overrides["group_size"] = 64
-            ws = dataclasses.replace(ws, name=None, **overrides)
-    except LowbitError as exc:
-        raise LowbitError(f"scheme {_show(spec)}: {exc}") from None
-    if ws.zero_point_bits is not None and ws.zero_point_bits != ws.element_bits:
-        raise LowbitError(
-            f"scheme {_show(spec)}: lowbit stores zero points at the element width; "
-            f"{ws.zero_point_bits}-bit zero points (llama.cpp's Q4_1/Q5_1 minimum) are a "
-            f"planning figure only: use an :asym scheme"
-        )
-    gran = ws.granularity
-    size = ws.group_size
-    if gran == "none":
-        if ws.format in CAST_FORMATS:
-            if scale_method is not None:
-                raise LowbitError(f"scheme {_show(spec)} is a plain cast: it has no scale method")
-            return Cast(ws.format)
-        gran = _weight_granularity(ws.format)
-        size = 64 if gran == "group" else None
-    elif (
-        ws.format == "nf4"
-        and gran == "tensor"
-        and ws.double_quant
-        and text is not None
-        and not re.search(r":(t|tensor)(:|$)", text.lower())
-    ):
-        gran, size = "group", 64  # "nf4:dq": QLoRA's blocks of 64 with double quantization
-    kw: dict[str, Any] = {
-        "format": ws.format,
-        "scale_method": scale_method,
-        "symmetric": ws.symmetric,
-        "double_quant": ws.double_quant,
-        "pad": pad,
-    }
-    if gran != "block":
-        kw.update(granularity=gran, group_size=size, scale_format=ws.scale_format or "float32")
-        if gran != "tensor":
-            kw["axis"] = ws.axis
-    try:
-        return Scheme(**kw)
-    except LowbitError as exc:
-        raise LowbitError(f"scheme {_show(spec)}: {exc}") from None
-
-
-def _weight_granularity(fmt: str) -> str:
-    return "group" if fmt == "nf4" else "channel"
-
-
-def _show(spec: Any) -> str:
-    return (
-        repr(spec)
-        if isinstance(spec, str)
-        else repr(dict(spec) if isinstance(spec, Mapping) else spec)
-    )
+        again = parse_action(out["format"], pad=action.pad)
+    except LowbitError:
+        again = None
+    if again != action:
+        return {"format": action.to_dict()}
+    return out
 
 
 def activation_format(name: str | None) -> str | None:
@@ -217,10 +105,8 @@ def activation_format(name: str | None) -> str | None:
     """
     if name is None:
         return None
-    from lowbit.formats.catalog import format as lookup
-
     key = str(name).strip().lower()
-    fmt = lookup({"fp8": "float8_e4m3fn"}.get(key, key))
+    fmt = _lookup({"fp8": "float8_e4m3fn"}.get(key, key))
     ok = (fmt.kind == "int" and getattr(fmt, "signed", False) and fmt.bits <= 16) or (
         fmt.kind == "float" and getattr(fmt, "signed", True) and getattr(fmt, "subnormals", True)
     )
@@ -232,22 +118,21 @@ def activation_format(name: str | None) -> str | None:
     return fmt.name
 
 
-# ---------------------------------------------------------------------------------------
-# Rules
-# ---------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
-class PlanRule:
+class Rule:
     """Tensors matching every given condition get ``action``; the first matching rule wins.
 
     Attributes:
-        action: a :class:`~lowbit.quant.scheme.Scheme`, a :class:`Cast`, or None (keep as stored).
+        action: a :class:`~lowbit.quant.scheme.Scheme`, a :class:`~lowbit.quant.scheme.Cast`,
+            or None (keep as stored).
         match: glob(s) on tensor names (``fnmatch``, case-sensitive).
         regex: regular expression(s), each matched against the whole name.
-        component: component name(s) (``lowbit.planning.modelspec.COMPONENTS``).
-        ndim: tensor rank.
+        component: component name(s) (:data:`~lowbit.quant.components.COMPONENTS`).
+        ndim: tensor rank (1 selects norms and biases).
         activations: per-token activation format for the layers this rule quantizes.
+
+    Raises:
+        LowbitError: no condition, a regex that does not compile, an unknown component.
     """
 
     action: Action
@@ -258,6 +143,8 @@ class PlanRule:
     activations: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("match", "regex", "component"):
+            object.__setattr__(self, name, _as_tuple(getattr(self, name)))
         if not (self.match or self.regex or self.component or self.ndim is not None):
             raise LowbitError("a plan rule needs match, regex, component or ndim")
         for r in self.regex:
@@ -268,21 +155,44 @@ class PlanRule:
         bad = [c for c in self.component if c not in COMPONENTS]
         if bad:
             raise LowbitError(f"unknown component(s) {bad}; choose from {', '.join(COMPONENTS)}")
+        if self.ndim is not None and (
+            isinstance(self.ndim, bool) or not isinstance(self.ndim, int)
+        ):
+            raise LowbitError(f"rule ndim must be an integer, got {self.ndim!r}")
 
-    def matches(self, name: str, shape: Sequence[int], alias: str | None = None) -> bool:
-        """Whether a tensor of this name (or alias: a GGUF tensor's transformers name) and
-        shape falls under the rule."""
+    def matches(
+        self,
+        name: str,
+        shape: Sequence[int],
+        alias: str | None = None,
+        component: str | None = None,
+    ) -> bool:
+        """Whether a tensor falls under the rule.
+
+        Args:
+            name: the tensor's name.
+            shape: its shape.
+            alias: another name it may be matched by (a GGUF tensor's transformers name).
+            component: its component when the caller knows it (the planner's model spec);
+                default: :func:`~lowbit.quant.components.classify` of the name.
+        """
         names = (name,) if alias is None else (name, alias)
         if self.match and not any(fnmatch.fnmatchcase(n, g) for n in names for g in self.match):
             return False
         if self.regex and not any(re.fullmatch(r, n) for n in names for r in self.regex):
             return False
-        if self.component and classify(name, len(shape)) not in self.component:
-            return False
+        if self.component:
+            comp = component if component is not None else classify(name, len(shape))
+            if comp not in self.component:
+                return False
         return self.ndim is None or len(shape) == self.ndim
 
     def describe(self) -> str:
-        """``match '*mlp*' -> int4:g128:fp32`` (for messages)."""
+        """``match '*mlp*' -> int4:g128`` (for messages and tables)."""
+        return f"{self.selector()} -> {action_label(self.action)}"
+
+    def selector(self) -> str:
+        """What the rule selects, in words: ``match '*mlp*' ndim 2``."""
         parts = []
         if self.match:
             parts.append("match " + ", ".join(repr(g) for g in self.match))
@@ -292,10 +202,10 @@ class PlanRule:
             parts.append("component " + ", ".join(self.component))
         if self.ndim is not None:
             parts.append(f"ndim {self.ndim}")
-        return f"{' '.join(parts)} -> {scheme_label(self.action)}"
+        return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The rule in plan-file form (parses back with :func:`parse_plan_rule`)."""
+        """The rule in plan-file form (parses back with :func:`parse_rule`)."""
         out: dict[str, Any] = {}
         if self.match:
             out["match"] = list(self.match)
@@ -311,38 +221,13 @@ class PlanRule:
         return out
 
 
-def action_dict(action: Action) -> dict[str, Any]:
-    """The plan-file form of an action: ``{"format": ...}`` (plus ``scale_method``/``pad``)
-    that parses back to exactly ``action``; a Scheme the short form cannot say in full
-    (rounding, percentile, axis ...) as its ``to_dict()``."""
-    if action is None:
-        return {"format": KEEP}
-    if isinstance(action, Cast):
-        return {"format": action.describe()}
-    out: dict[str, Any] = {"format": scheme_label(action).split(" ")[0]}
-    method = action.scale_method.value
-    if action.scale_method not in (ScaleMethod.ABSMAX, ScaleMethod.MEANABS):
-        out["scale_method"] = method
-    if not action.pad:
-        out["pad"] = False
-    try:
-        again = scheme_from_spec(
-            out["format"], scale_method=out.get("scale_method"), pad=action.pad
-        )
-    except LowbitError:
-        again = None
-    if again != action:  # options the short form cannot say (rounding, percentile, axis...)
-        return {"format": action.to_dict()}
-    return out
-
-
-def parse_plan_rule(d: Any) -> PlanRule:
-    """A :class:`PlanRule` from a plan-file entry (see the module docstring for the fields).
+def parse_rule(d: Any) -> Rule:
+    """A :class:`Rule` from a plan-file entry (fields: see the module docstring).
 
     Raises:
-        LowbitError: unknown fields, a missing format, a bad scheme, glob, regex or component.
+        LowbitError: unknown fields, a missing format, a bad scheme, regex, component or ndim.
     """
-    if isinstance(d, PlanRule):
+    if isinstance(d, Rule):
         return d
     if not isinstance(d, Mapping):
         raise LowbitError(f"a plan rule must be an object, got {d!r}")
@@ -354,33 +239,104 @@ def parse_plan_rule(d: Any) -> PlanRule:
         )
     spec = d.get("format", d.get("scheme"))
     if spec is None:
-        raise LowbitError(f"plan rule {dict(d)!r} needs a format (a scheme, or 'keep')")
+        raise LowbitError(f"plan rule {_rule_text(d)} needs a format (a scheme, or 'keep')")
     globs, regexes = [], list(_as_tuple(d.get("regex")))
     for g in _as_tuple(d.get("match")):
         (regexes if g.startswith("re:") else globs).append(g[3:] if g.startswith("re:") else g)
-    ndim = d.get("ndim")
-    if ndim is not None and (isinstance(ndim, bool) or not isinstance(ndim, int)):
-        raise LowbitError(f"rule ndim must be an integer, got {ndim!r}")
-    pad = d.get("pad", True)
-    if not isinstance(pad, bool):
-        raise LowbitError(f"rule pad must be true or false, got {pad!r}")
+    pad = d.get("pad")
+    if pad is not None and not isinstance(pad, bool):
+        raise LowbitError(f"plan rule {_rule_text(d)}: pad must be true or false, got {pad!r}")
     method = d.get("scale_method")
+    if method is not None:
+        try:
+            method = ScaleMethod(str(method).strip().lower())
+        except ValueError:
+            allowed = ", ".join(m.value for m in ScaleMethod)
+            raise LowbitError(
+                f"plan rule {_rule_text(d)}: unknown scale_method {method!r}; allowed: {allowed}"
+            ) from None
     try:
-        action = scheme_from_spec(spec, scale_method=method, pad=pad)
+        action = parse_action(spec, scale_method=method, pad=pad)
+        if action is None and d.get("activations"):
+            raise LowbitError("'keep' takes no activations")
+        return Rule(
+            action=action,
+            match=tuple(globs),
+            regex=tuple(regexes),
+            component=_as_tuple(d.get("component")),
+            ndim=d.get("ndim"),
+            activations=activation_format(d.get("activations")),
+        )
     except LowbitError as exc:
         raise LowbitError(f"plan rule {_rule_text(d)}: {exc}") from None
-    if action is None and (method is not None or "pad" in d or d.get("activations")):
+
+
+def parse_plan(data: Any, where: str = "plan") -> tuple[tuple[Rule, ...], Action, str | None]:
+    """The parts of a plan: ``{"version": 1, "default": ..., "activations": ..., "rules":
+    [...]}``, or a bare list of rules.
+
+    Returns:
+        ``(rules, default, activations)``; the default is None (keep) when not given.
+
+    Raises:
+        LowbitError: unknown keys, another version, bad rules (named by number).
+    """
+    if isinstance(data, list):
+        data = {"rules": data}
+    if not isinstance(data, Mapping):
+        raise LowbitError(f"{where}: a plan is an object with 'rules' (and 'default')")
+    unknown = set(data) - _PLAN_KEYS
+    if unknown:
         raise LowbitError(
-            f"plan rule {_rule_text(d)}: 'keep' takes no scale_method, pad or activations"
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+            f"allowed: {', '.join(sorted(_PLAN_KEYS))}"
         )
-    return PlanRule(
-        action=action,
-        match=tuple(globs),
-        regex=tuple(regexes),
-        component=_as_tuple(d.get("component")),
-        ndim=ndim,
-        activations=activation_format(d.get("activations")),
-    )
+    if data.get("version", PLAN_VERSION) != PLAN_VERSION:
+        raise LowbitError(
+            f"{where}: plan version {data.get('version')!r}; this lowbit reads {PLAN_VERSION}"
+        )
+    rules = data.get("rules") or []
+    if not isinstance(rules, list):
+        raise LowbitError(f"{where}: 'rules' must be a list")
+    parsed = []
+    for i, r in enumerate(rules):
+        try:
+            parsed.append(parse_rule(r))
+        except LowbitError as exc:
+            raise LowbitError(f"{where}: rule {i + 1}: {exc}") from None
+    try:
+        default = _parse_default(data.get("default"))
+    except LowbitError as exc:
+        raise LowbitError(f"{where}: default: {exc}") from None
+    return tuple(parsed), default, activation_format(data.get("activations"))
+
+
+def load_plan_file(path: str | Path) -> tuple[tuple[Rule, ...], Action, str | None]:
+    """Read a plan file (JSON, or YAML for ``.yaml``/``.yml``): see :func:`parse_plan`.
+
+    Raises:
+        LowbitError: a missing or malformed file, or a bad plan.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise LowbitError(f"plan file {p} does not exist")
+    return parse_plan(read_data_file(p), where=str(p))
+
+
+def _parse_default(default: Any) -> Action:
+    """A plan's default: a scheme string, ``keep``, a Scheme dict, or ``{format,
+    scale_method, pad}``."""
+    if default is None:
+        return None
+    if (
+        isinstance(default, Mapping)
+        and "format" in default
+        and set(default) <= {"format", "scale_method", "pad"}
+    ):
+        return parse_action(
+            default["format"], scale_method=default.get("scale_method"), pad=default.get("pad")
+        )
+    return parse_action(default)
 
 
 def _rule_text(d: Mapping[str, Any]) -> str:

@@ -6,25 +6,74 @@ and scales; ``Scheme.to_dict`` / ``Scheme.from_dict`` round-trip it through JSON
 scales, ``axis`` alone per-channel scales, an ``mx*`` format the OCP MX block layout
 (32 values along the last axis), ``nf4`` QLoRA's blocks of 64, and ``binary`` /
 ``ternary`` the mean-absolute scale of BNN/TWN work.
+
+A Scheme also knows what it costs to store (:meth:`Scheme.n_scales`,
+:meth:`Scheme.tensor_bytes`, :attr:`Scheme.bits_per_value`): the planner prices models with
+the same objects the quantizer quantizes with, and :attr:`Scheme.label` is the one short text
+form (``int4:g128:fp16:asym``; :mod:`lowbit.quant.scheme_text` parses it back). A
+:class:`Cast` (``bf16``, ``fp16``, ``fp32``) stores values in a plain float type with no
+scale: it has the same storage protocol but is not a Scheme, since nothing is scaled.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from lowbit.errors import LowbitError
+from lowbit.formats.base import Format
+from lowbit.formats.catalog import format as _lookup
 from lowbit.formats.enums import as_rounding
+from lowbit.formats.mx import is_mx_name, mx_format
+from lowbit.quant.nf4 import DQ_BLOCK
 
 if TYPE_CHECKING:
-    from lowbit.formats.base import Format
     from lowbit.quant.tensor import QuantizedTensor
+
+__all__ = [
+    "CAST_FORMATS",
+    "DQ_BLOCK",
+    "SCALE_FORMATS",
+    "SCHEME_VERSION",
+    "Cast",
+    "Granularity",
+    "ScaleMethod",
+    "Scheme",
+    "canonical_scale_format",
+    "short_name",
+]
 
 SCHEME_VERSION = 1
 
 #: Formats a scale may be stored in (canonical names).
 SCALE_FORMATS = ("float32", "float16", "bfloat16", "float8_e8m0fnu")
+#: Formats a plain cast (no scale) may store, with their safetensors dtype names.
+CAST_FORMATS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+# QLoRA double quantization (lowbit.quant.nf4): each block scale becomes an index into the
+# 256-entry dynamic map (a uint8 code), with one float32 absmax per DQ_BLOCK codes and one
+# float32 mean offset per tensor.
+_DQ_CODE_FORMAT = "uint8"
+_DQ_STATE_FORMAT = "float32"
+
+# The names labels use: the short names people type, where the catalog has one.
+_SHORT = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
+          "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "float6_e3m2fn": "fp6_e3m2",
+          "float6_e2m3fn": "fp6_e2m3", "float4_e2m1fn": "fp4", "float8_e8m0fnu": "e8m0",
+          "tensorfloat32": "tf32"}  # fmt: skip
+
+
+def short_name(name: str) -> str:
+    """The name a label shows for a canonical format name (``float16`` -> ``fp16``)."""
+    return _SHORT.get(name, name)
+
+
+def _bits(name: str) -> int:
+    """Bits one stored value of a catalog format occupies (TF32: its 32-bit container)."""
+    fmt = _lookup(name)
+    return int(getattr(fmt, "container", None) or fmt.bits)
 
 
 class Granularity(str, Enum):
@@ -70,11 +119,13 @@ def _enum(cls: type[Enum], value: Any, what: str) -> Any:
 
 
 def canonical_scale_format(name: str) -> str:
-    """Canonical name of a scale format (aliases such as ``fp16``, ``bf16``, ``e8m0``)."""
-    from lowbit.formats.catalog import format as lookup
+    """Canonical name of a scale format (aliases such as ``fp16``, ``bf16``, ``e8m0``).
 
+    Raises:
+        LowbitError: a format scales cannot be stored in (the message lists the allowed ones).
+    """
     try:
-        canon = lookup(name).name
+        canon = _lookup(name).name
     except LowbitError:
         canon = str(name)
     if canon not in SCALE_FORMATS:
@@ -123,8 +174,6 @@ class Scheme:
     pad: bool = True
 
     def __post_init__(self) -> None:
-        from lowbit.formats.mx import is_mx_name, mx_format
-
         set_ = object.__setattr__
         if not isinstance(self.format, str):
             set_(self, "format", getattr(self.format, "name", str(self.format)))
@@ -133,9 +182,7 @@ class Scheme:
         if mx:
             name = mx_format(name).name
         else:
-            from lowbit.formats.catalog import format as lookup
-
-            name = lookup(name).name
+            name = _lookup(name).name
         set_(self, "format", name)
         set_(self, "rounding", as_rounding(self.rounding).value)
         if self.axis is not None:
@@ -196,7 +243,7 @@ class Scheme:
 
         method = self.scale_method
         if method is None:
-            method = ScaleMethod.MEANABS if name in ("binary", "ternary") else ScaleMethod.ABSMAX
+            method = _default_method(name)
         method = _enum(ScaleMethod, method, "scale method")
         set_(self, "scale_method", method)
         if mx and method is not ScaleMethod.ABSMAX:
@@ -247,37 +294,112 @@ class Scheme:
     @property
     def element_format(self) -> Format:
         """The format each value is stored in (for MX: the element format)."""
-        from lowbit.formats.mx import is_mx_name, mx_format
-
         if is_mx_name(self.format):
             return mx_format(self.format).element
-        from lowbit.formats.catalog import format as lookup
+        return _lookup(self.format)
 
-        return lookup(self.format)
+    @property
+    def element_bits(self) -> int:
+        """Bits one stored element (code) costs."""
+        return int(self.element_format.bits)
 
     @property
     def scale_bits(self) -> int:
-        """Bits one stored scale costs."""
-        return {"float32": 32, "float16": 16, "bfloat16": 16, "float8_e8m0fnu": 8}[
-            self.scale_format
-        ]
+        """Bits one stored scale costs (the scale format's width; for double quantization the
+        8-bit code each block scale becomes)."""
+        return _bits(_DQ_CODE_FORMAT if self.double_quant else self.scale_format)
+
+    @property
+    def zero_point_bits(self) -> int:
+        """Bits one stored zero point costs: the element width when asymmetric, else 0."""
+        return 0 if self.symmetric else self.element_bits
 
     @property
     def bits_per_value(self) -> float:
         """Bits per value for a tensor whose size divides the groups: element bits plus
         the scale (and zero point) overhead per group. Tensor and channel scales are
         amortised over sizes this scheme does not know, so they count as zero here
-        (``QuantizedTensor.bits_per_value`` has the exact figure)."""
-        bits = float(self.element_format.bits)
+        (:meth:`tensor_bytes` and ``QuantizedTensor.bits_per_value`` have exact figures)."""
+        bits = float(self.element_bits)
         if self.granularity in (Granularity.GROUP, Granularity.BLOCK):
             g = float(self.group_size or 1)
+            scale = float(self.scale_bits)
             if self.double_quant:
-                bits += 8.0 / g + 32.0 / (g * 256)
-            else:
-                bits += self.scale_bits / g
-            if not self.symmetric:
-                bits += self.element_format.bits / g
+                scale += _bits(_DQ_STATE_FORMAT) / DQ_BLOCK
+            bits += (scale + self.zero_point_bits) / g
         return bits
+
+    def n_scales(self, shape: Sequence[int]) -> int:
+        """How many scales ``lowbit.quantize`` stores for a tensor of this shape.
+
+        Tensor: one. Channel: one per index along ``axis``. Group/block: ``ceil(L / G)`` per
+        line along ``axis`` (the last group padded, as ``quantize`` does). An empty tensor: 0.
+
+        Raises:
+            LowbitError: ``axis`` out of range for the shape.
+        """
+        shape = tuple(int(s) for s in shape)
+        n = math.prod(shape)
+        if n == 0:
+            return 0
+        if self.granularity is Granularity.TENSOR:
+            return 1
+        axis = int(self.axis)  # type: ignore[arg-type]
+        if not shape or not -len(shape) <= axis < len(shape):
+            raise LowbitError(f"axis {axis} is out of range for a tensor of shape {shape}")
+        along = shape[axis]
+        if self.granularity is Granularity.CHANNEL:
+            return along
+        return (n // along) * -(-along // int(self.group_size))  # type: ignore[arg-type]
+
+    def tensor_bytes(self, shape: Sequence[int]) -> int:
+        """Bytes ``lowbit.quantize`` stores for a tensor of this shape: packed codes, scales,
+        zero points and double-quantization state (equals ``QuantizedTensor.nbytes``).
+
+        Raises:
+            LowbitError: ``axis`` out of range for the shape.
+        """
+        n = math.prod(int(s) for s in shape)
+        s = self.n_scales(shape)
+        scale_bits = s * self.scale_bits
+        if self.double_quant:
+            scale_bits += (-(-s // DQ_BLOCK) + 1) * _bits(_DQ_STATE_FORMAT)
+        return (
+            -(-n * self.element_bits // 8) + -(-scale_bits // 8) + -(-s * self.zero_point_bits // 8)
+        )
+
+    @property
+    def label(self) -> str:
+        """The scheme's one short text form, e.g. ``int4:g128:fp16:asym``, ``int8:ch:fp32``,
+        ``nf4:g64:fp32:dq``, ``mxfp4``; :func:`lowbit.quant.scheme_text.parse_scheme` reads it
+        back to an equal scheme unless percentile, k_std, rounding or pad differ from their
+        defaults (``to_dict`` says everything).
+
+        Grammar: ``FORMAT[:gN|:ch|:t][:axA][:SCALEFMT][:asym][:dq][:restricted][:METHOD]``;
+        the axis appears when not the default (0 per channel, -1 for groups), the scale
+        format always (MX: E8M0, implied), the scale method when not the format's default.
+        """
+        parts = [self.format if self.is_mx else short_name(self.format)]
+        if self.granularity is Granularity.GROUP:
+            parts.append(f"g{self.group_size}")
+        elif self.granularity is Granularity.CHANNEL:
+            parts.append("ch")
+        elif self.granularity is Granularity.TENSOR:
+            parts.append("t")
+        default_axis = 0 if self.granularity is Granularity.CHANNEL else -1
+        if self.granularity is not Granularity.TENSOR and self.axis != default_axis:
+            parts.append(f"ax{self.axis}")
+        if not self.is_mx:
+            parts.append(short_name(self.scale_format))
+        if not self.symmetric:
+            parts.append("asym")
+        if self.double_quant:
+            parts.append("dq")
+        if self.restricted_range:
+            parts.append("restricted")
+        if self.scale_method is not _default_method(self.format):
+            parts.append(self.scale_method.value)
+        return ":".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict with every field and ``"version"``."""
@@ -317,18 +439,75 @@ class Scheme:
         return quantize(x, self, seed=seed, nan=nan)
 
     def describe(self) -> str:
-        """A short human label, e.g. ``int4 g128 fp16`` or ``mxfp4``."""
-        parts = [self.format]
-        if self.granularity is Granularity.GROUP:
-            parts.append(f"g{self.group_size}")
-        elif self.granularity is Granularity.CHANNEL:
-            parts.append(f"per-channel(axis={self.axis})")
-        if self.scale_method not in (ScaleMethod.ABSMAX, ScaleMethod.MEANABS):
-            parts.append(self.scale_method.value)
-        if not self.symmetric:
-            parts.append("asym")
-        if self.double_quant:
-            parts.append("dq")
-        if self.scale_format not in ("float32", "float8_e8m0fnu"):
-            parts.append({"float16": "fp16", "bfloat16": "bf16"}[self.scale_format])
-        return " ".join(parts)
+        """The scheme's label (:attr:`label`), e.g. ``int4:g128:fp16`` or ``mxfp4``."""
+        return self.label
+
+
+def _default_method(name: str) -> ScaleMethod:
+    return ScaleMethod.MEANABS if name in ("binary", "ternary") else ScaleMethod.ABSMAX
+
+
+@dataclass(frozen=True)
+class Cast:
+    """Store a tensor in a plain float type with no scale (``bf16``, ``fp16``, ``fp32``).
+
+    Not a :class:`Scheme` (nothing is scaled), but it answers the same storage questions, so
+    the planner and precision plans price both alike.
+
+    Args:
+        dtype: ``float32`` | ``float16`` | ``bfloat16`` (aliases accepted).
+
+    Raises:
+        LowbitError: any other format.
+    """
+
+    dtype: str
+
+    def __post_init__(self) -> None:
+        name = _lookup(str(self.dtype)).name
+        if name not in CAST_FORMATS:
+            raise LowbitError(
+                f"a plain cast stores float32, float16 or bfloat16, not {name}; "
+                f"scale narrower formats (e.g. {short_name(name)}:ch)"
+            )
+        object.__setattr__(self, "dtype", name)
+
+    @property
+    def format(self) -> str:
+        """The canonical format name (as :attr:`Scheme.format`)."""
+        return self.dtype
+
+    @property
+    def element_format(self) -> Format:
+        return _lookup(self.dtype)
+
+    @property
+    def element_bits(self) -> int:
+        return _bits(self.dtype)
+
+    @property
+    def bits(self) -> int:
+        return self.element_bits
+
+    @property
+    def bits_per_value(self) -> float:
+        return float(self.element_bits)
+
+    def n_scales(self, shape: Sequence[int]) -> int:
+        return 0
+
+    def tensor_bytes(self, shape: Sequence[int]) -> int:
+        """Bytes of the cast tensor: ``numel * bits / 8``."""
+        return -(-math.prod(int(s) for s in shape) * self.element_bits // 8)
+
+    @property
+    def label(self) -> str:
+        """``bf16``, ``fp16`` or ``fp32`` (parses back to this cast)."""
+        return short_name(self.dtype)
+
+    def describe(self) -> str:
+        return self.label
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"format": NAME, "cast": true}``."""
+        return {"format": self.dtype, "cast": True}
