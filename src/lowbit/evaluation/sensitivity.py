@@ -39,7 +39,7 @@ from lowbit.checkpoints.quantize_model import plan_model, quantized_weights
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation.models import build_model, gguf_to_hf_name, unpermute_qk
-from lowbit.quant.plan import PrecisionPlan, scheme_label
+from lowbit.quant.plan import PrecisionPlan
 
 __all__ = [
     "Calibration",
@@ -538,7 +538,7 @@ def sensitivity(
             entries.append(
                 SensitivityEntry(
                     tensor=t.name,
-                    scheme=scheme_label(t.scheme),
+                    scheme=t.scheme.label,
                     numel=qt.numel,
                     bits=qt.nbytes * 8,
                     proxy=proxy,
@@ -560,7 +560,7 @@ def sensitivity(
         measure=measure,
         metric=metric if measure == "exact" else "proxy: sum_j E[x_j^2] * ||W_j - Q(W)_j||^2",
         calibration=calibration.label,
-        schemes=tuple(scheme_label(a.quantized[0].scheme) for _, a in plans),
+        schemes=tuple(a.quantized[0].scheme.label for _, a in plans),
         entries=tuple(entries),
         seconds=seconds,
     )
