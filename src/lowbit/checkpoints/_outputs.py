@@ -100,16 +100,17 @@ def check_not_input(
         LowbitError: naming the output and the input it would destroy.
     """
     target = _real(Path(out))
+    clashes = []
     for given in inputs:
         src = _real(Path(given))
         if target == src:
-            why = "is"
+            clashes.append((0, "is", given))
         elif target in src.parents:
-            why = "contains"
+            clashes.append((1, "contains", given))
         elif src in target.parents:
-            why = "lies inside"
-        else:
-            continue
+            clashes.append((2, "lies inside", given))
+    if clashes:
+        _, why, given = min(clashes, key=lambda c: c[0])  # the most direct relation
         raise LowbitError(
             f"--{flag} {out} {why} the input {given}; writing it would destroy the input. "
             f"Choose another --{flag}"
@@ -326,7 +327,7 @@ def _writing(target: Path, work: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         named = str(exc.filename or "")
-        ours = not named or named.startswith((str(work), str(target)))
+        ours = not named or named.startswith((str(work), str(target), str(lock_path(target))))
         if exc.errno in _WRITE_ERRNOS or (exc.errno in (errno.EACCES, errno.EPERM) and ours):
             raise LowbitError(
                 f"cannot write {target}: {exc.strerror or exc} (nothing was written)"
