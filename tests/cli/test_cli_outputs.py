@@ -294,3 +294,43 @@ def test_kill_9_at_random_moments_never_loses_the_output(hf: Path, tmp_path: Pat
         f.close()  # type: ignore[union-attr]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["X", "hf"]
     assert _complete(out) == "int8:ch:fp32"
+
+
+# ------------------------------------------------------------------------ plots
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("compare", "--size", "1024", "--formats", "int4,int8"),
+        ("plan", "--params", "1B", "--precisions", "bf16,int4"),
+    ],
+    ids=lambda c: c[0],
+)
+def test_plot_outputs_take_overwrite(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """--plot refuses an existing file without --overwrite, replaces a plot lowbit drew with
+    it, and never replaces an image lowbit did not draw."""
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    assert _run(*command, "--plot", str(png))[0] == 0
+    code, _, err = _run(*command, "--plot", str(png))
+    assert code == 2 and "already exists" in _one_error_line(err)
+    assert _run(*command, "--plot", str(png), "--overwrite")[0] == 0
+    photo = tmp_path / "holiday.png"
+    photo.write_bytes(b"\x89PNG\r\n\x1a\n my holiday")
+    code, _, err = _run(*command, "--plot", str(photo), "--overwrite")
+    assert code == 2 and "not a plot lowbit drew" in _one_error_line(err)
+    assert photo.read_bytes() == b"\x89PNG\r\n\x1a\n my holiday"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["holiday.png", "p.png"]
+
+
+def test_train_lab_refuses_its_plot_before_training(tmp_path: Path) -> None:
+    """train-lab checks --plot before minutes of training, not after."""
+    png = tmp_path / "curves.png"
+    png.write_bytes(b"mine")
+    start = time.monotonic()
+    code, _, err = _run("train-lab", "--recipes", "fp32", "--steps", "400", "--quiet",
+                        "--plot", str(png))  # fmt: skip
+    assert code == 2 and "already exists" in _one_error_line(err)
+    assert time.monotonic() - start < 20
+    assert png.read_bytes() == b"mine"

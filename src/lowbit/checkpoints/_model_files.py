@@ -112,7 +112,13 @@ def _entries(folder: Path) -> list[tuple[str, Path]]:
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         full = Path(entry.path)
         if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
-            for sub in sorted(os.scandir(full), key=lambda e: e.name):
+            try:
+                subs = sorted(os.scandir(full), key=lambda e: e.name)
+            except OSError:
+                subs = []
+            if not subs:
+                out.append((entry.name + "/", full))
+            for sub in subs:
                 rel = f"{entry.name}/{sub.name}"
                 out.append(
                     (rel + ("/" if sub.is_dir(follow_symlinks=False) else ""), Path(sub.path))

@@ -133,6 +133,8 @@ def lowbit_made(path: str | os.PathLike[str]) -> str | None:
         return "it is not a regular file or folder"
     if p.suffix == ".gguf":
         return None if _gguf_marked(p) else "its GGUF metadata has no lowbit.writer mark"
+    if p.suffix.lower() in _FIGURE_MARKS:
+        return None if _figure_marked(p) else "it is not a plot lowbit drew (no lowbit mark)"
     meta = _safetensors_metadata(p)
     if meta is not None and (WRITER_KEY in meta or "lowbit" in meta):
         return None
@@ -228,9 +230,64 @@ def _gguf_marked(path: Path) -> bool:
     return isinstance(metadata.get(WRITER_KEY), (str, bytes))
 
 
+# the metadata key matplotlib writes per image format, and how the mark appears in the file
+_FIGURE_MARKS = {
+    ".png": ("Software", b"tEXtSoftware\x00lowbit "),
+    ".pdf": ("Creator", b"/Creator (lowbit "),
+    ".svg": ("Creator", b"<dc:title>lowbit "),
+}
+
+
+def _figure_marked(p: Path, limit: int = 256 * 2**20) -> bool:
+    try:
+        if p.stat().st_size > limit:
+            return False
+        return _FIGURE_MARKS[p.suffix.lower()][1] in p.read_bytes()
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------------------
+
+
+def check_output(
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    kind: str = "file",
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """The checks :func:`output_file` / :func:`output_dir` make, done early: a command that
+    works for minutes before writing calls it first so a bad ``--out`` fails at once.
+
+    Raises:
+        LowbitError: an empty path, a missing directory, an input as output, an existing
+            output without ``overwrite`` or not written by lowbit.
+    """
+    target = Path(path)
+    if not str(path) or target.name in ("", ".", ".."):
+        raise LowbitError(f"output path {str(path)!r} names no file or folder")
+    if not target.parent.is_dir():
+        raise LowbitError(f"cannot write {target}: directory {target.parent} does not exist")
+    check_not_input(target, inputs)
+    _check_existing(target, kind, overwrite)
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], *, overwrite: bool = False,
+                dpi: int = 120) -> None:  # fmt: skip
+    """Save a matplotlib figure through :func:`output_file`, marked as lowbit's (PNG
+    ``Software``, PDF/SVG ``Creator``) so ``overwrite`` may replace it later.
+
+    Raises:
+        LowbitError: as :func:`output_file`.
+    """
+    target = Path(path)
+    fmt = target.suffix.lower().lstrip(".") or "png"
+    key = _FIGURE_MARKS.get("." + fmt, (None,))[0]
+    with output_file(target, overwrite=overwrite) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=fmt, metadata={key: writer_tag()} if key else None)
 
 
 @contextlib.contextmanager
@@ -355,6 +412,15 @@ def _check_existing(target: Path, kind: str, overwrite: bool) -> None:
 
 
 def _umask_mode(base: int) -> int:
+    """``base`` minus the process umask (read from /proc where it can be: setting the umask to
+    read it would briefly change it for every thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return base & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return base & ~mask

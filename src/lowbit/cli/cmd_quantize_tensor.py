@@ -33,7 +33,8 @@ examples:
 
 --out writes the codes, scales and zero points as safetensors arrays named
 TENSOR.codes, TENSOR.scale, ... with the scheme in the file's metadata (key "lowbit"),
-which lowbit.quant.tensor.QuantizedTensor.from_arrays reads back bit for bit.
+which lowbit.quant.tensor.QuantizedTensor.from_arrays reads back bit for bit. --out may not be
+the source file; an existing --out needs --overwrite, which replaces only a file lowbit wrote.
 """
 
 
