@@ -209,6 +209,32 @@ def test_only_model_files_are_copied(hf: Path, tmp_path: Path) -> None:
     assert "root:x" not in "".join(p.read_text(errors="replace") for p in out.rglob("*.txt"))
 
 
+def test_a_safetensors_file_input_copies_from_its_folder(hf: Path, tmp_path: Path) -> None:
+    """A .safetensors input with config.json beside it: the same allowlist applies to the
+    folder it lies in."""
+    (hf / "notes.txt").write_text("private")
+    result = quantize_model(hf / "model.safetensors", INT8, tmp_path / "q", progress=False)
+    assert result["copied_files"] == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert [e["file"] for e in result["left_out"]] == ["notes.txt"]
+
+
+def test_hugging_face_cache_links_into_blobs_are_followed(hf: Path, tmp_path: Path) -> None:
+    """A cache snapshot's files are links into the repository's blobs/: they are copied."""
+    repo = tmp_path / "models--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    for f in sorted(hf.iterdir()):
+        blob = repo / "blobs" / f"sha-{f.name}"
+        blob.write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(Path("../../blobs") / blob.name)
+    out = tmp_path / "q"
+    result = quantize_model(snap, INT8, out, progress=False)
+    assert result["copied_files"] == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert not (out / "config.json").is_symlink()
+    assert (out / "config.json").read_bytes() == (hf / "config.json").read_bytes()
+
+
 def test_copy_code_copies_python_files(hf: Path, tmp_path: Path) -> None:
     """copy_code=True (``--copy-code``) adds the folder's top-level .py files, nothing else."""
     (hf / "modeling_tiny.py").write_text("class Tiny: ...")
