@@ -302,7 +302,7 @@ def test_kill_9_at_random_moments_never_loses_the_output(hf: Path, tmp_path: Pat
 @pytest.mark.parametrize(
     "command",
     [
-        ("compare", "--size", "1024", "--formats", "int4,int8"),
+        ("compare", "--size", "1024", "--formats", "int4,int8", "--group", "64"),
         ("plan", "--params", "1B", "--precisions", "bf16,int4"),
     ],
     ids=lambda c: c[0],

@@ -149,10 +149,12 @@ def _dir_problem(p: Path) -> str | None:
     if manifest.is_file() and not manifest.is_symlink():
         doc = _small_json(manifest)
         if isinstance(doc, dict) and doc.get("format") == "lowbit-checkpoint":
-            if "copied_files" not in doc:  # written before lowbit listed what it copied
-                return None
+            checksums = doc.get("checksums")
+            if "copied_files" not in doc and not isinstance(checksums, dict):
+                return None  # written before lowbit recorded its files: the manifest suffices
             allowed = {_LOWBIT_JSON, "source_metadata.gguf"}
             allowed.update(str(f) for f in doc.get("copied_files") or [] if isinstance(f, str))
+            allowed.update(str(f) for f in (checksums if isinstance(checksums, dict) else {}))
             for f in doc.get("files") or []:
                 name = f if isinstance(f, str) else f.get("name") if isinstance(f, dict) else None
                 if isinstance(name, str):
