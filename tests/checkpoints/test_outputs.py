@@ -376,6 +376,26 @@ def test_recover_completes_an_interrupted_two_step_replacement(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 
 
+def test_debris_of_lowbit_0_1_is_recovered(hf: Path, tmp_path: Path) -> None:
+    """The writers before this module left OUT.old-X/OUT (OUT missing after a kill between
+    their two renames) and partial OUT.tmp-X folders: the previous output is restored, the
+    partial one removed."""
+    out = tmp_path / "q"
+    quantize_model(hf, INT8, out, progress=False)
+    old = tmp_path / "q.old-abcd1234"
+    old.mkdir()
+    os.rename(out, old / "q")
+    partial = tmp_path / "q.tmp-wxyz9876"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes((old / "q" / "model.safetensors").read_bytes())
+    with pytest.warns(UserWarning) as caught:
+        quantize_model(hf, INT4, out, overwrite=True, progress=False)
+    said = " ".join(str(w.message) for w in caught)
+    assert f"restored {out} from {old}" in said and f"removed {partial}" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "q"]
+    assert "int4" in _plan_of(out)
+
+
 def test_unmarked_lookalikes_are_left_alone(tmp_path: Path) -> None:
     """A folder named like debris but without lowbit's mark is never deleted, only named."""
     mine = tmp_path / "o.tmp-12345678"

@@ -15,7 +15,9 @@ An output ``OUT`` (a folder or a file) is written in four steps:
    first. The lock file is removed when the run ends (a killed run's is removed by the next).
 3. **Debris.** Temporary folders ``OUT.tmp-XXXXXXXX`` left by a killed run (marked by the
    ``.lowbit-output`` file inside them) are completed or rolled back and removed, with a
-   ``UserWarning`` saying what was done; similar names without the mark are left alone and
+   ``UserWarning`` saying what was done; so is the debris of lowbit 0.1's writers
+   (``OUT.old-X/OUT`` is restored when ``OUT`` is missing; a complete or lowbit-shard-only
+   ``OUT.tmp-X`` is moved in or removed). Similar names without such marks are left alone and
    named in a warning.
 4. **Write and swap.** The new output is written inside ``OUT.tmp-XXXXXXXX/new``; when it is
    complete the empty file ``.lowbit-complete`` is added, then ``new`` is swapped with ``OUT``
@@ -514,7 +516,7 @@ def recover(target: str | os.PathLike[str]) -> list[str]:
         One message per thing done or left alone.
     """
     target = Path(target)
-    pattern = re.compile(re.escape(target.name) + r"\.(tmp|old)-[A-Za-z0-9_]+")
+    pattern = re.compile(r"\.?" + re.escape(target.name) + r"\.(tmp|old)-[A-Za-z0-9_]+")
     done = []
     try:
         siblings = sorted(os.listdir(target.parent))
@@ -524,6 +526,10 @@ def recover(target: str | os.PathLike[str]) -> list[str]:
         if not pattern.fullmatch(name):
             continue
         work = target.parent / name
+        legacy = _legacy(work, target)
+        if legacy is not None:
+            done.append(legacy)
+            continue
         if work.is_symlink() or not work.is_dir() or not _marked(work, target.name):
             done.append(
                 f"{work} looks like an interrupted write of {target.name} but has no lowbit "
@@ -545,6 +551,44 @@ def recover(target: str | os.PathLike[str]) -> list[str]:
             f"removed {work}, left by an interrupted lowbit run ({size / 1e6:.1f} MB){restored}"
         )
     return done
+
+
+def _legacy(work: Path, target: Path) -> str | None:
+    """Debris of lowbit 0.1's writers (no mark): ``TARGET.old-XXXXXXXX/TARGET`` holding the
+    previous output (restored if ``TARGET`` is missing: a kill between its two renames), and a
+    ``TARGET.tmp-XXXXXXXX`` folder that is a complete lowbit checkpoint or holds only
+    safetensors shards lowbit's checkpoint writer began. None when ``work`` is neither."""
+    if work.is_symlink() or not work.is_dir() or (work / MARKER).exists():
+        return None
+    try:
+        entries = os.listdir(work)
+    except OSError:
+        return None
+    if work.name.startswith(f"{target.name}.old-") and entries == [target.name]:
+        inner = work / target.name
+        if lowbit_made(inner) is not None:
+            return None
+        if not os.path.lexists(target):
+            os.rename(inner, target)
+            work.rmdir()
+            return f"restored {target} from {work}, left by an interrupted lowbit run"
+        size = _size(work)
+        shutil.rmtree(work)
+        return f"removed {work}, left by an interrupted lowbit run ({size / 1e6:.1f} MB)"
+    if work.name.startswith(f"{target.name}.tmp-") and entries:
+        shards = all(
+            e.endswith(".safetensors") and (_safetensors_metadata(work / e) or {}).get("format")
+            == "lowbit" for e in entries
+        )  # fmt: skip
+        complete = (work / _LOWBIT_JSON).is_file() and lowbit_made(work) is None
+        if complete and not os.path.lexists(target):  # killed just before its rename
+            os.rename(work, target)
+            return f"moved {work}, a complete checkpoint an interrupted run left, to {target}"
+        if complete or shards:
+            size = _size(work)
+            shutil.rmtree(work)
+            return f"removed {work}, left by an interrupted lowbit run ({size / 1e6:.1f} MB)"
+    return None
 
 
 def _marked(work: Path, target_name: str) -> bool:
