@@ -468,3 +468,14 @@ def test_loaded_after_overwrite(hf: Path, tmp_path: Path) -> None:
     ck = LowbitCheckpoint(out)
     assert all(np.isfinite(ck.get(n)).all() for n in ck.names() if ck.get(n).dtype.kind == "f")
     assert "int4" in _plan_of(out)
+
+
+def test_write_gguf_never_writes_over_its_source(tmp_path: Path) -> None:
+    """write_gguf(path, source=path, overwrite=True) is refused even for a lowbit-made file."""
+    path = write_gguf(tmp_path / "m.gguf", {"x": np.ones(4, np.float32)}, arch="llama",
+                      progress=False)  # fmt: skip
+    before = path.read_bytes()
+    with pytest.raises(LowbitError, match="is the input"):
+        write_gguf(path, {"y": np.ones(4, np.float32)}, source=path, overwrite=True,
+                   progress=False)  # fmt: skip
+    assert path.read_bytes() == before

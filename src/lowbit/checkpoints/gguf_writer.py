@@ -394,7 +394,8 @@ def write_gguf(
             None,
         )
 
-    with atomic_file(path, overwrite=overwrite) as tmp:
+    inputs = [source] if isinstance(source, (str, os.PathLike)) else []  # never written over
+    with atomic_file(path, overwrite=overwrite, inputs=inputs) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         try:
             for key, (value, vtype, sub) in typed.items():
