@@ -260,9 +260,13 @@ def _complete(out: Path) -> str:
 
 def test_kill_9_at_random_moments_never_loses_the_output(hf: Path, tmp_path: Path) -> None:
     """kill -9 at 20 seeded random moments of `lowbit quantize TINY --out X --overwrite`
-    always leaves X a complete old or new checkpoint; the next run leaves no debris."""
+    always leaves X a complete old or new checkpoint; the next run leaves no debris.
+
+    The plans alternate between bf16 and fp16 casts: the checkpoint goes through the same
+    writer as a quantized one, and a run costs about a third of an int8 one (no kernels to
+    load), which keeps 20 kills within a minute on a loaded machine."""
     out = tmp_path / "X"
-    schemes = ["int8", "int4:g32"]
+    schemes = ["bf16", "fp16"]
 
     def start(scheme: str) -> Any:
         return _lowbit("quantize", str(hf), "--to", scheme, "--out", str(out), "--overwrite",
@@ -279,7 +283,7 @@ def test_kill_9_at_random_moments_never_loses_the_output(hf: Path, tmp_path: Pat
     for i in range(20):
         new = schemes[(i + 1) % 2]
         proc = start(new)
-        time.sleep(rng.uniform(0.2, 1.6) * full)  # some land after the end
+        time.sleep(rng.uniform(0.25, 1.05) * full)  # mostly while writing, a few after the end
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
         for f in (proc.stdout, proc.stderr):
@@ -287,13 +291,13 @@ def test_kill_9_at_random_moments_never_loses_the_output(hf: Path, tmp_path: Pat
         plans.add(_complete(out))  # loads completely: never missing, never partial
         debris = [p.name for p in tmp_path.iterdir() if p.name not in ("hf", "X")]
         assert all(".tmp-" in d or d == ".X.lowbit-lock" for d in debris), debris
-    assert plans <= {"int8:ch:fp32", "int4:g32:fp32"}
-    last = start("int8")
+    assert plans <= {"bf16", "fp16"}
+    last = start("bf16")
     assert last.wait(timeout=300) == 0
     for f in (last.stdout, last.stderr):
         f.close()  # type: ignore[union-attr]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["X", "hf"]
-    assert _complete(out) == "int8:ch:fp32"
+    assert _complete(out) == "bf16"
 
 
 # ------------------------------------------------------------------------ plots
