@@ -31,6 +31,9 @@ Files and folders follow the umask. An ``OSError`` while writing (disk full, rea
 system, permission denied) becomes one :class:`~lowbit.errors.LowbitError` naming ``OUT``, with
 the temporary output removed.
 
+What counts as written by lowbit is in ``lowbit.checkpoints._output_marks``; the clean-up of
+interrupted runs in ``lowbit.checkpoints._output_debris``.
+
 These guarantees hold against the process being killed at any point; they do not order writes
 against a power failure (no ``fsync``).
 """
@@ -42,9 +45,6 @@ import ctypes
 import errno
 import json
 import os
-import re
-import shutil
-import struct
 import sys
 import tempfile
 import warnings
@@ -59,33 +59,38 @@ try:
 except ImportError:  # pragma: no cover - Windows: no advisory locks, outputs still atomic
     fcntl = None  # type: ignore[assignment]
 
-WRITER_KEY = "lowbit.writer"  # safetensors __metadata__ / GGUF metadata: which lowbit wrote it
-FILES_KEY = "lowbit.files"  # safetensors __metadata__ of a folder's shards: the folder's files
-MARKER = ".lowbit-output"
-COMPLETE = ".lowbit-complete"
-_LOWBIT_JSON = "lowbit.json"
-_SHARD = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
+from lowbit.checkpoints._output_debris import COMPLETE, MARKER, _remove_work, recover
+from lowbit.checkpoints._output_marks import (
+    _FIGURE_MARKS,
+    FILES_KEY,
+    WRITER_KEY,
+    lowbit_made,
+    writer_metadata,
+    writer_tag,
+)
+
+__all__ = [  # the names the writers and the CLI use
+    "COMPLETE",
+    "FILES_KEY",
+    "MARKER",
+    "WRITER_KEY",
+    "check_not_input",
+    "check_output",
+    "lock_path",
+    "lowbit_made",
+    "output_dir",
+    "output_file",
+    "recover",
+    "save_figure",
+    "writer_metadata",
+    "writer_tag",
+]
+
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 # errors that can only come from writing the output, whichever file they name
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
-
-
-def writer_tag() -> str:
-    """The value of the ``lowbit.writer`` mark: ``lowbit <version>``."""
-    from lowbit import __version__
-
-    return f"lowbit {__version__}"
-
-
-def writer_metadata(files: Iterable[str] | None = None) -> dict[str, str]:
-    """Safetensors ``__metadata__`` entries that mark a file as lowbit's (and, for the shards of a
-    folder, list every file of that folder so a later ``overwrite`` can tell them from others)."""
-    meta = {WRITER_KEY: writer_tag()}
-    if files is not None:
-        meta[FILES_KEY] = json.dumps(sorted(files))
-    return meta
 
 
 # ---------------------------------------------------------------------------------------
@@ -121,134 +126,6 @@ def check_not_input(
 
 def _real(p: Path) -> Path:
     return Path(os.path.realpath(p))
-
-
-def lowbit_made(path: str | os.PathLike[str]) -> str | None:
-    """Why an existing path may not be replaced: ``None`` when lowbit wrote it (and nothing else
-    was added to it), otherwise a reason for the error message."""
-    p = Path(path)
-    if p.is_symlink():
-        return "it is a symbolic link (lowbit replaces only what it wrote, never a link)"
-    if p.is_dir():
-        return _dir_problem(p)
-    if not p.is_file():
-        return "it is not a regular file or folder"
-    if p.suffix == ".gguf":
-        return None if _gguf_marked(p) else "its GGUF metadata has no lowbit.writer mark"
-    if p.suffix.lower() in _FIGURE_MARKS:
-        return None if _figure_marked(p) else "it is not a plot lowbit drew (no lowbit mark)"
-    meta = _safetensors_metadata(p)
-    if meta is not None and (WRITER_KEY in meta or "lowbit" in meta):
-        return None
-    return "it is not a .safetensors or .gguf file marked as written by lowbit"
-
-
-def _dir_problem(p: Path) -> str | None:
-    present = _files_under(p)
-    if not present:
-        return None  # an empty folder holds nothing to lose
-    manifest = p / _LOWBIT_JSON
-    if manifest.is_file() and not manifest.is_symlink():
-        doc = _small_json(manifest)
-        if isinstance(doc, dict) and doc.get("format") == "lowbit-checkpoint":
-            checksums = doc.get("checksums")
-            if "copied_files" not in doc and not isinstance(checksums, dict):
-                return None  # written before lowbit recorded its files: the manifest suffices
-            allowed = {_LOWBIT_JSON, "source_metadata.gguf"}
-            allowed.update(str(f) for f in doc.get("copied_files") or [] if isinstance(f, str))
-            allowed.update(str(f) for f in (checksums if isinstance(checksums, dict) else {}))
-            for f in doc.get("files") or []:
-                name = f if isinstance(f, str) else f.get("name") if isinstance(f, dict) else None
-                if isinstance(name, str):
-                    allowed.add(name)
-            return _extras(present, allowed, shards=True)
-    shards = sorted(f for f in present if "/" not in f and f.endswith(".safetensors"))
-    meta = _safetensors_metadata(p / shards[0]) if shards else None
-    if meta is not None and WRITER_KEY in meta:
-        try:
-            listed = json.loads(meta.get(FILES_KEY, "[]"))
-        except (ValueError, RecursionError):
-            listed = []
-        return _extras(present, {str(f) for f in listed if isinstance(f, str)}, shards=False)
-    return (
-        "it is not a checkpoint lowbit wrote (no lowbit.json manifest, no lowbit.writer mark "
-        "in its safetensors metadata)"
-    )
-
-
-def _extras(present: list[str], allowed: set[str], *, shards: bool) -> str | None:
-    extra = [f for f in present if f not in allowed and not (shards and _SHARD.fullmatch(f))]
-    if not extra:
-        return None
-    shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-    return f"it holds files lowbit did not write there ({shown})"
-
-
-def _files_under(p: Path) -> list[str]:
-    """Relative names of everything under a folder (links and empty folders included)."""
-    out = []
-    for root, dirs, files in os.walk(p):
-        rel = Path(root).relative_to(p)
-        for name in files:
-            out.append((rel / name).as_posix())
-        for name in dirs:
-            full = Path(root) / name
-            if full.is_symlink() or not any(full.iterdir()):
-                out.append((rel / name).as_posix())
-    return sorted(out)
-
-
-def _small_json(path: Path, limit: int = 64 * 2**20) -> Any:
-    try:
-        if path.stat().st_size > limit:
-            return None
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
-def _safetensors_metadata(path: Path, limit: int = 100 * 2**20) -> dict[str, Any] | None:
-    """A safetensors file's ``__metadata__`` (None when it is not a readable safetensors file)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                return None
-            (n,) = struct.unpack("<Q", head)
-            if n > limit:
-                return None
-            doc = json.loads(f.read(n))
-    except (OSError, ValueError, RecursionError):
-        return None
-    meta = doc.get("__metadata__") if isinstance(doc, dict) else None
-    return meta if isinstance(meta, dict) else {} if isinstance(doc, dict) else None
-
-
-def _gguf_marked(path: Path) -> bool:
-    from lowbit.checkpoints import _gguf
-
-    try:
-        metadata = _gguf.parse(path).metadata
-    except Exception:
-        return False
-    return isinstance(metadata.get(WRITER_KEY), (str, bytes))
-
-
-# the metadata key matplotlib writes per image format, and how the mark appears in the file
-_FIGURE_MARKS = {
-    ".png": ("Software", b"tEXtSoftware\x00lowbit "),
-    ".pdf": ("Creator", b"/Creator (lowbit "),
-    ".svg": ("Creator", b"<dc:title>lowbit "),
-}
-
-
-def _figure_marked(p: Path, limit: int = 256 * 2**20) -> bool:
-    try:
-        if p.stat().st_size > limit:
-            return False
-        return _FIGURE_MARKS[p.suffix.lower()][1] in p.read_bytes()
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------
@@ -482,133 +359,6 @@ def _rollback(target: Path, work: Path) -> None:
         with contextlib.suppress(OSError):
             os.rename(old, target)
     _remove_work(work)
-
-
-def _remove_work(work: Path) -> None:
-    """Remove a temporary folder, its mark last (a kill midway leaves it recognisable)."""
-    for name in ("new", "old"):
-        p = work / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        elif os.path.lexists(p):
-            with contextlib.suppress(OSError):
-                p.unlink()
-    for name in (COMPLETE, MARKER):
-        with contextlib.suppress(OSError):
-            (work / name).unlink()
-    with contextlib.suppress(OSError):
-        work.rmdir()
-
-
-# ---------------------------------------------------------------------------------------
-# Debris of interrupted runs
-# ---------------------------------------------------------------------------------------
-
-
-def recover(target: str | os.PathLike[str]) -> list[str]:
-    """Complete or remove what interrupted runs left beside ``target``; say what was done.
-
-    A marked ``TARGET.tmp-XXXXXXXX`` folder is removed; if ``TARGET`` is missing and the folder
-    holds a complete new output (or the old one), that is moved to ``TARGET`` first. Call it
-    while holding the output's lock (the writers do).
-
-    Returns:
-        One message per thing done or left alone.
-    """
-    target = Path(target)
-    pattern = re.compile(r"\.?" + re.escape(target.name) + r"\.(tmp|old)-[A-Za-z0-9_]+")
-    done = []
-    try:
-        siblings = sorted(os.listdir(target.parent))
-    except OSError:
-        return []
-    for name in siblings:
-        if not pattern.fullmatch(name):
-            continue
-        work = target.parent / name
-        legacy = _legacy(work, target)
-        if legacy is not None:
-            done.append(legacy)
-            continue
-        if work.is_symlink() or not work.is_dir() or not _marked(work, target.name):
-            done.append(
-                f"{work} looks like an interrupted write of {target.name} but has no lowbit "
-                f"mark; left alone (delete it if it is yours to delete)"
-            )
-            continue
-        size = _size(work)
-        restored = ""
-        if not os.path.lexists(target):
-            new, old = work / "new", work / "old"
-            if (work / COMPLETE).exists() and os.path.lexists(new):
-                os.rename(new, target)
-                restored = f"; moved its complete new output to {target}"
-            elif os.path.lexists(old):
-                os.rename(old, target)
-                restored = f"; restored the previous {target}"
-        _remove_work(work)
-        done.append(
-            f"removed {work}, left by an interrupted lowbit run ({size / 1e6:.1f} MB){restored}"
-        )
-    return done
-
-
-def _legacy(work: Path, target: Path) -> str | None:
-    """Debris of lowbit 0.1's writers (no mark): ``TARGET.old-XXXXXXXX/TARGET`` holding the
-    previous output (restored if ``TARGET`` is missing: a kill between its two renames), and a
-    ``TARGET.tmp-XXXXXXXX`` folder that is a complete lowbit checkpoint or holds only
-    safetensors shards lowbit's checkpoint writer began. None when ``work`` is neither."""
-    if work.is_symlink() or not work.is_dir() or (work / MARKER).exists():
-        return None
-    try:
-        entries = os.listdir(work)
-    except OSError:
-        return None
-    if work.name.startswith(f"{target.name}.old-") and entries == [target.name]:
-        inner = work / target.name
-        if lowbit_made(inner) is not None:
-            return None
-        if not os.path.lexists(target):
-            os.rename(inner, target)
-            work.rmdir()
-            return f"restored {target} from {work}, left by an interrupted lowbit run"
-        size = _size(work)
-        shutil.rmtree(work)
-        return f"removed {work}, left by an interrupted lowbit run ({size / 1e6:.1f} MB)"
-    if work.name.startswith(f"{target.name}.tmp-") and entries:
-        shards = all(
-            e.endswith(".safetensors") and (_safetensors_metadata(work / e) or {}).get("format")
-            == "lowbit" for e in entries
-        )  # fmt: skip
-        complete = (work / _LOWBIT_JSON).is_file() and lowbit_made(work) is None
-        if complete and not os.path.lexists(target):  # killed just before its rename
-            os.rename(work, target)
-            return f"moved {work}, a complete checkpoint an interrupted run left, to {target}"
-        if complete or shards:
-            size = _size(work)
-            shutil.rmtree(work)
-            return f"removed {work}, left by an interrupted lowbit run ({size / 1e6:.1f} MB)"
-    return None
-
-
-def _marked(work: Path, target_name: str) -> bool:
-    try:
-        entries = set(os.listdir(work))
-    except OSError:
-        return False
-    if entries <= {MARKER}:  # empty, or killed while writing the mark: nothing to lose
-        return True
-    doc = _small_json(work / MARKER, limit=4096)
-    return isinstance(doc, dict) and doc.get("target") == target_name
-
-
-def _size(p: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(p):
-        for f in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, f)).st_size
-    return total
 
 
 # ---------------------------------------------------------------------------------------
