@@ -240,7 +240,7 @@ def test_write_copies_source_metadata(smollm2: gguf.GGUFReader, tmp_path: Path) 
         progress=False,
     )
     r = gguf.GGUFReader(out)
-    skip = {"GGUF.tensor_count", "general.file_type", "general.name"}
+    skip = {"GGUF.tensor_count", "GGUF.kv_count", "general.file_type", "general.name"}
     for key, field in smollm2.fields.items():
         if key in skip:
             continue
@@ -248,6 +248,8 @@ def test_write_copies_source_metadata(smollm2: gguf.GGUFReader, tmp_path: Path) 
         assert got.types == field.types, key
         assert got.contents() == field.contents(), key
     assert r.fields["general.name"].contents() == "lowbit test"
+    assert r.fields["lowbit.writer"].contents().startswith("lowbit ")  # the one key added
+    assert r.fields["GGUF.kv_count"].contents() == smollm2.fields["GGUF.kv_count"].contents() + 1
     assert r.fields["general.file_type"].contents() == 0  # only a 1-D F32 tensor: ALL_F32
 
 
@@ -368,12 +370,13 @@ def test_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(KeyboardInterrupt):
         write_gguf(path, tensors, arch="llama", progress=False)
     assert list(tmp_path.iterdir()) == []
-    path.write_bytes(b"previous")
+    write_gguf(path, {"x": np.ones(4, np.float32)}, arch="llama", progress=False)
+    previous = path.read_bytes()
     calls.clear()
     with pytest.raises(KeyboardInterrupt):
         write_gguf(path, tensors, arch="llama", overwrite=True, progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
-    assert path.read_bytes() == b"previous"
+    assert path.read_bytes() == previous
 
 
 # ---- gguf_from_quantized -----------------------------------------------------------------

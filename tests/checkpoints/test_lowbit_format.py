@@ -67,8 +67,8 @@ def mixed_folder(tmp_path: Path, rng: np.random.Generator) -> Path:
     _write_st(folder / "model.safetensors", t)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (folder / "tokenizer.json").write_text("{}")
-    (folder / "sub").mkdir()
-    (folder / "sub" / "pooling.json").write_text("{}")
+    (folder / "1_Pooling").mkdir()  # sentence-transformers module config: on the allowlist
+    (folder / "1_Pooling" / "config.json").write_text("{}")
     return folder
 
 
@@ -92,7 +92,7 @@ def test_round_trip_is_exact(tmp_path: Path, mixed_folder: Path) -> None:
     ckpt = LowbitCheckpoint(out)
     assert len(ckpt.manifest["files"]) > 2  # sharded
     assert (out / "tokenizer.json").read_text() == "{}"
-    assert (out / "sub" / "pooling.json").exists() and (out / "config.json").exists()
+    assert (out / "1_Pooling" / "config.json").exists() and (out / "config.json").exists()
     src = open_checkpoint(mixed_folder)
     applied = plan.apply([(n, src.shape(n), src.dtype(n), src.info(n).nbytes) for n in src.names()])
     loaded = lowbit.load(out)

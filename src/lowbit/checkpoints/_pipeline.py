@@ -15,14 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints._model_files import ModelFiles
 from lowbit.errors import LowbitError
 from lowbit.quant.plan import AppliedPlan, TensorPlan
 
 GGUF_Q = {4: "Q4_0", 8: "Q8_0"}
-# small files of a Hugging Face folder copied into a quantized one (never weights)
-_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".gguf", ".h5",
-                  ".msgpack", ".onnx", ".ot")  # fmt: skip
-_COPY_LIMIT = 50 * 2**20
 
 
 def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
@@ -210,30 +207,6 @@ def _raw_shape(shape: tuple[int, ...], nbytes: int) -> tuple[int, ...]:
     return (rows, nbytes // rows) if rows else (0, 0)
 
 
-def source_files(checkpoint: Any) -> list[tuple[Path, str]]:
-    """Small non-weight files of a Hugging Face source (config, tokenizer, pooling config...)
-    as ``(file, relative name)``; nothing for GGUF sources."""
-    if checkpoint.format == "gguf":
-        return []
-    folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
-    if checkpoint.format == "safetensors" and not (folder / "config.json").exists():
-        return []
-    out = []
-    for f in sorted(folder.rglob("*")):
-        rel = f.relative_to(folder)
-        if (
-            not f.is_file()
-            or any(part.startswith(".") for part in rel.parts)
-            or f.name.endswith(_SKIP_SUFFIXES)
-            or f.name.endswith(".safetensors.index.json")
-            or f.stat().st_size > _COPY_LIMIT
-            or len(rel.parts) > 2
-        ):
-            continue
-        out.append((f, rel.as_posix()))
-    return out
-
-
 def write_lowbit(
     ckpt: Any,
     applied: AppliedPlan,
@@ -241,7 +214,9 @@ def write_lowbit(
     overwrite: bool,
     max_shard_size: int | None,
     progress: bool | None,
-) -> None:
+    files: ModelFiles,
+) -> tuple[list[str], list[dict[str, str]]]:
+    """Write a lowbit checkpoint; returns the files copied and those left out."""
     from lowbit.checkpoints import lowbit_format as lf
 
     units = []
@@ -271,17 +246,20 @@ def write_lowbit(
         "plan": applied.plan.to_dict(),
         "config": ckpt.config,
         "totals": applied.totals(),
+        "copied_files": files.copied_names,
+        "left_out": files.left_out_list(),
     }
     lf.write_lowbit_checkpoint(
         out,
         units,
         manifest,
-        copy_files=[(f, rel) for f, rel in source_files(ckpt) if rel != lf.MANIFEST],
+        copy_files=files.copied,
         gguf_metadata_source=ckpt.path if ckpt.format == "gguf" else None,
         max_shard_size=max_shard_size or lf.DEFAULT_SHARD_SIZE,
         overwrite=overwrite,
         progress=progress,
     )
+    return manifest["copied_files"], manifest["left_out"]
 
 
 def _bind(fn: Any, *args: Any) -> Any:
@@ -357,7 +335,9 @@ def write_ct(
     overwrite: bool,
     max_shard_size: int | None,
     progress: bool | None,
-) -> None:
+    model_files: ModelFiles,
+) -> tuple[list[str], list[dict[str, str]]]:
+    """Write a compressed-tensors folder; returns the files copied and those left out."""
     import tempfile
 
     from lowbit.checkpoints.compressed_tensors import from_quantized, write_compressed_tensors
@@ -403,7 +383,14 @@ def write_ct(
         return unpermute(hf, ckpt.get(t.name))
 
     with tempfile.TemporaryDirectory() as extra:
-        files = [f for f, rel in source_files(ckpt) if "/" not in rel and f.name != "config.json"]
+        # config.json is rewritten by the exporter; it copies top-level files only
+        files = [f for f, rel in model_files.copied if "/" not in rel and rel != "config.json"]
+        names = ["config.json", *(f.name for f in files)]
+        left = model_files.left_out_list() + [
+            {"file": rel, "why": "compressed-tensors output takes top-level files only"}
+            for _, rel in model_files.copied
+            if "/" in rel
+        ]
         if is_gguf:
             from lowbit.evaluation.models import build_tokenizer
 
@@ -414,6 +401,7 @@ def write_ct(
                     f"{ckpt.path.name}: no tokenizer written ({exc})", UserWarning, stacklevel=3
                 )
             files = sorted(p for p in Path(extra).iterdir() if p.is_file())
+            names = ["config.json", *(p.name for p in files)]
         write_compressed_tensors(
             out,
             _Lazy(list(by_out), make),
@@ -423,6 +411,7 @@ def write_ct(
             overwrite=overwrite,
             progress=progress is not False,
         )
+    return names, left
 
 
 def write_gguf(

@@ -51,6 +51,7 @@ from lowbit.checkpoints._ct_config import (
     quantization_config,
 )
 from lowbit.checkpoints._ct_tensor import _FP8, CTTensor, _checked, from_quantized, pack_int32
+from lowbit.checkpoints._outputs import writer_metadata
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
 
@@ -282,12 +283,16 @@ def write_compressed_tensors(
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
 
+    # the lowbit mark (and this folder's file list) lets a later overwrite tell it from others
+    index = ["model.safetensors.index.json"] if len(shards) > 1 else []
+    meta = {"format": "pt", **writer_metadata([*names, *index, "config.json"] +
+                                              [f.name for f in files])}  # fmt: skip
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         bar = _progress(progress, sum(len(u) for u in units), Path(out_dir).name)
         try:
             for fname, shard in zip(names, shards, strict=True):
                 on = (lambda e: bar.update(1)) if bar is not None else None
-                _safetensors.write_file(tmp / fname, shard, {"format": "pt"}, on_tensor=on)
+                _safetensors.write_file(tmp / fname, shard, meta, on_tensor=on)
         finally:
             if bar is not None:
                 bar.close()

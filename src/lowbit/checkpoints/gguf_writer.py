@@ -24,6 +24,7 @@ import numpy as np
 from lowbit._arrays import _is_ml_float
 from lowbit.checkpoints import gguf_q
 from lowbit.checkpoints._atomic import atomic_file
+from lowbit.checkpoints._outputs import WRITER_KEY, writer_tag
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
 
@@ -360,6 +361,7 @@ def write_gguf(
         kv.update(_source_fields(source))
     for key, value in (metadata or {}).items():
         kv[str(key)] = value
+    kv[WRITER_KEY] = writer_tag()  # lets a later overwrite know lowbit wrote the file
     typed = {k: _value_type(v) for k, v in kv.items() if k not in _HEADER_KEYS}
 
     if arch is None:
@@ -392,7 +394,8 @@ def write_gguf(
             None,
         )
 
-    with atomic_file(path, overwrite=overwrite) as tmp:
+    inputs = [source] if isinstance(source, (str, os.PathLike)) else []  # never written over
+    with atomic_file(path, overwrite=overwrite, inputs=inputs) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         try:
             for key, (value, vtype, sub) in typed.items():

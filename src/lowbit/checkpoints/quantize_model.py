@@ -166,6 +166,7 @@ def quantize_model(
     out_format: str = "lowbit",
     gguf_rounding: str = "auto",
     overwrite: bool = False,
+    copy_code: bool = False,
     max_shard_size: int | None = None,
     progress: bool | None = None,
 ) -> dict[str, Any]:
@@ -178,27 +179,51 @@ def quantize_model(
         out: the folder (``lowbit``, ``compressed-tensors``) or ``.gguf`` file to write.
         out_format: ``lowbit`` (default), ``compressed-tensors`` or ``gguf``.
         gguf_rounding: see :func:`plan_model`.
-        overwrite: replace an existing output.
+        overwrite: replace an existing output that lowbit wrote (a lowbit or
+            compressed-tensors folder, a GGUF file); anything else is refused.
+        copy_code: also copy the source folder's ``.py`` files (custom modelling code). Other
+            files are copied only when they belong to a model (config, tokenizer, chat
+            template, README, licence: ``lowbit.checkpoints._model_files``).
         max_shard_size: bytes per safetensors shard (default 2 GiB for lowbit, 5 GiB for
             compressed-tensors).
         progress: tqdm bars (``None``: only on a terminal; ``False``: never).
 
     Returns:
         A summary: ``out``, ``out_format``, ``source``, ``totals`` (the plan's), ``bytes``
-        (written, on disk) and ``seconds``.
+        (written, on disk), ``seconds``, ``copied_files`` (names copied from the source
+        folder) and ``left_out`` (``[{"file", "why"}]`` of the others).
 
     Raises:
         LowbitError: an unreadable source, an unquantizable tensor, a scheme the output format
-            lacks, an existing output without ``overwrite``. Nothing is left half-written.
+            lacks, an output that is, contains or lies inside the source, an existing output
+            without ``overwrite`` (or not written by lowbit), another run writing the same
+            output, a write error (disk full, read-only). Nothing is left half-written: the
+            output is swapped in complete (``lowbit.checkpoints._outputs``).
+
+    Warns:
+        UserWarning: temporary folders of an interrupted earlier run completed or removed.
     """
+    from lowbit.checkpoints._model_files import model_files
+    from lowbit.checkpoints._outputs import check_not_input
+
     start = time.perf_counter()
     ckpt = open_model(model)
     applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)
+    if not str(out):
+        raise LowbitError("the output path is empty")
     out = Path(out)
+    files = model_files(ckpt, copy_code=copy_code)
+    inputs = {Path(ckpt.path)} | {f for f, _ in files.copied}
+    inputs |= {Path(ckpt.info(n).file) for n in ckpt.names() if ckpt.info(n).file is not None}
+    check_not_input(out, sorted(inputs))
+    copied: list[str] = []
+    left: list[dict[str, str]] = []
     if out_format == "lowbit":
-        qw.write_lowbit(ckpt, applied, out, overwrite, max_shard_size, progress)
+        copied, left = qw.write_lowbit(
+            ckpt, applied, out, overwrite, max_shard_size, progress, files
+        )
     elif out_format == "compressed-tensors":
-        qw.write_ct(ckpt, applied, out, overwrite, max_shard_size, progress)
+        copied, left = qw.write_ct(ckpt, applied, out, overwrite, max_shard_size, progress, files)
     else:
         qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding)
     ckpt.close()
@@ -210,6 +235,8 @@ def quantize_model(
         "totals": applied.totals(),
         "bytes": disk_bytes(out),
         "seconds": time.perf_counter() - start,
+        "copied_files": copied,
+        "left_out": left,
     }
 
 

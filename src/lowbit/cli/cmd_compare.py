@@ -61,6 +61,9 @@ def register(sub: Any) -> None:
         "--plot", metavar="OUT.png", help="draw error vs bits/value and a histogram (matplotlib)"
     )
     p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --plot file lowbit drew"
+    )
+    p.add_argument(
         "--levels",
         metavar="FORMAT",
         help="format whose levels the histogram shows (default: the first)",
@@ -140,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     results.sort(key=lambda r: -r["sqnr_db"])
-    if args.plot:
-        _plot(args.plot, data, results, qts, args.levels or names[0])
+    if args.plot is not None:
+        _plot(args.plot, data, results, qts, args.levels or names[0], args.overwrite)
     if args.json:
         _common.print_json({"data": label, "results": results, "plot": args.plot})
         return 0
@@ -199,7 +202,12 @@ def _label_offsets(results: list[dict[str, Any]]) -> list[tuple[int, int]]:
 
 
 def _plot(
-    path: str, data: Any, results: list[dict[str, Any]], qts: dict[str, Any], levels: str
+    path: str,
+    data: Any,
+    results: list[dict[str, Any]],
+    qts: dict[str, Any],
+    levels: str,
+    overwrite: bool,
 ) -> None:
     try:
         import matplotlib
@@ -234,5 +242,9 @@ def _plot(
     ax2.set_xlim(-1.05 * span, 1.05 * span)
     ax2.set_title(f"data with the levels of {qt.scheme.label} (first group)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from lowbit.checkpoints._outputs import save_figure
+
+    try:
+        save_figure(fig, path, overwrite=overwrite, dpi=120)
+    finally:
+        plt.close(fig)

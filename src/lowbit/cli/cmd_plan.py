@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +79,9 @@ def register(sub: Any) -> None:
         "--memory-fraction", type=float, default=0.9, help="usable share of device memory (0.9)"
     )
     p.add_argument("--plot", metavar="OUT.png", help="bar chart of memory by component")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --plot file lowbit drew"
+    )
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -125,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
         columns = [d.id for d in select_devices([c for c in DEFAULT_COLUMNS if c in ids], catalog)]
     else:
         columns = [d.id for d in result.devices]
-    if args.plot:
+    if args.plot is not None:
         shown = {d.id: d for d in result.devices}
-        _plot(result, Path(args.plot), [shown[c] for c in columns])
+        _plot(result, Path(args.plot), [shown[c] for c in columns], args.overwrite)
     if args.json:
         _common.print_json(result.to_dict())
         return 0
@@ -336,7 +337,7 @@ def _print_training(p: Any, columns: list[str]) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _plot(p: Any, out: Path, devices: list[Any]) -> None:
+def _plot(p: Any, out: Path, devices: list[Any], overwrite: bool) -> None:
     try:
         import matplotlib
 
@@ -374,13 +375,10 @@ def _plot(p: Any, out: Path, devices: list[Any]) -> None:
     ax.set_title(f"{p.model.name}: memory by precision{ctx}", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
+    from lowbit.checkpoints._outputs import save_figure
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=out.suffix or ".png", dir=out.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, out)
+        save_figure(fig, out, overwrite=overwrite, dpi=120)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -85,7 +85,17 @@ def register(sub: Any) -> None:
         choices=["lowbit", "compressed-tensors", "gguf"],
         help="what to write (default lowbit)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output that lowbit wrote (anything else is refused)",
+    )
+    p.add_argument(
+        "--copy-code",
+        action="store_true",
+        help="also copy the source folder's .py files (custom model code); by default only "
+        "config, tokenizer, chat template, README and licence files are copied",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan applied to the model")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _common.add_json(p)
@@ -166,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
     totals["out_bytes"] = sum(sizes)
     if args.dry_run:
         return _print_plan(args, ckpt, applied, sizes, totals)
-    out = Path(args.out) if args.out else _default_out(ckpt.path, args)
+    if args.out is not None and not args.out.strip():
+        raise LowbitError("--out is empty; give a folder (or .gguf file) to write")
+    out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = quantize_model(
@@ -176,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             out_format=args.out_format,
             gguf_rounding=rounding,
             overwrite=args.overwrite,
+            copy_code=args.copy_code,
             progress=progress,
         )
     _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)])
@@ -192,10 +205,22 @@ def run(args: argparse.Namespace) -> int:
         f"  {t['quantized']} of {t['tensors']} tensors quantized to {', '.join(labels) or '-'}"
         f"{bpw}; {t['kept']} kept, {t['cast']} cast; source {_mb(t['source_bytes'])}"
     )
+    _print_files(result)
     if args.out_format == "lowbit":
         model = args.model or "smollm2"
         print(f"  evaluate: lowbit eval {model} {out}    load: lowbit.load_model({str(out)!r})")
     return 0
+
+
+def _print_files(result: dict[str, Any]) -> None:
+    """One line each: what was copied from the source folder, what was left out and why."""
+    if result["copied_files"]:
+        print(f"  copied: {', '.join(result['copied_files'])}")
+    left = result["left_out"]
+    if left:
+        shown = "; ".join(f"{e['file']} ({e['why']})" for e in left[:6])
+        more = f"; and {len(left) - 6} more (--json lists them)" if len(left) > 6 else ""
+        print(f"  left out: {shown}{more}")
 
 
 def _print_warnings(args: argparse.Namespace, caught: list[Any]) -> None:

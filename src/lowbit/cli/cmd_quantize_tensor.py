@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ examples:
 
 --out writes the codes, scales and zero points as safetensors arrays named
 TENSOR.codes, TENSOR.scale, ... with the scheme in the file's metadata (key "lowbit"),
-which lowbit.quant.tensor.QuantizedTensor.from_arrays reads back bit for bit.
+which lowbit.quant.tensor.QuantizedTensor.from_arrays reads back bit for bit. --out may not be
+the source file; an existing --out needs --overwrite, which replaces only a file lowbit wrote.
 """
 
 
@@ -49,6 +50,11 @@ def register(sub: Any) -> None:
     p.add_argument("source", metavar="SOURCE", help="FILE.npy or FILE.safetensors[:TENSOR]")
     add_scheme_options(p, required=True)
     p.add_argument("--out", metavar="OUT.safetensors", help="write the quantized tensor")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out file that lowbit wrote (anything else is refused)",
+    )
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -171,26 +177,31 @@ def load_tensor(source: str) -> tuple[Any, str]:
     return t.numpy(), name
 
 
-def save_quantized(qt: Any, name: str, out: str) -> None:
-    """Write ``qt`` as safetensors (temp file, then rename)."""
+def save_quantized(
+    qt: Any, name: str, out: str, *, overwrite: bool = False, inputs: tuple[str, ...] = ()
+) -> None:
+    """Write ``qt`` as safetensors, marked as lowbit's, through ``lowbit.checkpoints._outputs``
+    (never over an input or a file lowbit did not write; swapped in complete; umask honoured).
+
+    Raises:
+        LowbitError: an empty path, an input as output, an existing file without ``overwrite``
+            (or not lowbit's), a write error (disk full, read-only), named against ``out``.
+    """
     try:
         from safetensors.numpy import save_file
     except ImportError:  # pragma: no cover
         raise ImportError("writing .safetensors needs: pip install 'lowbit[models]'") from None
+    from lowbit.checkpoints._outputs import output_file, writer_metadata
+
+    if not out.strip():
+        raise LowbitError("--out is empty; give a .safetensors file to write")
     arrays, meta = qt.to_arrays(prefix=name + ".")
-    target = Path(out)
-    fd, tmp = tempfile.mkstemp(dir=target.parent or Path("."), suffix=".tmp")
-    os.close(fd)
-    try:
+    with output_file(out, overwrite=overwrite, inputs=inputs) as tmp:
         save_file(
             dict(arrays),
-            tmp,
-            metadata={"lowbit": json.dumps({name: meta})},
+            str(tmp),
+            metadata={"lowbit": json.dumps({name: meta}), **writer_metadata()},
         )
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,8 +226,14 @@ def run(args: argparse.Namespace) -> int:
         "compression": orig_bytes / qt.nbytes,
         "error": err,
     }
-    if args.out:
-        save_quantized(qt, name, args.out)
+    if args.out is not None:
+        src = args.source
+        source = src.partition(":")[0] if ".safetensors:" in src else src  # as load_tensor
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            save_quantized(qt, name, args.out, overwrite=args.overwrite, inputs=(source,))
+        for w in caught:
+            print(f"lowbit {args.command}: warning: {w.message}", file=sys.stderr)
         result["out"] = args.out
     if args.json:
         _common.print_json(result)
@@ -233,6 +250,6 @@ def run(args: argparse.Namespace) -> int:
         ["cosine", f"{err['cosine']:.6f}"],
     ]
     _common.print_table(rows, ["quantity", "value"], align="ll")
-    if args.out:
+    if args.out is not None:
         print(f"wrote {args.out}")
     return 0

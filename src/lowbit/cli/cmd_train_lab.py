@@ -65,6 +65,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--save-dir", metavar="DIR", help="write each QAT model as a quantized checkpoint"
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --plot / --save-dir files that lowbit wrote before (others are refused)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--list", action="store_true", help="list the recipes and exit")
     _common.add_json(p)
@@ -147,6 +152,21 @@ def claims(lab: Any) -> list[str]:
     return out
 
 
+def _check_outputs(args: argparse.Namespace, names: list[str]) -> None:
+    """Refuse a --plot or --save-dir file that may not be written, before training."""
+    from pathlib import Path
+
+    from lowbit.checkpoints._outputs import check_output
+    from lowbit.training.recipes import get_recipe
+
+    if args.plot is not None:
+        check_output(args.plot, overwrite=args.overwrite)
+    if args.save_dir is not None and Path(args.save_dir).is_dir():
+        for n in names:
+            if get_recipe(n).qat is not None:
+                check_output(Path(args.save_dir) / f"{n}.safetensors", overwrite=args.overwrite)
+
+
 def run(args: argparse.Namespace) -> int:
     from lowbit.training.recipes import DEFAULT_RECIPES, RECIPES
 
@@ -172,9 +192,11 @@ def run(args: argparse.Namespace) -> int:
               f"d={m.d_model} decoder, ctx {m.ctx}, batch {cfg.batch_size}, seed {cfg.seed}",
               file=sys.stderr)  # fmt: skip
         print(EMULATION_NOTE, file=sys.stderr)
-    lab = train_lab(names, cfg, callback=_progress(cfg.steps, not quiet), save_dir=args.save_dir)
-    if args.plot:
-        plot(lab, args.plot)
+    _check_outputs(args, names)  # before minutes of training, not after
+    lab = train_lab(names, cfg, callback=_progress(cfg.steps, not quiet), save_dir=args.save_dir,
+                    overwrite=args.overwrite)  # fmt: skip
+    if args.plot is not None:
+        plot(lab, args.plot, overwrite=args.overwrite)
     if args.json:
         out = lab.to_dict()
         out["claims"] = claims(lab)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 
@@ -13,10 +12,12 @@ from lowbit.training._lab_results import LabResult
 __all__ = ["plot"]
 
 
-def plot(lab: LabResult, path: str | os.PathLike[str]) -> None:
+def plot(lab: LabResult, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
     """Loss curves of every recipe on one PNG: training loss (smoothed) and validation loss.
 
-    Needs matplotlib (``pip install 'lowbit[plot]'``). Written to a temporary name, then renamed.
+    Needs matplotlib (``pip install 'lowbit[plot]'``). Written through
+    ``lowbit.checkpoints._outputs.save_figure`` (an existing file is replaced only with
+    ``overwrite`` and only when lowbit drew it).
     """
     try:
         import matplotlib
@@ -69,11 +70,12 @@ def plot(lab: LabResult, path: str | os.PathLike[str]) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    from lowbit.checkpoints._outputs import save_figure
+
+    try:
+        save_figure(fig, path, overwrite=overwrite, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def _ema(x: np.ndarray, beta: float) -> np.ndarray:

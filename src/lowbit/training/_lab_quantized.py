@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -76,15 +75,23 @@ def ptq_val(model: torch.nn.Module, recipe: Recipe, cfg: LabConfig, data: TextDa
 
 
 def save_quantized(
-    path: str | os.PathLike[str], model: torch.nn.Module, qtensors: dict[str, Any]
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    qtensors: dict[str, Any],
+    *,
+    overwrite: bool = False,
 ) -> int:
     """Write a safetensors checkpoint: quantized block weights + every other parameter in FP32.
 
     Each quantized tensor ``W`` is stored as ``W.codes``/``W.scale`` (``QuantizedTensor.to_arrays``)
-    with its metadata in the ``"lowbit"`` JSON header entry. Written to a temporary name, then
-    renamed. Returns the file size in bytes.
+    with its metadata in the ``"lowbit"`` JSON header entry. Written through
+    ``lowbit.checkpoints._outputs.output_file`` (an existing file is replaced only with
+    ``overwrite`` and only when lowbit wrote it; the umask is honoured). Returns the file size in
+    bytes.
     """
     from safetensors.numpy import save_file
+
+    from lowbit.checkpoints._outputs import output_file, writer_metadata
 
     arrays: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {}
@@ -96,14 +103,9 @@ def save_quantized(
         elif not name.endswith(".mask"):
             arrays[name] = t.detach().cpu().numpy().astype(np.float32)
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(arrays, tmp, metadata={"lowbit": json.dumps({"version": 1, "quantized": meta})})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    marks = {"lowbit": json.dumps({"version": 1, "quantized": meta}), **writer_metadata()}
+    with output_file(path, overwrite=overwrite) as tmp:
+        save_file(arrays, str(tmp), metadata=marks)
     return path.stat().st_size
 
 

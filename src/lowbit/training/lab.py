@@ -60,6 +60,7 @@ def train_lab(
     data: TextData | None = None,
     callback: Callable[[str, int, float], None] | None = None,
     save_dir: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
 ) -> LabResult:
     """Train every recipe and compare them.
 
@@ -73,6 +74,7 @@ def train_lab(
         data: the text (default: CPython's documentation).
         callback: progress, as in :func:`run_recipe`.
         save_dir: write each QAT recipe's quantized checkpoint there (``<recipe>.safetensors``).
+        overwrite: replace such files that lowbit wrote before (others are refused).
 
     Returns:
         A :class:`LabResult`.
@@ -100,7 +102,9 @@ def train_lab(
             res.checkpoint_bytes = sum(q.nbytes for q in qts.values())
             if save_dir is not None:
                 Path(save_dir).mkdir(parents=True, exist_ok=True)
-                save_quantized(Path(save_dir) / f"{rec.name}.safetensors", conv, qts)
+                save_quantized(
+                    Path(save_dir) / f"{rec.name}.safetensors", conv, qts, overwrite=overwrite
+                )
         results.append(res)
         models[rec.name] = model
     ptq: dict[str, float] = {}
