@@ -20,3 +20,15 @@ class NaNPolicyError(LowbitError):
 
 class CodeRangeError(LowbitError):
     """A code (bit pattern) that does not fit the format."""
+
+
+class UnderflowError(LowbitError):
+    """A tensor with nonzero values quantized to all zeros, under ``underflow="raise"``."""
+
+
+class UnderflowWarning(UserWarning):
+    """A tensor with nonzero values quantized to all zeros: its scales underflowed.
+
+    ``lowbit.quantize(..., underflow="raise")`` makes it an :class:`UnderflowError`,
+    ``underflow="ignore"`` silences it; ``warnings.filterwarnings`` works as usual.
+    """

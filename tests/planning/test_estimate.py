@@ -154,7 +154,11 @@ def test_tensor_bytes_equal_quantized_nbytes(data: st.DataObject, x: object) -> 
     if fmt == "nf4" and kw.get("group_size") and kw["scale_format"] == "float32":
         kw["double_quant"] = data.draw(st.booleans())
     scheme = Scheme(format=fmt, **kw)
-    qt = lowbit.quantize(x, scheme)
+    try:  # data up to 2**31 can need a scale beyond float16's: that is an error now
+        qt = lowbit.quantize(x, scheme, underflow="ignore")
+    except LowbitError as exc:
+        assert "overflows float16" in str(exc) and kw["scale_format"] == "float16"
+        return
     assert scheme.tensor_bytes(x.shape) == qt.nbytes  # type: ignore[attr-defined]
 
 

@@ -54,6 +54,20 @@ def int_cases(draw: st.DrawFn) -> tuple[np.ndarray, dict]:
     return x, {"fmt": fmt, **kw}
 
 
+def _quantize_any(x: np.ndarray, fmt: str, **kw: Any) -> QuantizedTensor | None:
+    """``quantize`` for the property tests, whose data spans 2**-24..2**31: None where a
+    float16 scale would overflow (a LowbitError, checked to be one the data calls for);
+    data that underflows float16 scales to all zeros is quantized without the warning."""
+    try:
+        return quantize(x, fmt, underflow="ignore", **kw)
+    except LowbitError as exc:
+        if kw.get("scale_format") != "float16" or "overflows float16" not in str(exc):
+            raise
+        # a scale above 65504 needs a clip range above 65504 wide (at least 3 integer steps)
+        assert np.abs(x.astype(np.float64)).max() > 65504 / 2
+        return None
+
+
 def _expand(qt: QuantizedTensor, a: np.ndarray) -> np.ndarray:
     """Per-element copy of a scale-shaped array (through the tensor's own layout)."""
     lay = qt.layout
@@ -73,7 +87,9 @@ def test_int_error_within_half_a_step_inside_the_clip_range(case: tuple) -> None
     """|x - deq(q(x))| <= scale/2 wherever x is inside the clipping range; codes in range."""
     x, kw = case
     fmt = lowbit.format(kw.pop("fmt"))
-    qt = quantize(x, fmt.name, **kw)
+    qt = _quantize_any(x, fmt.name, **kw)
+    if qt is None:
+        return
     q = qt.unpack().astype(np.int64)
     lo = -int(fmt.max) if kw["restricted_range"] else int(fmt.min)
     assert q.min() >= lo and q.max() <= int(fmt.max)
@@ -98,7 +114,9 @@ def test_codes_are_the_exact_rounding_of_x_over_the_stored_scale(x: np.ndarray, 
     kw = data.draw(granularities(x.shape))
     sf = data.draw(st.sampled_from(["float32", "float16", "bfloat16", "e8m0"]))
     sym = data.draw(st.booleans())
-    qt = quantize(x, "int4", scale_format=sf, symmetric=sym, **kw)
+    qt = _quantize_any(x, "int4", scale_format=sf, symmetric=sym, **kw)
+    if qt is None:
+        return
     s = _expand(qt, qt.scale)
     zp = _expand(qt, qt.zero_point) if qt.zero_point is not None else 0.0
     want = np.clip(np.rint(x.astype(np.float64) / s) + zp, -8, 7)
@@ -429,7 +447,9 @@ def test_save_load_identity(x: np.ndarray, data) -> None:
         kw["symmetric"] = data.draw(st.booleans())
     if not fmt.startswith("mx"):
         kw["scale_format"] = data.draw(st.sampled_from(["float32", "float16", "bfloat16", "e8m0"]))
-    qt = quantize(x, fmt, **kw)
+    qt = _quantize_any(x, fmt, **kw)
+    if qt is None:
+        return
     prefix = data.draw(st.sampled_from(["", "layer.0.weight."]))
     arrays, meta = qt.to_arrays(prefix)
     import json

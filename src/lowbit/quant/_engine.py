@@ -79,7 +79,12 @@ def _take(a: np.ndarray | None, idx: tuple[slice, ...]) -> Any:
 
 
 def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
-    """Round float64 scales to the scale format (float32 values); never to zero."""
+    """Round float64 scales to the scale format (float32 values); never to zero.
+
+    Raises:
+        LowbitError: a scale rounds beyond the scale format's range (it would have to
+            saturate, and the values of its group with it).
+    """
     if scale_format == "float32":
         with np.errstate(over="ignore"):
             s = s64.astype(np.float32)
@@ -89,18 +94,43 @@ def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
         m, e = np.frexp(s64)
         exp = np.where(m == 0.5, e - 1, e).astype(np.int64)
         s = np.ldexp(np.float32(1.0), np.clip(exp, -127, 127).astype(np.int32)).astype(np.float32)
+        s = np.where(exp > 127, np.float32(np.inf), s)  # 2**128 and up: no E8M0 code
         tiny = np.float32(2.0**-127)
     else:
         from lowbit.formats.catalog import format as lookup
 
         f = lookup(scale_format)
-        s = f.decode(f.encode(s64, saturate=True), dtype=np.float32)
+        # not saturating: a scale past the format's max is an error, as in float32
+        s = f.decode(f.encode(s64, saturate=False), dtype=np.float32)
         tiny = np.float32(f.smallest_positive)
     if not np.isfinite(s).all():
         raise LowbitError(
-            f"a scale overflows {scale_format} (the input's range is too large for it)"
+            f"a scale overflows {scale_format} (the input's range is too large for it): "
+            f"a group needs a scale of {float(np.max(s64)):.4g}"
         )
     return np.where((s == 0) & (s64 > 0), tiny, s).astype(np.float32)
+
+
+def _mx_scales(amax: np.ndarray, scheme: Scheme) -> np.ndarray:
+    """The float32 scales of MX blocks with largest magnitudes ``amax`` (OCP MX v1.0 §6.3).
+
+    Raises:
+        LowbitError: a block's shared exponent would exceed E8M0's 2**127. The OCP
+            reference code (microxcaling) makes such a scale NaN; clamping it instead would
+            saturate the block's large values and flush its small ones without a word.
+    """
+    from lowbit.formats.mx import E8M0_MAX_EXP, mx_format, scale_values, shared_exponent
+
+    mxf = mx_format(scheme.format)
+    limit = math.ldexp(1.0, E8M0_MAX_EXP + 1 + mxf.emax_elem)  # floor(log2 amax) > 127 + emax
+    if np.any(amax >= limit):
+        raise LowbitError(
+            f"a scale overflows float8_e8m0fnu (the input's range is too large for it): an "
+            f"{scheme.format} block's largest |value| is {float(np.max(amax)):.4g}, and "
+            f"E8M0's 2**127 holds blocks below 2**{E8M0_MAX_EXP + 1 + mxf.emax_elem} "
+            f"= {limit:.4g}"
+        )
+    return scale_values(shared_exponent(amax, mxf.emax_elem), mxf.int_shift)
 
 
 def choose_scale(
@@ -114,11 +144,7 @@ def choose_scale(
     """(float32 scale, float64 zero point or None, float64 threshold or None) per group."""
     method = scheme.scale_method
     if scheme.is_mx:
-        from lowbit.formats.mx import mx_format, scale_values, shared_exponent
-
-        mxf = mx_format(scheme.format)
-        exp = shared_exponent(np.maximum(mx, -mn), mxf.emax_elem)
-        return scale_values(exp, mxf.int_shift), None, None
+        return _mx_scales(np.maximum(mx, -mn), scheme), None, None
     if method is ScaleMethod.MEANABS:
         if fmt.name not in ("binary", "ternary"):
             raise LowbitError(
@@ -214,7 +240,13 @@ def _scales_for(
 
 
 def encode_tensor(
-    arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str, is_torch: bool
+    arr: np.ndarray,
+    scheme: Scheme,
+    *,
+    seed: Any,
+    nan: str,
+    is_torch: bool,
+    underflow: str = "warn",
 ) -> QuantizedTensor:
     """Quantize a C-contiguous float32/float64 array (see ``lowbit.quant.tensor.quantize``).
 
@@ -231,7 +263,12 @@ def encode_tensor(
     mode = as_rounding(scheme.rounding)
     rng = None
     if mode is Rounding.STOCHASTIC:
-        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        try:
+            rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        except (TypeError, ValueError) as exc:  # a negative or non-integer seed
+            raise LowbitError(
+                f"seed must be a non-negative integer or a numpy Generator, got {seed!r} ({exc})"
+            ) from None
     axes = layout.reduce_axes
     parts = layout.parts
     direct = len(parts) == 1  # chunks are contiguous ranges of the tensor: pack as we go
@@ -303,6 +340,7 @@ def encode_tensor(
             P, _, Q = layout.pqr
             codes3[:, part.start : part.stop, :] = part_out.reshape(P, part.stop - part.start, Q)
     scale = layout.join_scales(scales)
+    floored = underflow != "ignore" and _at_floor(scale, scheme)
     zero_point = layout.join_scales(zps).astype(np.int32) if zps else None
     dq = None
     if scheme.double_quant:
@@ -314,7 +352,7 @@ def encode_tensor(
     if packed is None:
         assert codes3 is not None
         packed = _pack_unchecked(codes3.reshape(-1), bits)
-    return QuantizedTensor(
+    qt = QuantizedTensor(
         codes=packed,
         scale=scale,
         zero_point=zero_point,
@@ -323,6 +361,50 @@ def encode_tensor(
         dq=dq,
         source_torch=is_torch,
     )
+    if floored:
+        _check_underflow(arr, qt, underflow)
+    return qt
+
+
+def _at_floor(scale: np.ndarray, scheme: Scheme) -> bool:
+    """Whether every group's scale is the smallest its format holds, or 1 (an all-zero
+    group's). Only then can a nonzero tensor quantize to all zeros: a scale above the
+    floor maps each group's largest magnitude to a nonzero code (or saturates it)."""
+    from lowbit.formats.catalog import format as lookup
+
+    if scheme.is_mx:
+        from lowbit.formats.mx import E8M0_MIN_EXP, mx_format
+
+        floor = math.ldexp(1.0, E8M0_MIN_EXP - mx_format(scheme.format).int_shift)
+    elif scheme.scale_format == "float32":
+        floor = float(np.finfo(np.float32).smallest_subnormal)
+    elif scheme.scale_format == "float8_e8m0fnu":
+        floor = 2.0**-127
+    else:
+        floor = float(lookup(scheme.scale_format).smallest_positive)
+    return bool(np.all((scale <= floor) | (scale == 1)))
+
+
+def _check_underflow(arr: np.ndarray, qt: QuantizedTensor, policy: str) -> None:
+    """Warn (or raise, under ``policy="raise"``) when a nonzero tensor became all zeros."""
+    import warnings
+
+    from lowbit.errors import UnderflowError, UnderflowWarning
+
+    nonzero = int(np.count_nonzero(arr))
+    if nonzero == 0 or np.any(decode_tensor(qt, np.float64) != 0):
+        return
+    with np.errstate(invalid="ignore"):
+        amax = float(np.nanmax(np.abs(arr)))
+    msg = (
+        f"{qt.scheme.describe()}: all {qt.numel:,} values quantized to zero though {nonzero:,} "
+        f"are nonzero (largest |x| {amax:.4g}): the {qt.scheme.scale_format} scales "
+        "underflowed to their smallest value; scale the input up first (underflow='ignore' "
+        "silences this, 'raise' makes it an error)"
+    )
+    if policy == "raise":
+        raise UnderflowError(msg)
+    warnings.warn(msg, UnderflowWarning, stacklevel=4)  # the caller of lowbit.quantize
 
 
 def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:

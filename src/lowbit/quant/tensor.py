@@ -44,6 +44,7 @@ from lowbit.quant.scheme import Granularity, Scheme
 FORMAT_VERSION = 1
 _CHUNK = 1 << 16  # elements per chunk: a few hundred KiB of temporaries, cache-sized
 _NAN_POLICIES = ("raise", "propagate")
+_UNDERFLOW_POLICIES = ("warn", "raise", "ignore")
 _STORE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
@@ -129,6 +130,7 @@ def quantize(
     nan: str = "raise",
     granularity: str | None = None,
     pad: bool = True,
+    underflow: str = "warn",
 ) -> QuantizedTensor:
     """Quantize a tensor to a scaled low-bit format.
 
@@ -158,6 +160,11 @@ def quantize(
             whole group's scale becomes NaN; scales come from the finite values.
         granularity: override the derived granularity (``tensor`` for per-tensor NF4).
         pad: True (default) lets the last group be shorter; False makes it an error.
+        underflow: what to do when a tensor with nonzero values quantizes to all zeros
+            (its scales reached the smallest value of their format, e.g. float64 input
+            of 1e-300): ``"warn"`` (default) issues a
+            :class:`~lowbit.errors.UnderflowWarning`, ``"raise"`` an
+            :class:`~lowbit.errors.UnderflowError`, ``"ignore"`` neither.
 
     Returns:
         A :class:`QuantizedTensor`.
@@ -165,10 +172,20 @@ def quantize(
     Raises:
         LowbitError: empty input, NaN/inf under ``nan="raise"``, axis out of range,
             a group size that does not divide with ``pad=False``, a format that cannot
-            be scaled, bad options.
+            be scaled, a scale beyond its scale format's range (float32, float16,
+            bfloat16, or E8M0 in MX blocks), bad options.
+        UnderflowError: a nonzero tensor quantized to all zeros, under
+            ``underflow="raise"``.
+
+    Warns:
+        UnderflowWarning: a nonzero tensor quantized to all zeros (``underflow="warn"``).
     """
     if nan not in _NAN_POLICIES:
         raise LowbitError(f"unknown NaN policy {nan!r}; allowed: 'raise', 'propagate'")
+    if underflow not in _UNDERFLOW_POLICIES:
+        raise LowbitError(
+            f"unknown underflow policy {underflow!r}; allowed: 'warn', 'raise', 'ignore'"
+        )
     if isinstance(fmt, Scheme):
         given = {
             "axis": axis, "group_size": group_size, "scale_method": scale_method,
@@ -216,7 +233,7 @@ def quantize(
         raise LowbitError(f"cannot quantize an empty tensor (shape {arr.shape})")
     from lowbit.quant._engine import encode_tensor
 
-    return encode_tensor(arr, scheme, seed=seed, nan=nan, is_torch=is_torch)
+    return encode_tensor(arr, scheme, seed=seed, nan=nan, is_torch=is_torch, underflow=underflow)
 
 
 def quantize_dynamic(x: Any, fmt: str = "int8", *, axis: int = -1) -> QuantizedTensor:
