@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from lowbit import __version__
+from lowbit.cli import _common
 from lowbit.errors import LowbitError
 
 _DESCRIPTION = """\
@@ -64,7 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        _common.check_args(args)
+        with _common.warnings_as_lines(args.command):
+            return int(args.func(args) or 0)
     except LowbitError as exc:
         print(f"lowbit {args.command}: error: {exc}", file=sys.stderr)
         return 2

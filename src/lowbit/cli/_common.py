@@ -1,16 +1,24 @@
-"""Shared CLI helpers: --json, tables, colour, parsing lists of formats."""
+"""Shared CLI helpers: --json, tables, colour, parsing lists of formats, checking options."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+
+from lowbit.errors import LowbitError
+
+#: The largest --seed: numpy's generators take any size, torch.manual_seed 0 .. 2**64 - 1,
+#: and train-lab seeds a second generator with seed + 1.
+SEED_MAX = 2**63 - 1
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:
@@ -116,3 +124,52 @@ def parse_list(text: str | None) -> list[str]:
     if not text:
         return []
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_names(text: str | None, flag: str) -> list[str] | None:
+    """A comma-separated list option: None when it was not given, else its items.
+
+    Raises:
+        LowbitError: the option was given but names nothing (``--formats ''``, ``,``), which
+            would otherwise fall back to the default list without a word.
+    """
+    if text is None:
+        return None
+    items = parse_list(text)
+    if not items:
+        raise LowbitError(f"{flag} is empty: give one or more comma-separated names")
+    return items
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Checks shared by every command, run before it: ``--seed`` in 0 .. 2**63 - 1.
+
+    Raises:
+        LowbitError: a negative or too large seed (numpy would raise a bare ValueError).
+    """
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed <= SEED_MAX:
+        raise LowbitError(f"--seed must be an integer from 0 to 2**63-1, got {seed}")
+
+
+@contextlib.contextmanager
+def warnings_as_lines(command: str) -> Iterator[None]:
+    """Print lowbit's :class:`~lowbit.errors.UnderflowWarning` s raised inside as one line
+    each on stderr (``lowbit CMD: warning: ...``), once per distinct message, also when the
+    command then fails. Other warnings keep Python's handling."""
+    from lowbit.errors import UnderflowWarning
+
+    shown = warnings.showwarning
+    seen: list[str] = []
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        if not issubclass(category, UnderflowWarning):
+            shown(message, category, *args, **kwargs)
+        elif str(message) not in seen:
+            seen.append(str(message))
+            print(f"lowbit {command}: warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", UnderflowWarning)
+        warnings.showwarning = show
+        yield

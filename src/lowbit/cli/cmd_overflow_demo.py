@@ -62,7 +62,7 @@ def _cell(r: dict, fmax: float, colour: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     from lowbit.training.overflow import overflow_table
 
-    table = overflow_table(_common.parse_list(args.formats) or None, saturate=args.saturate)
+    table = overflow_table(_common.parse_names(args.formats, "--formats"), saturate=args.saturate)
     if args.json:
         _common.print_json(table)
         return 0

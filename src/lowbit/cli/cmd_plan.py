@@ -103,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
     from lowbit.planning.estimate import plan
     from lowbit.planning.hardware import load_hardware, select_devices
 
-    names = _common.parse_list(args.devices)
+    names = _common.parse_names(args.devices, "--devices")
     devices = None if not names or names == ["all"] else names
     result = plan(
         _model_arg(args),
-        precisions=_common.parse_list(args.precisions) or None,
+        precisions=_common.parse_names(args.precisions, "--precisions"),
         context=args.context,
         batch=args.batch,
         kv=args.kv,

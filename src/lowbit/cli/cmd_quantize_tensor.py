@@ -146,7 +146,7 @@ def load_tensor(source: str) -> tuple[Any, str]:
     if p.suffix == ".npy":
         try:
             arr = np.load(p, allow_pickle=False)
-        except ValueError as exc:
+        except (ValueError, EOFError) as exc:  # EOFError: an empty (0-byte) file
             raise LowbitError(f"cannot read {path} as a numeric .npy file: {exc}") from None
         return arr, p.stem
     if p.suffix != ".safetensors":

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     x = explain.parse_value(args.value)
     mode = as_rounding(args.rounding)
-    names = _common.parse_list(args.formats) or list(DEFAULT_FORMATS)
+    names = _common.parse_names(args.formats, "--formats") or list(DEFAULT_FORMATS)
     if [n.lower() for n in names] == ["all"]:
         names = list(FORMATS)
     formats = [get_format(n) for n in names]  # unknown names fail here, before output

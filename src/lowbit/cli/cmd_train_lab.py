@@ -85,8 +85,8 @@ def _config(args: argparse.Namespace) -> Any:
     ck = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size),
                             ("lr", args.lr), ("seed", args.seed),
                             ("threads", args.threads)) if v is not None}  # fmt: skip
-    for k, v in {**mk, **ck}.items():
-        if isinstance(v, int) and v < 1:
+    for k, v in {**mk, **ck}.items():  # --seed 0 is fine (lowbit.cli checks --seed)
+        if k != "seed" and isinstance(v, int) and v < 1:
             raise LowbitError(f"--{k.replace('_', '-')} must be positive, got {v}")
     return LabConfig(model=ModelConfig(**mk), **ck)
 
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             _common.print_table([[n, r.summary] for n, r in RECIPES.items()], ["recipe", "what"])
         return 0
-    names = _common.parse_list(args.recipes) or list(DEFAULT_RECIPES)
+    names = _common.parse_names(args.recipes, "--recipes") or list(DEFAULT_RECIPES)
     if names == ["all"]:
         names = list(RECIPES)
     from lowbit.training.lab import EMULATION_NOTE, plot, train_lab
