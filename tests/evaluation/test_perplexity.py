@@ -346,6 +346,15 @@ def smollm2():
 # Measured here (CPython 3.11.7 text, torch 2.13 CPU, float32): first 2,048 tokens, 512 windows.
 # The real-model tests run torch on one thread: on a machine whose cores are busy with other
 # jobs, two OpenMP threads spin waiting for each other and run several times slower.
+#
+# Every threshold on a model-quality number below carries the spread measured by
+# benchmarks/threshold_spread.py over torch threads {1, 2} x lowbit's numba kernels {on, off}
+# x three instruction-set paths (native AVX-512; MKL_CBWR=AVX2 + ATEN_CPU_CAPABILITY=avx2, as
+# an AVX2-only CPU computes; MKL_CBWR=COMPATIBLE + ATEN_CPU_CAPABILITY=default). Numba never
+# changed a number (its kernels are bit-exact), threads none of these (a few 1e-8 on the tiny
+# models of test_variants.py); the instruction-set path did.
+#
+# 15.258523-15.258674 (spread 1.5e-4): abs=2e-3 leaves 1.8e-3, 12x the spread.
 SMOLLM2_PPL_2048 = 15.2587
 
 
@@ -369,6 +378,12 @@ def test_smollm2_w8a8_kl(smollm2) -> None:
     sim = copy.deepcopy(model)
     with simulate_activations(sim, "int8"):
         got = perplexity(sim, tok, max_tokens=512, reference=model, threads=1, progress=False)
+    # measured: kl_mean 0.02680-0.02737, top-1 0.9178-0.9276 (469-474 of 511 tokens),
+    # perplexity 18.297-18.618 against the reference's 17.5394. Int8 activations make the
+    # result chaotic in the summation order (one ulp moves a value across a rounding
+    # boundary, a whole int8 step): the perplexity moved 1.7% between kernel paths where
+    # the float model's moved 1e-5. Margins: KL x3.6 up and /27 down, top-1 35 tokens
+    # above 0.85 (the spread is 5), perplexity 0.76 above the reference (the spread is 0.32).
     assert 1e-3 < got["kl_mean"] < 0.1 and got["top1_agreement"] > 0.85
     assert got["perplexity"] > got["reference_perplexity"]
 
@@ -394,14 +409,25 @@ def test_minilm_embedding_matches_transformers(minilm) -> None:
 
 
 def test_minilm_w8a8_fidelity(minilm) -> None:
-    """INT8 activations keep MiniLM's embeddings close (cosine > 0.99) on 64 sentences."""
+    """INT8 activations keep MiniLM's embeddings close (mean cosine > 0.995) on 64 sentences;
+    most sentences keep their nearest neighbour."""
     _, model, tok = minilm
     sim = copy.deepcopy(model)
     with simulate_activations(sim, "int8"):
         got = embedding_fidelity(sim, model, tok, n=64, threads=1, progress=False)
     assert got["sentences"] == 64 and got["text"].startswith("pydoc_data.topics")
-    assert 0.99 < got["mean_cosine"] < 1.0 and got["min_cosine"] > 0.95
-    assert got["nn_agreement"] >= 0.9
+    # Measured (see above): mean cosine 0.9978801-0.9978810 (spread 8e-7): 0.995 leaves
+    # 2.9e-3, thousands of spreads. Min cosine 0.99547-0.99614 (spread 6.7e-4, the worst
+    # sentence changes with the kernel path): 0.985 leaves 0.0105, 15 spreads.
+    assert 0.995 < got["mean_cosine"] < 1.0 and got["min_cosine"] > 0.985
+    # Nearest-neighbour agreement is fragile by nature: 6 of the 64 sentences have their two
+    # nearest reference neighbours within 0.005 in cosine, while int8 activations move
+    # similarities by up to 0.03, and the int8 embeddings themselves move by up to 0.015
+    # between kernel paths (the float ones by 2e-7): those sentences are coin flips. Measured
+    # 59/64 on every path here (the disagreeing sentences differ between paths) and 57/64
+    # (0.890625) on a 2-core AMD EPYC without AVX-512, which failed the old >= 0.9. 52/64
+    # leaves 5 sentences below the lowest seen.
+    assert got["nn_agreement"] >= 52 / 64
 
 
 def test_tokenize_uses_backend_without_special_tokens(minilm) -> None:
