@@ -4,6 +4,7 @@ traceback or a silent default (issue 11, case 9)."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], *needle
 @pytest.fixture
 def npy(tmp_path: Path) -> Path:
     path = tmp_path / "w.npy"
-    np.save(path, np.random.default_rng(0).standard_normal(64).astype(np.float32))
+    np.save(path, np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32))
     return path
 
 
@@ -99,15 +100,18 @@ def test_underflow_warns_one_line(capsys: pytest.CaptureFixture[str], tmp_path: 
     """quantize-tensor and compare of float64 1e-300: each format that turned the tensor
     into zeros says so on one stderr line; the command still succeeds."""
     f = tmp_path / "tiny.npy"
-    np.save(f, np.array([1e-300, -2e-300, 0.0, 4e-300]))
+    np.save(f, np.array([[1e-300, -2e-300, 0.0, 4e-300]]))
     assert main(["quantize-tensor", str(f), "--to", "int4", "--json"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "lowbit quantize-tensor: warning: int4: all 4 values quantized to zero though 3 are "
+        "lowbit quantize-tensor: warning: int4:ch:fp32: all 4 values quantized to zero though 3 are "
         "nonzero (largest |x| 4e-300): the float32 scales underflowed to their smallest value; "
         "scale the input up first (underflow='ignore' silences this, 'raise' makes it an error)"
     ]
     assert main(["compare", "--data", str(f), "--formats", "int4,mxfp4,int8"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert [e.split(":")[2].strip() for e in err] == ["int4", "mxfp4", "int8"]
-    assert all(e.startswith("lowbit compare: warning: ") for e in err)
+    assert [re.match(r"lowbit compare: warning: (\S+): all 4 values", e)[1] for e in err] == [
+        "int4:ch:fp32",
+        "mxfp4",
+        "int8:ch:fp32",
+    ]

@@ -397,7 +397,7 @@ def _check_underflow(arr: np.ndarray, qt: QuantizedTensor, policy: str) -> None:
     with np.errstate(invalid="ignore"):
         amax = float(np.nanmax(np.abs(arr)))
     msg = (
-        f"{qt.scheme.describe()}: all {qt.numel:,} values quantized to zero though {nonzero:,} "
+        f"{qt.scheme.label}: all {qt.numel:,} values quantized to zero though {nonzero:,} "
         f"are nonzero (largest |x| {amax:.4g}): the {qt.scheme.scale_format} scales "
         "underflowed to their smallest value; scale the input up first (underflow='ignore' "
         "silences this, 'raise' makes it an error)"
