@@ -22,6 +22,7 @@ from lowbit.errors import LowbitError
 from lowbit.formats.enums import Rounding, as_rounding
 from lowbit.quant import _numba as _fastquant
 from lowbit.quant._elements import encode_chunk
+from lowbit.quant._range import check_underflow, mx_scales, scales_at_floor
 from lowbit.quant.layout import Layout, make_layout
 from lowbit.quant.scales import (
     asymmetric_range,
@@ -79,12 +80,8 @@ def _take(a: np.ndarray | None, idx: tuple[slice, ...]) -> Any:
 
 
 def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
-    """Round float64 scales to the scale format (float32 values); never to zero.
-
-    Raises:
-        LowbitError: a scale rounds beyond the scale format's range (it would have to
-            saturate, and the values of its group with it).
-    """
+    """Round float64 scales to the scale format (float32 values); never to zero. A scale
+    beyond the format's range is a LowbitError (saturating it would clip its group)."""
     if scale_format == "float32":
         with np.errstate(over="ignore"):
             s = s64.astype(np.float32)
@@ -111,28 +108,6 @@ def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
     return np.where((s == 0) & (s64 > 0), tiny, s).astype(np.float32)
 
 
-def _mx_scales(amax: np.ndarray, scheme: Scheme) -> np.ndarray:
-    """The float32 scales of MX blocks with largest magnitudes ``amax`` (OCP MX v1.0 §6.3).
-
-    Raises:
-        LowbitError: a block's shared exponent would exceed E8M0's 2**127. The OCP
-            reference code (microxcaling) makes such a scale NaN; clamping it instead would
-            saturate the block's large values and flush its small ones without a word.
-    """
-    from lowbit.formats.mx import E8M0_MAX_EXP, mx_format, scale_values, shared_exponent
-
-    mxf = mx_format(scheme.format)
-    limit = math.ldexp(1.0, E8M0_MAX_EXP + 1 + mxf.emax_elem)  # floor(log2 amax) > 127 + emax
-    if np.any(amax >= limit):
-        raise LowbitError(
-            f"a scale overflows float8_e8m0fnu (the input's range is too large for it): an "
-            f"{scheme.format} block's largest |value| is {float(np.max(amax)):.4g}, and "
-            f"E8M0's 2**127 holds blocks below 2**{E8M0_MAX_EXP + 1 + mxf.emax_elem} "
-            f"= {limit:.4g}"
-        )
-    return scale_values(shared_exponent(amax, mxf.emax_elem), mxf.int_shift)
-
-
 def choose_scale(
     V: np.ndarray,
     axes: tuple[int, ...],
@@ -144,7 +119,7 @@ def choose_scale(
     """(float32 scale, float64 zero point or None, float64 threshold or None) per group."""
     method = scheme.scale_method
     if scheme.is_mx:
-        return _mx_scales(np.maximum(mx, -mn), scheme), None, None
+        return mx_scales(np.maximum(mx, -mn), scheme), None, None
     if method is ScaleMethod.MEANABS:
         if fmt.name not in ("binary", "ternary"):
             raise LowbitError(
@@ -266,9 +241,7 @@ def encode_tensor(
         try:
             rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         except (TypeError, ValueError) as exc:  # a negative or non-integer seed
-            raise LowbitError(
-                f"seed must be a non-negative integer or a numpy Generator, got {seed!r} ({exc})"
-            ) from None
+            raise LowbitError(f"seed {seed!r}: {exc} (or pass a numpy Generator)") from None
     axes = layout.reduce_axes
     parts = layout.parts
     direct = len(parts) == 1  # chunks are contiguous ranges of the tensor: pack as we go
@@ -340,7 +313,7 @@ def encode_tensor(
             P, _, Q = layout.pqr
             codes3[:, part.start : part.stop, :] = part_out.reshape(P, part.stop - part.start, Q)
     scale = layout.join_scales(scales)
-    floored = underflow != "ignore" and _at_floor(scale, scheme)
+    floored = underflow != "ignore" and scales_at_floor(scale, scheme)
     zero_point = layout.join_scales(zps).astype(np.int32) if zps else None
     dq = None
     if scheme.double_quant:
@@ -362,49 +335,8 @@ def encode_tensor(
         source_torch=is_torch,
     )
     if floored:
-        _check_underflow(arr, qt, underflow)
+        check_underflow(arr, qt, underflow)
     return qt
-
-
-def _at_floor(scale: np.ndarray, scheme: Scheme) -> bool:
-    """Whether every group's scale is the smallest its format holds, or 1 (an all-zero
-    group's). Only then can a nonzero tensor quantize to all zeros: a scale above the
-    floor maps each group's largest magnitude to a nonzero code (or saturates it)."""
-    from lowbit.formats.catalog import format as lookup
-
-    if scheme.is_mx:
-        from lowbit.formats.mx import E8M0_MIN_EXP, mx_format
-
-        floor = math.ldexp(1.0, E8M0_MIN_EXP - mx_format(scheme.format).int_shift)
-    elif scheme.scale_format == "float32":
-        floor = float(np.finfo(np.float32).smallest_subnormal)
-    elif scheme.scale_format == "float8_e8m0fnu":
-        floor = 2.0**-127
-    else:
-        floor = float(lookup(scheme.scale_format).smallest_positive)
-    return bool(np.all((scale <= floor) | (scale == 1)))
-
-
-def _check_underflow(arr: np.ndarray, qt: QuantizedTensor, policy: str) -> None:
-    """Warn (or raise, under ``policy="raise"``) when a nonzero tensor became all zeros."""
-    import warnings
-
-    from lowbit.errors import UnderflowError, UnderflowWarning
-
-    nonzero = int(np.count_nonzero(arr))
-    if nonzero == 0 or np.any(decode_tensor(qt, np.float64) != 0):
-        return
-    with np.errstate(invalid="ignore"):
-        amax = float(np.nanmax(np.abs(arr)))
-    msg = (
-        f"{qt.scheme.label}: all {qt.numel:,} values quantized to zero though {nonzero:,} "
-        f"are nonzero (largest |x| {amax:.4g}): the {qt.scheme.scale_format} scales "
-        "underflowed to their smallest value; scale the input up first (underflow='ignore' "
-        "silences this, 'raise' makes it an error)"
-    )
-    if policy == "raise":
-        raise UnderflowError(msg)
-    warnings.warn(msg, UnderflowWarning, stacklevel=4)  # the caller of lowbit.quantize
 
 
 def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:

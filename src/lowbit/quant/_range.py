@@ -1,0 +1,78 @@
+"""The edges of a scale's range (``lowbit.quant._engine``'s checks): MX block scales past
+E8M0's 2**127 raise, and a nonzero tensor whose scales underflowed to all zeros warns (or
+raises, under ``underflow="raise"``). docs/quantization.md, "Range", says why."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
+
+if TYPE_CHECKING:
+    from lowbit.quant.scheme import Scheme
+    from lowbit.quant.tensor import QuantizedTensor
+
+
+def mx_scales(amax: np.ndarray, scheme: Scheme) -> np.ndarray:
+    """The float32 scales of MX blocks with largest magnitudes ``amax`` (OCP MX v1.0 §6.3).
+
+    Raises:
+        LowbitError: a block's shared exponent would exceed E8M0's 2**127. The OCP
+            reference code (microxcaling) makes such a scale NaN; clamping it instead would
+            saturate the block's large values and flush its small ones without a word.
+    """
+    from lowbit.formats.mx import E8M0_MAX_EXP, mx_format, scale_values, shared_exponent
+
+    mxf = mx_format(scheme.format)
+    limit = math.ldexp(1.0, E8M0_MAX_EXP + 1 + mxf.emax_elem)  # floor(log2 amax) > 127 + emax
+    if np.any(amax >= limit):
+        raise LowbitError(
+            f"a scale overflows float8_e8m0fnu (the input's range is too large for it): an "
+            f"{scheme.format} block's largest |value| is {float(np.max(amax)):.4g}, and "
+            f"E8M0's 2**127 holds blocks below 2**{E8M0_MAX_EXP + 1 + mxf.emax_elem} "
+            f"= {limit:.4g}"
+        )
+    return scale_values(shared_exponent(amax, mxf.emax_elem), mxf.int_shift)
+
+
+def scales_at_floor(scale: np.ndarray, scheme: Scheme) -> bool:
+    """Whether every group's scale is the smallest its format holds, or 1 (an all-zero
+    group's). Only then can a nonzero tensor quantize to all zeros: a scale above the
+    floor maps each group's largest magnitude to a nonzero code (or saturates it)."""
+    from lowbit.formats.catalog import format as lookup
+
+    if scheme.is_mx:
+        from lowbit.formats.mx import E8M0_MIN_EXP, mx_format
+
+        floor = math.ldexp(1.0, E8M0_MIN_EXP - mx_format(scheme.format).int_shift)
+    elif scheme.scale_format == "float32":
+        floor = float(np.finfo(np.float32).smallest_subnormal)
+    elif scheme.scale_format == "float8_e8m0fnu":
+        floor = 2.0**-127
+    else:
+        floor = float(lookup(scheme.scale_format).smallest_positive)
+    return bool(np.all((scale <= floor) | (scale == 1)))
+
+
+def check_underflow(arr: np.ndarray, qt: QuantizedTensor, policy: str) -> None:
+    """Warn (or raise, under ``policy="raise"``) when a nonzero tensor became all zeros."""
+    from lowbit.quant._engine import decode_tensor
+
+    nonzero = int(np.count_nonzero(arr))
+    if nonzero == 0 or np.any(decode_tensor(qt, np.float64) != 0):
+        return
+    with np.errstate(invalid="ignore"):
+        amax = float(np.nanmax(np.abs(arr)))
+    msg = (
+        f"{qt.scheme.label}: all {qt.numel:,} values quantized to zero though {nonzero:,} "
+        f"are nonzero (largest |x| {amax:.4g}): the {qt.scheme.scale_format} scales "
+        "underflowed to their smallest value; scale the input up first (underflow='ignore' "
+        "silences this, 'raise' makes it an error)"
+    )
+    if policy == "raise":
+        raise UnderflowError(msg)
+    warnings.warn(msg, UnderflowWarning, stacklevel=4)  # the caller of lowbit.quantize
