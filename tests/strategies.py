@@ -125,6 +125,34 @@ def values_near(draw: st.DrawFn, fmt: lowbit.Format) -> float:
     return sign * a
 
 
+@st.composite
+def input_arrays(draw: st.DrawFn, fmt: lowbit.Format, dtype: np.dtype) -> np.ndarray:
+    """A small array of ``dtype`` (float64/float32/float16/bfloat16) for encoding into
+    ``fmt``: values near its points (``values_near``) moved a few steps of ``dtype`` either
+    way, raw bit patterns (subnormals, NaNs with payloads, infinities), huge values."""
+    dtype = np.dtype(dtype)
+    uint = np.dtype(f"u{dtype.itemsize}")
+    n = draw(st.integers(1, 24))
+    out = []
+    for _ in range(n):
+        how = draw(st.integers(0, 2))
+        if how == 0:
+            raw = draw(st.integers(0, (1 << (8 * dtype.itemsize)) - 1))
+            out.append(np.array(raw, dtype=uint).view(dtype))
+            continue
+        with np.errstate(over="ignore"):
+            v = np.array(draw(values_near(fmt)) if how == 1 else draw(any_float64)).astype(dtype)
+        for _ in range(draw(st.integers(0, 2))):
+            if dtype.itemsize >= 4:
+                with np.errstate(over="ignore"):  # max -> inf
+                    v = np.nextafter(v, dtype.type(draw(st.sampled_from([np.inf, -np.inf]))))
+            else:  # no nextafter for the 16-bit types: step the bit pattern
+                step = draw(st.sampled_from([1, 0xFFFF]))
+                v = np.array((int(v.view(uint)) + step) & 0xFFFF, dtype=uint).view(dtype)
+        out.append(v)
+    return np.array(out, dtype=dtype).reshape(-1)
+
+
 # ---- helpers the test files share (not strategies, but they belong with them) ---------
 
 CODEC_PATHS = ("default", "numpy")

@@ -132,6 +132,29 @@ def encode_float(
         neg_check=neg_check,
     ):
         return out.reshape(shape)
+    from lowbit.codecs import _numpy_fast
+
+    if rbits is None:  # code tables and exact casts (float16/bfloat16/float32 input)
+        quick = _numpy_fast.encode(
+            fmt, flat, mode, saturate, nan_check=nan_check, neg_check=neg_check
+        )
+        if quick is not None:
+            return quick.reshape(shape)
+    return _encode_general(fmt, flat, mode, saturate, rbits, nan_check, neg_check).reshape(shape)
+
+
+def _encode_general(
+    fmt: FloatFormat,
+    flat: np.ndarray,
+    mode: Rounding,
+    saturate: bool,
+    rbits: np.ndarray | None,
+    nan_check: bool,
+    neg_check: bool,
+) -> np.ndarray:
+    """Codes of flat ``x`` by ``_encode_chunk`` per chunk: every mode and input dtype (the
+    general loop the other paths are tested against)."""
+    out = np.empty(flat.size, dtype=fmt.code_dtype)
     if nan_check and np.isnan(flat).any():
         raise nan_error(fmt)
     if neg_check:
@@ -143,7 +166,7 @@ def encode_float(
         out[sl] = _encode_chunk(
             fmt, _widen(flat[sl]), mode, saturate, None if rbits is None else rbits[sl]
         )
-    return out.reshape(shape)
+    return out
 
 
 def _widen(x: np.ndarray) -> np.ndarray:
@@ -368,9 +391,11 @@ def decode_float(fmt: FloatFormat, codes: np.ndarray, dtype: np.dtype) -> np.nda
     if fast is not None:
         return fast
     if fmt.bits <= 16:
+        from lowbit.codecs import _numpy_fast
+
         if codes.dtype not in (np.uint8, np.uint16):
             codes = codes.astype(np.intp)
-        return np.take(value_table(fmt, dtype), codes)
+        return _numpy_fast.decode(fmt, codes, value_table(fmt, dtype))
     layout = (fmt.ebits, fmt.mbits, fmt.bias, fmt.signed, fmt.inf, fmt.nan, fmt.subnormals)
     if layout == (8, 23, 127, True, Inf.IEEE, NaN.IEEE, True):
         return codes.astype(np.uint32).view(np.float32).astype(dtype, copy=False)
