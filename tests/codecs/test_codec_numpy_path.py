@@ -43,10 +43,13 @@ F16, BF16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
+_WORTH_A_TABLE = fast._worth_a_table
+
+
 @pytest.fixture(autouse=True)
 def _numpy_path(monkeypatch: pytest.MonkeyPatch):
     """Kernels off; a table is built on the first call, however few the values."""
-    monkeypatch.setattr(fast, "_TABLE_AFTER", 0)
+    monkeypatch.setattr(fast, "_worth_a_table", lambda key, n, entries: True)
     with _fast.numpy_only():
         yield
 
@@ -77,38 +80,44 @@ def _decision_points(fmt: FloatFormat) -> np.ndarray:
 
 
 @functools.cache
-def _prefix_grid(dtype: np.dtype) -> np.ndarray:
-    """Every 16-bit prefix with the lower bits zero, one, the top one alone, all ones."""
+def _prefix_grid(dtype: np.dtype, prefix: int) -> np.ndarray:
+    """Every ``prefix``-bit prefix with the lower bits zero, one and all ones (for 16-bit
+    prefixes also the top one alone)."""
     uint = np.dtype(f"u{dtype.itemsize}")
-    low = 8 * dtype.itemsize - 16
-    tops = np.arange(1 << 16, dtype=uint) << uint.type(low)
-    lows = np.array([0, 1, 1 << (low - 1), (1 << low) - 1], dtype=uint)
-    return (tops[:, None] | lows).reshape(-1).view(dtype)
+    low = 8 * dtype.itemsize - prefix
+    tops = np.arange(1 << prefix, dtype=uint) << uint.type(low)
+    lows = [0, 1, (1 << low) - 1] + ([1 << (low - 1)] if prefix == 16 else [])
+    return (tops[:, None] | np.array(lows, dtype=uint)).reshape(-1).view(dtype)
 
 
-def _keyed_inputs(dtype: np.dtype, fmt: FloatFormat) -> np.ndarray:
+def _keyed_inputs(dtype: np.dtype, prefix: int, fmt: FloatFormat) -> np.ndarray:
     """The prefix grid, and every decision point of ``fmt`` with its neighbours in ``dtype``."""
     with np.errstate(over="ignore"):
         p = _decision_points(fmt).astype(dtype)
     near = [p, np.nextafter(p, dtype.type(np.inf)), np.nextafter(p, dtype.type(-np.inf))]
-    return np.concatenate([_prefix_grid(dtype), *near])
+    return np.concatenate([_prefix_grid(dtype, prefix), *near])
 
 
 # ---- which formats take which path ------------------------------------------------------
 
 
-def test_fp8_fp6_fp4_take_the_keyed_tables() -> None:
-    """Every catalog format of at most 8 bits is on the float32 key grid (a regression to
-    the general loop would be silent otherwise); formats with more mantissa bits are not."""
+def test_key_widths() -> None:
+    """Every catalog format of at most 8 bits keys float32 input by its top 16 bits (a
+    regression to the general loop would be silent otherwise), float16 by 20, bfloat16
+    by 17; float64 input needs 12 + mbits + 1 bits, at most 20."""
     for name in CATALOG_FLOATS:
         fmt = lowbit.format(name)
         if fmt.bits <= 8:
-            assert fast.on_key_grid(fmt, F32), name
-            assert fast.on_key_grid(fmt, F64) == (fmt.mbits <= 3), name
-    for name in ("float16", "bfloat16"):
-        assert not fast.on_key_grid(lowbit.format(name), F32)
-    assert not fast.on_key_grid(CUSTOM[5], F32)  # 9 mantissa bits
-    assert fast.on_key_grid(CUSTOM[4], F32)  # 16-bit code, 5 mantissa bits
+            assert fast.key_prefix(fmt, F32) == 16, name
+            want64 = 12 + fmt.mbits + 1 if fmt.mbits <= 7 else None
+            assert fast.key_prefix(fmt, F64) == (max(16, want64) if want64 else None), name
+    assert fast.key_prefix(lowbit.format("float16"), F32) == 20
+    assert fast.key_prefix(lowbit.format("bfloat16"), F32) == 17
+    assert fast.key_prefix(lowbit.format("float16"), F64) is None
+    assert fast.key_prefix(CUSTOM[4], F32) == 16  # 16-bit code, 5 mantissa bits
+    assert fast.key_prefix(CUSTOM[5], F32) == 19  # 9 mantissa bits
+    e9m5 = FloatFormat(name="c_e9m5", ebits=9, mbits=5, inf="high", nan="high")
+    assert fast.key_prefix(e9m5, F32) is None  # values below float32's range
 
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float4_e2m1fn", "float16", "bfloat16"])
@@ -126,14 +135,17 @@ def test_large_inputs_skip_the_general_loop(
 
 
 def test_small_inputs_wait_for_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A table is built only after as many values as building it costs have been encoded."""
-    monkeypatch.setattr(fast, "_TABLE_AFTER", 1000)
-    fmt = FloatFormat(name="c_wait_e4m3", ebits=4, mbits=3, inf="none", nan="high")
-    x = np.linspace(-3, 3, 600, dtype=np.float32)
-    fmt.encode(x)
-    assert not any(k[0] is fmt for k in fast._tables)
-    fmt.encode(x)
-    assert any(k[0] is fmt for k in fast._tables)
+    """A table is built only once as many values have been encoded alike as it has
+    entries; until then float16 takes numpy's cast and other formats the general loop."""
+    monkeypatch.setattr(fast, "_worth_a_table", _WORTH_A_TABLE)
+    e4m3 = FloatFormat(name="c_wait_e4m3", ebits=4, mbits=3, inf="none", nan="high")
+    f16 = FloatFormat(name="c_wait_f16", ebits=5, mbits=10)  # float16's layout
+    for fmt, n in ((e4m3, 100_000), (f16, 1 << 20)):  # tables of 2**17 and 2**21 codes
+        x = np.linspace(-3, 3, n, dtype=np.float32)
+        want = codec._encode_general(fmt, x, Rounding.NEAREST_EVEN, False, None, False, False)
+        for built in (False, True):
+            assert np.array_equal(fmt.encode(x), want)
+            assert any(k[0] is fmt for k in fast._tables) == built, fmt.name
 
 
 # ---- encode: keyed tables, lookups, casts ---------------------------------------------
@@ -145,9 +157,10 @@ def test_small_inputs_wait_for_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_keyed_tables_match_the_general_loop(dtype: np.dtype, fmt: FloatFormat, sat: bool) -> None:
     """Every 16-bit prefix with zero, one and full lower bits, and each decision point and
     its neighbours: the keyed table's codes are the general loop's, in every mode."""
-    if not fast.on_key_grid(fmt, dtype):
-        pytest.skip("not on the key grid: the general loop (or a cast) serves it")
-    x = _keyed_inputs(dtype, fmt)
+    prefix = fast.key_prefix(fmt, dtype)
+    if prefix is None:
+        pytest.skip("no key of at most 21 bits: the general loop serves it")
+    x = _keyed_inputs(dtype, prefix, fmt)
     if not fmt.signed and not fmt.has_nan and not sat:
         x = x[~(x < 0)]  # refused, tested below
     for mode in MODES:
@@ -189,9 +202,12 @@ def _cast_inputs(name: str) -> np.ndarray:
 
 @pytest.mark.parametrize("sat", [False, True])
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
-def test_float32_casts_match_the_general_loop(name: str, sat: bool) -> None:
+def test_float32_casts_match_the_general_loop(
+    name: str, sat: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """float32 into bfloat16 (ml_dtypes' cast) and float16 (numpy's, NaNs rewritten), both
     saturations: every class of input the cast distinguishes gives the general loop's code."""
+    monkeypatch.setattr(fast, "_worth_a_table", lambda key, n, entries: False)
     fmt = lowbit.format(name)
     assert fast._cast_peer(fmt, Rounding.NEAREST_EVEN) is not None
     x = _cast_inputs(name)

@@ -2,28 +2,32 @@
 
 Without numba, ``vectorised.encode_float`` tries these before its general chunk loop
 (``vectorised._encode_general``: single rounding on float64 bit fields, every mode). Each
-gives exactly that loop's codes, for deterministic rounding modes. A table is built (a
-few ms) once enough values have been encoded alike to pay for it, and kept per format,
-mode, saturation and input dtype:
+gives exactly that loop's codes, for deterministic rounding modes. A table is built once
+as many values have been encoded alike as it has entries (building it costs about as
+much as encoding those in the general loop) and kept per format, mode, saturation and
+input dtype (64 MB in all at most):
 
 - **float16 or bfloat16 input** (65,536 possible values): the code of every input bit
   pattern, one table per format, mode, saturation and input dtype; encoding is a lookup.
 - **float32 or float64 input, keyed table.** The code of an input ``x`` can only change
   at the format's values, the midpoints between neighbouring values and the overflow
-  threshold (max plus half the spacing at max). Where all of those have zero bits below
-  the input's top 16 (for float32: are bfloat16 values, as in every format with at most 6
-  mantissa bits whose range bfloat16 covers, FP8/FP6/FP4 among them; for float64: at
-  most 3 mantissa bits), ``x`` rounds as any other input with the same top 16 bits and
-  the same "lower bits zero or not" does. The key is the input's top 17 bits rounded to
-  odd, ``(bits >> (low - 1)) | (the bits below those != 0)`` (``low`` = 16 for float32,
-  48 for float64): the top 16 bits and whether any lower bit is set. It indexes a table
-  of 131,072 codes, each made by the general loop from one representative input.
+  threshold (max plus half the spacing at max). Take the fewest top bits of the input,
+  ``prefix`` (16 to 20), below which all of those points have only zero bits: then ``x``
+  rounds as any other input with the same top ``prefix`` bits and the same "lower bits
+  zero or not" does. The key is the input's top ``prefix + 1`` bits rounded to odd,
+  ``(bits >> s) | (the s bits below != 0)``: the top ``prefix`` bits and whether any
+  lower bit is set. It indexes a table of ``2**(prefix + 1)`` codes, each made by the
+  general loop from one representative input. For float32 input, formats with at most 6
+  mantissa bits (FP8/FP6/FP4, E8M0, the 8-bit P3109 formats) need 16 bits (the bfloat16
+  grid: 131,072 codes), float16 20 (2M codes, 4 MB); for float64 input, at most 7
+  mantissa bits.
 - **float32 input, bfloat16 or float16 layout, nearest-even:** ml_dtypes' and numpy's
   casts round the same way (IEEE 754 nearest-even with overflow to ±inf); saturation
   clamps to ±max first. numpy keeps NaN payloads in float16, so NaNs are rewritten to
   the quiet NaN with the input's sign, as lowbit writes them; ml_dtypes' bfloat16 cast
-  already does. ``tests/codecs/test_codec_numpy_path.py`` checks each case against the
-  general loop on every class of input.
+  already does. bfloat16 always takes the cast (it runs at memory speed), float16 until
+  its table is worth building. ``tests/codecs/test_codec_numpy_path.py`` checks every
+  path against the general loop on every class of input it distinguishes.
 
 Decoding of formats of at most 16 bits is a lookup in the value table (per chunk, so the
 lookup's index conversion stays in cache); bfloat16 to float32 is ml_dtypes' cast with
@@ -47,15 +51,14 @@ if TYPE_CHECKING:
 _CHUNK = 1 << 15  # elements per step of the keyed encoder: input, keys, codes stay in L2
 _STEP = 1 << 16  # elements per step of lookups and casts (one pass each: larger steps)
 _PIECE = 1 << 18  # elements per thread's piece (smaller arrays: one thread)
-_TABLE_AFTER = 1 << 17  # values encoded alike before a table is built (building costs as much)
-_MAX_TABLES = 64
+_TABLE_BYTES = 64 << 20  # all tables together, the oldest dropped first
+_MAX_PREFIX = 20  # keys of at most 21 bits: tables of at most 2M codes (4 MB)
 
 _F16 = np.dtype(np.float16)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
-# keyed inputs: their unsigned view and the bits below the 16-bit prefix of the key
-_KEYED = {_F32: (np.dtype(np.uint32), 16), _F64: (np.dtype(np.uint64), 48)}
+_KEYED = {_F32: np.dtype(np.uint32), _F64: np.dtype(np.uint64)}  # and their bit views
 _CAST_LAYOUTS = {
     (8, 7, 127): _BF16,  # ml_dtypes' bfloat16 cast
     (5, 10, 15): _F16,  # numpy's float16 cast
@@ -68,49 +71,56 @@ _counts: dict[tuple[Any, ...], int] = {}
 def _cached(key: tuple[Any, ...], build: Any) -> np.ndarray:
     table = _tables.get(key)
     if table is None:
-        if len(_tables) >= _MAX_TABLES:
-            _tables.pop(next(iter(_tables)))  # the oldest: a few MB at most in all
         table = build()
         table.setflags(write=False)
+        while _tables and sum(t.nbytes for t in _tables.values()) + table.nbytes > _TABLE_BYTES:
+            _tables.pop(next(iter(_tables)))
         _tables[key] = table
     return table
 
 
-def _worth_a_table(key: tuple[Any, ...], n: int) -> bool:
-    """Whether the table for ``key`` is built or, counting these ``n`` values, enough
-    values have been encoded alike to pay for building it."""
+def _worth_a_table(key: tuple[Any, ...], n: int, entries: int) -> bool:
+    """Whether the table for ``key`` is built or, counting these ``n`` values, as many
+    values have been encoded alike as it has entries (building it costs about as much
+    as encoding that many values in the general loop)."""
     if key in _tables:
         return True
     if len(_counts) > 4096:
         _counts.clear()
     _counts[key] = seen = _counts.get(key, 0) + n
-    return seen >= _TABLE_AFTER
+    return seen >= entries
 
 
 @lru_cache(maxsize=512)
-def on_key_grid(fmt: FloatFormat, dtype: np.dtype) -> bool:
-    """Whether every input of ``dtype`` (float32 or float64) at which ``fmt``'s codes can
-    change has zero bits below its top 16 (for float32: is a bfloat16 value).
+def key_prefix(fmt: FloatFormat, dtype: np.dtype) -> int | None:
+    """The fewest top bits (16 to 20) of a ``dtype`` input (float32 or float64) that hold
+    every point at which ``fmt``'s codes can change, the bits below them zero; None if
+    more are needed.
 
     Those points are the magnitudes of the format's values, the midpoints between
     neighbouring magnitudes (with 0 where the format has it: the edge of the rounding
     zone of formats without subnormals) and the overflow threshold ``max + ulp(max)/2``;
     directed modes only use the values. Points beyond the input's range never separate
-    two inputs.
+    two inputs. For float32 input: 16 bits (bfloat16 values) for at most 6 mantissa
+    bits whose range bfloat16 covers (FP8/FP6/FP4), 20 for float16.
     """
     if fmt.bits > 16 or np.dtype(fmt.code_dtype) not in (np.uint8, np.uint16):
-        return False
-    uint, low = _KEYED[dtype]
+        return None
+    uint = _KEYED[dtype]
+    width = 8 * uint.itemsize
     mags = np.unique(np.abs(fmt.values()))
     top = float(np.floor(np.log2(fmt.max)))
     over = fmt.max + 2.0 ** (top - fmt.mbits) / 2
     points = np.concatenate([mags, (mags[:-1] + mags[1:]) / 2, [over]])
     points = points[points <= float(np.finfo(dtype).max)]
     exact = points.astype(dtype)
-    return bool(
-        np.array_equal(exact.astype(np.float64), points)
-        and not (exact.view(uint) & uint.type((1 << low) - 1)).any()
-    )
+    if not np.array_equal(exact.astype(np.float64), points):
+        return None
+    bits = exact.view(uint)
+    for prefix in range(16, _MAX_PREFIX + 1):
+        if not (bits & uint.type((1 << (width - prefix)) - 1)).any():
+            return prefix
+    return None
 
 
 def _general(fmt: FloatFormat, x: np.ndarray, mode: Rounding, saturate: bool) -> np.ndarray:
@@ -120,15 +130,16 @@ def _general(fmt: FloatFormat, x: np.ndarray, mode: Rounding, saturate: bool) ->
     return _encode_general(fmt, x, mode, saturate, None, False, False)
 
 
-def _representatives(dtype: np.dtype, unsigned_only: bool) -> np.ndarray:
+def _representatives(dtype: np.dtype, prefix: int, unsigned_only: bool) -> np.ndarray:
     """One input of ``dtype`` per table entry: every bit pattern of a 16-bit input; for
-    float32/float64, key ``k`` stands for the inputs whose top 16 bits are ``k >> 1``
-    and whose lower bits are zero (``k`` even) or not (odd). ``unsigned_only`` clears the
-    sign bit, for formats that refuse negative input before looking anything up."""
+    float32/float64, key ``k`` stands for the inputs whose top ``prefix`` bits are
+    ``k >> 1`` and whose lower bits are zero (``k`` even) or not (odd). ``unsigned_only``
+    clears the sign bit, for formats that refuse negative input before any lookup."""
     if dtype in _KEYED:
-        uint, low = _KEYED[dtype]
-        keys = np.arange(1 << 17, dtype=uint)
-        pattern = ((keys >> uint.type(1)) << uint.type(low)) | (keys & uint.type(1))
+        uint = _KEYED[dtype]
+        low = uint.type(8 * uint.itemsize - prefix)
+        keys = np.arange(1 << (prefix + 1), dtype=uint)
+        pattern = ((keys >> uint.type(1)) << low) | (keys & uint.type(1))
         sign = uint.type(1 << (8 * uint.itemsize - 1))
     else:
         uint = np.dtype(np.uint16)
@@ -139,10 +150,12 @@ def _representatives(dtype: np.dtype, unsigned_only: bool) -> np.ndarray:
     return pattern.view(dtype)
 
 
-def _table(fmt: FloatFormat, mode: Rounding, saturate: bool, dtype: np.dtype) -> np.ndarray:
+def _table(
+    fmt: FloatFormat, mode: Rounding, saturate: bool, dtype: np.dtype, prefix: int
+) -> np.ndarray:
     """Codes of every table entry for inputs of ``dtype``."""
     unsigned_only = not fmt.signed and not fmt.has_nan and not saturate
-    return _general(fmt, _representatives(dtype, unsigned_only), mode, saturate)
+    return _general(fmt, _representatives(dtype, prefix, unsigned_only), mode, saturate)
 
 
 def _pieces(n: int) -> list[tuple[int, int]]:
@@ -179,23 +192,29 @@ def _flags(x: np.ndarray, nan_check: bool, neg_check: bool) -> tuple[bool, bool]
 
 
 def _keyed_encode(
-    table: np.ndarray, x: np.ndarray, out: np.ndarray, nan_check: bool, neg_check: bool
+    table: np.ndarray,
+    prefix: int,
+    x: np.ndarray,
+    out: np.ndarray,
+    nan_check: bool,
+    neg_check: bool,
 ) -> tuple[bool, bool]:
     """Codes of float32/float64 ``x`` into ``out``: the table entry of each input's key,
-    its top 16 bits rounded to odd (``(bits >> (low - 1)) | (lower bits != 0)``)."""
-    uint, low = _KEYED[x.dtype]
+    its top ``prefix + 1`` bits rounded to odd (``(bits >> s) | (bits below s != 0)``)."""
+    uint = _KEYED[x.dtype]
+    s = 8 * uint.itemsize - prefix - 1
     u = x.view(uint)
-    shift, mask, one = uint.type(low - 1), uint.type((1 << (low - 1)) - 1), uint.type(1)
+    shift, mask, one = uint.type(s), uint.type((1 << s) - 1), uint.type(1)
     key = np.empty(min(_CHUNK, u.size), dtype=uint)
     sticky = np.empty_like(key)
     seen_nan = seen_neg = False
     for a in range(0, u.size, _CHUNK):
         uc = u[a : a + _CHUNK]
-        k, s = key[: uc.size], sticky[: uc.size]
+        k, st = key[: uc.size], sticky[: uc.size]
         np.right_shift(uc, shift, out=k)
-        np.bitwise_and(uc, mask, out=s)
-        np.minimum(s, one, out=s)
-        np.bitwise_or(k, s, out=k)
+        np.bitwise_and(uc, mask, out=st)
+        np.minimum(st, one, out=st)
+        np.bitwise_or(k, st, out=k)
         np.take(table, k, out=out[a : a + uc.size], mode="clip")  # keys are < table.size
         has_nan, has_neg = _flags(x[a : a + _CHUNK], nan_check, neg_check)
         seen_nan |= has_nan
@@ -276,17 +295,27 @@ def encode(
         return None
     out = np.empty(x.size, dtype=fmt.code_dtype)
     key = (fmt, mode, bool(saturate), x.dtype)
-    peer = _cast_peer(fmt, mode) if x.dtype == _F32 else None
-    if peer is not None and not neg_check:
-        flags = _run(lambda a, b: _cast_encode(fmt, peer, saturate, x[a:b], out[a:b]), x.size)
+    peer = _cast_peer(fmt, mode) if x.dtype == _F32 and not neg_check else None
+    prefix = key_prefix(fmt, x.dtype) if x.dtype in _KEYED else 15  # 16-bit input: 65,536
+    if peer == _BF16:  # ml_dtypes' cast runs at memory speed: no table beats it
+        table = None
+    elif prefix is not None and _worth_a_table(key, x.size, 2 << prefix):
+        table = _cached(key, lambda: _table(fmt, mode, saturate, x.dtype, prefix))
+    elif peer is None:
+        return None  # the general loop (until enough values have been encoded alike)
     else:
-        if x.dtype in _KEYED and not on_key_grid(fmt, x.dtype):
-            return None
-        if not _worth_a_table(key, x.size):
-            return None  # a few values: the general loop is quicker than building a table
-        table = _cached(key, lambda: _table(fmt, mode, saturate, x.dtype))
-        step = _keyed_encode if x.dtype in _KEYED else _lookup_encode
-        flags = _run(lambda a, b: step(table, x[a:b], out[a:b], nan_check, neg_check), x.size)
+        table = None
+    if table is None:
+        flags = _run(lambda a, b: _cast_encode(fmt, peer, saturate, x[a:b], out[a:b]), x.size)
+    elif x.dtype in _KEYED:
+        flags = _run(
+            lambda a, b: _keyed_encode(table, prefix, x[a:b], out[a:b], nan_check, neg_check),
+            x.size,
+        )
+    else:
+        flags = _run(
+            lambda a, b: _lookup_encode(table, x[a:b], out[a:b], nan_check, neg_check), x.size
+        )
     from lowbit.codecs.vectorised import nan_error, negative_error
 
     if nan_check and any(f[0] for f in flags):

@@ -155,12 +155,11 @@ def _encode_general(
     """Codes of flat ``x`` by ``_encode_chunk`` per chunk: every mode and input dtype (the
     general loop the other paths are tested against)."""
     out = np.empty(flat.size, dtype=fmt.code_dtype)
-    if nan_check and np.isnan(flat).any():
-        raise nan_error(fmt)
-    if neg_check:
-        with np.errstate(invalid="ignore"):  # bfloat16 comparisons warn on NaN
-            if (flat < 0).any():
-                raise negative_error(fmt)
+    with np.errstate(invalid="ignore"):  # bfloat16 tests and comparisons warn on NaN
+        if nan_check and np.isnan(flat).any():
+            raise nan_error(fmt)
+        if neg_check and (flat < 0).any():
+            raise negative_error(fmt)
     for start in range(0, flat.size, CHUNK):
         sl = slice(start, start + CHUNK)
         out[sl] = _encode_chunk(
