@@ -37,6 +37,7 @@ pieces of whole chunks (threads never change a result).
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -65,17 +66,23 @@ _CAST_LAYOUTS = {
 }
 
 _tables: dict[tuple[Any, ...], np.ndarray] = {}
+_lock = threading.Lock()
 _counts: dict[tuple[Any, ...], int] = {}
 
 
 def _cached(key: tuple[Any, ...], build: Any) -> np.ndarray:
+    """The table for ``key``, built on first use (callers may be on several threads)."""
     table = _tables.get(key)
     if table is None:
-        table = build()
-        table.setflags(write=False)
-        while _tables and sum(t.nbytes for t in _tables.values()) + table.nbytes > _TABLE_BYTES:
-            _tables.pop(next(iter(_tables)))
-        _tables[key] = table
+        with _lock:
+            table = _tables.get(key)
+            if table is None:
+                table = build()
+                table.setflags(write=False)
+                used = sum(t.nbytes for t in _tables.values())
+                while _tables and used + table.nbytes > _TABLE_BYTES:
+                    used -= _tables.pop(next(iter(_tables))).nbytes  # the oldest first
+                _tables[key] = table
     return table
 
 
