@@ -3,13 +3,14 @@
 Each bench module defines ``run(quick: bool) -> str`` returning a markdown section
 (heading, table, notes). ``--quick`` uses smaller sizes (a smoke test, not for the docs);
 ``--only NAME`` runs one module; ``--no-write`` prints instead of writing the docs.
+Every section gets the CPU line (model, usable cores, vector extensions) under its
+heading, so each table says what it was measured on.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import platform
 import subprocess
 import sys
@@ -17,19 +18,13 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from _machine import cpu
+
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "benchmarks.md"
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     mem = ""
     try:
         kb = int(Path("/proc/meminfo").read_text().split()[1])
@@ -49,10 +44,20 @@ def machine() -> str:
     except OSError:
         commit = "?"
     return (
-        f"- Machine: {cpu}, {os.cpu_count()} cores{mem}; {platform.system()} {platform.release()}\n"
+        f"- Machine: {cpu()}{mem}; {platform.system()} {platform.release()}\n"
         f"- Python {platform.python_version()}; {', '.join(versions)}\n"
         f"- lowbit commit {commit}; run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
     )
+
+
+def _with_cpu(section: str) -> str:
+    """The section with the CPU line under each of its ``##`` headings."""
+    lines = []
+    for line in section.splitlines():
+        lines.append(line)
+        if line.startswith("## "):
+            lines += ["", f"CPU: {cpu()}."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         print(f"== {path.name}", file=sys.stderr, flush=True)
-        sections.append(mod.run(quick=args.quick))
+        sections.append(_with_cpu(mod.run(quick=args.quick)))
     text = (
         "# Benchmarks\n\n"
         "Written by `make bench` (benchmarks/run.py) from the run below; every ratio is\n"
