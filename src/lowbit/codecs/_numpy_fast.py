@@ -248,10 +248,6 @@ def _cast_encode(
 ) -> tuple[bool, bool]:
     """Codes of float32 ``x`` by the peer's nearest-even cast (see the module docstring)."""
     view = out.view(peer)
-    if peer == _BF16 and not saturate:  # one call: ml_dtypes' cast needs no second look
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.copyto(view, x, casting="unsafe")
-        return False, False
     limit = np.float32(fmt.max)
     clipped = np.empty(min(_STEP, x.size), dtype=np.float32) if saturate else None
     for a in range(0, x.size, _STEP):
@@ -308,7 +304,10 @@ def encode(
     key = (fmt, mode, bool(saturate), x.dtype)
     peer = _cast_peer(fmt, mode) if x.dtype == _F32 and not neg_check else None
     prefix = key_prefix(fmt, x.dtype) if x.dtype in _KEYED else 15  # 16-bit input: 65,536
-    if peer == _BF16:  # ml_dtypes' cast runs at memory speed: no table beats it
+    if peer == _BF16 and not saturate:  # ml_dtypes' cast runs at memory speed: one call
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x.astype(_BF16).view(fmt.code_dtype)
+    if peer == _BF16:
         table = None
     elif prefix is not None and _worth_a_table(key, x.size, 2 << prefix):
         table = _cached(key, lambda: _table(fmt, mode, saturate, x.dtype, prefix))
