@@ -130,19 +130,3 @@ def test_compare_plot(capsys, tmp_path) -> None:
     assert rc == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rc, _, err = _run(capsys, "compare", "--size", "64", "--plot", str(out), "--levels", "int2")
     assert rc == 2 and "--levels" in err
-
-
-def test_compare_plot_labels_do_not_collide() -> None:
-    """Scatter labels of points at the same bits/value and nearly the same SQNR get
-    different offsets; a lone point keeps the default one."""
-    from lowbit.cli.cmd_compare import _label_offsets
-
-    rows = [
-        {"scheme": "int4", "bits_per_value": 4.5, "sqnr_db": 18.0},
-        {"scheme": "fp4", "bits_per_value": 4.5, "sqnr_db": 18.2},
-        {"scheme": "nf4", "bits_per_value": 4.5, "sqnr_db": 18.1},
-        {"scheme": "int8", "bits_per_value": 8.5, "sqnr_db": 40.0},
-    ]
-    got = _label_offsets(rows)
-    assert len(set(got[:3])) == 3
-    assert got[3] == (4, 4)

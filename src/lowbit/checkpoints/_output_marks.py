@@ -151,6 +151,7 @@ _FIGURE_MARKS = {
     ".png": ("Software", b"tEXtSoftware\x00lowbit "),
     ".pdf": ("Creator", b"/Creator (lowbit "),
     ".svg": ("Creator", b"<dc:title>lowbit "),
+    ".html": ("generator", b'<meta name="generator" content="lowbit '),  # lowbit report
 }
 
 

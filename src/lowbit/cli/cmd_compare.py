@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from lowbit.cli import _common
-from lowbit.cli.cmd_quantize_tensor import add_scheme_options, build_scheme, load_tensor
+from lowbit.cli.cmd_quantize_tensor import add_scheme_options, build_scheme
 from lowbit.errors import LowbitError
 from lowbit.formats.mx import is_mx_name
 
@@ -103,50 +103,15 @@ def _scheme_for(name: str, args: argparse.Namespace, shape: tuple[int, ...]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
+    from lowbit.cli._payloads import compare_payload
 
-    import lowbit
-
-    if args.data in DISTRIBUTIONS:
-        data = make_data(args.data, args.size, args.seed)
-        label = f"{args.data} (n={data.size:,}, seed {args.seed})"
-    else:
-        from pathlib import Path
-
-        src = args.data
-        file = src.partition(".safetensors:")[0] + ".safetensors" if ".safetensors:" in src else src
-        if not Path(file).exists():
-            raise LowbitError(
-                f"--data {args.data!r} is neither a distribution ({', '.join(DISTRIBUTIONS)}) "
-                "nor an existing .npy / .safetensors file"
-            )
-        data, name = load_tensor(args.data)
-        label = f"{name} {tuple(np.shape(data))}"
-    names = _common.parse_list(args.formats)
-    if not names:
-        raise LowbitError("--formats is empty")
-    rows = []
-    results = []
-    qts = {}
-    schemes = {name: _scheme_for(name, args, tuple(np.shape(data))) for name in names}
-    for name in names:
-        qt = lowbit.quantize(data, schemes[name], seed=args.seed)
-        err = lowbit.error(data, qt)
-        qts[name] = qt
-        results.append(
-            {
-                "format": name,
-                "scheme": qt.scheme.label,
-                "bits_per_value": qt.bits_per_value,
-                "bytes": qt.nbytes,
-                **err,
-            }
-        )
-    results.sort(key=lambda r: -r["sqnr_db"])
+    payload, qts, data = compare_payload(args)
+    label, results, rows = payload["data"], payload["results"], []
+    names = list(qts)
     if args.plot is not None:
         _plot(args.plot, data, results, qts, args.levels or names[0], args.overwrite)
     if args.json:
-        _common.print_json({"data": label, "results": results, "plot": args.plot})
+        _common.print_json({**payload, "plot": args.plot})
         return 0
     print(f"data: {label}")
     for r in results:
@@ -181,26 +146,6 @@ def _levels(qt: Any) -> Any:
     return (vals - zp) * s
 
 
-def _label_offsets(results: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    """Label offsets (points) for the scatter: a point within 8 % of the plotted ranges
-    of points labelled before it (taken by falling SQNR) puts its label on the other
-    side and a line lower, so nearby labels (fp4, mxfp4, int4 near 4.5 bits) do not
-    overlap."""
-    xs = [float(r["bits_per_value"]) for r in results]
-    ys = [float(r["sqnr_db"]) for r in results]
-    xr = (max(xs) - min(xs)) or 1.0
-    yr = (max(ys) - min(ys)) or 1.0
-    offsets = [(4, 4)] * len(results)
-    placed: list[int] = []
-    for i in sorted(range(len(results)), key=lambda i: -ys[i]):
-        k = sum(
-            1 for j in placed if abs(xs[i] - xs[j]) / xr < 0.08 and abs(ys[i] - ys[j]) / yr < 0.08
-        )
-        offsets[i] = (4 if k % 2 == 0 else -4, 4 - 10 * ((k + 1) // 2))
-        placed.append(i)
-    return offsets
-
-
 def _plot(
     path: str,
     data: Any,
@@ -221,26 +166,36 @@ def _plot(
     if levels not in qts:
         raise LowbitError(f"--levels {levels!r} is not one of --formats ({', '.join(qts)})")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r, (dx, dy) in zip(results, _label_offsets(results), strict=True):
-        ax1.scatter(r["bits_per_value"], r["sqnr_db"])
+    from lowbit.view.labels import place_labels
+
+    for r in results:
+        ax1.scatter(r["bits_per_value"], r["sqnr_db"], color="C0")
+    points = [(r["bits_per_value"], r["sqnr_db"]) for r in results]
+    offsets = place_labels(points, ax1, [r["scheme"] for r in results])
+    for r, (dx, dy) in zip(results, offsets, strict=True):
         ax1.annotate(r["scheme"], (r["bits_per_value"], r["sqnr_db"]), fontsize=8,
                      xytext=(dx, dy), textcoords="offset points",
                      ha="left" if dx > 0 else "right")  # fmt: skip
     ax1.set_xlabel("bits per value (incl. scales)")
     ax1.set_ylabel("SQNR (dB)")
-    ax1.set_title("error against storage")
+    ax1.set_title("error against storage (up and left is better)")
+    ax1.scatter([], [], color="C0", label="one scheme (labelled)")
+    ax1.legend(loc="lower right", fontsize=8)
     ax1.grid(alpha=0.3)
     flat = np.asarray(data, dtype=np.float64).reshape(-1)
     flat = flat[np.isfinite(flat)]
-    ax2.hist(flat, bins=200, color="0.6")
+    ax2.hist(flat, bins=200, color="0.6", label="data")
     qt = qts[levels]
     lv = _levels(qt)
     lo, hi = np.percentile(flat, [0.01, 99.99]) if flat.size else (-1, 1)
     span = max(abs(lo), abs(hi), float(np.max(np.abs(lv))) if lv.size else 0.0)
-    for v in lv:
-        ax2.axvline(v, color="C3", lw=0.6, alpha=0.8)
+    for k, v in enumerate(lv):
+        ax2.axvline(v, color="C3", lw=0.6, alpha=0.8, label="levels" if k == 0 else None)
     ax2.set_xlim(-1.05 * span, 1.05 * span)
     ax2.set_title(f"data with the levels of {qt.scheme.label} (first group)")
+    ax2.set_xlabel("value")
+    ax2.set_ylabel("count")
+    ax2.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     from lowbit.checkpoints._outputs import save_figure
 

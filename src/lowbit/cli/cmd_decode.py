@@ -39,9 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.formats import explain
+    from lowbit.cli._payloads import decode_payload
 
-    d = explain.decode(args.format, args.code)
+    d = decode_payload(args.format, args.code)
     if args.json:
         _common.print_json(d)
         return 0

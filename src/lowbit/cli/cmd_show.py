@@ -10,23 +10,6 @@ from typing import Any
 
 from lowbit.cli import _common
 
-DEFAULT_FORMATS = (
-    "float32",
-    "tensorfloat32",
-    "bfloat16",
-    "float16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float8_e4m3fnuz",
-    "float6_e3m2fn",
-    "float6_e2m3fn",
-    "float4_e2m1fn",
-    "float8_e8m0fnu",
-    "int8",
-    "int4",
-    "nf4",
-)
-
 _EPILOG = """\
 VALUE is read as the nearest float64 (its exact decimal expansion is printed first),
 then rounded once, directly, to each format. It may be a decimal (0.3952, 1e-3),
@@ -101,38 +84,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lowbit.cli._payloads import show_payload
     from lowbit.formats import explain
-    from lowbit.formats.catalog import FORMATS
-    from lowbit.formats.catalog import format as get_format
-    from lowbit.formats.enums import as_rounding
 
-    x = explain.parse_value(args.value)
-    mode = as_rounding(args.rounding)
-    names = _common.parse_names(args.formats, "--formats") or list(DEFAULT_FORMATS)
-    if [n.lower() for n in names] == ["all"]:
-        names = list(FORMATS)
-    formats = [get_format(n) for n in names]  # unknown names fail here, before output
-    results = [
-        explain.convert(x, f, rounding=mode, saturate=args.saturate, seed=args.seed)
-        for f in formats
-    ]
+    names = _common.parse_names(args.formats, "--formats")
+    payload = show_payload(
+        args.value, names, rounding=args.rounding, saturate=args.saturate, seed=args.seed
+    )
+    x, results = payload["float64"], payload["results"]
     if args.json:
-        _common.print_json(
-            {
-                "input": args.value,
-                "float64": x,
-                "float64_exact": explain.exact_decimal(x),
-                "float64_hex": x.hex(),
-                "rounding": mode.value,
-                "saturate": args.saturate,
-                "results": results,
-            }
-        )
+        _common.print_json(payload)
         return 0
     colour = _common.use_colour()
     print(_input_line(args.value, x, explain))
     print(
-        f"rounding: {mode.value}; overflow: "
+        f"rounding: {payload['rounding']}; overflow: "
         + ("saturate to ±max" if args.saturate else "as each format specifies")
     )
     print()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 from lowbit.cli import _common
 
@@ -35,35 +34,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lowbit.cli._payloads import values_payload
     from lowbit.formats import explain
-    from lowbit.formats.catalog import format as get_format
 
-    f = get_format(args.format)
-    entries = explain.values(f)
-    finite = sorted(
-        (d for d in entries if d["finite"]),
-        key=lambda d: (d["value"], math.copysign(1.0, d["value"])),
-    )
-    special = [d for d in entries if not d["finite"]]
-    distinct = len({d["value"] for d in finite})
+    payload = values_payload(args.format)
     if args.json:
-        _common.print_json(
-            {
-                "format": f.name,
-                "bits": f.bits,
-                "codes": len(entries),
-                "finite_count": len(finite),
-                "distinct_values": distinct,
-                "values": finite,
-                "non_finite": special,
-            }
-        )
+        _common.print_json(payload)
         return 0
+    finite, special = payload["values"], payload["non_finite"]
+    distinct = payload["distinct_values"]
     colour = _common.use_colour()
     zeros = sum(1 for d in finite if d["value"] == 0)
     extra = " (+0 and -0)" if zeros == 2 else ""
     print(
-        f"{f.name}: {len(entries)} codes, {len(finite)} finite, {distinct} distinct values{extra}"
+        f"{payload['format']}: {payload['codes']} codes, {len(finite)} finite, {distinct} distinct values{extra}"
     )
     print()
     headers = ["code", "bits", "value", "class", "how"]

@@ -1,0 +1,458 @@
+"""The data of ``lowbit report``: where the bits of a quantized checkpoint went and what they
+cost, tensor by tensor.
+
+:func:`build_report` reads a quantized checkpoint (a lowbit folder, a compressed-tensors folder
+or a GGUF file) and, when the source model is at hand, the source, one tensor at a time: it
+never holds more than one tensor pair in memory. Errors are ``lowbit.error``'s metrics (relative
+Frobenius error and SQNR of the dequantized against the source weights). For the tensors with
+the largest error it also quantizes the source tensor with a few candidate schemes, giving the
+error-vs-bits frontier that tensor could have had, and keeps a histogram of one scale group
+with that group's levels. :mod:`lowbit.view.html` renders the result as one self-contained
+page, :mod:`lowbit.view.png` as PNG figures.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "Candidate",
+    "Report",
+    "TensorDetail",
+    "TensorRow",
+    "build_report",
+    "group_levels",
+    "layer_and_kind",
+]
+
+#: The schemes each worst tensor is re-quantized with for its error-vs-bits frontier.
+DEFAULT_CANDIDATES = ("int8:ch", "fp8_e4m3:ch", "int4:g128", "int4:g32", "nf4", "mxfp4", "fp4:g32")
+
+_LAYER = re.compile(r"^(?:.*?\.)?(?:layers|layer|blk|h|block|blocks)\.(\d+)\.(.+)$")
+
+
+def layer_and_kind(name: str) -> tuple[int | None, str]:
+    """The layer index and tensor kind of a tensor name (``model.layers.3.mlp.up_proj.weight``
+    -> ``(3, "mlp.up_proj")``, ``blk.3.ffn_up.weight`` -> ``(3, "ffn_up")``); tensors outside
+    the repeated layers give ``(None, name without .weight)``."""
+    m = _LAYER.match(name)
+    if m is None:
+        return None, name.removesuffix(".weight")
+    return int(m.group(1)), m.group(2).removesuffix(".weight")
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One tensor of the checkpoint.
+
+    Attributes:
+        name: its name in the checkpoint.
+        layer: the layer index, None outside the repeated layers.
+        kind: the tensor kind (``self_attn.q_proj``, ``ffn_up``, ...; the name outside layers).
+        shape: numpy order.
+        stored: ``quantized``, ``kept`` or ``cast``.
+        scheme: the scheme label (``int4:g128:fp32``) or the stored dtype.
+        rule: the plan rule that chose the scheme (None: the plan's default or kept).
+        bits: stored bits per weight, scales and zero points included.
+        source_bits: the source's bits per weight (None without a source).
+        rel_fro: ‖x - x̂‖_F / ‖x‖_F against the source (None without a source).
+        sqnr_db: 10·log10(Σx² / Σ(x-x̂)²), inf when exact (None without a source).
+    """
+
+    name: str
+    layer: int | None
+    kind: str
+    shape: tuple[int, ...]
+    stored: str
+    scheme: str
+    rule: str | None
+    bits: float
+    source_bits: float | None = None
+    rel_fro: float | None = None
+    sqnr_db: float | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scheme tried on a tensor: its cost and error (``chosen``: the checkpoint's own)."""
+
+    scheme: str
+    bits: float
+    rel_fro: float
+    sqnr_db: float
+    chosen: bool = False
+
+
+@dataclass(frozen=True)
+class TensorDetail:
+    """A worst tensor in depth: one scale group's histogram and levels, and the frontier.
+
+    Attributes:
+        name: the tensor.
+        scheme: its scheme label.
+        group: which values the histogram shows (``row 0, values 0..127``).
+        edges: histogram bin edges of the group's source values.
+        counts: histogram counts.
+        levels: the values that group can take (its scale applied), ascending.
+        candidates: the schemes tried, the checkpoint's own first.
+    """
+
+    name: str
+    scheme: str
+    group: str
+    edges: tuple[float, ...]
+    counts: tuple[int, ...]
+    levels: tuple[float, ...]
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything the report page shows (see :func:`build_report`)."""
+
+    path: str
+    format: str
+    source: str | None
+    source_format: str | None
+    rows: tuple[TensorRow, ...]
+    details: tuple[TensorDetail, ...]
+    plan: dict[str, Any] | None
+    size_bytes: int
+    source_bytes: int | None
+    evaluation: Any = None
+    sensitivity: dict[str, Any] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def quantized(self) -> list[TensorRow]:
+        return [r for r in self.rows if r.stored == "quantized"]
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per weight over every tensor (scales included)."""
+        n = sum(r.numel for r in self.rows)
+        return sum(r.bits * r.numel for r in self.rows) / n if n else math.nan
+
+    @property
+    def quantized_bits_per_weight(self) -> float:
+        """Stored bits per weight over the quantized tensors."""
+        q = self.quantized
+        n = sum(r.numel for r in q)
+        return sum(r.bits * r.numel for r in q) / n if n else math.nan
+
+    def formats(self) -> list[tuple[str, int, int]]:
+        """``(scheme, tensors, weights)`` per scheme, most weights first."""
+        tensors: Counter[str] = Counter()
+        weights: Counter[str] = Counter()
+        for r in self.rows:
+            tensors[r.scheme] += 1
+            weights[r.scheme] += r.numel
+        return sorted(((s, tensors[s], weights[s]) for s in tensors), key=lambda t: -t[2])
+
+    def rules_fired(self) -> list[tuple[str, int]]:
+        """``(rule, tensors it chose the scheme of)``, in the order rules first fired."""
+        return list(Counter(r.rule for r in self.rows if r.rule).items())
+
+    def grid(self) -> tuple[list[int], list[str]]:
+        """The layers and tensor kinds of the layer x kind grid (kinds in model order)."""
+        layers = sorted({r.layer for r in self.rows if r.layer is not None})
+        kinds = list(dict.fromkeys(r.kind for r in self.rows if r.layer is not None))
+        return layers, kinds
+
+
+# ------------------------------------------------------------------------------- reading
+
+
+class _Quantized:
+    """A quantized checkpoint read one tensor at a time, whatever its format."""
+
+    def __init__(self, path: Path) -> None:
+        from lowbit.checkpoints import open_checkpoint
+
+        self.path = path
+        self.ckpt = open_checkpoint(path)
+        self.format = self.ckpt.format
+        self.manifest: dict[str, Any] | None = getattr(self.ckpt, "manifest", None)
+        self.ct: dict[str, Any] | None = None
+        if self.format == "huggingface":
+            from lowbit.checkpoints.verify import _ct_config
+
+            self.ct = _ct_config(path)
+            if self.ct is not None:
+                self.format = "compressed-tensors"
+
+    def source(self) -> str | None:
+        if self.manifest is not None:
+            return str(self.manifest["source"]["path"])
+        return None
+
+    def plan(self) -> dict[str, Any] | None:
+        if self.manifest is not None:
+            return self.manifest.get("plan")
+        if self.ct is not None:
+            return {"compressed-tensors": self.ct.get("config_groups", {})}
+        return None
+
+    def names(self) -> list[str]:
+        """The model's tensor names (compressed-tensors' ``weight_packed``/``weight_scale``
+        parts count as one ``weight``)."""
+        if self.ct is None:
+            return self.ckpt.names()
+        out: dict[str, None] = {}
+        for n in self.ckpt.names():
+            module, _, part = n.rpartition(".")
+            if part.startswith("weight_"):
+                out.setdefault(f"{module}.weight", None)
+            else:
+                out.setdefault(n, None)
+        return list(out)
+
+    def tensor(self, name: str) -> tuple[str, str, str | None, tuple[int, ...], int, Any]:
+        """``(stored, scheme, rule, shape, stored bits, values)``; values is a
+        ``QuantizedTensor`` for a lowbit quantized tensor, else a float array (or None for
+        compressed-tensors parts lowbit cannot dequantize)."""
+        if self.manifest is not None:
+            e = self.ckpt.entry(name)  # type: ignore[attr-defined]
+            shape = tuple(int(d) for d in e["shape"])
+            if e["kind"] == "quantized":
+                qt = self.ckpt.quantized(name)  # type: ignore[attr-defined]
+                return "quantized", qt.scheme.label, e.get("rule"), shape, qt.nbytes * 8, qt
+            info = self.ckpt.info(name)
+            label = str(e.get("label") if e["kind"] == "cast" else e.get("dtype", info.dtype))
+            return e["kind"], label, e.get("rule"), shape, info.nbytes * 8, None
+        if self.ct is not None and name not in self.ckpt.names():
+            return self._ct_tensor(name)
+        info = self.ckpt.info(name)
+        stored = "kept" if info.dtype in ("F32", "F16", "BF16", "F64") else "quantized"
+        return stored, info.dtype, None, info.shape, info.nbytes * 8, None
+
+    def _ct_tensor(self, name: str) -> tuple[str, str, str | None, tuple[int, ...], int, Any]:
+        module = name.removesuffix(".weight")
+        parts = [n for n in self.ckpt.names() if n.startswith(f"{module}.weight_")]
+        bits = sum(self.ckpt.info(n).nbytes * 8 for n in parts)
+        shape: tuple[int, ...] = ()
+        if f"{module}.weight_shape" in parts:
+            shape = tuple(int(v) for v in np.asarray(self.ckpt.get(f"{module}.weight_shape")))
+        scheme = "+".join(sorted(self.ckpt.info(n).dtype for n in parts))
+        return "quantized", scheme, None, shape, bits, None
+
+    def values(self, name: str, held: Any) -> np.ndarray | None:
+        from lowbit.quant.tensor import QuantizedTensor
+
+        if isinstance(held, QuantizedTensor):
+            return None  # lowbit.error dequantizes it itself, exactly
+        if self.ct is not None and name not in self.ckpt.names():
+            return None
+        return np.asarray(self.ckpt.get(name, np.float32))
+
+
+# ------------------------------------------------------------------------------- details
+
+
+def group_levels(qt: Any) -> tuple[np.ndarray, np.ndarray, str]:
+    """The values of a quantized tensor's first scale group and the levels that group can
+    take (element values with that group's scale and zero point applied).
+
+    Args:
+        qt: a :class:`~lowbit.quant.tensor.QuantizedTensor`.
+
+    Returns:
+        ``(level values ascending, flat indices of the group's elements, description)``.
+    """
+    from lowbit.quant.scheme import Granularity
+
+    fmt = qt.format
+    vals = np.unique(fmt.values().astype(np.float64)) if fmt.bits <= 16 else np.array([])
+    vals = vals[np.isfinite(vals)]
+    s = float(np.asarray(qt.scale, dtype=np.float64).reshape(-1)[0])
+    zp = float(np.asarray(qt.zero_point).reshape(-1)[0]) if qt.zero_point is not None else 0.0
+    lay = qt.layout
+    idx = np.arange(lay.numel).reshape(lay.shape)
+    part = lay.parts[0]
+    v = lay.view(idx, part)
+    if lay.granularity is Granularity.TENSOR:
+        members, what = v.reshape(-1), "the whole tensor (one scale)"
+    elif lay.granularity is Granularity.CHANNEL:
+        members, what = v[:, 0, 0, :].reshape(-1), f"channel 0 along axis {lay.axis}"
+    else:
+        members = v[0, 0, :, 0].reshape(-1)
+        what = f"group 0: the first {members.size} values along axis {lay.axis}"
+    return np.unique((vals - zp) * s), members, what
+
+
+def _candidates(
+    x: np.ndarray, own: Candidate, names: tuple[str, ...], seed: int
+) -> tuple[Candidate, ...]:
+    import warnings
+
+    import lowbit
+    from lowbit.errors import UnderflowWarning
+    from lowbit.quant.scheme import Scheme
+    from lowbit.quant.scheme_text import parse_scheme
+
+    out = [own]
+    for spec in names:
+        try:
+            scheme = parse_scheme(spec)
+            if not isinstance(scheme, Scheme):
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UnderflowWarning)
+                qt = lowbit.quantize(x, scheme, seed=seed)
+        except LowbitError:
+            continue  # a scheme that does not fit this tensor's shape is no candidate
+        if qt.scheme.label == own.scheme:
+            continue
+        e = lowbit.error(x, qt)
+        out.append(Candidate(qt.scheme.label, qt.bits_per_value, e["rel_fro"], e["sqnr_db"]))
+    return tuple(out)
+
+
+def _detail(
+    row: TensorRow, qt: Any, x: np.ndarray, candidates: tuple[str, ...], seed: int
+) -> TensorDetail:
+    levels, members, what = group_levels(qt)
+    group = np.asarray(x, dtype=np.float64).reshape(-1)[members]
+    lo = min(float(group.min()), float(levels.min()) if levels.size else 0.0)
+    hi = max(float(group.max()), float(levels.max()) if levels.size else 0.0)
+    counts, edges = np.histogram(group, bins=min(60, max(10, group.size // 4)), range=(lo, hi))
+    own = Candidate(row.scheme, row.bits, float(row.rel_fro), float(row.sqnr_db), chosen=True)
+    return TensorDetail(
+        name=row.name,
+        scheme=row.scheme,
+        group=what,
+        edges=tuple(float(e) for e in edges),
+        counts=tuple(int(c) for c in counts),
+        levels=tuple(float(v) for v in levels),
+        candidates=_candidates(x, own, candidates, seed),
+    )
+
+
+# ------------------------------------------------------------------------------- building
+
+
+def build_report(
+    path: str | os.PathLike[str],
+    *,
+    against: str | os.PathLike[str] | None = None,
+    evaluation: Any = None,
+    sensitivity: dict[str, Any] | None = None,
+    worst: int = 3,
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES,
+    seed: int = 0,
+) -> Report:
+    """Read a quantized checkpoint (and its source) tensor by tensor into a :class:`Report`.
+
+    Args:
+        path: a lowbit checkpoint folder, a compressed-tensors folder or a GGUF file.
+        against: the source model to measure errors against; default: the source a lowbit
+            checkpoint names in its ``lowbit.json`` (when it still exists). Without a source
+            the report has bits but no errors.
+        evaluation: ``lowbit eval --json`` results to show in the summary (any JSON value).
+        sensitivity: ``SensitivityResult.to_dict()`` (``lowbit sensitivity --json``), checked
+            by reading it back.
+        worst: how many of the tensors with the largest relative error get a histogram and a
+            frontier of candidate schemes.
+        candidates: the schemes of that frontier.
+        seed: the seed of stochastic-rounding candidates.
+
+    Returns:
+        The :class:`Report`.
+
+    Raises:
+        LowbitError: an unreadable checkpoint or source, a source that lacks a tensor or has
+            it in another shape, a sensitivity document that is not one.
+    """
+    import lowbit
+    from lowbit.checkpoints import open_checkpoint
+
+    t0 = time.perf_counter()
+    q = _Quantized(Path(path))
+    if sensitivity is not None:
+        from lowbit.evaluation.sensitivity import SensitivityResult
+
+        sensitivity = SensitivityResult.from_dict(sensitivity).to_dict()
+    src_path = str(against) if against is not None else q.source()
+    src = None
+    if src_path is not None and (against is not None or Path(src_path).exists()):
+        src = open_checkpoint(src_path)
+    rows: list[TensorRow] = []
+    held: dict[str, Any] = {}
+    try:
+        for name in q.names():
+            stored, scheme, rule, shape, bits, qt = q.tensor(name)
+            layer, kind = layer_and_kind(name)
+            numel = max(1, math.prod(shape))
+            row = TensorRow(name, layer, kind, shape, stored, scheme, rule, bits / numel)
+            if src is not None and name in src.names() and stored != "kept":
+                x = src.get(name)
+                if tuple(x.shape) != shape:
+                    raise LowbitError(
+                        f"{name}: {src_path} has shape {list(x.shape)}, the checkpoint "
+                        f"{list(shape)}; is --against the model it was quantized from?"
+                    )
+                approx = qt if qt is not None else q.values(name, qt)
+                if approx is not None:
+                    e = lowbit.error(x, approx)
+                    row = _with_error(row, src, name, e["rel_fro"], e["sqnr_db"])
+            elif src is not None and name in src.names():
+                row = _with_error(row, src, name, 0.0, math.inf)
+            rows.append(row)
+            if qt is not None:
+                held[name] = row
+        t1 = time.perf_counter()
+        ranked = sorted(
+            (r for r in rows if r.rel_fro is not None and r.name in held and r.rel_fro > 0),
+            key=lambda r: -float(r.rel_fro),  # type: ignore[arg-type]
+        )
+        details = []
+        for r in ranked[: max(0, worst)]:
+            x = np.asarray(src.get(r.name), dtype=np.float32)  # type: ignore[union-attr]
+            details.append(_detail(r, q.ckpt.quantized(r.name), x, candidates, seed))  # type: ignore[attr-defined]
+        source_bytes = (
+            sum(src.info(r.name).nbytes for r in rows if r.name in src.names()) if src else None
+        )
+    finally:
+        if src is not None:
+            src.close()
+    t2 = time.perf_counter()
+    size = sum(int(r.bits * max(1, r.numel)) for r in rows) // 8
+    return Report(
+        path=str(path),
+        format=q.format,
+        source=src_path,
+        source_format=src.format if src is not None else None,
+        rows=tuple(rows),
+        details=tuple(details),
+        plan=q.plan(),
+        size_bytes=size,
+        source_bytes=source_bytes,
+        evaluation=evaluation,
+        sensitivity=sensitivity,
+        seconds={"tensors": t1 - t0, "details": t2 - t1},
+    )
+
+
+def _with_error(row: TensorRow, src: Any, name: str, rel: float, sqnr: float) -> TensorRow:
+    from dataclasses import replace
+
+    info = src.info(name)
+    return replace(
+        row, source_bits=info.nbytes * 8 / max(1, info.numel), rel_fro=rel, sqnr_db=sqnr
+    )
