@@ -133,7 +133,9 @@ def _summary(r: Report) -> str:
         ),
         (
             "formats used",
-            ", ".join(f"{_e(s)} ({t} tensors, {w / 1e6:,.2f} M weights)" for s, t, w in r.formats()),
+            ", ".join(
+                f"{_e(s)} ({t} tensors, {w / 1e6:,.2f} M weights)" for s, t, w in r.formats()
+            ),
         ),
     ]
     if r.plan is not None:
@@ -145,12 +147,17 @@ def _summary(r: Report) -> str:
     if errs:
         worst = min(errs, key=lambda x: x.sqnr_db)  # type: ignore[arg-type,return-value]
         items.append(
-            ("worst tensor", f"{_e(worst.name)}: SQNR {worst.sqnr_db:.2f} dB, rel. error "
-             f"{_num(worst.rel_fro)}")  # fmt: skip
+            (
+                "worst tensor",
+                f"{_e(worst.name)}: SQNR {worst.sqnr_db:.2f} dB, rel. error {_num(worst.rel_fro)}",
+            )
         )
     items.append(
-        ("took", f"{r.seconds.get('tensors', 0):.1f} s for the tensors, "
-         f"{r.seconds.get('details', 0):.1f} s for the worst tensors' candidates")  # fmt: skip
+        (
+            "took",
+            f"{r.seconds.get('tensors', 0):.1f} s for the tensors, "
+            f"{r.seconds.get('details', 0):.1f} s for the worst tensors' candidates",
+        )
     )
     out = ['<h2 id="summary">Summary</h2><dl class="summary">']
     out += [f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items]
@@ -183,7 +190,9 @@ def _cell(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def _grid_values(r: Report, key: str) -> tuple[list[str], list[str], list[list[float | None]], list[list[str]]]:
+def _grid_values(
+    r: Report, key: str
+) -> tuple[list[str], list[str], list[list[float | None]], list[list[str]]]:
     layers, kinds = r.grid()
     at = {(x.layer, x.kind): x for x in r.rows if x.layer is not None}
     values: list[list[float | None]] = []
@@ -212,14 +221,26 @@ def _grids(r: Report) -> str:
         return '<h2 id="grids">Layers</h2><p class="note">No repeated layers found in the tensor names.</p>'
     out = ['<h2 id="grids">Bits and error across layers</h2><div class="pair">']
     out.append(
-        svg.heatmap(layers, kinds, bits, title="bits per weight (scales included)",
-                    unit="bits/weight", tips=tips)  # fmt: skip
+        svg.heatmap(
+            layers,
+            kinds,
+            bits,
+            title="bits per weight (scales included)",
+            unit="bits/weight",
+            tips=tips,
+        )
     )
     if any(x.rel_fro is not None for x in r.rows):
         _, _, err, tips = _grid_values(r, "rel_fro")
         out.append(
-            svg.heatmap(layers, kinds, err, title="relative Frobenius error ‖W−Ŵ‖/‖W‖",
-                        unit="rel. error (darker: worse)", tips=tips)  # fmt: skip
+            svg.heatmap(
+                layers,
+                kinds,
+                err,
+                title="relative Frobenius error ‖W−Ŵ‖/‖W‖",
+                unit="rel. error (darker: worse)",
+                tips=tips,
+            )
         )
     else:
         out.append('<p class="note">No source model: pass --against MODEL to see errors.</p>')
@@ -239,15 +260,24 @@ def _details(r: Report) -> str:
         return ""
     out = ['<h2 id="worst">The tensors with the largest error</h2>']
     for d in r.details:
-        out.append(f"<h3>{_e(d.name)} <small>({_e(d.scheme)})</small></h3><div class=\"pair\">")
+        out.append(f'<h3>{_e(d.name)} <small>({_e(d.scheme)})</small></h3><div class="pair">')
         out.append(
-            svg.histogram(d.edges, d.counts, d.levels, title=f"one scale group: {d.group}"[:70],
-                          xlabel="weight value")  # fmt: skip
+            svg.histogram(
+                d.edges,
+                d.counts,
+                d.levels,
+                title=f"one scale group: {d.group}"[:70],
+                xlabel="weight value",
+            )
         )
         pts = [(c.bits, c.sqnr_db, c.scheme, c.chosen) for c in d.candidates]
         out.append(
-            svg.scatter(pts, title="error vs bits of candidate schemes",
-                        xlabel="bits per weight (scales included)", ylabel="SQNR (dB)")  # fmt: skip
+            svg.scatter(
+                pts,
+                title="error vs bits of candidate schemes",
+                xlabel="bits per weight (scales included)",
+                ylabel="SQNR (dB)",
+            )
         )
         out.append("</div>")
     return "".join(out)
@@ -281,8 +311,14 @@ def _sensitivity(r: Report) -> str:
         f'<p class="note">{_e(s["model"])}: {_e(s["metric"])} ({_e(s["measure"])}), '
         f"calibration {_e(s['calibration'])}. Colour: log10 of the damage per tensor and "
         "scheme; the table lists the scheme the checkpoint chose.</p>",
-        svg.heatmap(tensors, schemes, values, title="damage per tensor and scheme",
-                    unit=f"log10 {key}", tips=tips),  # fmt: skip
+        svg.heatmap(
+            tensors,
+            schemes,
+            values,
+            title="damage per tensor and scheme",
+            unit=f"log10 {key}",
+            tips=tips,
+        ),
     ]
     return "".join(out)
 

@@ -34,7 +34,9 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "tensor"
 
 
-def write_pngs(report: Report, folder: str | os.PathLike[str], *, overwrite: bool = False) -> list[Path]:
+def write_pngs(
+    report: Report, folder: str | os.PathLike[str], *, overwrite: bool = False
+) -> list[Path]:
     """Write the report's figures into an existing folder.
 
     Returns:

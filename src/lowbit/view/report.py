@@ -453,6 +453,4 @@ def _with_error(row: TensorRow, src: Any, name: str, rel: float, sqnr: float) ->
     from dataclasses import replace
 
     info = src.info(name)
-    return replace(
-        row, source_bits=info.nbytes * 8 / max(1, info.numel), rel_fro=rel, sqnr_db=sqnr
-    )
+    return replace(row, source_bits=info.nbytes * 8 / max(1, info.numel), rel_fro=rel, sqnr_db=sqnr)

@@ -195,7 +195,10 @@ def histogram(
 ) -> str:
     """Bars of a histogram (``<rect class="bar">``) with one vertical ``<line class="level">``
     per level the format can take (legend marks carry the class ``key``)."""
-    xr = (min(edges[0], *levels) if levels else edges[0], max(edges[-1], *levels) if levels else edges[-1])
+    xr = (
+        min(edges[0], *levels) if levels else edges[0],
+        max(edges[-1], *levels) if levels else edges[-1],
+    )
     ax = _Axes(w, h, xr, (0, max(max(counts), 1) * 1.05))
     out = _open("histogram", w, h, title)
     out += ax.frame(xlabel, "values in the group (count)")
@@ -252,7 +255,8 @@ def scatter(
             best = p[1]
     if front:
         d = " ".join(
-            f"{'M' if k == 0 else 'L'}{ax.x(p[0]):.1f},{ax.y(p[1]):.1f}" for k, p in enumerate(front)
+            f"{'M' if k == 0 else 'L'}{ax.x(p[0]):.1f},{ax.y(p[1]):.1f}"
+            for k, p in enumerate(front)
         )
         out.append(f'<path class="frontier" d="{d}"/>')
     placed: list[tuple[float, float]] = []
@@ -306,7 +310,9 @@ def bars(
             f'<rect class="hbar" x="{left}" y="{y}" width="{max(length, 0.5):.1f}" '
             f'height="{bh - 3}" data-tip="{_e(tip)}"><title>{_e(tip)}</title></rect>'
         )
-        out.append(f'<text class="tick" x="{left + length + 4:.1f}" y="{y + bh - 5}">{_num(v)}</text>')
+        out.append(
+            f'<text class="tick" x="{left + length + 4:.1f}" y="{y + bh - 5}">{_num(v)}</text>'
+        )
     out.append(
         f'<text class="axis" x="{(left + right) / 2}" y="{h - 8}" text-anchor="middle">'
         f"{_e(unit)}</text>"
