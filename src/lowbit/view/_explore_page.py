@@ -49,7 +49,10 @@ function bitSpans(fmt, fields, code, bits) {
   return html;
 }
 function fmtErr(v) { return (v === null || v === undefined) ? '-' : (typeof v === 'number' ? v.toPrecision(3) : v); }
+// only the latest request of each panel draws (an earlier, slower answer is dropped)
+const seq = {show: 0, nl: 0, cmp: 0};
 async function showValue() {
+  const my = ++seq.show;
   const value = $('value').value;
   $('show-error').textContent = '';
   let doc;
@@ -57,7 +60,11 @@ async function showValue() {
     const params = {value: value, rounding: $('rounding').value};
     if ($('formats').value.trim()) params.formats = $('formats').value;
     doc = await api('show', params);
-  } catch (e) { $('show-error').textContent = e.message; $('show-body').innerHTML = ''; return; }
+  } catch (e) {
+    if (my !== seq.show) return;
+    $('show-error').textContent = e.message; $('show-body').innerHTML = ''; return;
+  }
+  if (my !== seq.show) return;
   $('show-input').textContent = `${value} read as float64: ${doc.float64_exact}`;
   $('show-body').innerHTML = doc.results.map((r) => {
     if (r.code === null) return `<tr data-format="${r.format}"><td>${r.format}</td><td class="value">-</td><td class="bits">-</td><td>-</td><td>-</td><td>${r.what}</td></tr>`;
@@ -86,10 +93,12 @@ function axisTicks(lo, hi, n) {
 }
 function short(v) { return Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(1) : +v.toPrecision(3) + ''; }
 async function numberLine() {
+  const my = ++seq.nl;
   $('nl-error').textContent = '';
   let doc;
   try { doc = await api('values', {format: $('nl-format').value}); }
-  catch (e) { $('nl-error').textContent = e.message; $('numberline').innerHTML = ''; return; }
+  catch (e) { if (my === seq.nl) { $('nl-error').textContent = e.message; $('numberline').innerHTML = ''; } return; }
+  if (my !== seq.nl) return;
   const log = $('nl-log').checked;
   let vals = [...new Set(doc.values.map((d) => d.value))];
   if (log) vals = vals.filter((v) => v > 0);
@@ -113,12 +122,14 @@ async function numberLine() {
   $('numberline').innerHTML = s;
 }
 async function compare() {
+  const my = ++seq.cmp;
   $('cmp-error').textContent = '';
   $('cmp-table').innerHTML = '';
   const a = $('cmp-a').value, b = $('cmp-b').value;
   let doc;
   try { doc = await api('range', {formats: a + ',' + b, lo: $('cmp-lo').value, hi: $('cmp-hi').value, n: 301}); }
-  catch (e) { $('cmp-error').textContent = e.message; $('cmp-chart').innerHTML = ''; return; }
+  catch (e) { if (my === seq.cmp) { $('cmp-error').textContent = e.message; $('cmp-chart').innerHTML = ''; } return; }
+  if (my !== seq.cmp) return;
   const W = 1000, H = 300, L = 60, R = 20, T = 30, B = 60;
   const xs = doc.x, lo = xs[0], hi = xs[xs.length - 1];
   const X = (v) => L + (v - lo) / (hi - lo) * (W - L - R);
@@ -141,6 +152,7 @@ async function compare() {
   $('cmp-chart').innerHTML = s;
   try {
     const c = await api('compare', {formats: `${a}:t,${b}:t`, data: 'normal', size: 65536});
+    if (my !== seq.cmp) return;
     $('cmp-table').innerHTML = '<tr><th>scheme (one scale, N(0,1) data)</th><th>bits/value</th><th>SQNR dB</th></tr>' +
       c.results.map((r) => `<tr><td>${r.scheme}</td><td>${r.bits_per_value.toFixed(3)}</td><td>${(+r.sqnr_db).toFixed(2)}</td></tr>`).join('');
   } catch (e) { $('cmp-table').innerHTML = `<tr><td class="error">${e.message}</td></tr>`; }

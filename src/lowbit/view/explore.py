@@ -148,12 +148,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, "application/json", body)
 
     def _send(self, status: int, ctype: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the page was closed or reloaded before the answer came
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the library never prints; the CLI says where the page is

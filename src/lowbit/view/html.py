@@ -18,7 +18,7 @@ __all__ = ["GENERATOR", "render"]
 GENERATOR = '<meta name="generator" content="{tag}">'
 
 _CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1240px;color:#222;padding:0 16px}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}
 dl.summary{display:grid;grid-template-columns:max-content auto;gap:2px 16px}
 dl.summary dt{color:#555}dl.summary dd{margin:0}

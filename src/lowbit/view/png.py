@@ -37,7 +37,7 @@ def _slug(name: str) -> str:
 def write_pngs(
     report: Report, folder: str | os.PathLike[str], *, overwrite: bool = False
 ) -> list[Path]:
-    """Write the report's figures into an existing folder.
+    """Write the report's figures into a folder (made when only it is missing).
 
     Returns:
         The files written: ``bits.png``, ``error.png`` (with a source), ``formats.png``, and
@@ -53,7 +53,11 @@ def write_pngs(
     plt = _plt()
     out = Path(folder)
     if not out.is_dir():
-        raise LowbitError(f"--png {out}: no such folder")
+        if out.exists() or not out.parent.is_dir():
+            raise LowbitError(
+                f"--png {out}: not a folder, and its parent is no folder to make it in"
+            )
+        out.mkdir()
     figures: list[tuple[str, Any]] = []
     layers, kinds = report.grid()
     if layers:

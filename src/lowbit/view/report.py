@@ -379,7 +379,6 @@ def build_report(
         LowbitError: an unreadable checkpoint or source, a source that lacks a tensor or has
             it in another shape, a sensitivity document that is not one.
     """
-    import lowbit
     from lowbit.checkpoints import open_checkpoint
 
     t0 = time.perf_counter()
@@ -409,8 +408,8 @@ def build_report(
                     )
                 approx = qt if qt is not None else q.values(name, qt)
                 if approx is not None:
-                    e = lowbit.error(x, approx)
-                    row = _with_error(row, src, name, e["rel_fro"], e["sqnr_db"])
+                    rel, sqnr = _errors(x, approx)
+                    row = _with_error(row, src, name, rel, sqnr)
             elif src is not None and name in src.names():
                 row = _with_error(row, src, name, 0.0, math.inf)
             rows.append(row)
@@ -447,6 +446,35 @@ def build_report(
         sensitivity=sensitivity,
         seconds={"tensors": t1 - t0, "details": t2 - t1},
     )
+
+
+def _errors(x: np.ndarray, approx: Any) -> tuple[float, float]:
+    """``lowbit.error``'s ``rel_fro`` and ``sqnr_db``, the same float64 sums, without the
+    metrics the report does not show (3x faster on SmolLM2); falls back to ``lowbit.error``
+    when a sum is not finite (NaN or inf weights, which it skips)."""
+    import lowbit
+    from lowbit.quant.tensor import QuantizedTensor
+
+    a = np.asarray(x).astype(np.float64).ravel()
+    b = approx.dequantize(np.float64) if isinstance(approx, QuantizedTensor) else approx
+    b = np.asarray(b).astype(np.float64, copy=False).ravel()
+    if a.shape != b.shape or a.size == 0:
+        e = lowbit.error(x, approx)  # raises its own error for these
+        return e["rel_fro"], e["sqnr_db"]
+    sig = float(np.dot(a, a))
+    np.subtract(a, b, out=a)
+    noise = float(np.dot(a, a))
+    if not (math.isfinite(sig) and math.isfinite(noise)):
+        e = lowbit.error(x, approx)
+        return e["rel_fro"], e["sqnr_db"]
+    if noise == 0:
+        sqnr = math.inf
+    elif sig == 0:
+        sqnr = -math.inf
+    else:
+        sqnr = 10 * math.log10(sig / noise)
+    rel = math.sqrt(noise / sig) if sig > 0 else (0.0 if noise == 0 else math.inf)
+    return rel, sqnr
 
 
 def _with_error(row: TensorRow, src: Any, name: str, rel: float, sqnr: float) -> TensorRow:

@@ -52,7 +52,7 @@ def _num(v: float) -> str:
 
 def _open(kind: str, w: int, h: int, title: str) -> list[str]:
     return [
-        f'<svg class="chart" data-chart="{kind}" xmlns="http://www.w3.org/2000/svg" '
+        f'<svg class="chart" data-chart="{kind}" '
         f'viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img">',
         f"<title>{_e(title)}</title>",
         f'<text class="title" x="{w / 2}" y="16" text-anchor="middle">{_e(title)}</text>',
@@ -83,8 +83,8 @@ def heatmap(
     longest = max((len(str(c)) for c in cols), default=1)
     rlongest = max((len(str(r)) for r in rows), default=1)
     # column labels are rotated by 50 degrees: about 6 px per character, sin 50 = 0.77
-    cw, ch, left, top = 46, 16, 34 + 6 * rlongest, 36 + int(4.7 * longest)
-    w = left + cw * len(cols) + max(110, int(3.9 * longest))
+    cw, ch, left, top = 40, 16, 34 + 6 * rlongest, 36 + int(4.7 * longest)
+    w = left + cw * len(cols) + max(90, int(3.9 * longest))
     h = top + ch * len(rows) + 40
     out = _open("heatmap", w, h, title)
     finite = [v for r in values for v in r if v is not None and math.isfinite(v)]
@@ -118,7 +118,7 @@ def heatmap(
     for k in range(20):
         t = k / 19
         out.append(
-            f'<rect class="legend" x="{bx}" y="{by + bh * (1 - t) - bh / 20}" width="14" '
+            f'<rect class="legend" x="{bx}" y="{by + bh * (19 - k) / 20:.1f}" width="14" '
             f'height="{bh / 20 + 0.5}" fill="{colour(t if low_is_good else 1 - t)}"/>'
         )
     out.append(f'<text x="{bx + 18}" y="{by + 8}">{_e(_num(hi))}</text>')

@@ -1,0 +1,171 @@
+"""The data of ``lowbit report`` equals lowbit's own metrics, tensor by tensor."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+import lowbit
+from lowbit.checkpoints import open_checkpoint
+from lowbit.cli import main
+from lowbit.errors import LowbitError
+from lowbit.view.report import build_report, group_levels, layer_and_kind
+from tiny_models import save_hf_folder, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("reportdata")
+    src = save_hf_folder(tiny_llama(seed=2), root / "src")
+    q = root / "q"
+    argv = ["quantize", str(src), "--to", "int4", "--group", "32", "--out", str(q)]
+    assert main(argv) == 0
+    return src, q
+
+
+def test_bits_and_errors_equal_lowbits_metrics(quantized: tuple[Path, Path]) -> None:
+    """Every quantized tensor's bits are QuantizedTensor.bits_per_value, its errors are
+    lowbit.error against the source; kept tensors cost the source's bits with no error."""
+    src, q = quantized
+    report = build_report(q, worst=0)
+    ck, sc = open_checkpoint(q), open_checkpoint(src)
+    assert [r.name for r in report.rows] == ck.names()
+    assert len(report.quantized) == 14
+    for r in report.rows:
+        x = sc.get(r.name)
+        if r.stored == "quantized":
+            qt = ck.quantized(r.name)
+            e = lowbit.error(x, qt)
+            assert r.bits == qt.bits_per_value == 5.0
+            assert r.rel_fro == e["rel_fro"] and r.sqnr_db == e["sqnr_db"]
+            assert 0 < r.rel_fro < 0.2
+            assert r.scheme == "int4:g32:fp32"
+        else:
+            assert r.stored == "kept" and r.bits == 32.0 and r.rel_fro == 0.0
+            assert r.sqnr_db == math.inf
+        assert r.source_bits == 32.0
+    doc = json.loads((q / "lowbit.json").read_text())
+    assert report.size_bytes == sum(ck.info(n).nbytes for n in ck.names())
+    assert report.source_bytes == doc["totals"]["source_bytes"]
+    assert report.quantized_bits_per_weight == pytest.approx(doc["totals"]["bits_per_weight"])
+    assert report.formats()[0] == ("int4:g32:fp32", 14, doc["totals"]["quantized_params"])
+    layers, kinds = report.grid()
+    assert layers == [0, 1] and "self_attn.q_proj" in kinds and "mlp.down_proj" in kinds
+
+
+def test_worst_tensors_have_levels_and_candidates(quantized: tuple[Path, Path]) -> None:
+    """The details are the tensors of largest relative error, in falling order; the levels are
+    the group's 16 scaled int4 values; the checkpoint's own scheme is the chosen candidate."""
+    src, q = quantized
+    report = build_report(q, worst=2, candidates=("int8:ch", "nf4"))
+    errs = sorted((r.rel_fro for r in report.quantized), reverse=True)
+    assert [d.name for d in report.details] == [
+        next(r.name for r in report.quantized if r.rel_fro == e) for e in errs[:2]
+    ]
+    ck, sc = open_checkpoint(q), open_checkpoint(src)
+    d = report.details[0]
+    qt = ck.quantized(d.name)
+    s = float(np.asarray(qt.scale).reshape(-1)[0])
+    assert d.levels == tuple(float(v) * s for v in range(-8, 8))
+    assert sum(d.counts) == 32  # one group of 32 values
+    assert [c.scheme for c in d.candidates] == ["int4:g32:fp32", "int8:ch:fp32", "nf4:g64:fp32"]
+    assert [c.chosen for c in d.candidates] == [True, False, False]
+    x = sc.get(d.name)
+    e = lowbit.error(x, lowbit.quantize(x, "int8", axis=0))
+    assert d.candidates[1].sqnr_db == pytest.approx(e["sqnr_db"])
+
+
+def test_group_levels_first_group_members() -> None:
+    """The first group of g4 along the last axis is row 0's first four values; per channel,
+    channel 0 is row 0 (weight layout)."""
+    x = np.arange(1, 33, dtype=np.float32).reshape(4, 8)
+    levels, members, _ = group_levels(lowbit.quantize(x, "int8", group_size=4))
+    assert list(members) == [0, 1, 2, 3]
+    assert levels.max() == pytest.approx(4.0, rel=0.01)  # scale 4/127, top level 127·s
+    _, members, _ = group_levels(lowbit.quantize(x, "int8", axis=0))
+    assert list(members) == list(range(8))
+
+
+def test_layer_and_kind() -> None:
+    """Hugging Face and GGUF names give the layer and kind; others are their own kind."""
+    assert layer_and_kind("model.layers.12.mlp.up_proj.weight") == (12, "mlp.up_proj")
+    assert layer_and_kind("blk.3.ffn_up.weight") == (3, "ffn_up")
+    assert layer_and_kind("token_embd.weight") == (None, "token_embd")
+
+
+def test_without_source_no_errors(quantized: tuple[Path, Path], tmp_path: Path) -> None:
+    """A GGUF-like case: no source found means bits only; a wrong --against is refused."""
+    src, q = quantized
+    other = save_hf_folder(tiny_llama(seed=2, tie=True), tmp_path / "other")
+    report = build_report(q, against=src, worst=0)
+    assert all(r.rel_fro is not None for r in report.rows)
+    bad = tmp_path / "bad"
+    save_hf_folder(_wider(), bad)
+    with pytest.raises(LowbitError, match="shape"):
+        build_report(q, against=bad, worst=0)
+    assert other.exists()
+
+
+def _wider():
+    import torch
+    import transformers
+
+    cfg = tiny_llama().config
+    cfg.intermediate_size = 96
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_cli_report_outputs(quantized: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    """The page is one file with no external resource, marked so --overwrite may replace it;
+    a file lowbit did not write is refused; --png writes titled PNGs."""
+    pytest.importorskip("matplotlib")
+    _, q = quantized
+    out = tmp_path / "r.html"
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    assert main(["report", str(q), "--out", str(out), "--png", str(figs), "--worst", "1"]) == 0
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and '<meta name="generator" content="lowbit ' in page
+    for bad in ("http://", "https://", "<link", "src="):
+        assert bad not in page
+    names = sorted(p.name for p in figs.iterdir())
+    assert names[:3] == ["bits.png", "error.png", "formats.png"] and len(names) == 5
+    assert main(["report", str(q), "--out", str(out), "--worst", "0"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["report", str(q), "--out", str(out), "--worst", "0", "--overwrite"]) == 0
+    foreign = tmp_path / "mine.html"
+    foreign.write_text("<html>my notes</html>")
+    assert main(["report", str(q), "--out", str(foreign), "--overwrite"]) == 2
+    assert foreign.read_text() == "<html>my notes</html>"
+    assert main(["report", str(q), "--out", str(q / "x.html")]) == 2  # inside the input
+
+
+def test_sensitivity_section(quantized: tuple[Path, Path], tmp_path: Path) -> None:
+    """A sensitivity document is read back through SensitivityResult and drawn as a heatmap
+    with one cell per (tensor, scheme); a document that is not one is refused."""
+    from lowbit.view.html import render
+
+    _, q = quantized
+    names = [r.name for r in build_report(q, worst=0).quantized][:3]
+    doc = {
+        "version": 1, "model": "tiny", "kind": "causal", "measure": "proxy", "metric": "kl",
+        "calibration": "x", "schemes": ["int8:ch", "int4:g32"], "rank_correlation": None,
+        "seconds": {},
+        "entries": [
+            {"tensor": n, "scheme": s, "numel": 8192, "bits": 8192 * b, "bits_per_weight": b,
+             "proxy": p, "damage": None}
+            for n in names for s, b, p in (("int8:ch", 8.5, 1e-4), ("int4:g32", 5.0, 1e-2))
+        ],
+    }  # fmt: skip
+    report = build_report(q, worst=0, sensitivity=doc)
+    page = render(report)
+    section = page[page.index('id="sensitivity"') :]
+    assert section.count('class="cell"') == 6
+    with pytest.raises(LowbitError, match="sensitivity"):
+        build_report(q, worst=0, sensitivity={"entries": [{}]})
