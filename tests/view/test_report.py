@@ -169,3 +169,43 @@ def test_sensitivity_section(quantized: tuple[Path, Path], tmp_path: Path) -> No
     assert section.count('class="cell"') == 6
     with pytest.raises(LowbitError, match="sensitivity"):
         build_report(q, worst=0, sensitivity={"entries": [{}]})
+
+
+def test_compressed_tensors_errors_match_the_lowbit_checkpoint(
+    quantized: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The same int4 g32 quantization written as compressed-tensors reads back (packed int32
+    words, group scales) to the lowbit checkpoint's errors; bits count every stored part."""
+    src, q = quantized
+    ct = tmp_path / "ct"
+    argv = ["quantize", str(src), "--to", "int4", "--group", "32", "--out-format",
+            "compressed-tensors", "--out", str(ct), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    ours = {r.name: r for r in build_report(q, worst=0).rows}
+    theirs = build_report(ct, against=src, worst=0)
+    assert theirs.format == "compressed-tensors"
+    assert [r.name for r in theirs.rows] == list(ours)
+    for r in theirs.quantized:
+        assert r.scheme == "int4:g32 (pack-quantized)"
+        assert r.rel_fro == pytest.approx(ours[r.name].rel_fro, rel=1e-6)
+        assert 5.0 < r.bits < 5.1  # codes, fp32 group scales and the I64 weight_shape
+
+
+def test_gguf_against_its_source(tmp_path: Path) -> None:
+    """A GGUF file quantized to Q4_0 reports its storage bits (4.5) and its error against
+    the source GGUF, tensor names as GGUF spells them."""
+    from tiny_models import save_gguf
+
+    src = save_gguf(tiny_llama(seed=4), tmp_path / "src.gguf", embedding="F32")
+    out = tmp_path / "q.gguf"
+    argv = ["quantize", str(src), "--to", "q4_0", "--out-format", "gguf", "--out", str(out),
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    report = build_report(out, against=src, worst=0)
+    q4 = [r for r in report.rows if r.scheme == "Q4_0"]
+    assert q4 and all(r.bits == 4.5 and r.layer is not None for r in q4)
+    sc, qc = open_checkpoint(src), open_checkpoint(out)
+    r = q4[0]
+    assert r.rel_fro == pytest.approx(
+        lowbit.error(sc.get(r.name), qc.get(r.name, np.float32))["rel_fro"], rel=1e-12
+    )

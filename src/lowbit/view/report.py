@@ -236,20 +236,35 @@ class _Quantized:
             info = self.ckpt.info(name)
             label = str(e.get("label") if e["kind"] == "cast" else e.get("dtype", info.dtype))
             return e["kind"], label, e.get("rule"), shape, info.nbytes * 8, None
-        if self.ct is not None and name not in self.ckpt.names():
+        if self._ct_quantized(name):
             return self._ct_tensor(name)
         info = self.ckpt.info(name)
         stored = "kept" if info.dtype in ("F32", "F16", "BF16", "F64") else "quantized"
         return stored, info.dtype, None, info.shape, info.nbytes * 8, None
 
+    def _ct_quantized(self, name: str) -> bool:
+        """A compressed-tensors weight stored as codes and scales (not as plain values)."""
+        module = name.removesuffix(".weight")
+        return self.ct is not None and f"{module}.weight_scale" in self.ckpt.names()
+
     def _ct_tensor(self, name: str) -> tuple[str, str, str | None, tuple[int, ...], int, Any]:
         module = name.removesuffix(".weight")
-        parts = [n for n in self.ckpt.names() if n.startswith(f"{module}.weight_")]
+        parts = [n for n in self.ckpt.names() if n.startswith(f"{module}.weight_") and n != name]
+        if f"{module}.weight" in self.ckpt.names():
+            parts.append(f"{module}.weight")
         bits = sum(self.ckpt.info(n).nbytes * 8 for n in parts)
         shape: tuple[int, ...] = ()
         if f"{module}.weight_shape" in parts:
             shape = tuple(int(v) for v in np.asarray(self.ckpt.get(f"{module}.weight_shape")))
-        scheme = "+".join(sorted(self.ckpt.info(n).dtype for n in parts))
+        from lowbit.view import _ct_read
+
+        g = _ct_read.ct_scheme(self.ckpt, self.ct, module)  # type: ignore[arg-type]
+        if not shape and f"{module}.weight" in parts:
+            shape = self.ckpt.info(f"{module}.weight").shape
+        if g is None:
+            scheme = "+".join(sorted(self.ckpt.info(n).dtype for n in parts))
+        else:
+            scheme = _ct_read.label(g)
         return "quantized", scheme, None, shape, bits, None
 
     def values(self, name: str, held: Any) -> np.ndarray | None:
@@ -257,8 +272,12 @@ class _Quantized:
 
         if isinstance(held, QuantizedTensor):
             return None  # lowbit.error dequantizes it itself, exactly
-        if self.ct is not None and name not in self.ckpt.names():
-            return None
+        if self._ct_quantized(name):
+            from lowbit.view import _ct_read
+
+            module = name.removesuffix(".weight")
+            g = _ct_read.ct_scheme(self.ckpt, self.ct, module)  # type: ignore[arg-type]
+            return None if g is None else _ct_read.ct_weight(self.ckpt, module, g)
         return np.asarray(self.ckpt.get(name, np.float32))
 
 
