@@ -98,3 +98,39 @@ def test_binds_loopback_only_and_page_is_offline(url: str) -> None:
         assert external not in page
     with pytest.raises(LowbitError, match="port"):
         make_server(70000)
+
+
+def test_cli_explore_prints_its_url_and_serves() -> None:
+    """`lowbit explore --port 0 --no-browser` prints a 127.0.0.1 URL with the free port it got,
+    and that URL serves the page."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lowbit.cli", "explore", "--port", "0", "--no-browser"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("lowbit explore: serving http://127.0.0.1:")
+        url = line.split()[3]
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        assert port > 0
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert b"lowbit explore" in r.read()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def test_cli_explore_bad_port(capsys) -> None:
+    """A port out of range is the usual one-line error, exit 2."""
+    assert main(["explore", "--port", "99999", "--no-browser"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lowbit explore: error: --port must be from 0 to 65535, got 99999"
+    )

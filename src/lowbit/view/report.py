@@ -176,111 +176,6 @@ class Report:
         return layers, kinds
 
 
-# ------------------------------------------------------------------------------- reading
-
-
-class _Quantized:
-    """A quantized checkpoint read one tensor at a time, whatever its format."""
-
-    def __init__(self, path: Path) -> None:
-        from lowbit.checkpoints import open_checkpoint
-
-        self.path = path
-        self.ckpt = open_checkpoint(path)
-        self.format = self.ckpt.format
-        self.manifest: dict[str, Any] | None = getattr(self.ckpt, "manifest", None)
-        self.ct: dict[str, Any] | None = None
-        if self.format == "huggingface":
-            from lowbit.checkpoints.verify import _ct_config
-
-            self.ct = _ct_config(path)
-            if self.ct is not None:
-                self.format = "compressed-tensors"
-
-    def source(self) -> str | None:
-        if self.manifest is not None:
-            return str(self.manifest["source"]["path"])
-        return None
-
-    def plan(self) -> dict[str, Any] | None:
-        if self.manifest is not None:
-            return self.manifest.get("plan")
-        if self.ct is not None:
-            return {"compressed-tensors": self.ct.get("config_groups", {})}
-        return None
-
-    def names(self) -> list[str]:
-        """The model's tensor names (compressed-tensors' ``weight_packed``/``weight_scale``
-        parts count as one ``weight``)."""
-        if self.ct is None:
-            return self.ckpt.names()
-        out: dict[str, None] = {}
-        for n in self.ckpt.names():
-            module, _, part = n.rpartition(".")
-            if part.startswith("weight_"):
-                out.setdefault(f"{module}.weight", None)
-            else:
-                out.setdefault(n, None)
-        return list(out)
-
-    def tensor(self, name: str) -> tuple[str, str, str | None, tuple[int, ...], int, Any]:
-        """``(stored, scheme, rule, shape, stored bits, values)``; values is a
-        ``QuantizedTensor`` for a lowbit quantized tensor, else a float array (or None for
-        compressed-tensors parts lowbit cannot dequantize)."""
-        if self.manifest is not None:
-            e = self.ckpt.entry(name)  # type: ignore[attr-defined]
-            shape = tuple(int(d) for d in e["shape"])
-            if e["kind"] == "quantized":
-                qt = self.ckpt.quantized(name)  # type: ignore[attr-defined]
-                return "quantized", qt.scheme.label, e.get("rule"), shape, qt.nbytes * 8, qt
-            info = self.ckpt.info(name)
-            label = str(e.get("label") if e["kind"] == "cast" else e.get("dtype", info.dtype))
-            return e["kind"], label, e.get("rule"), shape, info.nbytes * 8, None
-        if self._ct_quantized(name):
-            return self._ct_tensor(name)
-        info = self.ckpt.info(name)
-        stored = "kept" if info.dtype in ("F32", "F16", "BF16", "F64") else "quantized"
-        return stored, info.dtype, None, info.shape, info.nbytes * 8, None
-
-    def _ct_quantized(self, name: str) -> bool:
-        """A compressed-tensors weight stored as codes and scales (not as plain values)."""
-        module = name.removesuffix(".weight")
-        return self.ct is not None and f"{module}.weight_scale" in self.ckpt.names()
-
-    def _ct_tensor(self, name: str) -> tuple[str, str, str | None, tuple[int, ...], int, Any]:
-        module = name.removesuffix(".weight")
-        parts = [n for n in self.ckpt.names() if n.startswith(f"{module}.weight_") and n != name]
-        if f"{module}.weight" in self.ckpt.names():
-            parts.append(f"{module}.weight")
-        bits = sum(self.ckpt.info(n).nbytes * 8 for n in parts)
-        shape: tuple[int, ...] = ()
-        if f"{module}.weight_shape" in parts:
-            shape = tuple(int(v) for v in np.asarray(self.ckpt.get(f"{module}.weight_shape")))
-        from lowbit.view import _ct_read
-
-        g = _ct_read.ct_scheme(self.ckpt, self.ct, module)  # type: ignore[arg-type]
-        if not shape and f"{module}.weight" in parts:
-            shape = self.ckpt.info(f"{module}.weight").shape
-        if g is None:
-            scheme = "+".join(sorted(self.ckpt.info(n).dtype for n in parts))
-        else:
-            scheme = _ct_read.label(g)
-        return "quantized", scheme, None, shape, bits, None
-
-    def values(self, name: str, held: Any) -> np.ndarray | None:
-        from lowbit.quant.tensor import QuantizedTensor
-
-        if isinstance(held, QuantizedTensor):
-            return None  # lowbit.error dequantizes it itself, exactly
-        if self._ct_quantized(name):
-            from lowbit.view import _ct_read
-
-            module = name.removesuffix(".weight")
-            g = _ct_read.ct_scheme(self.ckpt, self.ct, module)  # type: ignore[arg-type]
-            return None if g is None else _ct_read.ct_weight(self.ckpt, module, g)
-        return np.asarray(self.ckpt.get(name, np.float32))
-
-
 # ------------------------------------------------------------------------------- details
 
 
@@ -399,9 +294,10 @@ def build_report(
             it in another shape, a sensitivity document that is not one.
     """
     from lowbit.checkpoints import open_checkpoint
+    from lowbit.view._reading import QuantizedReader
 
     t0 = time.perf_counter()
-    q = _Quantized(Path(path))
+    q = QuantizedReader(Path(path))
     if sensitivity is not None:
         from lowbit.evaluation.sensitivity import SensitivityResult
 
