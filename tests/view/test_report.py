@@ -209,3 +209,22 @@ def test_gguf_against_its_source(tmp_path: Path) -> None:
     assert r.rel_fro == pytest.approx(
         lowbit.error(sc.get(r.name), qc.get(r.name, np.float32))["rel_fro"], rel=1e-12
     )
+
+
+def test_rules_that_fired(quantized: tuple[Path, Path], tmp_path: Path) -> None:
+    """A plan rule that picked int8 for the MLP weights is listed with its tensor count, and
+    each of those tensors names it; the summary shows the rule itself."""
+    from lowbit.view.html import render
+
+    src, _ = quantized
+    plan = tmp_path / "plan.yaml"
+    plan.write_text('default: int4:g32\nrules:\n  - match: "*mlp*"\n    scheme: int8\n')
+    out = tmp_path / "qp"
+    argv = ["quantize", str(src), "--plan", str(plan), "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    report = build_report(out, worst=0)
+    assert report.rules_fired() == [("rule 0", 6)]
+    mlp = [r for r in report.rows if ".mlp." in r.name]
+    assert {(r.rule, r.scheme) for r in mlp} == {("rule 0", "int8:ch:fp32")}
+    assert all(r.rule is None for r in report.rows if ".mlp." not in r.name)
+    assert "rule 0 <code>{&quot;format&quot;: &quot;int8:ch:fp32&quot;" in render(report)

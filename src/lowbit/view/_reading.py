@@ -64,10 +64,10 @@ class QuantizedReader:
             shape = tuple(int(d) for d in e["shape"])
             if e["kind"] == "quantized":
                 qt = self.ckpt.quantized(name)  # type: ignore[attr-defined]
-                return "quantized", qt.scheme.label, e.get("rule"), shape, qt.nbytes * 8, qt
+                return "quantized", qt.scheme.label, _rule(e), shape, qt.nbytes * 8, qt
             info = self.ckpt.info(name)
             label = str(e.get("label") if e["kind"] == "cast" else e.get("dtype", info.dtype))
-            return e["kind"], label, e.get("rule"), shape, info.nbytes * 8, None
+            return e["kind"], label, _rule(e), shape, info.nbytes * 8, None
         if self._ct_quantized(name):
             return self._ct_tensor(name)
         info = self.ckpt.info(name)
@@ -111,3 +111,9 @@ class QuantizedReader:
             g = _ct_read.ct_scheme(self.ckpt, self.ct, module)  # type: ignore[arg-type]
             return None if g is None else _ct_read.ct_weight(self.ckpt, module, g)
         return np.asarray(self.ckpt.get(name, np.float32))
+
+
+def _rule(entry: dict[str, Any]) -> str | None:
+    """``rule N`` for the plan rule (index N of the plan's rules) that decided a tensor."""
+    rule = entry.get("rule")
+    return None if rule is None else f"rule {rule}"

@@ -140,7 +140,15 @@ def _summary(r: Report) -> str:
     ]
     if r.plan is not None:
         rules = r.rules_fired()
-        fired = ", ".join(f"<code>{_e(k)}</code> ({n} tensors)" for k, n in rules) or "none"
+        listed = r.plan.get("rules") if isinstance(r.plan.get("rules"), list) else []
+        fired = (
+            ", ".join(
+                f"{_e(k)} <code>{_e(json.dumps(_nth(listed, k), sort_keys=True))}</code> "
+                f"({n} tensors)"
+                for k, n in rules
+            )
+            or "none (every tensor followed the defaults)"
+        )
         items.append(("plan", f"<code>{_e(json.dumps(r.plan, sort_keys=True))}</code>"))
         items.append(("rules that fired", fired))
     errs = [x for x in r.quantized if x.sqnr_db is not None and math.isfinite(x.sqnr_db)]
@@ -165,6 +173,14 @@ def _summary(r: Report) -> str:
     if r.evaluation is not None:
         out.append('<h2 id="evaluation">Evaluation</h2>' + _evaluation(r.evaluation))
     return "".join(out)
+
+
+def _nth(rules: list[Any], label: str) -> Any:
+    """The plan rule a ``rule N`` label names (the label itself when it names none)."""
+    try:
+        return rules[int(label.removeprefix("rule "))]
+    except (ValueError, IndexError):
+        return label
 
 
 def _evaluation(ev: Any) -> str:
