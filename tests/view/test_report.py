@@ -228,3 +228,19 @@ def test_rules_that_fired(quantized: tuple[Path, Path], tmp_path: Path) -> None:
     assert {(r.rule, r.scheme) for r in mlp} == {("rule 0", "int8:ch:fp32")}
     assert all(r.rule is None for r in report.rows if ".mlp." not in r.name)
     assert "rule 0 <code>{&quot;format&quot;: &quot;int8:ch:fp32&quot;" in render(report)
+
+
+def test_evaluation_results_are_shown(quantized: tuple[Path, Path], tmp_path: Path) -> None:
+    """--eval results with rows become a table of their scalar fields."""
+    _, q = quantized
+    ev = {"kind": "causal-lm", "rows": [{"variant": "int4 g32", "ppl": 12.345678, "kl": None}]}
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(ev))
+    out = tmp_path / "r.html"
+    assert main(["report", str(q), "--out", str(out), "--worst", "0", "--eval", str(path)]) == 0
+    page = out.read_text()
+    section = page[page.index('id="evaluation"') :]
+    assert "<th>variant</th><th>ppl</th><th>kl</th>" in section
+    assert "<td>int4 g32</td><td>12.346</td><td>-</td>" in section
+    path.write_text("{not json")
+    assert main(["report", str(q), "--out", str(out), "--overwrite", "--eval", str(path)]) == 2
