@@ -36,14 +36,14 @@ demo: install
 	$(BIN)/lowbit show 0.3952
 	$(BIN)/lowbit decode e4m3 0x7e
 	$(BIN)/lowbit values fp4
-	$(BIN)/lowbit compare --group 64 --plot $(DEMO_OUT)/compare.png --levels nf4
+	$(BIN)/lowbit compare --group 64 --plot $(DEMO_OUT)/compare.png --levels nf4 --overwrite
 	$(BIN)/lowbit plan --params 1B
 	$(BIN)/lowbit plan smollm2 --context 8192 --batch 8 --precisions bf16,fp8,q8_0,int4:g128:fp16,nf4:g64:dq,mxfp4 --train
 	$(BIN)/lowbit quantize smollm2 --to int4 --group 128 --out $(DEMO_OUT)/smollm2-int4-g128 --overwrite
 	$(BIN)/lowbit eval smollm2 $(DEMO_OUT)/smollm2-int4-g128 --schemes int8:ch,nf4,fp8_e4m3:ch,mxfp4 --tokens 4096
 	$(BIN)/lowbit eval minilm --schemes int8:ch,int4:g128,nf4,fp8_e4m3:ch,mxfp4
 	$(BIN)/lowbit overflow-demo
-	$(BIN)/lowbit train-lab --steps 100 --plot $(DEMO_OUT)/train-lab.png
+	$(BIN)/lowbit train-lab --steps 100 --plot $(DEMO_OUT)/train-lab.png --overwrite
 	$(BIN)/lowbit report $(DEMO_OUT)/smollm2-int4-g128 --out $(DEMO_OUT)/report.html --overwrite
 	@echo "the report of the quantized SmolLM2: $(DEMO_OUT)/report.html (open it in a browser)"
 
