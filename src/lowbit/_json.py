@@ -26,6 +26,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lowbit.errors import LowbitError
 
 MAX_BYTES = 100_000_000
@@ -33,11 +35,13 @@ MAX_DEPTH = 64
 _MAX_INT_DIGITS = 20  # 2**64 has 20 digits
 _INT_MIN, _INT_LIMIT = -(2**63), 2**64
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_YAML_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"|\'(?:[^\']|\'\')*\'', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_SKELETON = bytes(b for b in range(256) if b not in b'[]{}"')
 _DELTA = [0] * 256
 _DELTA[ord("[")] = _DELTA[ord("{")] = 1
 _DELTA[ord("]")] = _DELTA[ord("}")] = -1
+_STEPS = np.array(_DELTA, dtype=np.int8)
 
 
 class _Refused(ValueError):
@@ -56,8 +60,8 @@ def short_repr(value: Any, limit: int = 60, _level: int = 0) -> str:
     if isinstance(value, (list, tuple)):
         if _level >= 2 and value:
             return f"[... {len(value)} items]"
-        items = [short_repr(v, 16, _level + 1) for v in value[:8]]
-        more = f", ... ({len(value)} items)" if len(value) > 8 else ""
+        items = [short_repr(v, 16, _level + 1) for v in value[:6]]
+        more = f", ... ({len(value)} items)" if len(value) > 6 else ""
         text = ", ".join(items) + more
         if isinstance(value, tuple):
             return f"({text}{',' if len(value) == 1 else ''})"
@@ -91,8 +95,24 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in a JSON document (brackets in strings skipped)."""
-    skeleton = _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    """The deepest nesting of arrays and objects in a JSON document (brackets in strings skipped).
+
+    Linear and in C: escaped backslashes and quotes are dropped, then everything but quotes
+    and brackets; a bracket counts when an even number of quotes precedes it (numpy).
+    """
+    skeleton = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_SKELETON)
+    if not skeleton:
+        return 0
+    chars = np.frombuffer(skeleton, np.uint8)
+    quote = (chars == ord('"')).view(np.uint8)
+    steps = _STEPS[chars]
+    steps[np.bitwise_xor.accumulate(quote).view(bool)] = 0  # inside a string
+    return max(int(np.cumsum(steps, dtype=np.int32).max()), 0)
+
+
+def _yaml_depth(raw: bytes) -> int:
+    """As :func:`depth` for YAML's flow style (quoted strings of either kind skipped)."""
+    skeleton = _YAML_STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
     return max(accumulate(map(_DELTA.__getitem__, skeleton)), default=0)
 
 
@@ -177,9 +197,9 @@ def load(
 def load_yaml(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> Any:
     """Read a YAML file from a user (``yaml.safe_load``: no Python objects), within limits.
 
-    Beyond :func:`load`'s size limit, the parsed document may hold at most ``MAX_DEPTH``
-    levels and a million values counting every alias use (a "billion laughs" file of nested
-    aliases is refused instead of walked).
+    Beyond :func:`load`'s size limit, the document may nest at most ``MAX_DEPTH`` levels, use
+    only strings as keys (JSON's data model), and hold a million values counting every alias
+    use (a "billion laughs" file of nested aliases is refused instead of walked).
 
     Raises:
         LowbitError: as :func:`load`, or malformed YAML.
@@ -195,6 +215,11 @@ def load_yaml(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> An
         raw = fh.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise LowbitError(f"{p}: larger than the {max_bytes:,}-byte limit for a YAML file")
+    # PyYAML recurses per level and spends seconds before a RecursionError: count the flow
+    # brackets first (block nesting needs indentation, so it cannot grow as fast)
+    found = _yaml_depth(raw)
+    if found > MAX_DEPTH:
+        raise LowbitError(f"{p}: YAML nested {found} levels deep; lowbit reads at most {MAX_DEPTH}")
     try:
         doc = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
@@ -220,6 +245,9 @@ def _check_tree(doc: Any, source: Path) -> None:
             if not _INT_MIN <= value < _INT_LIMIT:
                 raise LowbitError(f"{source}: the integer {short_repr(value)} is out of range")
         elif isinstance(value, (list, dict)):
+            if isinstance(value, dict) and not all(isinstance(k, str) for k in value):
+                bad = next(k for k in value if not isinstance(k, str))
+                raise LowbitError(f"{source}: the key {short_repr(bad)} is not a string")
             if level > MAX_DEPTH:
                 raise LowbitError(f"{source}: nested more than {MAX_DEPTH} levels deep")
             items = [*value.keys(), *value.values()] if isinstance(value, dict) else value

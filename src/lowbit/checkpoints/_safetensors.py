@@ -121,6 +121,33 @@ def _parse_header(raw: bytes, size: int, path: Path | str) -> SafetensorsHeader:
 def _tensor(
     path: Path | str, name: str, entry: Any, data_offset: int, data_len: int
 ) -> SafetensorsTensor:
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+        bits = SAFETENSORS_DTYPE_BITS[dtype]
+    except (TypeError, KeyError, ValueError):
+        return _refuse_entry(path, name, entry, data_len)
+    if type(shape) is not list or type(begin) is not int or type(end) is not int or begin < 0:
+        return _refuse_entry(path, name, entry, data_len)
+    if len(shape) > MAX_RANK:
+        return _refuse_entry(path, name, entry, data_len)
+    extent = 1  # every dimension, zero-sized ones as 1: what numpy can hold
+    numel = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return _refuse_entry(path, name, entry, data_len)
+        numel *= d
+        extent *= d or 1
+    if extent * -(-bits // 8) >= 2**63:
+        return _refuse_entry(path, name, entry, data_len)
+    bits *= numel
+    if bits % 8 or end - begin != bits // 8 or end > data_len:
+        return _refuse_entry(path, name, entry, data_len)
+    return SafetensorsTensor(name, dtype, tuple(shape), data_offset + begin, end - begin)
+
+
+def _refuse_entry(path: Path | str, name: str, entry: Any, data_len: int) -> Any:
+    """Raise the LowbitError that says what is wrong with one tensor's header entry (the fast
+    checks in :func:`_tensor` found something)."""
     bad = f"{path}: bad entry for tensor {short_repr(name)}"
     try:
         dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
@@ -132,9 +159,7 @@ def _tensor(
             f"{', '.join(SAFETENSORS_DTYPE_BITS)}"
         )
     ints = (*shape, begin, end) if isinstance(shape, list) else None
-    if ints is None or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints
-    ):
+    if ints is None or not all(type(v) is int and v >= 0 for v in ints):
         raise LowbitError(
             f"{bad}: malformed shape {short_repr(shape)} or offsets {short_repr([begin, end])} "
             f"(non-negative integers)"
@@ -149,12 +174,10 @@ def _tensor(
             f"{bad}: {dtype} of shape {tuple(shape)} spans {short_repr(end - begin)} bytes, "
             f"expected {bits // 8} (the header lies about sizes)"
         )
-    if end > data_len:
-        raise LowbitError(
-            f"{bad}: it ends at data byte {end} but the file holds only {data_len} bytes of data "
-            f"(truncated file, or the header lies about offsets)"
-        )
-    return SafetensorsTensor(name, dtype, tuple(shape), data_offset + begin, end - begin)
+    raise LowbitError(
+        f"{bad}: it ends at data byte {end} but the file holds only {data_len} bytes of data "
+        f"(truncated file, or the header lies about offsets)"
+    )
 
 
 def check_shape(shape: Any, item_bytes: int, what: str) -> None:
