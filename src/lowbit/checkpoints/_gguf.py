@@ -349,7 +349,8 @@ def dequantize(buf: np.ndarray, tensor: GGUFTensor, path: Path) -> np.ndarray:
     qtype = GGMLQuantizationType(tensor.type_code)
     rows = raw.reshape(-1, tensor.nbytes // max(1, _rows(tensor.shape)))
     try:
-        out = quants.dequantize(rows, qtype)
+        with np.errstate(all="ignore"):  # NaN/inf block scales are the file's data, not errors
+            out = quants.dequantize(rows, qtype)
     except NotImplementedError:
         raise LowbitError(
             f"{path}: tensor {tensor.name!r} has GGUF type {tensor.type_name}, which the gguf "

@@ -388,6 +388,8 @@ def write_gguf(
             )
         value = found[0]
         arch = value.text() if isinstance(value, _Raw) else str(value)
+    if not arch:  # GGUFWriter silently drops an empty string
+        raise LowbitError("GGUF needs a non-empty general.architecture")
 
     # Plan every tensor from a first look at its value and drop it; the value is fetched
     # again when written, so a lazy Mapping keeps about one tensor in memory.
