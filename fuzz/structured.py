@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=10_000, help="inputs in total")
     ap.add_argument("--seconds", type=float, default=None, help="stop after this long")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--crashes", type=Path, default=Path("fuzz/crashes"))
+    ap.add_argument("--crashes", type=Path, default=Path("out/fuzz/structured"))
+    ap.add_argument("--report", type=int, default=50_000, help="print progress every N inputs")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             if dt > slowest[0]:
                 slowest = (dt, target, i)
             counts[target] += 1
+            if (i + 1) % args.report == 0:
+                el = time.perf_counter() - start
+                print(f"{i + 1} inputs, {el:.0f} s, {found} findings", flush=True)
         total = time.perf_counter() - start
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     n = sum(counts.values())

@@ -100,6 +100,11 @@ def _header_length(prefix: bytes, size: int, path: Path | str) -> int:
 
 def _parse_header(raw: bytes, size: int, path: Path | str) -> SafetensorsHeader:
     """Check the header JSON (``raw``, the bytes after the length) against a file of ``size``."""
+    if raw.count(b'"data_offsets"') > MAX_TENSORS:  # refuse before building a dict per entry
+        raise LowbitError(
+            f"{path}: safetensors header lists more than {MAX_TENSORS:,} tensors; lowbit reads "
+            f"at most {MAX_TENSORS:,} per file"
+        )
     header = _json.loads(raw, f"{path}: safetensors header", unique_keys=True)
     if not isinstance(header, dict):
         raise LowbitError(f"{path}: safetensors header is not a JSON object")
