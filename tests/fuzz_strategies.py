@@ -467,4 +467,7 @@ def make_manifest_folder(folder: Path) -> bytes:
     src.write_bytes(data[: 8 + hlen] + floats[: len(data) - 8 - hlen])
     doc = {"rules": [{"match": "b.*", "format": "nf4:g32"}], "default": "int4:g32"}
     quantize_model(src, PrecisionPlan.from_dict(doc), folder, overwrite=True, progress=False)
-    return (folder / "lowbit.json").read_bytes()
+    # the same bytes wherever the folder is: the source path is the only thing that varies
+    text = (folder / "lowbit.json").read_text().replace(str(src), "model.safetensors")
+    (folder / "lowbit.json").write_text(text)
+    return text.encode()
