@@ -98,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             counts[target] += 1
             if (i + 1) % args.report == 0:
                 el = time.perf_counter() - start
-                print(f"{i + 1} inputs, {el:.0f} s, {found} findings", flush=True)
+                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                print(
+                    f"{i + 1} inputs, {el:.0f} s, {found} findings, slowest {slowest[0]:.3f} s, "
+                    f"peak RSS {rss:.0f} MB",
+                    flush=True,
+                )
         total = time.perf_counter() - start
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     n = sum(counts.values())
