@@ -52,8 +52,7 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 # Coverage-guided fuzzing (atheris/libFuzzer) of each parser of a user's file for FUZZ_SECONDS
-# each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*. The manifest target
-# fails until lowbit.json is schema-checked (issue 11, case 4).
+# each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= safetensors gguf plan manifest
 fuzz: install

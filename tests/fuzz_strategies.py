@@ -435,7 +435,7 @@ def exercise_manifest(text: bytes, folder: Path) -> None:
     from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
 
     (folder / "lowbit.json").write_bytes(text)
-    ckpt = LowbitCheckpoint(folder)
+    ckpt = LowbitCheckpoint(folder, verify=False)  # hashes would refuse every mutant first
     for name in ckpt.names():
         ckpt.get(name)
     ckpt.close()

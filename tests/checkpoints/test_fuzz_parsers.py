@@ -137,15 +137,11 @@ def test_manifest_json_never_crashes(seed: int, manifest: tuple[Path, str]) -> N
         pass
 
 
-@pytest.mark.xfail(
-    reason="lowbit.json schema validation (issue 11 case 4) is not in yet: a mutated manifest "
-    "still crashes with KeyError/AttributeError; remove this mark when it lands",
-    raises=(KeyError, TypeError, AttributeError, ValueError, IndexError),
-    strict=True,
-)
 @FUZZ
 @given(seed=fs.seeds)
-@example(seed=72)  # today: KeyError 'kind' (seeds 294, 390 give KeyError 'tensor', AttributeError)
+@example(seed=72)  # KeyError 'kind' before the manifest schema checks (issue 11 case 4)
+@example(seed=294)  # KeyError 'tensor'
+@example(seed=390)  # AttributeError: 'list' object has no attribute 'get'
 def test_manifest_reader_never_crashes(seed: int, manifest: tuple[Path, str]) -> None:
     """A lowbit checkpoint whose lowbit.json is mutated opens and reads, or LowbitError."""
     folder, text = manifest
