@@ -390,3 +390,34 @@ def test_json_limits_are_not_hit_by_real_files() -> None:
 
     doc = {"a": [[[[{"b": 2**64 - 1, "c": -(2**63), "d": 1.5e300}]]]]}
     assert _json.loads(json.dumps(doc), "x") == doc
+
+
+# ------------------------------------------------------------------ found by the fuzzers
+
+
+def test_gguf_copy_refuses_an_empty_architecture(tmp_path: Path) -> None:
+    """An empty general.architecture (GGUFWriter drops it silently, so the copy lost it) is
+    refused when the metadata is copied into a new GGUF."""
+    from lowbit.checkpoints.gguf_writer import write_gguf
+
+    src = _gg(tmp_path, gguf_model(llama_kvs(arch="")))
+    with pytest.raises(LowbitError, match=r"non-empty general\.architecture"):
+        write_gguf(tmp_path / "out.gguf", {}, source=src, progress=False)
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_gguf_inf_block_scales_read_without_warnings(tmp_path: Path) -> None:
+    """A Q8_0 block whose float16 scale is inf reads as the file says (inf/NaN), with no
+    RuntimeWarning (an error under strict warnings)."""
+    block = struct.pack("<e", float("inf")) + bytes([0] + [1] * 31)
+    data = gguf_bytes(llama_kvs(), [("q", [32], GGML_Q8_0, 0)], block + bytes(-len(block) % 32))
+    values = open_checkpoint(_gg(tmp_path, data)).get("q")
+    assert values.shape == (32,) and not (values[1:] < float("inf")).any()
+
+
+def test_quantized_tensor_metadata_string_goes_through_the_limits() -> None:
+    """Quantized-tensor metadata given as a JSON string is read with the same limits."""
+    from lowbit.quant.tensor import QuantizedTensor
+
+    with pytest.raises(LowbitError, match="nested 1000 levels"):
+        QuantizedTensor.from_arrays({}, DEEP)
