@@ -4,7 +4,7 @@ Why our own parser: the ``gguf`` package's ``GGUFReader`` takes seconds to walk 
 50k strings and builds its tensor views without checking them against the file size, so a
 truncated file or a header that lies surfaces as a numpy reshape error. This parser reads the
 header with ``struct`` (fast), checks every length, count, type and offset against the file before
-anything is trusted, and names the file and tensor in each error; it needs no numpy. The reader
+anything is trusted, and names the file and tensor in each error. The reader
 (:class:`~lowbit.checkpoints.readers.GGUFFile`) and the planner (:mod:`lowbit.checkpoints.headers`) both build
 on :func:`parse`. Tensor data is then decoded with the ``gguf`` package's own dequantizers
 (``gguf.quants.dequantize``).
@@ -14,6 +14,12 @@ count, u64 key/value count, the key/values (key: u64 length + UTF-8 bytes; u32 v
 the tensor infos (name, u32 n_dims, u64 dims innermost first, u32 ggml type, u64 offset relative
 to the data section), padding to ``general.alignment`` (default 32), then the data section.
 Big-endian GGUF files are refused (their tensor data could not be decoded as stored).
+
+Limits (docs/security.md): keys and tensor names must be UTF-8; metadata arrays nest at most
+``MAX_ARRAY_DEPTH`` deep and hold at most ``MAX_METADATA_ELEMENTS`` elements in all; a
+block-quantized tensor needs at least one dimension and no zero one; every metadata value lowbit
+uses is type-checked (:func:`check_metadata`). Each key's value span is kept so a writer can copy
+the metadata byte for byte (:func:`raw_metadata`) instead of through ``GGUFReader``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one checked parser of safetensors file headers; reads no tensor data, needs no numpy.
+"""The one checked parser of safetensors file headers; reads no tensor data.
 
 Layout (huggingface/safetensors README): an 8-byte little-endian header length N, N bytes of
 UTF-8 JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str:
