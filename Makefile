@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 TORCH  := torch==2.13.0
 DEMO_OUT ?= out/demo
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint format bench fuzz fuzz-structured clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,15 +48,34 @@ demo: install
 	@echo "the report of the quantized SmolLM2: $(DEMO_OUT)/report.html (open it in a browser)"
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks fuzz
+	$(BIN)/ruff format --check src tests benchmarks fuzz
 
 format: install
-	$(BIN)/ruff check --fix src tests benchmarks
-	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks fuzz
+	$(BIN)/ruff format src tests benchmarks fuzz
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# Coverage-guided fuzzing (atheris/libFuzzer) of each parser of a user's file for FUZZ_SECONDS
+# each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= safetensors gguf plan manifest
+fuzz: install
+	$(BIN)/pip install -q -e '.[fuzz]'
+	mkdir -p out/fuzz
+	status=0; for t in $(FUZZ_TARGETS); do \
+	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+	  $(BIN)/python fuzz/atheris_fuzz.py $$t -max_total_time=$(FUZZ_SECONDS) \
+	    -artifact_prefix=out/fuzz/$$t- out/fuzz/corpus-$$t || status=1; \
+	done; exit $$status
+
+# The long structure-aware run without coverage guidance (one process): FUZZ_COUNT inputs
+# spread over the targets; findings land in out/fuzz/structured/.
+FUZZ_COUNT ?= 1000000
+fuzz-structured: install
+	$(BIN)/python fuzz/structured.py --target all --count $(FUZZ_COUNT) --crashes out/fuzz/structured
 
 bench: install
 	$(BIN)/python benchmarks/run.py

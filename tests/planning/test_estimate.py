@@ -354,7 +354,7 @@ def test_bad_plan_file(tmp_path: Path) -> None:
     """A plan file that is not JSON, or has unknown keys, is a clear error."""
     f = tmp_path / "p.json"
     f.write_text("{oops")
-    with pytest.raises(LowbitError, match="malformed JSON"):
+    with pytest.raises(LowbitError, match="not valid JSON"):
         load_plan_file(f)
     f.write_text('{"rulez": []}')
     with pytest.raises(LowbitError, match="unknown key"):

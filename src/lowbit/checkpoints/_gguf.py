@@ -4,7 +4,7 @@ Why our own parser: the ``gguf`` package's ``GGUFReader`` takes seconds to walk 
 50k strings and builds its tensor views without checking them against the file size, so a
 truncated file or a header that lies surfaces as a numpy reshape error. This parser reads the
 header with ``struct`` (fast), checks every length, count, type and offset against the file before
-anything is trusted, and names the file and tensor in each error; it needs no numpy. The reader
+anything is trusted, and names the file and tensor in each error. The reader
 (:class:`~lowbit.checkpoints.readers.GGUFFile`) and the planner (:mod:`lowbit.checkpoints.headers`) both build
 on :func:`parse`. Tensor data is then decoded with the ``gguf`` package's own dequantizers
 (``gguf.quants.dequantize``).
@@ -14,6 +14,12 @@ count, u64 key/value count, the key/values (key: u64 length + UTF-8 bytes; u32 v
 the tensor infos (name, u32 n_dims, u64 dims innermost first, u32 ggml type, u64 offset relative
 to the data section), padding to ``general.alignment`` (default 32), then the data section.
 Big-endian GGUF files are refused (their tensor data could not be decoded as stored).
+
+Limits (docs/security.md): keys and tensor names must be UTF-8; metadata arrays nest at most
+``MAX_ARRAY_DEPTH`` deep and hold at most ``MAX_METADATA_ELEMENTS`` elements in all; a
+block-quantized tensor needs at least one dimension and no zero one; every metadata value lowbit
+uses is type-checked (:func:`check_metadata`). Each key's value span is kept so a writer can copy
+the metadata byte for byte (:func:`raw_metadata`) instead of through ``GGUFReader``.
 """
 
 from __future__ import annotations
@@ -21,13 +27,14 @@ from __future__ import annotations
 import math
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints._safetensors import check_overlaps
+from lowbit._json import check_regular_file, short_repr
+from lowbit.checkpoints._safetensors import check_overlaps, check_shape
 from lowbit.errors import LowbitError
 
 _MAGIC = b"GGUF"
@@ -35,6 +42,11 @@ _VERSIONS = (2, 3)
 _DEFAULT_ALIGNMENT = 32
 _MAX_DIMS = 8
 _MAX_TENSORS, _MAX_KEYS = 10**7, 10**6  # beyond any real model: a corrupt count
+#: Most elements in all metadata arrays of one file together (a 256k-token vocabulary, its
+#: scores, types and 500k merges hold about 1.3M): bounds the Python objects a file can make.
+MAX_METADATA_ELEMENTS = 2**26
+#: Deepest nesting of metadata arrays (llama.cpp refuses arrays of arrays; lowbit reads a few).
+MAX_ARRAY_DEPTH = 4
 
 # GGUF metadata value types (ggml/docs/gguf.md, gguf_metadata_value_type) -> struct code:
 # UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, UINT64, INT64, FLOAT64.
@@ -58,7 +70,11 @@ class GGUFTensor:
 
 @dataclass(frozen=True)
 class GGUFHeader:
-    """The parsed header of a GGUF file."""
+    """The parsed header of a GGUF file.
+
+    ``spans`` gives each metadata key's value type and the byte range of its encoded value
+    (after the type), so the metadata can be copied byte for byte (:func:`raw_metadata`).
+    """
 
     version: int
     metadata: dict[str, Any]
@@ -66,16 +82,18 @@ class GGUFHeader:
     alignment: int
     data_offset: int
     file_size: int
+    spans: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer."""
 
-    def __init__(self, buf: Any, path: Path, size: int) -> None:
+    def __init__(self, buf: Any, path: Path | str, size: int) -> None:
         self.buf = buf
         self.pos = 0
         self.path = path
         self.size = size
+        self.elements = 0  # metadata array elements read so far
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
@@ -97,39 +115,70 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return int(self.scalars("Q", 1, what)[0])
 
-    def string(self, what: str) -> str:
+    def raw(self, what: str) -> bytes:
         n = self.u64(f"length of {what}")
         self.need(n, what)
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
+        return raw
+
+    def string(self, what: str) -> str:
+        raw = self.raw(what)
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            # vocabularies may hold byte tokens that are not valid UTF-8 on their own
+            # vocabularies may hold byte tokens that are not valid UTF-8 on their own; the
+            # values lowbit uses are checked strictly (check_metadata)
             return raw.decode("utf-8", errors="surrogateescape")
 
+    def name(self, what: str) -> str:
+        """A key or tensor name: strictly UTF-8."""
+        raw = self.raw(what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise LowbitError(
+                f"{self.path}: {what} is not valid UTF-8 (byte {exc.start} of {short_repr(raw)})"
+            ) from None
 
-def _value(cur: _Cursor, vtype: int, key: str) -> Any:
+    def count(self, n: int, key: str) -> None:
+        self.elements += n
+        if self.elements > MAX_METADATA_ELEMENTS:
+            raise LowbitError(
+                f"{self.path}: GGUF metadata arrays hold more than {MAX_METADATA_ELEMENTS:,} "
+                f"elements in all (at {short_repr(key)}); lowbit reads at most that many"
+            )
+
+
+def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
     if vtype in _SCALARS:
         return cur.scalars(_SCALARS[vtype], 1, f"value of {key!r}")[0]
     if vtype == _STRING:
         return cur.string(f"value of {key!r}")
     if vtype == _ARRAY:
+        if depth >= MAX_ARRAY_DEPTH:
+            raise LowbitError(
+                f"{cur.path}: metadata {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep"
+            )
         etype = cur.u32(f"array type of {key!r}")
         count = cur.u64(f"array length of {key!r}")
         if etype in _SCALARS:
+            cur.need(count * struct.calcsize("<" + _SCALARS[etype]), f"array {key!r}")
+            cur.count(count, key)
             return list(cur.scalars(_SCALARS[etype], count, f"array {key!r} of {count} values"))
         if etype == _STRING:
             cur.need(count * 8, f"array {key!r} of {count} strings")  # each has a u64 length
+            cur.count(count, key)
             return [cur.string(f"string {i} of {key!r}") for i in range(count)]
         if etype == _ARRAY:
             cur.need(count * 12, f"array {key!r} of {count} arrays")
-            return [_value(cur, _ARRAY, key) for _ in range(count)]
+            cur.count(count, key)
+            return [_value(cur, _ARRAY, key, depth + 1) for _ in range(count)]
         raise LowbitError(f"{cur.path}: metadata {key!r} has unknown array element type {etype}")
     raise LowbitError(f"{cur.path}: metadata {key!r} has unknown value type {vtype}")
 
 
-def _ggml_type(code: int, name: str, path: Path) -> tuple[str, int, int]:
+def _ggml_type(code: int, name: str, path: Path | str) -> tuple[str, int, int]:
     """(type name, block size, bytes per block) of a ggml tensor type code."""
     try:
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -152,60 +201,90 @@ def parse(path: Path) -> GGUFHeader:
     """Parse and check a GGUF header.
 
     Raises:
-        LowbitError: not a GGUF file, an unsupported version (or big-endian), implausible
-            counts, a truncated header, an unknown value type, a duplicate key or tensor, a
-            tensor of more than 8 dimensions or of an unknown type, rows that are not whole
-            blocks, an alignment that is not a power of two, or tensor extents that are
-            unaligned, fall outside the file or overlap.
+        LowbitError: not a regular file (a FIFO, a device), not a GGUF file, an unsupported
+            version (or big-endian), implausible counts, a truncated header, a key or tensor
+            name that is not UTF-8, an unknown value type, metadata arrays nested more than 4
+            deep or holding more than 2**26 elements in all, a duplicate key or tensor, a
+            tensor of more than 8 dimensions, of an unknown type, of 2**63 bytes or more, or
+            block-quantized with no dimensions or a zero-sized one, rows that are not whole
+            blocks, an alignment that is not a power of two, tensor extents that are
+            unaligned, fall outside the file or overlap, or a metadata value lowbit uses of
+            the wrong type (see :func:`check_metadata`).
         ImportError: the ``gguf`` package (for the GGML type table) is missing.
     """
-    size = path.stat().st_size
+    size = check_regular_file(path)
     if size < 24:
         raise LowbitError(f"{path}: not a GGUF file ({size} bytes, shorter than a GGUF header)")
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != _MAGIC:
-            raise LowbitError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, want b'GGUF')")
-        cur = _Cursor(buf, path, size)
-        cur.pos = 4
-        version = cur.u32("version")
-        if version not in _VERSIONS:
-            hint = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
-            raise LowbitError(f"{path}: unsupported GGUF version {version}{hint}; supported: 2, 3")
-        n_tensors = cur.u64("tensor count")
-        n_kv = cur.u64("metadata count")
-        # every key/value needs at least 12 bytes and every tensor info at least 24
-        if n_tensors > _MAX_TENSORS or n_kv > _MAX_KEYS or n_kv * 12 + n_tensors * 24 > size:
-            raise LowbitError(
-                f"{path}: GGUF header claims {n_tensors} tensors and {n_kv} metadata entries: "
-                f"implausible, or past the end of the file ({size} bytes)"
-            )
-        metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = cur.string("metadata key")
-            vtype = cur.u32(f"type of {key!r}")
-            if key in metadata:
-                raise LowbitError(f"{path}: metadata key {key!r} appears twice")
-            metadata[key] = _value(cur, vtype, key)
-        infos = []
-        for i in range(n_tensors):
-            name = cur.string(f"name of tensor {i}")
-            n_dims = cur.u32(f"dimension count of {name!r}")
-            if n_dims > _MAX_DIMS:
-                raise LowbitError(f"{path}: tensor {name!r} claims {n_dims} dimensions")
-            dims = [cur.u64(f"dimensions of {name!r}") for _ in range(n_dims)]
-            code = cur.u32(f"type of {name!r}")
-            rel = cur.u64(f"offset of {name!r}")
-            infos.append((name, dims, code, rel))
-        alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
-        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
-            raise LowbitError(f"{path}: general.alignment {alignment!r} is not a power of two")
-        data_offset = -(-cur.pos // alignment) * alignment
+        return _parse_buffer(buf, size, path)
+
+
+def parse_bytes(data: bytes, path: Path | str = "<bytes>") -> GGUFHeader:
+    """:func:`parse` on a whole file held in memory (for tests and fuzzing)."""
+    if len(data) < 24:
+        raise LowbitError(
+            f"{path}: not a GGUF file ({len(data)} bytes, shorter than a GGUF header)"
+        )
+    return _parse_buffer(data, len(data), path)
+
+
+def _parse_buffer(buf: Any, size: int, path: Path | str) -> GGUFHeader:
+    if buf[:4] != _MAGIC:
+        raise LowbitError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, want b'GGUF')")
+    cur = _Cursor(buf, path, size)
+    cur.pos = 4
+    version = cur.u32("version")
+    if version not in _VERSIONS:
+        hint = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
+        raise LowbitError(f"{path}: unsupported GGUF version {version}{hint}; supported: 2, 3")
+    n_tensors = cur.u64("tensor count")
+    n_kv = cur.u64("metadata count")
+    # every key/value needs at least 12 bytes and every tensor info at least 24
+    if n_tensors > _MAX_TENSORS or n_kv > _MAX_KEYS or n_kv * 12 + n_tensors * 24 > size:
+        raise LowbitError(
+            f"{path}: GGUF header claims {n_tensors} tensors and {n_kv} metadata entries: "
+            f"implausible, or past the end of the file ({size} bytes)"
+        )
+    metadata: dict[str, Any] = {}
+    spans: dict[str, tuple[int, int, int]] = {}
+    for _ in range(n_kv):
+        key = cur.name("metadata key")
+        vtype = cur.u32(f"type of {key!r}")
+        if key in metadata:
+            raise LowbitError(f"{path}: metadata key {key!r} appears twice")
+        begin = cur.pos
+        metadata[key] = _value(cur, vtype, key)
+        spans[key] = (vtype, begin, cur.pos)
+    infos = []
+    for i in range(n_tensors):
+        name = cur.name(f"name of tensor {i}")
+        n_dims = cur.u32(f"dimension count of {name!r}")
+        if n_dims > _MAX_DIMS:
+            raise LowbitError(f"{path}: tensor {name!r} claims {n_dims} dimensions")
+        dims = list(cur.scalars("Q", n_dims, f"dimensions of {name!r}"))
+        code = cur.u32(f"type of {name!r}")
+        rel = cur.u64(f"offset of {name!r}")
+        infos.append((name, dims, code, rel))
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise LowbitError(
+            f"{path}: general.alignment {short_repr(alignment)} is not a power of two"
+        )
+    data_offset = -(-cur.pos // alignment) * alignment
 
     tensors: dict[str, GGUFTensor] = {}
     for name, dims, code, rel in infos:
         if name in tensors:
             raise LowbitError(f"{path}: tensor {name!r} appears twice in the GGUF header")
         type_name, block, type_size = _ggml_type(code, name, path)
+        shape = tuple(reversed(dims))
+        if block > 1 and (not dims or 0 in dims):
+            raise LowbitError(
+                f"{path}: tensor {name!r} is {type_name} (blocks of {block}) with shape "
+                f"{shape}: a block-quantized tensor needs at least one dimension, none zero"
+            )
+        # block types are read back as float32: 4 bytes per value
+        check_shape(shape, 4 if block > 1 else type_size, f"{path}: tensor {name!r}")
         numel = math.prod(dims)  # exact: a lying header must not wrap around
         if dims and dims[0] % block:
             raise LowbitError(
@@ -220,15 +299,29 @@ def parse(path: Path) -> GGUFHeader:
             )
         if start + nbytes > size:
             raise LowbitError(
-                f"{path}: tensor {name!r} ({type_name}, shape {tuple(reversed(dims))}) needs bytes "
+                f"{path}: tensor {name!r} ({type_name}, shape {shape}) needs bytes "
                 f"{start}..{start + nbytes} but the file has {size} bytes (truncated, or the "
                 f"header lies about sizes or offsets)"
             )
-        tensors[name] = GGUFTensor(
-            name, tuple(int(d) for d in reversed(dims)), code, type_name, start, nbytes
-        )
+        tensors[name] = GGUFTensor(name, shape, code, type_name, start, nbytes)
     check_overlaps(path, tensors.values())
-    return GGUFHeader(version, metadata, tensors, alignment, data_offset, size)
+    check_metadata(metadata, path)
+    return GGUFHeader(version, metadata, tensors, alignment, data_offset, size, spans)
+
+
+def raw_metadata(path: Path) -> dict[str, tuple[int, bytes]]:
+    """Every metadata key of a GGUF file as (value type, encoded value bytes), in file order.
+
+    The bytes are the value exactly as stored after its u32 type (a string's u64 length and
+    bytes; an array's element type, u64 count and elements), so a writer can copy the value
+    byte for byte, whatever it holds, at the cost of one memory copy.
+
+    Raises:
+        LowbitError: a file :func:`parse` refuses.
+    """
+    header = parse(path)
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return {key: (vtype, bytes(buf[a:b])) for key, (vtype, a, b) in header.spans.items()}
 
 
 def dequantize(buf: np.ndarray, tensor: GGUFTensor, path: Path) -> np.ndarray:
@@ -262,7 +355,8 @@ def dequantize(buf: np.ndarray, tensor: GGUFTensor, path: Path) -> np.ndarray:
     qtype = GGMLQuantizationType(tensor.type_code)
     rows = raw.reshape(-1, tensor.nbytes // max(1, _rows(tensor.shape)))
     try:
-        out = quants.dequantize(rows, qtype)
+        with np.errstate(all="ignore"):  # NaN/inf block scales are the file's data, not errors
+            out = quants.dequantize(rows, qtype)
     except NotImplementedError:
         raise LowbitError(
             f"{path}: tensor {tensor.name!r} has GGUF type {tensor.type_name}, which the gguf "
@@ -293,9 +387,110 @@ _CONFIG_KEYS = {
     "vocab_size": "vocab_size",
 }
 
+# The kinds of value lowbit needs from the metadata it reads.
+_INT = "an integer, or an array of integers (one per layer)"
+_NUM = "a number"
+_STR = "a UTF-8 string"
+_STRS = "an array of strings"
+_INTS = "an array of integers"
+_ID = "an integer"
+_USED = {
+    "general.architecture": _STR,
+    "general.name": _STR,
+    "tokenizer.ggml.model": _STR,
+    "tokenizer.ggml.tokens": _STRS,
+    "tokenizer.ggml.merges": _STRS,
+    "tokenizer.ggml.token_type": _INTS,
+    "tokenizer.ggml.bos_token_id": _ID,
+    "tokenizer.ggml.eos_token_id": _ID,
+    "tokenizer.ggml.unknown_token_id": _ID,
+    "tokenizer.ggml.padding_token_id": _ID,
+    "tokenizer.chat_template": _STR,
+}
+#: Keys after the "<arch>." prefix that lowbit reads (config, planner).
+_ARCH_USED = {
+    **{k: _INT for k in _CONFIG_KEYS},
+    "attention.layer_norm_rms_epsilon": _NUM,
+    "attention.layer_norm_epsilon": _NUM,
+    "rope.freq_base": _NUM,
+    "rope.dimension_count": _INT,
+    "expert_count": _INT,
+    "expert_used_count": _INT,
+    "expert_feed_forward_length": _INT,
+}
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _utf8(v: Any) -> bool:
+    try:
+        v.encode("utf-8")  # surrogate escapes (bytes that were not UTF-8) fail here
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind == _INT:
+        return _is_int(value) or (
+            isinstance(value, list) and bool(value) and all(map(_is_int, value))
+        )
+    if kind == _ID:
+        return _is_int(value)
+    if kind == _NUM:
+        return type(value) in (int, float)
+    if kind == _STR:
+        return isinstance(value, str) and _utf8(value)
+    if kind == _INTS:
+        return isinstance(value, list) and all(map(_is_int, value))
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)  # _STRS
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, list):
+        return f"an array of {len(value)} values" if value else "an empty array"
+    if isinstance(value, str):
+        return "a string with bytes that are not UTF-8" if not _utf8(value) else "a string"
+    return {bool: "a bool", int: "an integer", float: "a float"}.get(type(value), "a value")
+
+
+def check_metadata(metadata: dict[str, Any], path: Path | str) -> None:
+    """Check the type of every metadata value lowbit uses (config, planner, tokenizer).
+
+    Other keys are kept as they are. A byte-level BPE vocabulary (``tokenizer.ggml.model ==
+    "gpt2"``) must be valid UTF-8: its tokens are printable by construction, and the tokenizer
+    built from them takes only text.
+
+    Raises:
+        LowbitError: naming the key, what it holds and what lowbit expects.
+    """
+    arch = metadata.get("general.architecture")
+    used = dict(_USED)
+    if isinstance(arch, str):
+        used.update({f"{arch}.{k}": kind for k, kind in _ARCH_USED.items()})
+    for key, kind in used.items():
+        if key in metadata and not _fits(metadata[key], kind):
+            raise LowbitError(
+                f"{path}: metadata {short_repr(key)} is {_kind_of(metadata[key])}; lowbit "
+                f"expects {kind}"
+            )
+    if metadata.get("tokenizer.ggml.model") == "gpt2":
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            bad = next((i for i, t in enumerate(metadata.get(key, ())) if not _utf8(t)), None)
+            if bad is not None:
+                raise LowbitError(
+                    f"{path}: metadata {key!r} item {bad} is not valid UTF-8 (a byte-level BPE "
+                    f"vocabulary is text)"
+                )
+
 
 def derive_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
-    """A Hugging Face style config dict from GGUF metadata (llama.cpp's key names)."""
+    """A Hugging Face style config dict from GGUF metadata (llama.cpp's key names).
+
+    ``metadata`` comes from :func:`parse`, which checked the types of the keys read here.
+    """
     arch = metadata.get("general.architecture", "")
     cfg: dict[str, Any] = {"model_type": arch}
     for gkey, hkey in _CONFIG_KEYS.items():

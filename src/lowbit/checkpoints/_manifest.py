@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from lowbit import _json
 from lowbit.errors import LowbitError
 
 MANIFEST = "lowbit.json"
@@ -145,19 +146,6 @@ def show(value: Any) -> str:
     return r.repr(value)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Duplicate(k)
-        out[k] = v
-    return out
-
-
-class _Duplicate(Exception):
-    pass
-
-
 def _depth(doc: Any) -> int:
     """Nesting depth of a parsed JSON value (iterative: no recursion on hostile input)."""
     deepest = 0
@@ -238,15 +226,10 @@ def read_manifest(folder: Path) -> tuple[Path, dict[str, Any]]:
     try:
         with open(mpath, "rb") as fh:
             raw = fh.read(MAX_MANIFEST_BYTES + 1)
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except _Duplicate as exc:
-        raise LowbitError(
-            f"{mpath}: not valid JSON (key {show(exc.args[0])} appears twice)"
-        ) from None
-    except RecursionError:
-        raise LowbitError(f"{mpath}: not valid JSON (nested too deep)") from None
-    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError, huge integers
-        raise LowbitError(f"{mpath}: not valid JSON ({show(str(exc))})") from None
+    except OSError as exc:
+        raise LowbitError(f"{mpath}: cannot read ({exc.strerror or exc})") from None
+    # lowbit's one reader of a user's JSON: depth, integer size, duplicate keys (lowbit._json)
+    doc = _json.loads(raw, mpath, max_depth=MAX_JSON_DEPTH, unique_keys=True)
     if _depth(doc) > MAX_JSON_DEPTH:
         raise LowbitError(f"{mpath}: JSON nested more than {MAX_JSON_DEPTH} deep")
     if not isinstance(doc, dict):

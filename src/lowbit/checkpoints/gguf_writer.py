@@ -258,35 +258,52 @@ def _array_type(values: list[Any] | tuple[Any, ...]) -> Any:
     raise LowbitError("GGUF metadata arrays need elements of one kind (bool, int, float or str)")
 
 
-def _source_fields(source: Any) -> dict[str, Any]:
-    """Every metadata key of a GGUF file, as typed ``GGUFValue``s (header fields left out)."""
-    from gguf import GGUFReader, GGUFValueType
-    from gguf.gguf_writer import GGUFValue
+@dataclass(frozen=True)
+class _Raw:
+    """A metadata value copied from a source file as its stored bytes (after the u32 type)."""
 
-    if isinstance(source, GGUFReader):
-        reader = source
-    else:
-        try:
-            reader = GGUFReader(source)
-        except (OSError, ValueError) as exc:
-            raise LowbitError(f"cannot read GGUF metadata from {source}: {exc}") from None
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key in _HEADER_KEYS or not field.types:
-            continue
-        main = field.types[0]
-        sub = field.types[-1] if main == GGUFValueType.ARRAY else None
-        if main == GGUFValueType.ARRAY and len(field.types) > 2:
-            raise LowbitError(f"{source}: nested metadata array {key!r} is not supported")
-        if sub == GGUFValueType.STRING:
-            # raw bytes: token strings need not be valid UTF-8
-            value: Any = [bytes(field.parts[i]) for i in field.data]
-        elif main == GGUFValueType.STRING:
-            value = bytes(field.parts[-1])
-        else:
-            value = field.contents()
-        out[key] = GGUFValue(value, main, sub)
-    return out
+    payload: bytes
+
+    def text(self) -> str:
+        """The value of a STRING (u64 length + UTF-8 bytes)."""
+        return self.payload[8:].decode("utf-8")
+
+
+def _source_fields(source: Any) -> dict[str, Any]:
+    """Every metadata key of a GGUF file as ``(value, GGUFValueType, None)`` with a raw value.
+
+    Read with lowbit's own parser (:func:`lowbit.checkpoints._gguf.raw_metadata`): each value
+    is copied as its stored bytes, so a vocabulary of millions of entries costs one memory copy
+    (the ``gguf`` package's ``GGUFReader`` builds a numpy view per element: minutes and
+    gigabytes for a 5 MB file), and any value (nested or empty arrays, byte tokens that are not
+    UTF-8) keeps its exact type and bytes.
+    """
+    from gguf import GGUFValueType
+
+    from lowbit.checkpoints import _gguf
+
+    data = getattr(source, "data", None)  # an open gguf.GGUFReader: its file
+    path = Path(getattr(data, "filename", None) or source)
+    try:
+        fields = _gguf.raw_metadata(path)
+    except LowbitError as exc:
+        raise LowbitError(f"cannot read GGUF metadata: {exc}") from None
+    return {
+        key: (_Raw(payload), GGUFValueType(vtype), None) for key, (vtype, payload) in fields.items()
+    }
+
+
+def _writer_class() -> Any:
+    """``gguf.GGUFWriter`` that also writes :class:`_Raw` values as their bytes."""
+    import gguf
+
+    class _Writer(gguf.GGUFWriter):  # type: ignore[misc]
+        def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, *args: Any, **kw: Any) -> bytes:
+            if isinstance(val, _Raw):
+                return (self._pack("I", vtype) if add_vtype else b"") + val.payload
+            return super()._pack_val(val, vtype, add_vtype, *args, **kw)
+
+    return _Writer
 
 
 def _file_type(planned: Mapping[str, _Planned]) -> int:
@@ -333,9 +350,9 @@ def write_gguf(
             llama.cpp uses: bool BOOL, int UINT32 (INT32 if negative, 64-bit if large), float
             FLOAT32, str STRING, lists ARRAY (ints INT32). Pass a ``gguf.GGUFValue`` for another
             type. ``general.file_type`` is derived from the tensors unless given here.
-        source: a GGUF file (path, or an open ``gguf.GGUFReader``: opening one parses its
-            whole vocabulary, seconds for a real model) whose metadata (architecture,
-            hyperparameters, tokenizer, chat template) is copied with its exact types.
+        source: a GGUF file (path, or an open ``gguf.GGUFReader``, whose file is read)
+            whose metadata (architecture, hyperparameters, tokenizer, chat template) is
+            copied byte for byte, with its exact types, after lowbit's checks of the file.
         arch: ``general.architecture``; default: from ``metadata`` or ``source``.
         overwrite: replace an existing ``path``.
         progress: show a tqdm progress bar (if tqdm is installed).
@@ -356,13 +373,11 @@ def write_gguf(
             "writing GGUF needs the gguf package: pip install 'lowbit[models]'"
         ) from exc
 
-    kv: dict[str, Any] = {}
-    if source is not None:
-        kv.update(_source_fields(source))
+    typed: dict[str, Any] = {} if source is None else _source_fields(source)
     for key, value in (metadata or {}).items():
-        kv[str(key)] = value
-    kv[WRITER_KEY] = writer_tag()  # lets a later overwrite know lowbit wrote the file
-    typed = {k: _value_type(v) for k, v in kv.items() if k not in _HEADER_KEYS}
+        if str(key) not in _HEADER_KEYS:
+            typed[str(key)] = _value_type(value)
+    typed[WRITER_KEY] = _value_type(writer_tag())  # lets a later overwrite know lowbit wrote it
 
     if arch is None:
         found = typed.get("general.architecture")
@@ -371,7 +386,10 @@ def write_gguf(
                 "GGUF needs general.architecture: pass arch=, metadata={'general.architecture': "
                 "...} or a source file"
             )
-        arch = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
+        value = found[0]
+        arch = value.text() if isinstance(value, _Raw) else str(value)
+    if not arch:  # GGUFWriter silently drops an empty string
+        raise LowbitError("GGUF needs a non-empty general.architecture")
 
     # Plan every tensor from a first look at its value and drop it; the value is fetched
     # again when written, so a lazy Mapping keeps about one tensor in memory.
@@ -396,7 +414,7 @@ def write_gguf(
 
     inputs = [source] if isinstance(source, (str, os.PathLike)) else []  # never written over
     with atomic_file(path, overwrite=overwrite, inputs=inputs) as tmp:
-        writer = gguf.GGUFWriter(tmp, arch)
+        writer = _writer_class()(tmp, arch)
         try:
             for key, (value, vtype, sub) in typed.items():
                 if key not in _WRITER_KEYS:

@@ -17,7 +17,6 @@ deals in. The tests check this reader against ``safetensors``' own.
 
 from __future__ import annotations
 
-import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit import _json
 from lowbit.checkpoints import _safetensors
 from lowbit.errors import LowbitError
 
@@ -315,11 +315,8 @@ class HuggingFaceFolder(_SafetensorsBase):
                 self._add_shard(shard)
 
     def _open_index(self, index: Path) -> None:
-        try:
-            doc = json.loads(index.read_text(encoding="utf-8"))
-            weight_map = doc["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise LowbitError(f"{index}: not a valid shard index ({exc})") from None
+        doc = _json.load(index)
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise LowbitError(f"{index}: weight_map is empty or not an object")
         if isinstance(doc.get("metadata"), dict):
@@ -330,7 +327,9 @@ class HuggingFaceFolder(_SafetensorsBase):
         for shard_name, names in by_shard.items():
             shard = (self.path / shard_name).resolve()
             if self.path.resolve() not in shard.parents:
-                raise LowbitError(f"{index}: shard {shard_name!r} lies outside the folder")
+                raise LowbitError(
+                    f"{index}: shard {_json.short_repr(shard_name)} lies outside the folder"
+                )
             if not shard.exists():
                 raise LowbitError(
                     f"{self.path}: shard {shard_name} is missing (the index lists "
@@ -371,10 +370,7 @@ def _no_weights_message(path: Path) -> str:
 def _read_config(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise LowbitError(f"{path}: not valid JSON ({exc})") from None
+    cfg = _json.load(path)
     if not isinstance(cfg, dict):
         raise LowbitError(f"{path}: config is not a JSON object")
     return cfg
@@ -430,7 +426,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         A :class:`Checkpoint`.
 
     Raises:
-        LowbitError: a missing path, a file that is neither safetensors nor GGUF, a missing or
+        LowbitError: a missing path, a path that is neither a regular file nor a folder (a
+            FIFO, a device), a file that is neither safetensors nor GGUF, a missing or
             truncated shard, a header that lies about sizes or offsets, an unknown GGUF type.
     """
     p = Path(path)
@@ -450,6 +447,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 f"{p}: several GGUF files ({', '.join(g.name for g in ggufs)}); name one"
             )
         return _not_lowbit_shards(HuggingFaceFolder(p))
+    _json.check_regular_file(p)  # a FIFO or device would hang the read below
     with open(p, "rb") as fh:
         magic = fh.read(4)
     if magic == b"GGUF" or p.suffix == ".gguf":

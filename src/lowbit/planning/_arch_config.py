@@ -7,7 +7,6 @@ counted as a llama-style decoder (with a warning).
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
@@ -47,10 +46,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LowbitError(f"malformed config {p}: not valid JSON ({exc})") from None
+    from lowbit import _json
+
+    cfg = _json.load(p)
     if not isinstance(cfg, dict):
         raise LowbitError(f"malformed config {p}: expected a JSON object, got {type(cfg).__name__}")
     return cfg

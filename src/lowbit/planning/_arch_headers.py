@@ -7,7 +7,6 @@ Safetensors files or folders (shards from the index) and GGUF files, read header
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -71,11 +70,13 @@ def _shard_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if not index.exists():
         return sorted(folder.glob("*.safetensors"))
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise LowbitError(f"malformed {index}: {exc!r}") from None
+    from lowbit import _json
+
+    doc = _json.load(index)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise LowbitError(f"malformed {index}: weight_map is not an object of file names")
+    names = sorted(set(weight_map.values()))
     missing = [n for n in names if not (folder / n).exists()]
     if missing:
         raise LowbitError(f"{index} names shards that are not there: {', '.join(missing)}")
@@ -155,6 +156,9 @@ def spec_from_checkpoint(path: str | Path) -> ModelSpec:
         if not list(p.glob("*.safetensors")) and len(ggufs) == 1:
             return _gguf_spec(ggufs[0])
         return _safetensors_spec(p)
+    from lowbit._json import check_regular_file
+
+    check_regular_file(p)  # a FIFO or device would hang the read below
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic == b"GGUF":

@@ -318,7 +318,7 @@ def load_plan_file(path: str | Path) -> tuple[tuple[Rule, ...], Action, str | No
         LowbitError: a missing or malformed file, or a bad plan.
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():  # other non-files (a FIFO) are refused by the reader
         raise LowbitError(f"plan file {p} does not exist")
     return parse_plan(read_data_file(p), where=str(p))
 
@@ -347,4 +347,8 @@ def _rule_text(d: Mapping[str, Any]) -> str:
 def _as_tuple(v: Any) -> tuple[str, ...]:
     if v is None:
         return ()
-    return (str(v),) if isinstance(v, str) else tuple(str(x) for x in v)
+    if isinstance(v, str):
+        return (v,)
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+        raise LowbitError(f"expected a string or a list of strings, got {v!r:.60}")
+    return tuple(v)

@@ -26,7 +26,6 @@ points. Definitions, pinned by tests:
 
 from __future__ import annotations
 
-import json
 import math
 from fractions import Fraction
 from typing import Any
@@ -412,7 +411,9 @@ class QuantizedTensor:
                 match the metadata.
         """
         if isinstance(meta, str):
-            meta = json.loads(meta)
+            from lowbit import _json
+
+            meta = _json.loads(meta, "quantized tensor metadata")
         version = meta.get("version")
         if version != FORMAT_VERSION:
             raise LowbitError(

@@ -1,0 +1,102 @@
+"""Coverage-guided fuzzing (atheris, libFuzzer) of one of lowbit's parsers of a user's file.
+
+    PYTHONPATH=src python fuzz/atheris_fuzz.py gguf -max_total_time=60 [CORPUS_DIR ...]
+
+Targets: ``safetensors``, ``gguf``, ``manifest`` (lowbit.json), ``plan`` (plan files). Each
+input runs through everything lowbit does with such a file (``tests/fuzz_strategies.py``'s
+``exercise_*``); a ``LowbitError`` is the expected refusal, any other exception a crash, which
+libFuzzer saves as ``crash-*`` and reports. The run starts from generated valid files (written
+to the first corpus folder, or a temporary one) and mixes libFuzzer's byte mutations with the
+structure-aware ones (JSON values swapped for hostile ones, lying lengths). Needs
+``pip install atheris`` (``make fuzz`` installs it).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import atheris
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+with atheris.instrument_imports():
+    import fuzz_strategies as fs
+    import lowbit._json
+    import lowbit.checkpoints._gguf
+    import lowbit.checkpoints._safetensors
+    import lowbit.checkpoints.gguf_writer
+    import lowbit.checkpoints.lowbit_format
+    import lowbit.checkpoints.readers
+    import lowbit.quant.plan  # noqa: F401
+    from lowbit.errors import LowbitError
+
+TARGETS = ("safetensors", "gguf", "manifest", "plan")
+_SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+
+
+def _seeds(target: str, manifest: str) -> list[bytes]:
+    rnd = random.Random(0)
+    if target == "safetensors":
+        return [fs.random_safetensors(rnd) for _ in range(16)]
+    if target == "gguf":
+        return [fs.gguf_model(), *(fs.random_gguf(rnd) for _ in range(15))]
+    if target == "manifest":
+        return [manifest.encode()]
+    return [fs.random_plan_text(rnd).encode("utf-8", "surrogatepass") for _ in range(16)]
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:
+        sys.exit(f"usage: {sys.argv[0]} {{{','.join(TARGETS)}}} [libFuzzer options] [CORPUS]")
+    target = sys.argv.pop(1)
+    warnings.simplefilter("ignore")
+    work = Path(tempfile.mkdtemp(prefix=f"lowbit-fuzz-{target}-", dir=_SHM))
+    folder = work / "ckpt"
+    manifest = fs.make_manifest_folder(folder).decode()
+    corpus = [a for a in sys.argv[1:] if not a.startswith("-")]
+    seed_dir = Path(corpus[0]) if corpus else Path(tempfile.mkdtemp(dir=_SHM))
+    if not corpus:
+        sys.argv.append(str(seed_dir))
+    seed_dir.mkdir(parents=True, exist_ok=True)
+    for i, seed in enumerate(_seeds(target, manifest)):
+        (seed_dir / f"seed-{i}").write_bytes(seed)
+
+    def one_input(data: bytes) -> None:
+        try:
+            if target == "safetensors":
+                fs.exercise_safetensors(data, work)
+            elif target == "gguf":
+                fs.exercise_gguf(data, work)
+            elif target == "manifest":
+                fs.exercise_manifest(data, folder)
+            else:
+                fs.exercise_plan(data, work, ".yaml" if data[:1] == b"#" else ".json")
+        except LowbitError:
+            pass
+
+    def mutate(data: bytes, max_size: int, seed: int) -> bytes:
+        rnd = random.Random(seed)
+        if rnd.random() < 0.5:
+            return atheris.Mutate(data, max_size)
+        if target in ("manifest", "plan") or (target == "safetensors" and rnd.random() < 0.5):
+            text = data.decode("utf-8", errors="replace")
+            if target == "safetensors" and len(data) >= 8:
+                hlen = int.from_bytes(data[:8], "little")
+                body = data[8 : 8 + hlen].decode("utf-8", errors="replace")
+                out = fs.safetensors_bytes(fs.mutate_json_text(body, rnd), data[8 + hlen :])
+            else:
+                out = fs.mutate_json_text(text, rnd).encode("utf-8", "surrogatepass")
+        else:
+            out = fs.mutate_bytes(data, rnd)
+        return out[:max_size]
+
+    atheris.Setup(sys.argv, one_input, custom_mutator=mutate)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
