@@ -6,10 +6,10 @@ imported by the parts that need them.
 
 from __future__ import annotations
 
+from lowbit.enums import Inf, NaN, Rounding
 from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError, UnknownFormatError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import ALIASES, FORMATS, format, p3109
-from lowbit.formats.enums import Inf, NaN, Rounding
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat
 from lowbit.formats.valueset import ValueSetFormat

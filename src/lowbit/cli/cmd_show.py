@@ -101,10 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lowbit.enums import as_rounding
     from lowbit.formats import explain
     from lowbit.formats.catalog import FORMATS
     from lowbit.formats.catalog import format as get_format
-    from lowbit.formats.enums import as_rounding
 
     x = explain.parse_value(args.value)
     mode = as_rounding(args.rounding)

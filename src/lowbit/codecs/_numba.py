@@ -35,7 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from lowbit._parallel import Switch
+from lowbit._parallel import Switch, map_chunks, threads
+from lowbit.codecs._common import nan_error, negative_error, value_table
+from lowbit.errors import NaNPolicyError
 
 try:  # numba is the optional extra ``lowbit[fast]``
     import numba  # noqa: F401
@@ -74,8 +76,6 @@ def _split(call: Any, n: int) -> bool:
     ``lowbit._parallel`` when there are at least two pieces of ``_PIECE`` elements; whether
     any call returned true (a NaN seen). Pieces are element ranges, so results do not
     depend on the split."""
-    from lowbit._parallel import map_chunks, threads
-
     pieces = min(threads(), n // _PIECE)
     if pieces < 2:
         return bool(call(0, n))
@@ -304,8 +304,6 @@ def encode_float(
             lambda a, b: k(x[a:b], out[a:b], rb if rb.size == 1 else rb[a:b], P64, tail, mode),
             x.size,
         )
-    from lowbit.codecs.vectorised import nan_error, negative_error
-
     if nan_check and has_nan:
         raise nan_error(fmt)
     if neg_check and (x < 0).any():  # unsigned formats without NaN only: rare
@@ -351,8 +349,6 @@ def encode_int(
         x.size,
     )
     if nan_check and seen_nan:
-        from lowbit.errors import NaNPolicyError
-
         raise NaNPolicyError(f"input contains NaN and {fmt.name} has no NaN code; pass nan='zero'")
     return True
 
@@ -378,8 +374,6 @@ def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
     elif dtype == np.float32 and _ieee_decode_params(fmt) is not None:
         out = _decode_with(_ieee_decode, codes, np.uint16, np.float32, _ieee_decode_params(fmt))
     else:
-        from lowbit.codecs.vectorised import value_table
-
         table = value_table(fmt, dtype)
         if table.itemsize not in (2, 4, 8):
             return None

@@ -10,9 +10,9 @@ from __future__ import annotations
 import difflib
 import re
 
+from lowbit.enums import Inf, NaN
 from lowbit.errors import UnknownFormatError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Inf, NaN
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat
 from lowbit.formats.valueset import ValueSetFormat

@@ -50,9 +50,9 @@ import math
 from fractions import Fraction
 from functools import cache, lru_cache
 
+from lowbit.enums import Inf, NaN, Rounding, as_rounding
 from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Inf, NaN, Rounding, as_rounding
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat
 from lowbit.formats.valueset import ValueSetFormat

@@ -10,9 +10,9 @@ import numpy as np
 
 from lowbit._arrays import as_float64, check_codes
 from lowbit.codecs.vectorised import check_nan_policy, prepare_random
-from lowbit.errors import LowbitError, NaNPolicyError
+from lowbit.enums import Rounding, as_rounding
+from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Rounding, as_rounding
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,8 +132,6 @@ class ValueSetFormat(Format):
         """Table values of the codes."""
         c = check_codes(codes, self.bits, self.name)
         if c.size and int(c.max()) >= len(self.table):
-            from lowbit.errors import CodeRangeError
-
             raise CodeRangeError(
                 f"code {int(c.max())} is out of range for {self.name}: codes are 0..{len(self.table) - 1}"
             )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowbit.formats.enums import Rounding
+from lowbit.enums import Rounding
 from lowbit.formats.ints import round_to_integer
 from lowbit.quant import _numba as _fastquant
 from lowbit.quant.scales import int_range

@@ -18,8 +18,8 @@ import numpy as np
 from lowbit._parallel import map_chunks
 from lowbit.codecs import _numba as _fast
 from lowbit.codecs.packing import _pack_unchecked, unpack
+from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
-from lowbit.formats.enums import Rounding, as_rounding
 from lowbit.quant import _numba as _fastquant
 from lowbit.quant._elements import encode_chunk
 from lowbit.quant._range import check_underflow, mx_scales, scales_at_floor

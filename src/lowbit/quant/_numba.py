@@ -247,7 +247,7 @@ def scaled_int_codes(
     if nt < 0:
         return None
     if nt:  # the float64 quotient says half way: decide on the exact one
-        from lowbit.formats.enums import Rounding
+        from lowbit.enums import Rounding
         from lowbit.quant.tensor import exact_round_quotient
 
         at = ties[:nt]

@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from lowbit.enums import as_rounding
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as _lookup
-from lowbit.formats.enums import as_rounding
 from lowbit.formats.mx import is_mx_name, mx_format
 from lowbit.quant.nf4 import DQ_BLOCK
 

@@ -35,9 +35,9 @@ import numpy as np
 
 from lowbit._arrays import as_float64
 from lowbit.codecs.packing import pack, packed_nbytes, unpack
+from lowbit.enums import Rounding
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Rounding
 from lowbit.quant.layout import Layout, make_layout
 from lowbit.quant.scheme import Granularity, Scheme
 
