@@ -125,7 +125,7 @@ def encode_float(
 
 
 def _encode_general(
-    fmt: FloatFormat,
+    fmt: FloatFields,
     flat: np.ndarray,
     mode: Rounding,
     saturate: bool,

@@ -17,13 +17,15 @@ import numpy as np
 
 from lowbit._parallel import map_chunks
 from lowbit.codecs import _numba as _fast
-from lowbit.codecs.packing import _pack_unchecked, unpack
+from lowbit.codecs.packing import _pack_unchecked, packed_nbytes, unpack
 from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
+from lowbit.formats.catalog import format as lookup
 from lowbit.quant import _numba as _fastquant
 from lowbit.quant._elements import encode_chunk
 from lowbit.quant._range import check_underflow, mx_scales, scales_at_floor
 from lowbit.quant.layout import Layout, make_layout
+from lowbit.quant.nf4 import double_dequantize, double_quantize
 from lowbit.quant.scales import (
     asymmetric_range,
     grid_quantizer,
@@ -33,6 +35,7 @@ from lowbit.quant.scales import (
     symmetric_clip,
 )
 from lowbit.quant.scheme import ScaleMethod, Scheme
+from lowbit.quant.tensor import QuantizedTensor
 
 if TYPE_CHECKING:
     from lowbit.formats.base import Format
@@ -94,8 +97,6 @@ def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
         s = np.where(exp > 127, np.float32(np.inf), s)  # 2**128 and up: no E8M0 code
         tiny = np.float32(2.0**-127)
     else:
-        from lowbit.formats.catalog import format as lookup
-
         f = lookup(scale_format)
         # not saturating: a scale past the format's max is an error, as in float32
         s = f.decode(f.encode(s64, saturate=False), dtype=np.float32)
@@ -229,9 +230,6 @@ def encode_tensor(
     axis), each chunk is read once: its statistics, scales, codes and packed bytes are
     computed while it is in cache.
     """
-    from lowbit.codecs.packing import packed_nbytes
-    from lowbit.quant.tensor import QuantizedTensor
-
     layout = make_layout(arr.shape, scheme)
     fmt = scheme.element_format
     bits = fmt.bits
@@ -317,8 +315,6 @@ def encode_tensor(
     zero_point = layout.join_scales(zps).astype(np.int32) if zps else None
     dq = None
     if scheme.double_quant:
-        from lowbit.quant.nf4 import double_dequantize, double_quantize
-
         c8, a2, off = double_quantize(scale)
         dq = (c8, a2, off)
         scale = double_dequantize(c8, a2, off).reshape(scale.shape)

@@ -27,7 +27,8 @@ from lowbit.enums import as_rounding
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as _lookup
-from lowbit.formats.mx import is_mx_name, mx_format
+from lowbit.formats.catalog import mx_format
+from lowbit.formats.mx import is_mx_name
 from lowbit.quant.nf4 import DQ_BLOCK
 
 if TYPE_CHECKING:

@@ -495,7 +495,8 @@ def _is_torch_dtype(dtype: Any) -> bool:
 def _store_scale(scale: np.ndarray, scheme: Scheme) -> np.ndarray:
     sf = scheme.scale_format
     if sf == "float8_e8m0fnu":
-        from lowbit.formats.mx import e8m0_codes, mx_format
+        from lowbit.formats.catalog import mx_format
+        from lowbit.formats.mx import e8m0_codes
 
         shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
         s = scale.astype(np.float64)
@@ -518,7 +519,7 @@ def _load_scale(stored: np.ndarray, scheme: Scheme, prefix: str) -> np.ndarray:
             f"array {prefix}scale has dtype {stored.dtype}; a {sf} scale is stored as {np.dtype(expect)}"
         )
     if sf == "float8_e8m0fnu":
-        from lowbit.formats.mx import mx_format
+        from lowbit.formats.catalog import mx_format
 
         shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
         e = stored.astype(np.int32) - 127 - shift
