@@ -51,6 +51,7 @@ if HAVE_NUMBA:
         _e8m0_decode,
         _ieee_decode,
         _kernel,
+        _pack4_kernel,
         _take_kernel,
         _wide_decode,
     )
@@ -381,6 +382,16 @@ def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
         narrow = np.uint8 if fmt.bits <= 8 and codes.dtype != np.uint16 else np.uint16
         out = _decode_with(_take_kernel, codes, narrow, table.dtype, table.view(uint))
     return out[()] if out.ndim == 0 and fmt.bits <= 16 else out
+
+
+def pack4(flat: np.ndarray) -> np.ndarray | None:
+    """Two uint8 4-bit codes per byte, element 0 in the low nibble (``packing``'s order),
+    for an even count; None where the kernel does not apply."""
+    if not enabled() or flat.dtype != np.uint8 or flat.size % 2 or flat.ndim != 1:
+        return None
+    out = np.empty(flat.size // 2, dtype=np.uint8)
+    _pack4_kernel(np.ascontiguousarray(flat), out)
+    return out
 
 
 def _decode_with(kernel: Any, codes: np.ndarray, code_dtype: Any, dtype: Any, *args: Any) -> Any:

@@ -32,7 +32,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lowbit._parallel import map_chunks
 from lowbit.codecs import _numba as _fast
+from lowbit.enums import Rounding
+from lowbit.formats.reference import exact_round_quotient
+from lowbit.formats.valueset import rounding_bins
 
 HAVE_NUMBA = _fast.HAVE_NUMBA
 _BLOCK = 256  # elements per edge-check block of long rows (a redo rescans one block)
@@ -247,9 +251,6 @@ def scaled_int_codes(
     if nt < 0:
         return None
     if nt:  # the float64 quotient says half way: decide on the exact one
-        from lowbit.enums import Rounding
-        from lowbit.quant.tensor import exact_round_quotient
-
         at = ties[:nt]
         r, j = at // m, at % m
         mode = Rounding.NEAREST_AWAY if away else Rounding.NEAREST_EVEN
@@ -371,11 +372,9 @@ def _valueset_table(fmt: Any) -> tuple[np.ndarray, np.ndarray, np.float32, float
 
     ``table[b]`` is the code of bin ``b`` (the count of midpoints below its lower edge),
     plus 128 when a midpoint lies in the bin or within ``tol`` of it: the numpy path's
-    tables (``_qelements._valueset_lut``), finer. ``tol`` (2**-20 of the largest
+    tables (``lowbit.formats.valueset.rounding_bins``), finer. ``tol`` (2**-20 of the largest
     magnitude) is several times the error of the float32 bin index."""
-    from lowbit.quant._elements import _valueset_lut
-
-    base, risky, mids, _tol, lo, inv_w = _valueset_lut(fmt, _VALUESET_BINS)
+    base, risky, mids, _tol, lo, inv_w = rounding_bins(fmt, _VALUESET_BINS)
     table = (base | (risky.astype(np.uint8) << 7)).astype(np.uint8)
     return table, mids, np.float32(lo * inv_w), inv_w
 
@@ -481,14 +480,7 @@ def scaled_valueset_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: Any) -> 
     return out.reshape(V.shape)
 
 
-# ---- packing and dequantizing ----------------------------------------------------------------
-
-if HAVE_NUMBA:
-
-    @njit(cache=True, nogil=True)
-    def _pack4_kernel(c, out):  # type: ignore[no-untyped-def]
-        for i in range(c.size // 2):
-            out[i] = np.uint8(c[2 * i] | (c[2 * i + 1] << np.uint8(4)))
+# ---- dequantizing ----------------------------------------------------------------------------
 
 
 def _dequant_kernel(cols: bool) -> Any:
@@ -515,16 +507,6 @@ def _dequant_kernel(cols: bool) -> Any:
         return kernel
 
     return _built(("dequant", cols), build)
-
-
-def pack4(flat: np.ndarray) -> np.ndarray | None:
-    """Two uint8 4-bit codes per byte, element 0 in the low nibble (``packing``'s order),
-    for an even count; None where the kernel does not apply."""
-    if not _fast.enabled() or flat.dtype != np.uint8 or flat.size % 2 or flat.ndim != 1:
-        return None
-    out = np.empty(flat.size // 2, dtype=np.uint8)
-    _pack4_kernel(np.ascontiguousarray(flat), out)
-    return out
 
 
 def dequantize8(
@@ -626,7 +608,6 @@ def row_absmax(V: np.ndarray) -> np.ndarray | None:
     mask = udt.type((1 << (8 * udt.itemsize - 1)) - 1)
     bits = np.empty(offs.size, dtype=udt)
     if offs.size == 1 and m >= 4 * _SEGMENT:  # one long row (per-tensor): segments on threads
-        from lowbit._parallel import map_chunks
 
         def seg(a: int) -> Any:
             part = np.empty(1, dtype=udt)
