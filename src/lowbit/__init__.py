@@ -28,7 +28,7 @@ _LAZY = {
     "unpack": "lowbit.codecs.packing",
     "plan": "lowbit.planning.estimate",
     "load": "lowbit.checkpoints",
-    "load_model": "lowbit.checkpoints",
+    "load_model": "lowbit.evaluation.models",
     "open_checkpoint": "lowbit.checkpoints",
     "quantize_model": "lowbit.checkpoints.quantize_model",
     "PrecisionPlan": "lowbit.quant.plan",

@@ -86,7 +86,8 @@ def test_compressed_tensors_pipeline_decompresses_exactly(
     )
     from safetensors import safe_open
 
-    from lowbit.evaluation.models import gguf_to_hf_name, hf_tensors
+    from lowbit.checkpoints.names import gguf_to_hf_name
+    from lowbit.evaluation.models import hf_tensors
 
     src = hf_folder if source == "hf" else gguf_file
     plan = PrecisionPlan.uniform("int4", group=32, rules=CT_RULES)

@@ -608,8 +608,7 @@ def _quantized(
     name: str, e: dict[str, Any], shape: tuple[int, ...], where: str, field: str
 ) -> list[ExpectedArray]:
     from lowbit.checkpoints._safetensors_write import dtype_code
-    from lowbit.checkpoints.lowbit_format import quantized_arrays
-    from lowbit.quant.layout import make_layout
+    from lowbit.quant.layout import make_layout, quantized_arrays
     from lowbit.quant.rules import activation_format
     from lowbit.quant.tensor import FORMAT_VERSION as TENSOR_VERSION
 

@@ -61,7 +61,7 @@ def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
                 f"--out-format lowbit, which holds every scheme)"
             )
     if checkpoint.format == "gguf":
-        from lowbit.evaluation.models import gguf_to_hf_name
+        from lowbit.checkpoints.names import gguf_to_hf_name
 
         for t in applied.tensors:
             gguf_to_hf_name(t.name)  # raises for tensors with no transformers counterpart
@@ -346,7 +346,7 @@ def write_ct(
     by_out: dict[str, TensorPlan] = {}
     for t in applied.tensors:
         if is_gguf:
-            from lowbit.evaluation.models import gguf_to_hf_name
+            from lowbit.checkpoints.names import gguf_to_hf_name
 
             by_out[gguf_to_hf_name(t.name)] = t
         else:
@@ -356,7 +356,7 @@ def write_ct(
     def unpermute(hf: str, arr: np.ndarray) -> np.ndarray:
         if not is_gguf:
             return arr
-        from lowbit.evaluation.models import unpermute_qk
+        from lowbit.checkpoints.names import unpermute_qk
 
         if ".q_proj." in hf:
             return unpermute_qk(np.asarray(arr), cfg["num_attention_heads"])
@@ -392,7 +392,7 @@ def write_ct(
             if "/" in rel
         ]
         if is_gguf:
-            from lowbit.evaluation.models import build_tokenizer
+            from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 
             try:
                 build_tokenizer(ckpt).save_pretrained(extra)

@@ -18,7 +18,6 @@ deals in. The tests check this reader against ``safetensors``' own.
 from __future__ import annotations
 
 import json
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints import _safetensors
+from lowbit.checkpoints import _gguf, _safetensors
 from lowbit.errors import LowbitError
 
 
@@ -394,8 +393,6 @@ class GGUFFile(_Indexed):
     format = "gguf"
 
     def __init__(self, path: Path) -> None:
-        from lowbit.checkpoints import _gguf
-
         super().__init__()
         self.path = path
         self.header = _gguf.parse(path)
@@ -407,75 +404,9 @@ class GGUFFile(_Indexed):
         }
 
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
-        from lowbit.checkpoints import _gguf
-
         self.info(name)
         arr = _gguf.dequantize(self._map(self.path), self.header.tensors[name], self.path)
         return _readonly(_convert(arr, dtype))
 
 
 # --------------------------------------------------------------------------------- entry
-
-
-def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Open a checkpoint for reading, one tensor at a time.
-
-    Args:
-        path: a ``.safetensors`` file, a ``.gguf`` file, a folder holding ``config.json`` and
-            safetensors shards (with ``model.safetensors.index.json`` when sharded), a folder
-            holding exactly one ``.gguf`` file, or a lowbit checkpoint folder (``lowbit.json``;
-            its tensors read back dequantized).
-
-    Returns:
-        A :class:`Checkpoint`.
-
-    Raises:
-        LowbitError: a missing path, a file that is neither safetensors nor GGUF, a missing or
-            truncated shard, a header that lies about sizes or offsets, an unknown GGUF type.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise LowbitError(f"{p}: no such file or folder")
-    if p.is_dir() and (p / "lowbit.json").is_file():
-        from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
-
-        return LowbitCheckpoint(p)
-    if p.is_dir():
-        has_st = any(p.glob("*.safetensors")) or any(p.glob("*.safetensors.index.json"))
-        ggufs = sorted(p.glob("*.gguf"))
-        if not has_st and len(ggufs) == 1:
-            return GGUFFile(ggufs[0])
-        if not has_st and len(ggufs) > 1:
-            raise LowbitError(
-                f"{p}: several GGUF files ({', '.join(g.name for g in ggufs)}); name one"
-            )
-        return _not_lowbit_shards(HuggingFaceFolder(p))
-    with open(p, "rb") as fh:
-        magic = fh.read(4)
-    if magic == b"GGUF" or p.suffix == ".gguf":
-        return GGUFFile(p)
-    if p.suffix == ".safetensors":
-        return _not_lowbit_shards(SafetensorsFile(p))
-    if p.name.endswith(".safetensors.index.json"):
-        return _not_lowbit_shards(HuggingFaceFolder(p.parent))
-    if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
-        raise LowbitError(f"{p}: a pickle file; lowbit never loads pickles (use safetensors)")
-    raise LowbitError(f"{p}: not a .safetensors, .gguf or model folder")
-
-
-def _not_lowbit_shards(ckpt: Checkpoint) -> Checkpoint:
-    """Refuse safetensors that lowbit wrote as a checkpoint's shards: read without their
-    ``lowbit.json`` they would be packed codes and scales, not the model's tensors."""
-    if ckpt.metadata.get("format") == "lowbit" or "lowbit_format_version" in ckpt.metadata:
-        folder = ckpt.path if ckpt.path.is_dir() else ckpt.path.parent
-        if ckpt.path != folder and (folder / "lowbit.json").is_file():
-            raise LowbitError(
-                f"{ckpt.path}: a shard of the lowbit checkpoint {folder} (packed codes and "
-                f"scales); open the folder, whose lowbit.json says how to decode them"
-            )
-        raise LowbitError(
-            f"{ckpt.path}: safetensors written by lowbit as a quantized checkpoint's shards "
-            f"(packed codes and scales), but {folder} has no lowbit.json to decode them; "
-            f"restore the manifest or quantize the source model again"
-        )
-    return ckpt

@@ -377,7 +377,7 @@ def _gguf_file(p: Path) -> dict[str, Any]:
 
 
 def _plain(p: Path) -> dict[str, Any]:
-    from lowbit.checkpoints.readers import open_checkpoint
+    from lowbit.checkpoints.opener import open_checkpoint
 
     ckpt = open_checkpoint(p)
     if ckpt.format == "gguf":  # a folder holding one .gguf

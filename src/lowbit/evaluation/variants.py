@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints.quantize_model import checkpoint_tensors
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import (
     DEFAULT_SENTENCES,
@@ -37,7 +38,7 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
-from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
+from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import action_label, activation_format
 
 __all__ = [
@@ -124,8 +125,8 @@ def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Varian
 
 def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint, load_model
-    from lowbit.evaluation.models import build_model
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+    from lowbit.evaluation.models import build_model, load_model
 
     if is_lowbit_checkpoint(path):
         ckpt = LowbitCheckpoint(path)
@@ -209,8 +210,9 @@ def evaluate_variants(
     Raises:
         LowbitError: unreadable models or texts, bad schemes, variants of another model.
     """
+    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model
-    from lowbit.evaluation.models import build_model, build_tokenizer
+    from lowbit.evaluation.models import build_model
     from lowbit.evaluation.perplexity import load_text
 
     if schemes is None:
