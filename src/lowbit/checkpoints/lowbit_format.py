@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._version import __version__
 from lowbit.checkpoints import _manifest
 from lowbit.checkpoints._manifest import GGUF_METADATA, MANIFEST
 from lowbit.checkpoints.readers import Checkpoint, TensorInfo
@@ -141,7 +142,6 @@ def write_lowbit_checkpoint(
     Raises:
         LowbitError: an existing folder without ``overwrite``, duplicate names.
     """
-    from lowbit import __version__
     from lowbit.checkpoints import _safetensors_write as _safetensors
     from lowbit.checkpoints._atomic import atomic_dir
 

@@ -10,7 +10,7 @@ architecture numbers the planner needs for the KV cache and activations):
   fields is counted as a llama-style decoder (with a warning), else the error names the
   missing fields;
 - a checkpoint (:func:`spec_from_checkpoint`): a safetensors file or folder, or a GGUF file,
-  counted from the headers (:mod:`lowbit.checkpoints.headers`; no tensor data is read), with the
+  counted from the headers (:mod:`lowbit.planning.headers`; no tensor data is read), with the
   architecture numbers from a ``config.json`` beside it or the GGUF metadata;
 - a bare count (:func:`spec_from_params`, ``"7B"``, ``"135M"``): one anonymous tensor.
 
@@ -30,7 +30,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints.headers import read_gguf_header, read_safetensors_header
 from lowbit.errors import LowbitError
 from lowbit.planning._arch_config import KNOWN_ARCHITECTURES, load_config, spec_from_config
 from lowbit.planning._arch_headers import spec_from_checkpoint
@@ -42,6 +41,7 @@ from lowbit.planning.modelspec import (
     parse_params,
     spec_from_params,
 )
+from lowbit.quant.components import classify
 
 __all__ = [
     "COMPONENTS",
