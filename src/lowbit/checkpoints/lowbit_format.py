@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._progress import progress_bar
 from lowbit._version import __version__
 from lowbit.checkpoints import _manifest
 from lowbit.checkpoints._manifest import GGUF_METADATA, MANIFEST
@@ -216,15 +217,6 @@ def _write_manifest(folder: Path, doc: dict[str, Any], digests: dict[str, str]) 
     digests were taken while they were written), then the manifest's own digest."""
     doc[_manifest.CHECKSUMS_KEY] = _manifest.record_files(folder, digests)
     (folder / MANIFEST).write_text(_manifest.seal(doc, default=_jsonable))
-
-
-def progress_bar(total: int, progress: bool | None, desc: str, unit: str) -> Any:
-    """A tqdm bar on stderr (``None``: only on a terminal; ``False``: never)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total, desc=desc, unit=unit, disable=None if progress is None else not progress
-    )
 
 
 def _taker(u: Unit, key: str) -> Callable[[], np.ndarray]:

@@ -34,10 +34,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lowbit._progress import progress_bar
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints._pipeline import output_nbytes
-from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint, progress_bar
+from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
 from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path

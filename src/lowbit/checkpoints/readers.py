@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._progress import progress_iter
 from lowbit.checkpoints import _gguf, _safetensors
 from lowbit.errors import LowbitError
 
@@ -149,8 +150,7 @@ class Checkpoint(ABC):
                 terminal, ``False`` never.
         """
         todo = self.names() if names is None else list(names)
-        bar = _progress(todo, progress, f"reading {self.path.name}")
-        for name in bar:
+        for name in progress_iter(todo, progress, f"reading {self.path.name}", "tensor"):
             yield name, self.get(name, dtype)
 
     @property
@@ -198,14 +198,6 @@ class Checkpoint(ABC):
         close = difflib.get_close_matches(str(name), self.names(), n=3, cutoff=0.6)
         hint = f"; close names: {', '.join(close)}" if close else ""
         return LowbitError(f"{self.path}: no tensor named {name!r}{hint}")
-
-
-def _progress(items: list[Any], progress: bool | None, desc: str) -> Any:
-    if progress is False:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc, unit="tensor", disable=None if progress is None else False)
 
 
 def _convert(arr: np.ndarray, dtype: Any) -> np.ndarray:

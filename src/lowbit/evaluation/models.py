@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._progress import progress_iter
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.names import _GGUF_ARCHS, gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.opener import open_checkpoint
-from lowbit.checkpoints.readers import Checkpoint, _progress
+from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation.activations import fake_quantize_per_token
 
@@ -61,7 +62,7 @@ def hf_tensors(
     is_gguf = checkpoint.format == "gguf"
     cfg = checkpoint.config or {}
     names = checkpoint.names()
-    for name in _progress(names, progress, f"loading {checkpoint.path.name}"):
+    for name in progress_iter(names, progress, f"loading {checkpoint.path.name}", "tensor"):
         arr = weights[name] if name in weights else checkpoint.get(name)
         arr = np.asarray(arr, dtype=np.float32)
         if not is_gguf:

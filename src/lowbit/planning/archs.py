@@ -33,6 +33,7 @@ from typing import Any
 from lowbit.errors import LowbitError
 from lowbit.planning._arch_config import KNOWN_ARCHITECTURES, load_config, spec_from_config
 from lowbit.planning._arch_headers import spec_from_checkpoint
+from lowbit.planning.headers import read_gguf_header, read_safetensors_header
 from lowbit.planning.modelspec import (
     COMPONENTS,
     ModelSpec,
@@ -41,7 +42,6 @@ from lowbit.planning.modelspec import (
     parse_params,
     spec_from_params,
 )
-from lowbit.quant.components import classify
 
 __all__ = [
     "COMPONENTS",
