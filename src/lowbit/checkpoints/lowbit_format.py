@@ -50,11 +50,16 @@ import numpy as np
 
 from lowbit._progress import progress_bar
 from lowbit._version import __version__
-from lowbit.checkpoints import _manifest
+from lowbit.checkpoints import _gguf, _manifest
+from lowbit.checkpoints import _safetensors_write as _safetensors
+from lowbit.checkpoints._atomic import atomic_dir
 from lowbit.checkpoints._manifest import GGUF_METADATA, MANIFEST
-from lowbit.checkpoints.readers import Checkpoint, TensorInfo
+from lowbit.checkpoints.gguf_writer import write_gguf
+from lowbit.checkpoints.readers import Checkpoint, SafetensorsFile, TensorInfo
 from lowbit.errors import LowbitError
 from lowbit.quant.layout import quantized_arrays
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.tensor import QuantizedTensor
 
 __all__ = [
     "FORMAT_NAME",
@@ -143,9 +148,6 @@ def write_lowbit_checkpoint(
     Raises:
         LowbitError: an existing folder without ``overwrite``, duplicate names.
     """
-    from lowbit.checkpoints import _safetensors_write as _safetensors
-    from lowbit.checkpoints._atomic import atomic_dir
-
     if max_shard_size <= 0:
         raise LowbitError(f"max_shard_size must be positive, got {max_shard_size}")
     seen: set[str] = set()
@@ -201,8 +203,6 @@ def write_lowbit_checkpoint(
             "tensors": tensors,
         }
         if gguf_metadata_source is not None:
-            from lowbit.checkpoints.gguf_writer import write_gguf
-
             write_gguf(tmp / GGUF_METADATA, {}, source=gguf_metadata_source, progress=False)
         for src, rel in copy_files:
             dest = tmp / rel
@@ -305,8 +305,6 @@ class LowbitCheckpoint(Checkpoint):
             LowbitError: no manifest, or one that does not pass those checks, naming the file
                 and the field.
         """
-        from lowbit.checkpoints.readers import SafetensorsFile
-
         super().__init__()
         self.path = Path(path)
         doc, expected = _manifest.load(
@@ -326,8 +324,6 @@ class LowbitCheckpoint(Checkpoint):
         _manifest.check_arrays(expected, doc, self._shards, where)
         self.metadata: dict[str, Any] = {}
         if (self.path / GGUF_METADATA).exists():
-            from lowbit.checkpoints import _gguf
-
             meta_file = _manifest.member(self.path, GGUF_METADATA, where, GGUF_METADATA)
             self.metadata = _gguf.parse(meta_file).metadata
 
@@ -385,8 +381,6 @@ class LowbitCheckpoint(Checkpoint):
         Raises:
             LowbitError: the tensor was kept or cast, not quantized.
         """
-        from lowbit.quant.tensor import QuantizedTensor
-
         e = self.entry(name)
         if e["kind"] != "quantized":
             raise LowbitError(f"{self.path}: tensor {name!r} is {e['kind']}, not quantized")
@@ -415,8 +409,6 @@ class LowbitCheckpoint(Checkpoint):
     @property
     def plan(self) -> Any:
         """The :class:`~lowbit.quant.plan.PrecisionPlan` the checkpoint was made with."""
-        from lowbit.quant.plan import PrecisionPlan
-
         return PrecisionPlan.from_dict(self.manifest.get("plan") or {}, where=str(self.path))
 
     def activations(self) -> dict[str, str]:

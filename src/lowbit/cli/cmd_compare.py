@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import lowbit
 from lowbit.cli import _common
 from lowbit.cli.cmd_quantize_tensor import add_scheme_options, build_scheme, load_tensor
 from lowbit.errors import LowbitError
@@ -104,8 +105,6 @@ def _scheme_for(name: str, args: argparse.Namespace, shape: tuple[int, ...]) -> 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
-
-    import lowbit
 
     if args.data in DISTRIBUTIONS:
         data = make_data(args.data, args.size, args.seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lowbit.cli import _common
+from lowbit.formats import explain
 
 _EPILOG = """\
 CODE is the bit pattern as an unsigned integer: hex (0x7e), binary (0b01111110) or
@@ -39,8 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.formats import explain
-
     d = explain.decode(args.format, args.code)
     if args.json:
         _common.print_json(d)

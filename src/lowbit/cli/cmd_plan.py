@@ -7,6 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.cli import _common
+from lowbit.errors import LowbitError
+from lowbit.planning.archs import parse_params
+from lowbit.planning.estimate import plan
+from lowbit.planning.hardware import load_hardware, select_devices
 from lowbit.quant.rules import action_label
 
 _EPILOG = """\
@@ -87,21 +91,15 @@ def register(sub: Any) -> None:
 
 
 def _model_arg(args: argparse.Namespace) -> Any:
-    from lowbit.errors import LowbitError
-
     given = [x for x in (args.model, args.params, args.config) if x]
     if len(given) != 1:
         raise LowbitError("give exactly one model: MODEL, --params N or --config FILE")
     if args.params:
-        from lowbit.planning.archs import parse_params
-
         return parse_params(args.params)
     return args.config or args.model
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.planning.estimate import plan
-    from lowbit.planning.hardware import load_hardware, select_devices
 
     names = _common.parse_names(args.devices, "--devices")
     devices = None if not names or names == ["all"] else names

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.quant.plan import PrecisionPlan
@@ -156,13 +157,6 @@ def _mb(n: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.checkpoints.quantize_model import (
-        open_model,
-        output_nbytes,
-        plan_model,
-        quantize_model,
-    )
-
     progress = False if args.no_progress or args.json else None
     plan = build_plan(args)
     ckpt = open_model(args.model)

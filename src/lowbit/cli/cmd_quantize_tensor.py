@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lowbit
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.quant.scheme import Cast, Granularity, Scheme
@@ -206,8 +207,6 @@ def save_quantized(
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
-
-    import lowbit
 
     arr, name = load_tensor(args.source)
     scheme = build_scheme(args.to, args, tuple(np.shape(arr)))

@@ -9,6 +9,11 @@ import textwrap
 from typing import Any
 
 from lowbit.cli import _common
+from lowbit.enums import as_rounding
+from lowbit.formats import explain
+from lowbit.formats.catalog import FORMATS
+from lowbit.formats.catalog import format as get_format
+from lowbit.formats.explain import exact_decimal
 
 DEFAULT_FORMATS = (
     "float32",
@@ -101,11 +106,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.enums import as_rounding
-    from lowbit.formats import explain
-    from lowbit.formats.catalog import FORMATS
-    from lowbit.formats.catalog import format as get_format
-
     x = explain.parse_value(args.value)
     mode = as_rounding(args.rounding)
     names = _common.parse_names(args.formats, "--formats") or list(DEFAULT_FORMATS)
@@ -199,8 +199,6 @@ def _row(r: dict[str, Any], colour: bool) -> list[str]:
 
 def _value(v: float) -> str:
     """Exact when short, else 10 significant digits marked ≈ (--json has it exactly)."""
-    from lowbit.formats.explain import exact_decimal
-
     exact = exact_decimal(v)
     digits = len(exact.lstrip("-").replace(".", "").lstrip("0"))
     if digits <= 12 and "E" not in exact:

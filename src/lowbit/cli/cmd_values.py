@@ -6,6 +6,8 @@ import argparse
 import math
 
 from lowbit.cli import _common
+from lowbit.formats import explain
+from lowbit.formats.catalog import format as get_format
 
 _EPILOG = """\
 Lists formats of at most 8 bits (256 codes), in ascending order of value, -0 before +0;
@@ -35,9 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.formats import explain
-    from lowbit.formats.catalog import format as get_format
-
     f = get_format(args.format)
     entries = explain.values(f)
     finite = sorted(

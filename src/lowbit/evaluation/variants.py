@@ -29,7 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.quantize_model import checkpoint_tensors
+from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.quantize_model import (
+    checkpoint_tensors,
+    open_model,
+    plan_model,
+    quantized_weights,
+)
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import (
     DEFAULT_SENTENCES,
@@ -38,6 +46,8 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
+from lowbit.evaluation.models import build_model, load_model
+from lowbit.evaluation.perplexity import load_text
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import action_label, activation_format
 
@@ -95,9 +105,6 @@ def variant_plan(spec: str) -> PrecisionPlan:
 
 
 def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Variant:
-    from lowbit.checkpoints.quantize_model import plan_model, quantized_weights
-    from lowbit.evaluation.models import build_model
-
     plan = variant_plan(spec)
     applied = plan_model(checkpoint, plan)
     weights: dict[str, np.ndarray] = {}
@@ -124,10 +131,6 @@ def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Varian
 
 
 def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
-    from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
-    from lowbit.evaluation.models import build_model, load_model
-
     if is_lowbit_checkpoint(path):
         ckpt = LowbitCheckpoint(path)
         if set(ckpt.names()) != set(original.names()):
@@ -210,11 +213,6 @@ def evaluate_variants(
     Raises:
         LowbitError: unreadable models or texts, bad schemes, variants of another model.
     """
-    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-    from lowbit.checkpoints.quantize_model import open_model
-    from lowbit.evaluation.models import build_model
-    from lowbit.evaluation.perplexity import load_text
-
     if schemes is None:
         schemes = [] if quantized else list(DEFAULT_SCHEMES)
     for spec in schemes:  # a bad scheme string fails before any model loads

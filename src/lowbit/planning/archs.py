@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
 from lowbit.errors import LowbitError
 from lowbit.planning._arch_config import KNOWN_ARCHITECTURES, load_config, spec_from_config
 from lowbit.planning._arch_headers import spec_from_checkpoint
@@ -67,8 +68,6 @@ def load_spec(model: Any, name: str | None = None) -> ModelSpec:
     name (``"smollm2"``, ``"minilm"``); or a path to a ``config.json``, a safetensors file or
     folder, or a ``.gguf`` file.
     """
-    from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
-
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, Mapping):
