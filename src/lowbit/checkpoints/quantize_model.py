@@ -88,13 +88,13 @@ def resolve_model(model: str | os.PathLike[str] | None) -> Path:
     )
 
 
-def open_model(model: Any) -> Any:
+def open_model(model: str | os.PathLike[str] | Checkpoint | None) -> Checkpoint:
     """Open a model argument (see :func:`resolve_model`) as a ``Checkpoint`` for reading.
 
     Raises:
         LowbitError: an unreadable checkpoint, or a lowbit checkpoint (quantize its source).
     """
-    if hasattr(model, "names") and hasattr(model, "get"):
+    if isinstance(model, Checkpoint):
         return model
     path = resolve_model(model)
     if is_lowbit_checkpoint(path):
@@ -105,7 +105,7 @@ def open_model(model: Any) -> Any:
 
 
 def plan_model(
-    checkpoint: Any,
+    checkpoint: Checkpoint,
     plan: PrecisionPlan,
     *,
     out_format: str = "lowbit",
@@ -145,7 +145,7 @@ def plan_model(
 
 
 def quantized_weights(
-    checkpoint: Any, applied: AppliedPlan, *, progress: bool | None = None
+    checkpoint: Checkpoint, applied: AppliedPlan, *, progress: bool | None = None
 ) -> Iterator[tuple[TensorPlan, Any]]:
     """Yield ``(tensor plan, QuantizedTensor)`` for each tensor the plan quantizes, one at a time.
 
@@ -159,7 +159,7 @@ def quantized_weights(
 
 
 def quantize_model(
-    model: Any,
+    model: str | os.PathLike[str] | Checkpoint | None,
     plan: PrecisionPlan,
     out: str | os.PathLike[str],
     *,

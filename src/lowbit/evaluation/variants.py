@@ -38,6 +38,7 @@ from lowbit.checkpoints.quantize_model import (
     plan_model,
     quantized_weights,
 )
+from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import (
     DEFAULT_SENTENCES,
@@ -69,7 +70,7 @@ DEFAULT_SCHEMES = ("int8:ch", "int4:g128", "int4:g128:asym", "nf4", "fp8_e4m3:ch
 # ---------------------------------------------------------------------------------------
 
 
-def _stored_bits(checkpoint: Any, names: Sequence[str]) -> float | None:
+def _stored_bits(checkpoint: Checkpoint, names: Sequence[str]) -> float | None:
     """Stored bits per value of the named tensors as the checkpoint holds them."""
     numel = sum(math.prod(checkpoint.shape(n)) for n in names)
     if not numel:
@@ -77,13 +78,13 @@ def _stored_bits(checkpoint: Any, names: Sequence[str]) -> float | None:
     return sum(checkpoint.info(n).nbytes for n in names) * 8 / numel
 
 
-def _default_quantized(checkpoint: Any) -> list[str]:
+def _default_quantized(checkpoint: Checkpoint) -> list[str]:
     """Names of the tensors the default plan quantizes (the 2-D linear weights)."""
     plan = PrecisionPlan(default=PrecisionPlan.uniform("int8").default)
     return [t.name for t in plan.apply(checkpoint_tensors(checkpoint)).quantized]
 
 
-def _dominant_dtype(checkpoint: Any, names: Sequence[str]) -> str:
+def _dominant_dtype(checkpoint: Checkpoint, names: Sequence[str]) -> str:
     counts: dict[str, int] = {}
     for n in names:
         d = str(checkpoint.dtype(n))
@@ -104,7 +105,7 @@ def variant_plan(spec: str) -> PrecisionPlan:
     return plan
 
 
-def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Variant:
+def _scheme_variant(checkpoint: Checkpoint, spec: str, progress: bool | None) -> Variant:
     plan = variant_plan(spec)
     applied = plan_model(checkpoint, plan)
     weights: dict[str, np.ndarray] = {}
