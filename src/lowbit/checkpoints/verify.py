@@ -31,7 +31,7 @@ from lowbit.checkpoints import _gguf
 from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.opener import open_checkpoint
-from lowbit.checkpoints.readers import HuggingFaceFolder, _read_config
+from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, _read_config
 from lowbit.errors import LowbitError
 
 __all__ = ["verify_checkpoint"]
@@ -224,7 +224,7 @@ def _ct_candidates(
     ]
 
 
-def _ct_check_weight(ckpt: Any, module: str, g: dict[str, Any]) -> str | None:
+def _ct_check_weight(ckpt: Checkpoint, module: str, g: dict[str, Any]) -> str | None:
     """What is wrong with one quantized weight under a group's scheme (None: nothing)."""
     names = set(ckpt.names())
     bits, fmt = g["bits"], g["format"]
