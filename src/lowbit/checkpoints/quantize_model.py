@@ -37,6 +37,8 @@ from typing import Any
 from lowbit._progress import progress_bar
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints._model_files import model_files
+from lowbit.checkpoints._outputs import check_not_input
 from lowbit.checkpoints._pipeline import output_nbytes
 from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
 from lowbit.checkpoints.names import gguf_to_hf_name
@@ -203,9 +205,6 @@ def quantize_model(
     Warns:
         UserWarning: temporary folders of an interrupted earlier run completed or removed.
     """
-    from lowbit.checkpoints._model_files import model_files
-    from lowbit.checkpoints._outputs import check_not_input
-
     start = time.perf_counter()
     ckpt = open_model(model)
     applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 import lowbit
+from lowbit.checkpoints._outputs import save_figure
 from lowbit.cli import _common
 from lowbit.cli.cmd_quantize_tensor import add_scheme_options, build_scheme, load_tensor
 from lowbit.errors import LowbitError
@@ -241,8 +242,6 @@ def _plot(
     ax2.set_xlim(-1.05 * span, 1.05 * span)
     ax2.set_title(f"data with the levels of {qt.scheme.label} (first group)")
     fig.tight_layout()
-    from lowbit.checkpoints._outputs import save_figure
-
     try:
         save_figure(fig, path, overwrite=overwrite, dpi=120)
     finally:

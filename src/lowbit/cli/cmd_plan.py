@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints._outputs import save_figure
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.planning.archs import parse_params
@@ -373,8 +374,6 @@ def _plot(p: Any, out: Path, devices: list[Any], overwrite: bool) -> None:
     ax.set_title(f"{p.model.name}: memory by precision{ctx}", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    from lowbit.checkpoints._outputs import save_figure
-
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         save_figure(fig, out, overwrite=overwrite, dpi=120)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lowbit
+from lowbit.checkpoints._outputs import output_file, writer_metadata
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.quant.scheme import Cast, Granularity, Scheme
@@ -192,8 +193,6 @@ def save_quantized(
         from safetensors.numpy import save_file
     except ImportError:  # pragma: no cover
         raise ImportError("writing .safetensors needs: pip install 'lowbit[models]'") from None
-    from lowbit.checkpoints._outputs import output_file, writer_metadata
-
     if not out.strip():
         raise LowbitError("--out is empty; give a .safetensors file to write")
     arrays, meta = qt.to_arrays(prefix=name + ".")

@@ -44,6 +44,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from lowbit._parallel import map_chunks, threads
 from lowbit.codecs._common import FloatFields
 from lowbit.enums import Inf, NaN, Rounding
 
@@ -164,8 +165,6 @@ def _table(
 
 
 def _pieces(n: int) -> list[tuple[int, int]]:
-    from lowbit._parallel import threads
-
     parts = max(1, min(threads(), n // _PIECE))
     step = -(-n // parts)
     step = -(-step // _STEP) * _STEP  # whole steps per piece
@@ -174,8 +173,6 @@ def _pieces(n: int) -> list[tuple[int, int]]:
 
 def _run(work: Any, n: int) -> list[Any]:
     """``work(a, b)`` over pieces of ``range(n)``, on threads when there are several."""
-    from lowbit._parallel import map_chunks
-
     pieces = _pieces(n)
     if len(pieces) == 1:
         return [work(*pieces[0])]
