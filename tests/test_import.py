@@ -15,3 +15,22 @@ def test_import_does_not_load_heavy_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_import_does_not_load_numba() -> None:
+    """numba (about half a second to import) loads with the first compiled kernel, not before."""
+    code = "import sys, lowbit; print(any(m in sys.modules for m in ('numba', 'llvmlite')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_version_matches_pyproject() -> None:
+    """lowbit.__version__ (lowbit/_version.py) is pyproject.toml's version."""
+    import re
+    from pathlib import Path
+
+    import lowbit
+
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    match = re.search(r'^version = "([^"]+)"', text, re.MULTILINE)
+    assert match is not None and lowbit.__version__ == match.group(1)

@@ -208,7 +208,8 @@ def shipped_path(name: str) -> Path:
 def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
     """(path, open checkpoint, built torch model, tokenizer) of a shipped model."""
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.evaluation.models import build_model, build_tokenizer
+    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+    from lowbit.evaluation.models import build_model
 
     path = shipped_path(name)
     ckpt = open_checkpoint(path)

@@ -6,15 +6,14 @@ imported by the parts that need them.
 
 from __future__ import annotations
 
+from lowbit._version import __version__
+from lowbit.enums import Inf, NaN, Rounding
 from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError, UnknownFormatError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import ALIASES, FORMATS, format, p3109
-from lowbit.formats.enums import Inf, NaN, Rounding
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat
 from lowbit.formats.valueset import ValueSetFormat
-
-__version__ = "0.1.0"
 
 # Parts beyond the formats load on first use, so ``import lowbit`` stays light.
 _LAZY = {
@@ -28,7 +27,7 @@ _LAZY = {
     "unpack": "lowbit.codecs.packing",
     "plan": "lowbit.planning.estimate",
     "load": "lowbit.checkpoints",
-    "load_model": "lowbit.checkpoints",
+    "load_model": "lowbit.evaluation.models",
     "open_checkpoint": "lowbit.checkpoints",
     "quantize_model": "lowbit.checkpoints.quantize_model",
     "PrecisionPlan": "lowbit.quant.plan",

@@ -7,7 +7,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from lowbit.errors import LowbitError
+from lowbit.errors import CodeRangeError, LowbitError
 
 # Input dtypes whose values convert to float64 exactly.
 _EXACT_FLOAT_KINDS = "f"
@@ -99,8 +99,6 @@ def check_codes(codes: Any, bits: int, name: str, *, widen: bool = True) -> np.n
         hi = int(arr.max())
         lo = 0 if unsigned else int(arr.min())
         if lo < 0 or hi >= 1 << bits:
-            from lowbit.errors import CodeRangeError
-
             bad = lo if lo < 0 else hi
             raise CodeRangeError(
                 f"code {bad} is out of range for {name}: a {bits}-bit code is 0..{(1 << bits) - 1}"

@@ -14,13 +14,10 @@ from hypothesis import strategies as st
 
 import lowbit
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.lowbit_format import (
-    LowbitCheckpoint,
-    is_lowbit_checkpoint,
-    quantized_arrays,
-)
+from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.quantize_model import quantize_model
 from lowbit.errors import LowbitError
+from lowbit.quant.layout import quantized_arrays
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import parse_action
 from lowbit.quant.scheme import Scheme

@@ -86,7 +86,8 @@ def test_compressed_tensors_pipeline_decompresses_exactly(
     )
     from safetensors import safe_open
 
-    from lowbit.evaluation.models import gguf_to_hf_name, hf_tensors
+    from lowbit.checkpoints.names import gguf_to_hf_name
+    from lowbit.evaluation.models import hf_tensors
 
     src = hf_folder if source == "hf" else gguf_file
     plan = PrecisionPlan.uniform("int4", group=32, rules=CT_RULES)
@@ -194,6 +195,7 @@ def test_interrupted_write_leaves_nothing(
     tmp_path: Path, gguf_file: Path, monkeypatch: pytest.MonkeyPatch, out_format: str, exc: type
 ) -> None:
     """A failure midway (the 5th tensor's quantization) leaves no output and no temporaries."""
+    import lowbit.checkpoints._pipeline
     import lowbit.quant.tensor
 
     real = lowbit.quant.tensor.quantize
@@ -206,6 +208,8 @@ def test_interrupted_write_leaves_nothing(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lowbit.quant.tensor, "quantize", failing)
+    # the writers call quantize through the name their module imported
+    monkeypatch.setattr(lowbit.checkpoints._pipeline, "quantize", failing)
     work = tmp_path / "work"
     work.mkdir()
     out = work / ("o.gguf" if out_format == "gguf" else "o")

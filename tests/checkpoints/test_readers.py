@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from lowbit.checkpoints import load, open_checkpoint
-from lowbit.checkpoints.headers import read_gguf_header, read_safetensors_header
 from lowbit.errors import LowbitError
+from lowbit.planning.headers import read_gguf_header, read_safetensors_header
 from tiny_models import shipped_path
 
 torch = pytest.importorskip("torch")

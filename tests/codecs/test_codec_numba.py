@@ -425,3 +425,13 @@ def test_split_across_threads(name: str, monkeypatch: pytest.MonkeyPatch) -> Non
     with _fast.numpy_only():
         want = fmt.decode(codes)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_pack4_kernel() -> None:
+    """pack4 puts element 0 in the low nibble, as packing.pack; odd counts decline."""
+    c = np.random.default_rng(5).integers(0, 16, size=1000).astype(np.uint8)
+    got = _fast.pack4(c)
+    with _fast.numpy_only():
+        want = lowbit.pack(c, 4)
+    assert got is not None and np.array_equal(got, want)
+    assert _fast.pack4(c[:999]) is None

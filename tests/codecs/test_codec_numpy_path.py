@@ -20,8 +20,8 @@ from lowbit import FloatFormat, LowbitError, NaNPolicyError, _parallel
 from lowbit.codecs import _numba as _fast
 from lowbit.codecs import _numpy_fast as fast
 from lowbit.codecs import vectorised as codec
+from lowbit.enums import Rounding
 from lowbit.formats import reference as ref
-from lowbit.formats.enums import Rounding
 from strategies import CATALOG_FLOATS, DETERMINISTIC, bit_pattern, input_arrays, random_bits
 
 # Layouts beyond the catalog: no subnormals with a zero, signed without a zero, unsigned

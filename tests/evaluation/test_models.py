@@ -16,12 +16,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-from lowbit.evaluation.models import (  # noqa: E402
-    build_model,
-    gguf_to_hf_name,
-    hf_tensors,
-    unpermute_qk,
-)
+from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk  # noqa: E402
+from lowbit.evaluation.models import build_model, hf_tensors  # noqa: E402
 from tiny_models import (  # noqa: E402
     gguf_tensors,
     llamacpp_permute,

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from lowbit.checkpoints import open_checkpoint
-from lowbit.evaluation.models import build_tokenizer
+from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.evaluation.sensitivity import (
     Calibration,
     SensitivityResult,

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowbit import LowbitError
-from lowbit.formats.mx import MX_FORMATS, mx_format, shared_exponent
+from lowbit.formats.catalog import MX_FORMATS, mx_format
+from lowbit.formats.mx import shared_exponent
 from lowbit.quant.tensor import QuantizedTensor, quantize
 
 gfloat = pytest.importorskip("gfloat")
@@ -128,3 +129,18 @@ def test_mx_rejects_other_scales_and_groups() -> None:
         quantize(np.ones(64, np.float32), "mxfp4", group_size=16)
     with pytest.raises(LowbitError, match="E8M0"):
         quantize(np.ones(64, np.float32), "mxfp4", scale_format="fp16")
+
+
+# OCP MX v1.0 Table 1, emax of each element data type
+_SPEC_EMAX = {"mxfp8_e4m3": 8, "mxfp8_e5m2": 15, "mxfp6_e3m2": 4, "mxfp6_e2m3": 2, "mxfp4": 2,
+              "mxint8": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(MX_FORMATS))
+def test_emax_elem_derived_matches_spec_and_gfloat(name: str) -> None:
+    """emax_elem (derived from the element format) is OCP MX v1.0 Table 1's and gfloat's."""
+    mx = MX_FORMATS[name]
+    assert mx.emax_elem == _SPEC_EMAX[name]
+    assert mx.emax_elem == GFLOAT_BLOCK[name].etype.emax
+    assert mx.scale.name == "float8_e8m0fnu"
+    assert mx.bits_per_value == mx.element.bits + 8 / 32

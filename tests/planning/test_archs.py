@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from lowbit.checkpoints.headers import read_gguf_header, read_safetensors_header
 from lowbit.checkpoints.shipped import default_model_path
 from lowbit.errors import LowbitError
 from lowbit.planning import archs
-from lowbit.planning.modelspec import classify, parse_params
+from lowbit.planning.headers import read_gguf_header, read_safetensors_header
+from lowbit.planning.modelspec import parse_params
+from lowbit.quant.components import classify
 
 CONFIGS = Path(__file__).parents[1] / "fixtures" / "configs"
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lowbit
+from lowbit.checkpoints.quantize_model import checkpoint_tensors
 from lowbit.cli import main
 from lowbit.errors import LowbitError
 from lowbit.planning.estimate import (
@@ -26,7 +27,7 @@ from lowbit.planning.estimate import (
 )
 from lowbit.planning.hardware import load_hardware, select_devices
 from lowbit.planning.modelspec import ModelSpec, TensorInfo
-from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
+from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import Rule, load_plan_file, parse_rule
 from lowbit.quant.scheme import Cast, Scheme
 from lowbit.quant.scheme_text import parse_scheme

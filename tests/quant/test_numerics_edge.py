@@ -14,7 +14,7 @@ import lowbit
 from lowbit import LowbitError
 from lowbit.codecs import _numba as _fast
 from lowbit.errors import UnderflowError, UnderflowWarning
-from lowbit.formats.mx import mx_format
+from lowbit.formats.catalog import mx_format
 
 MX = ["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8"]
 

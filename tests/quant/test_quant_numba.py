@@ -303,16 +303,6 @@ def test_absmax_kernel() -> None:
     assert np.array_equal(got64[fine, 0], np.abs(y[fine]).max(axis=1))
 
 
-def test_pack4_kernel() -> None:
-    """pack4 puts element 0 in the low nibble, as packing.pack; odd counts decline."""
-    c = np.random.default_rng(5).integers(0, 16, size=1000).astype(np.uint8)
-    got = _fastquant.pack4(c)
-    with _fast.numpy_only():
-        want = lowbit.pack(c, 4)
-    assert got is not None and np.array_equal(got, want)
-    assert _fastquant.pack4(c[:999]) is None
-
-
 def test_map_chunks_order_and_errors() -> None:
     """map_chunks keeps the order of its items and raises the earliest band's error."""
     assert _parallel.map_chunks(lambda i: i * i, list(range(37))) == [i * i for i in range(37)]

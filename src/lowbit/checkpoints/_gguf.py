@@ -5,7 +5,7 @@ Why our own parser: the ``gguf`` package's ``GGUFReader`` takes seconds to walk 
 truncated file or a header that lies surfaces as a numpy reshape error. This parser reads the
 header with ``struct`` (fast), checks every length, count, type and offset against the file before
 anything is trusted, and names the file and tensor in each error. The reader
-(:class:`~lowbit.checkpoints.readers.GGUFFile`) and the planner (:mod:`lowbit.checkpoints.headers`) both build
+(:class:`~lowbit.checkpoints.readers.GGUFFile`) and the planner (:mod:`lowbit.planning.headers`) both build
 on :func:`parse`. Tensor data is then decoded with the ``gguf`` package's own dequantizers
 (``gguf.quants.dequantize``).
 

@@ -42,7 +42,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from lowbit import _json
+from lowbit.checkpoints._safetensors import SAFETENSORS_DTYPE_BITS
+from lowbit.checkpoints._safetensors_write import dtype_code
 from lowbit.errors import LowbitError
+from lowbit.quant.layout import make_layout, quantized_arrays
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.rules import activation_format
+from lowbit.quant.scheme import Scheme
+from lowbit.quant.tensor import FORMAT_VERSION as TENSOR_VERSION
 
 MANIFEST = "lowbit.json"
 GGUF_METADATA = "source_metadata.gguf"
@@ -457,8 +464,6 @@ _PARSE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, Ov
 
 
 def _scheme(v: Any, where: str, field: str) -> Any:
-    from lowbit.quant.scheme import Scheme
-
     if not isinstance(v, dict):
         raise _fail(where, field, f"{show(v)} is not an object")
     for k, val in v.items():
@@ -502,8 +507,6 @@ def check_schema(doc: dict[str, Any], where: str) -> dict[str, list[ExpectedArra
     if "totals" in doc:
         _get(doc, "totals", dict, where, "totals")
     plan = _get(doc, "plan", dict, where, "plan")
-    from lowbit.quant.plan import PrecisionPlan
-
     try:
         PrecisionPlan.from_dict(plan, where="plan")
     except LowbitError as exc:
@@ -554,8 +557,6 @@ def _entry(name: str, e: Any, files: set[str], where: str, field: str) -> list[E
         return [ExpectedArray(name, CAST_DTYPES[dtype], shape)]
     encoding = _get(e, "encoding", str, where, f"{field}.encoding")
     if encoding == "array":
-        from lowbit.checkpoints._safetensors import SAFETENSORS_DTYPE_BITS
-
         if dtype not in SAFETENSORS_DTYPE_BITS:
             raise _fail(where, f"{field}.dtype", f"{show(dtype)} is not a safetensors dtype")
         return [ExpectedArray(name, dtype, shape)]
@@ -590,12 +591,6 @@ def _gguf_raw_shape(
 def _quantized(
     name: str, e: dict[str, Any], shape: tuple[int, ...], where: str, field: str
 ) -> list[ExpectedArray]:
-    from lowbit.checkpoints._safetensors_write import dtype_code
-    from lowbit.checkpoints.lowbit_format import quantized_arrays
-    from lowbit.quant.layout import make_layout
-    from lowbit.quant.rules import activation_format
-    from lowbit.quant.tensor import FORMAT_VERSION as TENSOR_VERSION
-
     meta = _get(e, "tensor", dict, where, f"{field}.tensor")
     v = meta.get("version")
     if not _is_int(v) or v != TENSOR_VERSION:

@@ -13,6 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lowbit._version import __version__
+from lowbit.checkpoints import _gguf
+
 WRITER_KEY = "lowbit.writer"  # safetensors __metadata__ / GGUF metadata: which lowbit wrote it
 FILES_KEY = "lowbit.files"  # safetensors __metadata__ of a folder's shards: the folder's files
 _LOWBIT_JSON = "lowbit.json"
@@ -21,8 +24,6 @@ _SHARD = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
 
 def writer_tag() -> str:
     """The value of the ``lowbit.writer`` mark: ``lowbit <version>``."""
-    from lowbit import __version__
-
     return f"lowbit {__version__}"
 
 
@@ -137,8 +138,6 @@ def _safetensors_metadata(path: Path, limit: int = 100 * 2**20) -> dict[str, Any
 
 
 def _gguf_marked(path: Path) -> bool:
-    from lowbit.checkpoints import _gguf
-
     try:
         metadata = _gguf.parse(path).metadata
     except Exception:

@@ -15,16 +15,23 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints import gguf_q, gguf_writer
+from lowbit.checkpoints import lowbit_format as lf
 from lowbit.checkpoints._model_files import ModelFiles
+from lowbit.checkpoints._safetensors_write import dtype_code
+from lowbit.checkpoints.compressed_tensors import from_quantized, write_compressed_tensors
+from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.checkpoints.gguf_writer import GGUFTensor
+from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.errors import LowbitError
 from lowbit.quant.plan import AppliedPlan, TensorPlan
+from lowbit.quant.scheme import Granularity
+from lowbit.quant.tensor import quantize
 
 GGUF_Q = {4: "Q4_0", 8: "Q8_0"}
 
 
 def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
-    from lowbit.quant.scheme import Granularity
-
     for t in applied.quantized:
         s = t.scheme
         assert s is not None
@@ -61,16 +68,12 @@ def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
                 f"--out-format lowbit, which holds every scheme)"
             )
     if checkpoint.format == "gguf":
-        from lowbit.evaluation.models import gguf_to_hf_name
-
         for t in applied.tensors:
             gguf_to_hf_name(t.name)  # raises for tensors with no transformers counterpart
 
 
 def _gguf_exact(s: Any) -> bool:
     """Whether a scheme is exactly a GGUF Q4_0/Q8_0 block layout."""
-    from lowbit.quant.scheme import Granularity
-
     fmt = s.element_format
     return (
         fmt.kind == "int"
@@ -131,8 +134,6 @@ def output_nbytes(t: TensorPlan, out_format: str = "lowbit") -> int:
     assert s is not None
     bits = s.element_format.bits
     if out_format == "gguf":
-        from lowbit.checkpoints import gguf_q
-
         return gguf_q.nbytes(t.shape, GGUF_Q[bits])
     rows, cols = t.shape
     gran = s.granularity.value
@@ -163,8 +164,6 @@ def _plain_dtype(dtype: str) -> bool:
 
 def read_quantized(checkpoint: Any, t: TensorPlan) -> Any:
     """Read one tensor and quantize it; its memory map is dropped before the next read."""
-    from lowbit.quant.tensor import quantize
-
     checkpoint.close()  # unmap the previous tensor's pages (they count as resident memory)
     arr = checkpoint.get(t.name)
     try:
@@ -217,8 +216,6 @@ def write_lowbit(
     files: ModelFiles,
 ) -> tuple[list[str], list[dict[str, str]]]:
     """Write a lowbit checkpoint; returns the files copied and those left out."""
-    from lowbit.checkpoints import lowbit_format as lf
-
     units = []
     for t in applied.tensors:
         entry: dict[str, Any] = {
@@ -277,9 +274,6 @@ def _cast_unit(ckpt: Any, t: TensorPlan) -> dict[str, np.ndarray]:
 
 
 def _kept_unit(ckpt: Any, t: TensorPlan, entry: dict[str, Any]) -> Any:
-    from lowbit.checkpoints import lowbit_format as lf
-    from lowbit.checkpoints._safetensors_write import dtype_code
-
     info = ckpt.info(t.name)
     if ckpt.format == "gguf" and t.dtype not in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32",
                                                    "I64"):  # fmt: skip
@@ -340,14 +334,10 @@ def write_ct(
     """Write a compressed-tensors folder; returns the files copied and those left out."""
     import tempfile
 
-    from lowbit.checkpoints.compressed_tensors import from_quantized, write_compressed_tensors
-
     is_gguf = ckpt.format == "gguf"
     by_out: dict[str, TensorPlan] = {}
     for t in applied.tensors:
         if is_gguf:
-            from lowbit.evaluation.models import gguf_to_hf_name
-
             by_out[gguf_to_hf_name(t.name)] = t
         else:
             by_out[t.name] = t
@@ -356,8 +346,6 @@ def write_ct(
     def unpermute(hf: str, arr: np.ndarray) -> np.ndarray:
         if not is_gguf:
             return arr
-        from lowbit.evaluation.models import unpermute_qk
-
         if ".q_proj." in hf:
             return unpermute_qk(np.asarray(arr), cfg["num_attention_heads"])
         if ".k_proj." in hf:
@@ -369,8 +357,6 @@ def write_ct(
     acts = {"int8": "int8", "float8_e4m3fn": "fp8", None: None}
 
     def make(hf: str) -> Any:
-        from lowbit.quant.tensor import quantize
-
         t = by_out[hf]
         ckpt.close()
         if t.action == "quantize":
@@ -392,8 +378,6 @@ def write_ct(
             if "/" in rel
         ]
         if is_gguf:
-            from lowbit.evaluation.models import build_tokenizer
-
             try:
                 build_tokenizer(ckpt).save_pretrained(extra)
             except (LowbitError, OSError, ValueError, KeyError) as exc:
@@ -422,13 +406,9 @@ def write_gguf(
     progress: bool | None,
     rounding: str,
 ) -> None:
-    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
-
     by_name = {t.name: t for t in applied.tensors}
 
     def make(name: str) -> Any:
-        from lowbit.quant.tensor import quantize
-
         t = by_name[name]
         ckpt.close()
         if t.action == "keep":
@@ -444,7 +424,7 @@ def write_gguf(
             np.asarray(ckpt.get(name), dtype=np.float32), GGUF_Q[s.element_format.bits]
         )
 
-    write_gguf(
+    gguf_writer.write_gguf(
         out,
         _Lazy(list(by_name), make),
         source=ckpt.path,

@@ -7,7 +7,7 @@ str}}``, then the data section, which the offsets index from its start.
 Why our own parser: the ``safetensors`` package's numpy loader refuses bfloat16 and float8, the
 types lowbit deals in, and every length, dtype, shape and offset has to be checked against the
 file before a byte of data is trusted. Both the reader (:mod:`lowbit.checkpoints.readers`) and
-the planner (:mod:`lowbit.checkpoints.headers`) build on :func:`parse`.
+the planner (:mod:`lowbit.planning.headers`) build on :func:`parse`.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import _is_ml_float
+from lowbit._progress import progress_bar
 from lowbit.checkpoints import gguf_q
 from lowbit.checkpoints._atomic import atomic_file
 from lowbit.checkpoints._outputs import WRITER_KEY, writer_tag
@@ -332,7 +333,7 @@ def write_gguf(
     source: str | os.PathLike[str] | Any | None = None,
     arch: str | None = None,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | None = True,
 ) -> Path:
     """Write a GGUF file of the given tensors and metadata.
 
@@ -355,7 +356,8 @@ def write_gguf(
             copied byte for byte, with its exact types, after lowbit's checks of the file.
         arch: ``general.architecture``; default: from ``metadata`` or ``source``.
         overwrite: replace an existing ``path``.
-        progress: show a tqdm progress bar (if tqdm is installed).
+        progress: tqdm bar (``None``: only on a terminal; ``False``: never; see
+            ``lowbit._progress``).
 
     Returns:
         The path written.
@@ -426,7 +428,13 @@ def write_gguf(
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-            bar = _progress(progress, sum(p.nbytes for p in planned.values()), Path(path).name)
+            bar = progress_bar(
+                sum(p.nbytes for p in planned.values()),
+                progress,
+                f"writing {Path(path).name}",
+                "B",
+                unit_scale=True,
+            )
             try:
                 for name, p in planned.items():
                     again = _plan(name, tensors[keys[name]])
@@ -443,11 +451,9 @@ def write_gguf(
                         )
                     writer.write_tensor_data(data)
                     del again, data
-                    if bar is not None:
-                        bar.update(p.nbytes)
+                    bar.update(p.nbytes)
             finally:
-                if bar is not None:
-                    bar.close()
+                bar.close()
         finally:
             writer.close()
     return Path(path)
@@ -455,13 +461,3 @@ def write_gguf(
 
 def _unplanned() -> np.ndarray:  # pragma: no cover - replaced before use
     raise AssertionError("tensor data is made from a fresh look at the value")
-
-
-def _progress(enabled: bool, total: int, desc: str) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {desc}")

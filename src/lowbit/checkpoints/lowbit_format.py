@@ -48,21 +48,26 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints import _manifest
+from lowbit._progress import progress_bar
+from lowbit._version import __version__
+from lowbit.checkpoints import _gguf, _manifest
+from lowbit.checkpoints import _safetensors_write as _safetensors
+from lowbit.checkpoints._atomic import atomic_dir
 from lowbit.checkpoints._manifest import GGUF_METADATA, MANIFEST
-from lowbit.checkpoints.readers import Checkpoint, TensorInfo
+from lowbit.checkpoints.gguf_writer import write_gguf
+from lowbit.checkpoints.readers import Checkpoint, SafetensorsFile, TensorInfo
 from lowbit.errors import LowbitError
+from lowbit.quant.layout import quantized_arrays
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.tensor import QuantizedTensor
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST",
-    "ArraySpec",
     "LowbitCheckpoint",
     "Unit",
     "is_lowbit_checkpoint",
-    "load_model",
-    "quantized_arrays",
     "write_lowbit_checkpoint",
 ]
 
@@ -70,61 +75,7 @@ FORMAT_NAME = "lowbit-checkpoint"
 FORMAT_VERSION = 1
 DEFAULT_SHARD_SIZE = 2 * 2**30
 
-_SCALE_DTYPES = {
-    "float32": np.dtype("<f4"),
-    "float16": np.dtype("<f2"),
-    "bfloat16": np.dtype("<u2"),  # bit patterns, as QuantizedTensor.to_arrays stores them
-    "float8_e8m0fnu": np.dtype("u1"),
-}
 _PLAIN_GGUF = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")
-
-
-# ---------------------------------------------------------------------------------------
-# Layout of one quantized tensor
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """One stored array: its key suffix, dtype and shape."""
-
-    suffix: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
-
-
-def quantized_arrays(shape: Sequence[int], scheme: Any) -> list[ArraySpec]:
-    """The arrays ``QuantizedTensor.to_arrays`` gives for a tensor of ``shape`` and ``scheme``.
-
-    Known before quantizing, so a checkpoint's headers can be written first and each tensor
-    quantized only when its bytes are due. The sum of their ``nbytes`` is the quantized
-    tensor's ``nbytes``.
-    """
-    from lowbit.codecs.packing import packed_nbytes
-    from lowbit.quant.layout import make_layout
-
-    shape = tuple(int(s) for s in shape)
-    bits = scheme.element_format.bits
-    layout = make_layout(shape, scheme)
-    nscale = math.prod(layout.scale_shape)
-    out = [ArraySpec("codes", np.dtype("u1"), (packed_nbytes(math.prod(shape), bits),))]
-    if scheme.double_quant:
-        from lowbit.quant.nf4 import DQ_BLOCK
-
-        out += [
-            ArraySpec("scale_codes", np.dtype("u1"), (nscale,)),
-            ArraySpec("scale_absmax", np.dtype("<f4"), (-(-nscale // DQ_BLOCK),)),
-            ArraySpec("scale_offset", np.dtype("<f4"), (1,)),
-        ]
-    else:
-        out.append(ArraySpec("scale", _SCALE_DTYPES[scheme.scale_format], layout.scale_shape))
-    if not scheme.symmetric:
-        out.append(ArraySpec("zero_point", np.dtype("u1"), (packed_nbytes(nscale, bits),)))
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,10 +148,6 @@ def write_lowbit_checkpoint(
     Raises:
         LowbitError: an existing folder without ``overwrite``, duplicate names.
     """
-    from lowbit import __version__
-    from lowbit.checkpoints import _safetensors_write as _safetensors
-    from lowbit.checkpoints._atomic import atomic_dir
-
     if max_shard_size <= 0:
         raise LowbitError(f"max_shard_size must be positive, got {max_shard_size}")
     seen: set[str] = set()
@@ -256,8 +203,6 @@ def write_lowbit_checkpoint(
             "tensors": tensors,
         }
         if gguf_metadata_source is not None:
-            from lowbit.checkpoints.gguf_writer import write_gguf
-
             write_gguf(tmp / GGUF_METADATA, {}, source=gguf_metadata_source, progress=False)
         for src, rel in copy_files:
             dest = tmp / rel
@@ -272,15 +217,6 @@ def _write_manifest(folder: Path, doc: dict[str, Any], digests: dict[str, str]) 
     digests were taken while they were written), then the manifest's own digest."""
     doc[_manifest.CHECKSUMS_KEY] = _manifest.record_files(folder, digests)
     (folder / MANIFEST).write_text(_manifest.seal(doc, default=_jsonable))
-
-
-def progress_bar(total: int, progress: bool | None, desc: str, unit: str) -> Any:
-    """A tqdm bar on stderr (``None``: only on a terminal; ``False``: never)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total, desc=desc, unit=unit, disable=None if progress is None else not progress
-    )
 
 
 def _taker(u: Unit, key: str) -> Callable[[], np.ndarray]:
@@ -369,8 +305,6 @@ class LowbitCheckpoint(Checkpoint):
             LowbitError: no manifest, or one that does not pass those checks, naming the file
                 and the field.
         """
-        from lowbit.checkpoints.readers import SafetensorsFile
-
         super().__init__()
         self.path = Path(path)
         doc, expected = _manifest.load(
@@ -390,8 +324,6 @@ class LowbitCheckpoint(Checkpoint):
         _manifest.check_arrays(expected, doc, self._shards, where)
         self.metadata: dict[str, Any] = {}
         if (self.path / GGUF_METADATA).exists():
-            from lowbit.checkpoints import _gguf
-
             meta_file = _manifest.member(self.path, GGUF_METADATA, where, GGUF_METADATA)
             self.metadata = _gguf.parse(meta_file).metadata
 
@@ -449,8 +381,6 @@ class LowbitCheckpoint(Checkpoint):
         Raises:
             LowbitError: the tensor was kept or cast, not quantized.
         """
-        from lowbit.quant.tensor import QuantizedTensor
-
         e = self.entry(name)
         if e["kind"] != "quantized":
             raise LowbitError(f"{self.path}: tensor {name!r} is {e['kind']}, not quantized")
@@ -479,8 +409,6 @@ class LowbitCheckpoint(Checkpoint):
     @property
     def plan(self) -> Any:
         """The :class:`~lowbit.quant.plan.PrecisionPlan` the checkpoint was made with."""
-        from lowbit.quant.plan import PrecisionPlan
-
         return PrecisionPlan.from_dict(self.manifest.get("plan") or {}, where=str(self.path))
 
     def activations(self) -> dict[str, str]:
@@ -520,84 +448,6 @@ class _SourceView(Checkpoint):
 
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
         return self.inner.get(name, dtype)
-
-
-def load_model(
-    path: str | os.PathLike[str], *, activations: bool = True, verify: bool = True, **kwargs: Any
-) -> Any:
-    """A transformers model from a lowbit checkpoint: dequantized weights, eval mode.
-
-    Args:
-        path: the checkpoint folder.
-        activations: simulate the per-token activation quantization the plan asks for
-            (``lowbit.evaluation.activations.fake_quantize_per_token`` on the inputs of those linear
-            layers); False gives the weight-only model.
-        verify: check the manifest's digest and every file's sha256 (see
-            :class:`LowbitCheckpoint`).
-        **kwargs: passed to ``lowbit.evaluation.models.build_model`` (``dtype``, ``strict``, ``progress``).
-
-    Returns:
-        The model; ``model.lowbit_activations`` maps hooked module names to their format.
-
-    Raises:
-        LowbitError: an unreadable checkpoint, or an activation rule on a tensor that is not
-            an ``nn.Linear`` weight.
-    """
-    from lowbit.evaluation.models import build_model
-
-    ckpt = LowbitCheckpoint(path, verify=verify)
-    model = build_model(ckpt.as_source(), **kwargs)
-    hooked: dict[str, str] = {}
-    if activations:
-        hooked = attach_activation_quantization(model, ckpt.activations(), ckpt.source_format)
-    model.lowbit_activations = hooked
-    return model
-
-
-def attach_activation_quantization(
-    model: Any, per_tensor: dict[str, str], source_format: str
-) -> dict[str, str]:
-    """Hook per-token activation quantization onto the linear layers of the given weights.
-
-    Args:
-        model: the transformers model.
-        per_tensor: ``{checkpoint tensor name: activation format}``.
-        source_format: ``gguf`` when the names are llama.cpp's.
-
-    Returns:
-        ``{module name: format}`` of the hooked layers.
-    """
-    if not per_tensor:
-        return {}
-    import torch
-
-    from lowbit.evaluation.activations import fake_quantize_per_token
-
-    modules = dict(model.named_modules())
-    base = getattr(model, "base_model_prefix", "") or ""
-    out: dict[str, str] = {}
-    for name, fmt in per_tensor.items():
-        key = name
-        if source_format == "gguf":
-            from lowbit.evaluation.models import gguf_to_hf_name
-
-            key = gguf_to_hf_name(name)
-        key = key.removesuffix(".weight")
-        found = next(
-            (k for k in (key, f"{base}.{key}", key.removeprefix(f"{base}.")) if k in modules),
-            None,
-        )
-        if found is None or not isinstance(modules[found], torch.nn.Linear):
-            raise LowbitError(
-                f"activation quantization for {name!r}: the model has no linear layer {key!r}"
-            )
-
-        def hook(_m: Any, args: tuple[Any, ...], fmt: str = fmt) -> tuple[Any, ...]:
-            return (fake_quantize_per_token(args[0], fmt), *args[1:])
-
-        modules[found].register_forward_pre_hook(hook)
-        out[found] = fmt
-    return out
 
 
 def iter_dequantized(ckpt: LowbitCheckpoint) -> Iterator[tuple[str, np.ndarray]]:

@@ -9,7 +9,7 @@
 
 Memory stays at about one tensor (its float32 values, their quantized codes and the memory map
 of its bytes, released before the next tensor is read), whatever the checkpoint's size: headers
-are planned from shapes alone (``lowbit.checkpoints.lowbit_format.quantized_arrays``), then each
+are planned from shapes alone (``lowbit.quant.layout.quantized_arrays``), then each
 tensor is read, quantized and written when its bytes are due. Everything is written under a
 temporary name and renamed when complete.
 
@@ -34,13 +34,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lowbit._progress import progress_bar
 from lowbit.checkpoints import _pipeline as qw
+from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints._model_files import model_files
+from lowbit.checkpoints._outputs import check_not_input
 from lowbit.checkpoints._pipeline import output_nbytes
+from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
+from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
 from lowbit.errors import LowbitError
-from lowbit.quant.plan import AppliedPlan, PrecisionPlan, TensorPlan, checkpoint_tensors
+from lowbit.quant.plan import AppliedPlan, PrecisionPlan, TensorPlan
 
 __all__ = [
     "OUT_FORMATS",
+    "checkpoint_tensors",
     "open_model",
     "output_nbytes",
     "plan_model",
@@ -67,8 +76,6 @@ def resolve_model(model: str | os.PathLike[str] | None) -> Path:
         LowbitError: neither an existing path nor a shipped model name.
         ImportError: a shipped model whose package is not installed (says how to install it).
     """
-    from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
-
     if model is None:
         return default_model_path("smollm2")
     p = Path(model)
@@ -83,16 +90,13 @@ def resolve_model(model: str | os.PathLike[str] | None) -> Path:
     )
 
 
-def open_model(model: Any) -> Any:
+def open_model(model: str | os.PathLike[str] | Checkpoint | None) -> Checkpoint:
     """Open a model argument (see :func:`resolve_model`) as a ``Checkpoint`` for reading.
 
     Raises:
         LowbitError: an unreadable checkpoint, or a lowbit checkpoint (quantize its source).
     """
-    from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
-
-    if hasattr(model, "names") and hasattr(model, "get"):
+    if isinstance(model, Checkpoint):
         return model
     path = resolve_model(model)
     if is_lowbit_checkpoint(path):
@@ -103,7 +107,7 @@ def open_model(model: Any) -> Any:
 
 
 def plan_model(
-    checkpoint: Any,
+    checkpoint: Checkpoint,
     plan: PrecisionPlan,
     *,
     out_format: str = "lowbit",
@@ -143,14 +147,12 @@ def plan_model(
 
 
 def quantized_weights(
-    checkpoint: Any, applied: AppliedPlan, *, progress: bool | None = None
+    checkpoint: Checkpoint, applied: AppliedPlan, *, progress: bool | None = None
 ) -> Iterator[tuple[TensorPlan, Any]]:
     """Yield ``(tensor plan, QuantizedTensor)`` for each tensor the plan quantizes, one at a time.
 
     For evaluating a scheme in memory without writing anything.
     """
-    from lowbit.checkpoints.lowbit_format import progress_bar
-
     todo = applied.quantized
     with progress_bar(len(todo), progress, "quantizing", "tensor") as bar:
         for t in todo:
@@ -159,7 +161,7 @@ def quantized_weights(
 
 
 def quantize_model(
-    model: Any,
+    model: str | os.PathLike[str] | Checkpoint | None,
     plan: PrecisionPlan,
     out: str | os.PathLike[str],
     *,
@@ -203,9 +205,6 @@ def quantize_model(
     Warns:
         UserWarning: temporary folders of an interrupted earlier run completed or removed.
     """
-    from lowbit.checkpoints._model_files import model_files
-    from lowbit.checkpoints._outputs import check_not_input
-
     start = time.perf_counter()
     ckpt = open_model(model)
     applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)
@@ -246,3 +245,22 @@ def disk_bytes(path: str | os.PathLike[str]) -> int:
     if p.is_file():
         return p.stat().st_size
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def checkpoint_tensors(checkpoint: Checkpoint) -> list[tuple[Any, ...]]:
+    """``(name, shape, dtype, nbytes, alias)`` of every tensor of an open checkpoint, in file
+    order; ``alias`` is a GGUF tensor's transformers name (so rules may use either), else None."""
+    to_hf = None
+    if getattr(checkpoint, "format", None) == "gguf":
+        to_hf = gguf_to_hf_name
+    out = []
+    for name in checkpoint.names():
+        info = checkpoint.info(name)
+        alias = None
+        if to_hf is not None:
+            try:
+                alias = to_hf(name)
+            except LowbitError:
+                alias = None
+        out.append((name, tuple(info.shape), str(info.dtype), int(info.nbytes), alias))
+    return out

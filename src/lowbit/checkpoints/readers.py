@@ -18,6 +18,7 @@ deals in. The tests check this reader against ``safetensors``' own.
 from __future__ import annotations
 
 import os
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ import numpy as np
 
 from lowbit import _json
 from lowbit.checkpoints import _safetensors
+from lowbit._progress import progress_iter
+from lowbit.checkpoints import _gguf, _safetensors
 from lowbit.errors import LowbitError
 
 
@@ -150,8 +153,7 @@ class Checkpoint(ABC):
                 terminal, ``False`` never.
         """
         todo = self.names() if names is None else list(names)
-        bar = _progress(todo, progress, f"reading {self.path.name}")
-        for name in bar:
+        for name in progress_iter(todo, progress, f"reading {self.path.name}", "tensor"):
             yield name, self.get(name, dtype)
 
     @property
@@ -199,14 +201,6 @@ class Checkpoint(ABC):
         close = difflib.get_close_matches(str(name), self.names(), n=3, cutoff=0.6)
         hint = f"; close names: {', '.join(close)}" if close else ""
         return LowbitError(f"{self.path}: no tensor named {name!r}{hint}")
-
-
-def _progress(items: list[Any], progress: bool | None, desc: str) -> Any:
-    if progress is False:
-        return items
-    from tqdm.auto import tqdm
-
-    return tqdm(items, desc=desc, unit="tensor", disable=None if progress is None else False)
 
 
 def _convert(arr: np.ndarray, dtype: Any) -> np.ndarray:
@@ -390,8 +384,6 @@ class GGUFFile(_Indexed):
     format = "gguf"
 
     def __init__(self, path: Path) -> None:
-        from lowbit.checkpoints import _gguf
-
         super().__init__()
         self.path = path
         self.header = _gguf.parse(path)
@@ -403,77 +395,9 @@ class GGUFFile(_Indexed):
         }
 
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
-        from lowbit.checkpoints import _gguf
-
         self.info(name)
         arr = _gguf.dequantize(self._map(self.path), self.header.tensors[name], self.path)
         return _readonly(_convert(arr, dtype))
 
 
 # --------------------------------------------------------------------------------- entry
-
-
-def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Open a checkpoint for reading, one tensor at a time.
-
-    Args:
-        path: a ``.safetensors`` file, a ``.gguf`` file, a folder holding ``config.json`` and
-            safetensors shards (with ``model.safetensors.index.json`` when sharded), a folder
-            holding exactly one ``.gguf`` file, or a lowbit checkpoint folder (``lowbit.json``;
-            its tensors read back dequantized).
-
-    Returns:
-        A :class:`Checkpoint`.
-
-    Raises:
-        LowbitError: a missing path, a path that is neither a regular file nor a folder (a
-            FIFO, a device), a file that is neither safetensors nor GGUF, a missing or
-            truncated shard, a header that lies about sizes or offsets, an unknown GGUF type.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise LowbitError(f"{p}: no such file or folder")
-    if p.is_dir() and (p / "lowbit.json").is_file():
-        from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
-
-        return LowbitCheckpoint(p)
-    if p.is_dir():
-        has_st = any(p.glob("*.safetensors")) or any(p.glob("*.safetensors.index.json"))
-        ggufs = sorted(p.glob("*.gguf"))
-        if not has_st and len(ggufs) == 1:
-            return GGUFFile(ggufs[0])
-        if not has_st and len(ggufs) > 1:
-            raise LowbitError(
-                f"{p}: several GGUF files ({', '.join(g.name for g in ggufs)}); name one"
-            )
-        return _not_lowbit_shards(HuggingFaceFolder(p))
-    _json.check_regular_file(p)  # a FIFO or device would hang the read below
-    with open(p, "rb") as fh:
-        magic = fh.read(4)
-    if magic == b"GGUF" or p.suffix == ".gguf":
-        return GGUFFile(p)
-    if p.suffix == ".safetensors":
-        return _not_lowbit_shards(SafetensorsFile(p))
-    if p.name.endswith(".safetensors.index.json"):
-        return _not_lowbit_shards(HuggingFaceFolder(p.parent))
-    if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
-        raise LowbitError(f"{p}: a pickle file; lowbit never loads pickles (use safetensors)")
-    raise LowbitError(f"{p}: not a .safetensors, .gguf or model folder")
-
-
-def _not_lowbit_shards(ckpt: Checkpoint) -> Checkpoint:
-    """Refuse safetensors that lowbit wrote as a checkpoint's shards: read without their
-    ``lowbit.json`` they would be packed codes and scales, not the model's tensors."""
-    if ckpt.metadata.get("format") == "lowbit" or "lowbit_format_version" in ckpt.metadata:
-        folder = ckpt.path if ckpt.path.is_dir() else ckpt.path.parent
-        if ckpt.path != folder and (folder / "lowbit.json").is_file():
-            raise LowbitError(
-                f"{ckpt.path}: a shard of the lowbit checkpoint {folder} (packed codes and "
-                f"scales); open the folder, whose lowbit.json says how to decode them"
-            )
-        raise LowbitError(
-            f"{ckpt.path}: safetensors written by lowbit as a quantized checkpoint's shards "
-            f"(packed codes and scales), but {folder} has no lowbit.json to decode them; "
-            f"restore the manifest or quantize the source model again"
-        )
-    return ckpt

@@ -27,6 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints import _gguf
+from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
+from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.opener import open_checkpoint
+from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, _read_config
 from lowbit.errors import LowbitError
 
 __all__ = ["verify_checkpoint"]
@@ -49,8 +54,6 @@ def verify_checkpoint(path: str | os.PathLike[str], *, hashes: bool = True) -> d
     Raises:
         LowbitError: the first problem found, naming the file and what is wrong.
     """
-    from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
-
     p = Path(path)
     if not p.exists():
         raise LowbitError(f"{p}: no such file or folder")
@@ -70,9 +73,6 @@ def verify_checkpoint(path: str | os.PathLike[str], *, hashes: bool = True) -> d
 
 
 def _lowbit(p: Path, hashes: bool) -> dict[str, Any]:
-    from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
-
     with LowbitCheckpoint(p, verify=hashes) as ckpt:
         kinds: dict[str, int] = {}
         for name in ckpt.names():
@@ -121,8 +121,6 @@ def _lowbit(p: Path, hashes: bool) -> dict[str, Any]:
 
 def _ct_config(folder: Path) -> dict[str, Any] | None:
     """``config.json``'s quantization_config if it names compressed-tensors, else None."""
-    from lowbit.checkpoints.readers import _read_config
-
     cfg = _read_config(folder / "config.json")
     qc = (cfg or {}).get("quantization_config")
     if isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors":
@@ -226,7 +224,7 @@ def _ct_candidates(
     ]
 
 
-def _ct_check_weight(ckpt: Any, module: str, g: dict[str, Any]) -> str | None:
+def _ct_check_weight(ckpt: Checkpoint, module: str, g: dict[str, Any]) -> str | None:
     """What is wrong with one quantized weight under a group's scheme (None: nothing)."""
     names = set(ckpt.names())
     bits, fmt = g["bits"], g["format"]
@@ -292,8 +290,6 @@ def _ct_check_weight(ckpt: Any, module: str, g: dict[str, Any]) -> str | None:
 
 
 def _compressed_tensors(p: Path) -> dict[str, Any]:
-    from lowbit.checkpoints.readers import HuggingFaceFolder
-
     where = str(p / "config.json")
     qc = _ct_config(p)
     assert qc is not None
@@ -351,8 +347,6 @@ def _compressed_tensors(p: Path) -> dict[str, Any]:
 
 
 def _gguf_file(p: Path) -> dict[str, Any]:
-    from lowbit.checkpoints import _gguf
-
     header = _gguf.parse(p)
     types: dict[str, int] = {}
     for t in header.tensors.values():
@@ -377,8 +371,6 @@ def _gguf_file(p: Path) -> dict[str, Any]:
 
 
 def _plain(p: Path) -> dict[str, Any]:
-    from lowbit.checkpoints.readers import open_checkpoint
-
     ckpt = open_checkpoint(p)
     if ckpt.format == "gguf":  # a folder holding one .gguf
         return _gguf_file(ckpt.path)

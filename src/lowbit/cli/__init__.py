@@ -13,7 +13,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from lowbit import __version__
+from lowbit._version import __version__
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.errors import LowbitError
+from lowbit.errors import LowbitError, UnderflowWarning
 
 #: The largest --seed: numpy's generators take any size, torch.manual_seed 0 .. 2**64 - 1,
 #: and train-lab seeds a second generator with seed + 1.
@@ -157,8 +157,6 @@ def warnings_as_lines(command: str) -> Iterator[None]:
     """Print lowbit's :class:`~lowbit.errors.UnderflowWarning` s raised inside as one line
     each on stderr (``lowbit CMD: warning: ...``), once per distinct message, also when the
     command then fails. Other warnings keep Python's handling."""
-    from lowbit.errors import UnderflowWarning
-
     shown = warnings.showwarning
     seen: list[str] = []
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import lowbit
+from lowbit.checkpoints._outputs import save_figure
 from lowbit.cli import _common
 from lowbit.cli.cmd_quantize_tensor import add_scheme_options, build_scheme
 from lowbit.errors import LowbitError
@@ -197,8 +199,6 @@ def _plot(
     ax2.set_ylabel("count")
     ax2.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    from lowbit.checkpoints._outputs import save_figure
-
     try:
         save_figure(fig, path, overwrite=overwrite, dpi=120)
     finally:

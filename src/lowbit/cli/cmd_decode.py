@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lowbit.cli import _common
+from lowbit.formats import explain
 
 _EPILOG = """\
 CODE is the bit pattern as an unsigned integer: hex (0x7e), binary (0b01111110) or

@@ -6,8 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
+from lowbit.evaluation.variants import evaluate_variants
 
 _EPILOG = """\
 MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2
@@ -65,8 +67,6 @@ def register(sub: Any) -> None:
 
 def split_paths(paths: list[str]) -> tuple[str | None, list[str]]:
     """(MODEL, QUANTIZED...): a lowbit checkpoint first means its source is the model."""
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
-
     if not paths:
         return None, []
     first = paths[0]
@@ -82,8 +82,6 @@ def split_paths(paths: list[str]) -> tuple[str | None, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.evaluation.variants import evaluate_variants
-
     for opt in ("tokens", "window", "sentences", "threads"):
         v = getattr(args, opt)
         if v is not None and v < 1:

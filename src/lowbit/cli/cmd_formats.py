@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from lowbit.cli import _common
+from lowbit.formats.catalog import ALIASES, FORMATS
 
 _EPILOG = """\
 columns:
@@ -66,8 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.formats.catalog import ALIASES, FORMATS
-
     formats = [f for f in FORMATS.values() if args.kind in (None, f.kind)]
     if args.json:
         aliases: dict[str, list[str]] = {}

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from lowbit.cli import _common
+from lowbit.planning.hardware import PRECISION_KEYS, load_hardware, select_devices
 
 
 def register(sub: Any) -> None:
@@ -24,8 +25,6 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.planning.hardware import PRECISION_KEYS, load_hardware, select_devices
-
     devices = select_devices(args.devices or None, load_hardware(args.hardware_file))
     if args.json:
         _common.print_json([d.to_dict() for d in devices])

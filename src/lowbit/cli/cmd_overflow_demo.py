@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lowbit.cli import _common
+from lowbit.training.overflow import overflow_table
 
 _EPILOG = """\
 cells:
@@ -60,7 +61,6 @@ def _cell(r: dict, fmax: float, colour: bool) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.training.overflow import overflow_table
 
     table = overflow_table(_common.parse_names(args.formats, "--formats"), saturate=args.saturate)
     if args.json:

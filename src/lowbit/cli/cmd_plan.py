@@ -6,7 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints._outputs import save_figure
 from lowbit.cli import _common
+from lowbit.errors import LowbitError
+from lowbit.planning.archs import parse_params
+from lowbit.planning.estimate import plan
+from lowbit.planning.hardware import load_hardware, select_devices
 from lowbit.quant.rules import action_label
 
 _EPILOG = """\
@@ -87,21 +92,15 @@ def register(sub: Any) -> None:
 
 
 def _model_arg(args: argparse.Namespace) -> Any:
-    from lowbit.errors import LowbitError
-
     given = [x for x in (args.model, args.params, args.config) if x]
     if len(given) != 1:
         raise LowbitError("give exactly one model: MODEL, --params N or --config FILE")
     if args.params:
-        from lowbit.planning.archs import parse_params
-
         return parse_params(args.params)
     return args.config or args.model
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.planning.estimate import plan
-    from lowbit.planning.hardware import load_hardware, select_devices
 
     names = _common.parse_names(args.devices, "--devices")
     devices = None if not names or names == ["all"] else names
@@ -375,8 +374,6 @@ def _plot(p: Any, out: Path, devices: list[Any], overwrite: bool) -> None:
     ax.set_title(f"{p.model.name}: memory by precision{ctx}", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    from lowbit.checkpoints._outputs import save_figure
-
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         save_figure(fig, out, overwrite=overwrite, dpi=120)

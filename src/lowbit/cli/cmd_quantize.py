@@ -9,9 +9,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
+from lowbit.checkpoints.readers import Checkpoint
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
-from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.plan import AppliedPlan, PrecisionPlan
 from lowbit.quant.rules import activation_format, parse_action
 
 _EPILOG = """\
@@ -156,13 +158,6 @@ def _mb(n: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.checkpoints.quantize_model import (
-        open_model,
-        output_nbytes,
-        plan_model,
-        quantize_model,
-    )
-
     progress = False if args.no_progress or args.json else None
     plan = build_plan(args)
     ckpt = open_model(args.model)
@@ -229,7 +224,11 @@ def _print_warnings(args: argparse.Namespace, caught: list[Any]) -> None:
 
 
 def _print_plan(
-    args: argparse.Namespace, ckpt: Any, applied: Any, sizes: list[int], totals: dict[str, Any]
+    args: argparse.Namespace,
+    ckpt: Checkpoint,
+    applied: AppliedPlan,
+    sizes: list[int],
+    totals: dict[str, Any],
 ) -> int:
     if args.json:
         doc = applied.to_dict()

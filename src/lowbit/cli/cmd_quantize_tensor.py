@@ -9,6 +9,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lowbit
+from lowbit.checkpoints._outputs import output_file, writer_metadata
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.quant.scheme import Cast, Granularity, Scheme
@@ -191,8 +193,6 @@ def save_quantized(
         from safetensors.numpy import save_file
     except ImportError:  # pragma: no cover
         raise ImportError("writing .safetensors needs: pip install 'lowbit[models]'") from None
-    from lowbit.checkpoints._outputs import output_file, writer_metadata
-
     if not out.strip():
         raise LowbitError("--out is empty; give a .safetensors file to write")
     arrays, meta = qt.to_arrays(prefix=name + ".")
@@ -206,8 +206,6 @@ def save_quantized(
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
-
-    import lowbit
 
     arr, name = load_tensor(args.source)
     scheme = build_scheme(args.to, args, tuple(np.shape(arr)))

@@ -9,6 +9,11 @@ import textwrap
 from typing import Any
 
 from lowbit.cli import _common
+from lowbit.enums import as_rounding
+from lowbit.formats import explain
+from lowbit.formats.catalog import FORMATS
+from lowbit.formats.catalog import format as get_format
+from lowbit.formats.explain import exact_decimal
 
 _EPILOG = """\
 VALUE is read as the nearest float64 (its exact decimal expansion is printed first),
@@ -165,8 +170,6 @@ def _row(r: dict[str, Any], colour: bool) -> list[str]:
 
 def _value(v: float) -> str:
     """Exact when short, else 10 significant digits marked ≈ (--json has it exactly)."""
-    from lowbit.formats.explain import exact_decimal
-
     exact = exact_decimal(v)
     digits = len(exact.lstrip("-").replace(".", "").lstrip("0"))
     if digits <= 12 and "E" not in exact:

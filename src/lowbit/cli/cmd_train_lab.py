@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from lowbit.checkpoints._outputs import check_output
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 
@@ -156,7 +157,6 @@ def _check_outputs(args: argparse.Namespace, names: list[str]) -> None:
     """Refuse a --plot or --save-dir file that may not be written, before training."""
     from pathlib import Path
 
-    from lowbit.checkpoints._outputs import check_output
     from lowbit.training.recipes import get_recipe
 
     if args.plot is not None:

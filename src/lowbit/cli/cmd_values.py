@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from lowbit.cli import _common
+from lowbit.formats import explain
+from lowbit.formats.catalog import format as get_format
 
 _EPILOG = """\
 Lists formats of at most 8 bits (256 codes), in ascending order of value, -0 before +0;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lowbit.checkpoints.verify import verify_checkpoint
 from lowbit.cli import _common
 
 _EPILOG = """\
@@ -49,8 +50,6 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.checkpoints.verify import verify_checkpoint
-
     report = verify_checkpoint(args.path, hashes=not args.no_hash)
     if args.json:
         _common.print_json({"ok": True, **report})

@@ -4,10 +4,13 @@
   (numpy), in cache-sized chunks.
 - :mod:`~lowbit.codecs._numba` and :mod:`~lowbit.codecs._kernels`: the same codec compiled with
   numba when it is installed (bit for bit the numpy path's results).
+- :mod:`~lowbit.codecs._common`: what both paths share (errors, value tables, and
+  :class:`~lowbit.codecs._common.FloatFields`, the fields a codec reads of a format).
 - :mod:`~lowbit.codecs.packing`: sub-byte codes packed into bytes, one documented bit order.
 
-Formats (:mod:`lowbit.formats`) call down into these for their array methods; nothing here
-knows about scales or tensors (that is :mod:`lowbit.quant`).
+The codecs sit below the formats: :mod:`lowbit.formats` calls down into them for its array
+methods, and they import no format class (only :mod:`lowbit.enums`). Nothing here knows
+about scales or tensors (that is :mod:`lowbit.quant`).
 """
 
 from __future__ import annotations

@@ -348,6 +348,13 @@ def _build(path: str, mode: int, kind: int) -> Any:
 
 
 @njit(cache=True, nogil=True)
+def _pack4_kernel(c, out):  # type: ignore[no-untyped-def]
+    """Two 4-bit codes per byte, element 0 in the low nibble (``packing``'s order)."""
+    for i in range(c.size // 2):
+        out[i] = np.uint8(c[2 * i] | (c[2 * i + 1] << np.uint8(4)))
+
+
+@njit(cache=True, nogil=True)
 def _take_kernel(table, codes, out):  # type: ignore[no-untyped-def]
     """``out[i] = table[codes[i]]`` (tables and out as unsigned ints of one width)."""
     for i in range(codes.size):

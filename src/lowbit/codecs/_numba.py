@@ -30,28 +30,28 @@ are in ``lowbit.codecs._kernels``.
 from __future__ import annotations
 
 import contextlib
-from functools import lru_cache
+import importlib.util
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
 
-from lowbit._parallel import Switch
+from lowbit._parallel import Switch, map_chunks, threads
+from lowbit.codecs._common import nan_error, negative_error, value_table
+from lowbit.errors import NaNPolicyError
 
-try:  # numba is the optional extra ``lowbit[fast]``
-    import numba  # noqa: F401
+# numba is the optional extra ``lowbit[fast]``. Importing it costs a good part of a second, so
+# it is only looked for here; the kernels (and numba) load when the first one is used.
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised where numba is not installed
-    HAVE_NUMBA = False
 
-if HAVE_NUMBA:
-    from lowbit.codecs._kernels import (
-        _e8m0_decode,
-        _ieee_decode,
-        _kernel,
-        _take_kernel,
-        _wide_decode,
-    )
+@cache
+def _k() -> Any:
+    """``lowbit.codecs._kernels``, imported (with numba) on first use."""
+    from lowbit.codecs import _kernels  # needs numba, the optional extra
+
+    return _kernels
+
 
 _numpy_only = Switch()
 
@@ -74,8 +74,6 @@ def _split(call: Any, n: int) -> bool:
     ``lowbit._parallel`` when there are at least two pieces of ``_PIECE`` elements; whether
     any call returned true (a NaN seen). Pieces are element ranges, so results do not
     depend on the split."""
-    from lowbit._parallel import map_chunks, threads
-
     pieces = min(threads(), n // _PIECE)
     if pieces < 2:
         return bool(call(0, n))
@@ -288,24 +286,22 @@ def encode_float(
     wide = _wide_params(fmt, saturate) if x.dtype == np.float32 and mode != 5 else None
     p32 = _round32_params(fmt, mode) if x.dtype == np.float32 and wide is None else None
     if wide is not None:
-        k = _kernel("wide", kmode, 0)
+        k = _k()._kernel("wide", kmode, 0)
         has_nan = _split(lambda a, b: k(x[a:b], out[a:b], wide, mode), x.size)
     elif p32 is not None:
-        k = _kernel("32", kmode, _kind(fmt))
+        k = _k()._kernel("32", kmode, _kind(fmt))
         has_nan = _split(lambda a, b: k(x[a:b], out[a:b], p32, tail, mode), x.size)
     else:
         if rbits is None:
             rbits = np.zeros(1, dtype=np.uint64)
         kmode = 5 if mode == 5 else -1
-        k = _kernel("64", kmode, 0)
+        k = _k()._kernel("64", kmode, 0)
         P64 = _round64_params(fmt, mode)
         rb = rbits
         has_nan = _split(
             lambda a, b: k(x[a:b], out[a:b], rb if rb.size == 1 else rb[a:b], P64, tail, mode),
             x.size,
         )
-    from lowbit.codecs.vectorised import nan_error, negative_error
-
     if nan_check and has_nan:
         raise nan_error(fmt)
     if neg_check and (x < 0).any():  # unsigned formats without NaN only: rare
@@ -341,7 +337,7 @@ def encode_int(
         return False
     if rbits is None:
         rbits = np.zeros(1, dtype=np.uint64)
-    kernel = _kernel("int", 0 if mode == 0 else -1, 0)
+    kernel = _k()._kernel("int", 0 if mode == 0 else -1, 0)
     rb = rbits
     lo, hi = float(fmt.min), float(fmt.max)
     seen_nan = _split(
@@ -351,8 +347,6 @@ def encode_int(
         x.size,
     )
     if nan_check and seen_nan:
-        from lowbit.errors import NaNPolicyError
-
         raise NaNPolicyError(f"input contains NaN and {fmt.name} has no NaN code; pass nan='zero'")
     return True
 
@@ -370,23 +364,33 @@ def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
     if not enabled():
         return None
     if dtype == np.float32 and _wide_params(fmt, False) is not None:
-        out = _decode_with(_wide_decode, codes, fmt.code_dtype, np.float32, 23 - fmt.mbits)
+        out = _decode_with(_k()._wide_decode, codes, fmt.code_dtype, np.float32, 23 - fmt.mbits)
     elif fmt.bits > 16:
         return None
     elif dtype == np.float32 and _is_e8m0(fmt):
-        out = _decode_with(_e8m0_decode, codes, np.uint8, np.float32)
+        out = _decode_with(_k()._e8m0_decode, codes, np.uint8, np.float32)
     elif dtype == np.float32 and _ieee_decode_params(fmt) is not None:
-        out = _decode_with(_ieee_decode, codes, np.uint16, np.float32, _ieee_decode_params(fmt))
+        out = _decode_with(
+            _k()._ieee_decode, codes, np.uint16, np.float32, _ieee_decode_params(fmt)
+        )
     else:
-        from lowbit.codecs.vectorised import value_table
-
         table = value_table(fmt, dtype)
         if table.itemsize not in (2, 4, 8):
             return None
         uint = np.dtype(f"u{table.itemsize}")
         narrow = np.uint8 if fmt.bits <= 8 and codes.dtype != np.uint16 else np.uint16
-        out = _decode_with(_take_kernel, codes, narrow, table.dtype, table.view(uint))
+        out = _decode_with(_k()._take_kernel, codes, narrow, table.dtype, table.view(uint))
     return out[()] if out.ndim == 0 and fmt.bits <= 16 else out
+
+
+def pack4(flat: np.ndarray) -> np.ndarray | None:
+    """Two uint8 4-bit codes per byte, element 0 in the low nibble (``packing``'s order),
+    for an even count; None where the kernel does not apply."""
+    if not enabled() or flat.dtype != np.uint8 or flat.size % 2 or flat.ndim != 1:
+        return None
+    out = np.empty(flat.size // 2, dtype=np.uint8)
+    _k()._pack4_kernel(np.ascontiguousarray(flat), out)
+    return out
 
 
 def _decode_with(kernel: Any, codes: np.ndarray, code_dtype: Any, dtype: Any, *args: Any) -> Any:
@@ -396,7 +400,7 @@ def _decode_with(kernel: Any, codes: np.ndarray, code_dtype: Any, dtype: Any, *a
     if flat.dtype != code_dtype:
         flat = flat.astype(code_dtype)
     out = np.empty(flat.size, dtype=dtype)
-    if kernel is _take_kernel:
+    if kernel is _k()._take_kernel:
         bits = out.view(args[0].dtype)
         _split(lambda a, b: kernel(args[0], flat[a:b], bits[a:b]), flat.size)
     else:

@@ -39,15 +39,14 @@ from __future__ import annotations
 
 import threading
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from lowbit.formats.enums import Inf, NaN, Rounding
-
-if TYPE_CHECKING:
-    from lowbit.formats.floats import FloatFormat
+from lowbit._parallel import map_chunks, threads
+from lowbit.codecs._common import FloatFields
+from lowbit.enums import Inf, NaN, Rounding
 
 _CHUNK = 1 << 15  # elements per step of the keyed encoder: input, keys, codes stay in L2
 _STEP = 1 << 16  # elements per step of lookups and casts (one pass each: larger steps)
@@ -99,7 +98,7 @@ def _worth_a_table(key: tuple[Any, ...], n: int, entries: int) -> bool:
 
 
 @lru_cache(maxsize=512)
-def key_prefix(fmt: FloatFormat, dtype: np.dtype) -> int | None:
+def key_prefix(fmt: FloatFields, dtype: np.dtype) -> int | None:
     """The fewest top bits (16 to 20) of a ``dtype`` input (float32 or float64) that hold
     every point at which ``fmt``'s codes can change, the bits below them zero; None if
     more are needed.
@@ -130,7 +129,7 @@ def key_prefix(fmt: FloatFormat, dtype: np.dtype) -> int | None:
     return None
 
 
-def _general(fmt: FloatFormat, x: np.ndarray, mode: Rounding, saturate: bool) -> np.ndarray:
+def _general(fmt: FloatFields, x: np.ndarray, mode: Rounding, saturate: bool) -> np.ndarray:
     """The general chunk loop's codes of ``x`` (no NaN or sign checks)."""
     from lowbit.codecs.vectorised import _encode_general
 
@@ -158,7 +157,7 @@ def _representatives(dtype: np.dtype, prefix: int, unsigned_only: bool) -> np.nd
 
 
 def _table(
-    fmt: FloatFormat, mode: Rounding, saturate: bool, dtype: np.dtype, prefix: int
+    fmt: FloatFields, mode: Rounding, saturate: bool, dtype: np.dtype, prefix: int
 ) -> np.ndarray:
     """Codes of every table entry for inputs of ``dtype``."""
     unsigned_only = not fmt.signed and not fmt.has_nan and not saturate
@@ -166,8 +165,6 @@ def _table(
 
 
 def _pieces(n: int) -> list[tuple[int, int]]:
-    from lowbit._parallel import threads
-
     parts = max(1, min(threads(), n // _PIECE))
     step = -(-n // parts)
     step = -(-step // _STEP) * _STEP  # whole steps per piece
@@ -176,8 +173,6 @@ def _pieces(n: int) -> list[tuple[int, int]]:
 
 def _run(work: Any, n: int) -> list[Any]:
     """``work(a, b)`` over pieces of ``range(n)``, on threads when there are several."""
-    from lowbit._parallel import map_chunks
-
     pieces = _pieces(n)
     if len(pieces) == 1:
         return [work(*pieces[0])]
@@ -244,7 +239,7 @@ def _lookup_encode(
 
 
 def _cast_encode(
-    fmt: FloatFormat, peer: np.dtype, saturate: bool, x: np.ndarray, out: np.ndarray
+    fmt: FloatFields, peer: np.dtype, saturate: bool, x: np.ndarray, out: np.ndarray
 ) -> tuple[bool, bool]:
     """Codes of float32 ``x`` by the peer's nearest-even cast (see the module docstring)."""
     view = out.view(peer)
@@ -263,7 +258,7 @@ def _cast_encode(
     return False, False
 
 
-def _cast_peer(fmt: FloatFormat, mode: Rounding) -> np.dtype | None:
+def _cast_peer(fmt: FloatFields, mode: Rounding) -> np.dtype | None:
     """The dtype whose float32 cast is lowbit's encode of ``fmt``, or None."""
     ieee = fmt.signed and fmt.subnormals and fmt.inf is Inf.IEEE and fmt.nan is NaN.IEEE
     if mode is not Rounding.NEAREST_EVEN or not ieee:
@@ -272,7 +267,7 @@ def _cast_peer(fmt: FloatFormat, mode: Rounding) -> np.dtype | None:
 
 
 def encode(
-    fmt: FloatFormat,
+    fmt: FloatFields,
     x: np.ndarray,
     mode: Rounding,
     saturate: bool,
@@ -335,7 +330,7 @@ def encode(
     return out
 
 
-def decode(fmt: FloatFormat, codes: np.ndarray, table: np.ndarray) -> np.ndarray:
+def decode(fmt: FloatFields, codes: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Values of validated codes (uint8/uint16/intp) of a format of at most 16 bits,
     looked up in ``table`` (``vectorised.value_table``), in chunks."""
     if codes.ndim == 0 or codes.size < _CHUNK:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import code_dtype
+from lowbit.codecs import _numba as _fast
 from lowbit.errors import CodeRangeError, LowbitError
 
 _SUPPORTED = (*range(1, 9), 16, 32)
@@ -80,9 +81,7 @@ def _pack_unchecked(flat: np.ndarray, bits: int) -> np.ndarray:
         return flat.astype(f"<u{bits // 8}").view(np.uint8).copy()
     if bits == 4:
         c = flat.astype(np.uint8, copy=False)
-        from lowbit.quant import _numba as _fastquant
-
-        fast = _fastquant.pack4(c)
+        fast = _fast.pack4(c)
         if fast is not None:
             return fast
         out = np.empty((n + 1) // 2, dtype=np.uint8)

@@ -16,17 +16,16 @@ against ``lowbit.formats.reference``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from lowbit._arrays import _from_torch, as_float64, check_random_bits, random_bits
-from lowbit.errors import LowbitError, NaNPolicyError
-from lowbit.formats.enums import Inf, NaN, Rounding, as_rounding
-
-if TYPE_CHECKING:
-    from lowbit.formats.floats import FloatFormat
+from lowbit.codecs import _numba as _fast
+from lowbit.codecs._common import FloatFields, nan_error, negative_error, value_table
+from lowbit.enums import Inf, NaN, Rounding, as_rounding
+from lowbit.errors import LowbitError
 
 CHUNK = 1 << 15
 _U = np.uint64
@@ -74,24 +73,8 @@ def as_float_input(x: Any) -> np.ndarray:
     return as_float64(arr)
 
 
-def nan_error(fmt: FloatFormat) -> NaNPolicyError:
-    """The error for NaN input to a format without NaN under ``nan="raise"``."""
-    return NaNPolicyError(
-        f"input contains NaN and {fmt.name} has no NaN code; pass nan='zero' to write "
-        "+0 instead, or remove the NaNs"
-    )
-
-
-def negative_error(fmt: FloatFormat) -> LowbitError:
-    """The error for negative input to an unsigned format without NaN (not saturating)."""
-    return LowbitError(
-        f"negative input for the unsigned format {fmt.name}, which has no NaN; "
-        "pass saturate=True to clamp to its smallest value"
-    )
-
-
 def encode_float(
-    fmt: FloatFormat,
+    fmt: FloatFields,
     x: np.ndarray,
     *,
     rounding: str | Rounding,
@@ -114,8 +97,6 @@ def encode_float(
             wide = np.clip(wide, -fmt.max, fmt.max)
         return wide.view(_U).reshape(shape).copy()  # float64 itself: exact
     rbits = prepare_random(mode, shape, seed, random_bits)
-    from lowbit.codecs import _numba as _fast
-
     out = np.empty(flat.size, dtype=fmt.code_dtype)
     kernel_input = flat if flat.dtype != np.float16 and flat.dtype != _BF16 else None
     if kernel_input is None and _fast.enabled():
@@ -144,7 +125,7 @@ def encode_float(
 
 
 def _encode_general(
-    fmt: FloatFormat,
+    fmt: FloatFields,
     flat: np.ndarray,
     mode: Rounding,
     saturate: bool,
@@ -177,7 +158,7 @@ def _widen(x: np.ndarray) -> np.ndarray:
 
 
 def _encode_chunk(
-    fmt: FloatFormat, x: np.ndarray, mode: Rounding, saturate: bool, rbits: np.ndarray | None
+    fmt: FloatFields, x: np.ndarray, mode: Rounding, saturate: bool, rbits: np.ndarray | None
 ) -> np.ndarray:
     m, bias, emin = fmt.mbits, fmt.bias, fmt.emin
     u = x.view(_U)
@@ -268,7 +249,7 @@ def _encode_chunk(
     return code.astype(fmt.code_dtype)
 
 
-def _signed_nan(fmt: FloatFormat, neg: np.ndarray) -> np.ndarray:
+def _signed_nan(fmt: FloatFields, neg: np.ndarray) -> np.ndarray:
     """The NaN code for each element, with its sign where the NaN code has one (IEEE and
     S.1..1 NaNs keep the sign of the NaN or overflow, as ml_dtypes and numpy do)."""
     nan_code = _U(fmt.nan_code)
@@ -292,7 +273,7 @@ def _tiny_threshold(sig: np.ndarray, shift: np.ndarray) -> np.ndarray:
 
 
 def _patch_no_subnormal_zone(
-    fmt: FloatFormat,
+    fmt: FloatFields,
     x: np.ndarray,
     neg: np.ndarray,
     mag: np.ndarray,
@@ -334,7 +315,7 @@ def _patch_no_subnormal_zone(
     return np.where(zone, up.astype(np.int64), mag)
 
 
-def decode_float_arith(fmt: FloatFormat, codes: np.ndarray) -> np.ndarray:
+def decode_float_arith(fmt: FloatFields, codes: np.ndarray) -> np.ndarray:
     """Values of codes (uint64 array) as float64, by arithmetic on the bit fields."""
     codes = codes.astype(_U, copy=False)
     m, mb = fmt.mbits, fmt.magnitude_bits
@@ -368,24 +349,8 @@ def decode_float_arith(fmt: FloatFormat, codes: np.ndarray) -> np.ndarray:
     return val
 
 
-_TABLES: dict[tuple[FloatFormat, np.dtype], np.ndarray] = {}
-
-
-def value_table(fmt: FloatFormat, dtype: np.dtype) -> np.ndarray:
-    """Value of every code of a format of at most 16 bits, in ``dtype`` (cached)."""
-    key = (fmt, dtype)  # not dtype.str: ml_dtypes' float8 types all read "<V1"
-    table = _TABLES.get(key)
-    if table is None:
-        table = fmt._table64.astype(dtype)
-        table.setflags(write=False)
-        _TABLES[key] = table
-    return table
-
-
-def decode_float(fmt: FloatFormat, codes: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def decode_float(fmt: FloatFields, codes: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Values of validated codes (any integer dtype) in ``dtype``."""
-    from lowbit.codecs import _numba as _fast
-
     fast = _fast.decode_float(fmt, codes, dtype)
     if fast is not None:
         return fast

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._progress import progress_bar
 from lowbit.errors import LowbitError
 from lowbit.evaluation.activations import simulate_activations
 from lowbit.evaluation.perplexity import (
-    _bar,
     _fidelity_sentences,
     _log_probs,
     _nearest,
@@ -127,7 +127,7 @@ def compare_causal(
     ref_secs = 0.0
     scored = 0
     start = time.perf_counter()
-    bar = _bar(len(ids) * (n + 1), progress, "evaluating", "tok")
+    bar = progress_bar(len(ids) * (n + 1), progress, "evaluating", "tok")
     with _threads(threads) as used_threads, torch.inference_mode(), bar:
         for begin, end, first in spans:
             inp = tokens[begin:end].unsqueeze(0)

@@ -28,14 +28,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from lowbit.errors import LowbitError
+from lowbit.formats.catalog import format as get_format
 
 __all__ = ["fake_quantize_per_token", "simulate_activations"]
 
 
 def _resolve(fmt: Any) -> Any:
-    import lowbit
-
-    f = lowbit.format(fmt) if isinstance(fmt, str) else fmt
+    f = get_format(fmt) if isinstance(fmt, str) else fmt
     kind = getattr(f, "kind", None)
     if kind == "int" and f.bits <= 16:
         return f

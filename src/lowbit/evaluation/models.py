@@ -17,68 +17,26 @@ Everything runs offline: configs and tokenizers come from the files, never from 
 
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.readers import Checkpoint, _progress
+from lowbit._progress import progress_iter
+from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.names import _GGUF_ARCHS, gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.opener import open_checkpoint
+from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
+from lowbit.evaluation.activations import fake_quantize_per_token
 
 __all__ = [
+    "attach_activation_quantization",
     "build_model",
-    "build_tokenizer",
-    "gguf_to_hf_name",
     "hf_tensors",
-    "unpermute_qk",
+    "load_model",
 ]
-
-# ------------------------------------------------------------------------ GGUF -> HF
-
-# llama.cpp tensor names (gguf-py/gguf/tensor_mapping.py, LLAMA) -> transformers' LlamaModel names
-_GGUF_LLAMA_NAMES = [
-    (r"token_embd\.weight", "model.embed_tokens.weight"),
-    (r"output_norm\.weight", "model.norm.weight"),
-    (r"output\.weight", "lm_head.weight"),
-    (r"blk\.(\d+)\.attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
-    (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
-    (r"blk\.(\d+)\.attn_q\.(weight|bias)", r"model.layers.\1.self_attn.q_proj.\2"),
-    (r"blk\.(\d+)\.attn_k\.(weight|bias)", r"model.layers.\1.self_attn.k_proj.\2"),
-    (r"blk\.(\d+)\.attn_v\.(weight|bias)", r"model.layers.\1.self_attn.v_proj.\2"),
-    (r"blk\.(\d+)\.attn_output\.(weight|bias)", r"model.layers.\1.self_attn.o_proj.\2"),
-    (r"blk\.(\d+)\.ffn_gate\.weight", r"model.layers.\1.mlp.gate_proj.weight"),
-    (r"blk\.(\d+)\.ffn_up\.weight", r"model.layers.\1.mlp.up_proj.weight"),
-    (r"blk\.(\d+)\.ffn_down\.weight", r"model.layers.\1.mlp.down_proj.weight"),
-]
-_GGUF_ARCHS = ("llama",)
-
-
-def gguf_to_hf_name(name: str) -> str:
-    """The transformers ``LlamaForCausalLM`` name of a llama.cpp GGUF tensor.
-
-    Raises:
-        LowbitError: a tensor with no llama counterpart (e.g. ``rope_freqs.weight``).
-    """
-    for pattern, repl in _GGUF_LLAMA_NAMES:
-        if re.fullmatch(pattern, name):
-            return re.sub(pattern, repl, name)
-    raise LowbitError(f"GGUF tensor {name!r} has no counterpart in a transformers llama model")
-
-
-def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's reordering of q/k projection rows (convert_hf_to_gguf.py ``permute``).
-
-    Hugging Face's rotary embedding pairs row i with row i + d/2 of each head (``rotate_half``);
-    llama.cpp pairs rows 2i and 2i+1. The converter reorders each head's rows from
-    [r_0 .. r_{d/2-1}, s_0 .. s_{d/2-1}] to [r_0, s_0, r_1, s_1, ...]; this puts them back.
-    Works on weights (rows, cols) and biases (rows,).
-    """
-    rows = w.shape[0]
-    if rows % (2 * n_head):
-        raise LowbitError(f"cannot split {rows} q/k rows into {n_head} heads of rotary pairs")
-    half = rows // n_head // 2
-    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def hf_tensors(
@@ -104,7 +62,7 @@ def hf_tensors(
     is_gguf = checkpoint.format == "gguf"
     cfg = checkpoint.config or {}
     names = checkpoint.names()
-    for name in _progress(names, progress, f"loading {checkpoint.path.name}"):
+    for name in progress_iter(names, progress, f"loading {checkpoint.path.name}", "tensor"):
         arr = weights[name] if name in weights else checkpoint.get(name)
         arr = np.asarray(arr, dtype=np.float32)
         if not is_gguf:
@@ -302,71 +260,83 @@ def _mismatch_message(
     return "; ".join(parts) + " (strict=False loads what matches)"
 
 
-# -------------------------------------------------------------------------- tokenizer
+# -------------------------------------------------------------------- load_model
 
 
-def build_tokenizer(checkpoint: Checkpoint) -> Any:
-    """The tokenizer that goes with a checkpoint, built offline.
+def load_model(
+    path: str | os.PathLike[str], *, activations: bool = True, verify: bool = True, **kwargs: Any
+) -> Any:
+    """Build a runnable transformers model (eval mode, float32) from a checkpoint.
 
-    A GGUF with a byte-level BPE vocabulary (``tokenizer.ggml.model == "gpt2"``, as SmolLM2)
-    gets a ``tokenizers`` BPE built from its vocabulary and merges, the same tokenizer
-    transformers builds from the file (GGUF control tokens are special tokens) in a fraction of
-    the time; other GGUF vocabularies go through transformers' own GGUF conversion. A folder
-    uses its ``tokenizer.json`` / ``tokenizer_config.json``.
+    Any checkpoint ``open_checkpoint`` reads gives ``build_model(open_checkpoint(path),
+    **kwargs)``. A lowbit quantized checkpoint (``lowbit quantize``) gives its dequantized
+    weights, with the per-token activation quantization its plan asks for simulated.
+
+    Args:
+        path: a checkpoint file or folder (see ``lowbit.checkpoints.open_checkpoint``).
+        activations: for a lowbit checkpoint, simulate the activation quantization its plan
+            asks for (``lowbit.evaluation.activations.fake_quantize_per_token`` on the inputs of
+            those linear layers); False gives the weight-only model. Other checkpoints have none.
+        verify: for a lowbit checkpoint, check its manifest's digest and every file's sha256
+            (see ``lowbit.checkpoints.lowbit_format.LowbitCheckpoint``).
+        **kwargs: passed to :func:`build_model` (``dtype``, ``strict``, ``progress``).
+
+    Returns:
+        The model; for a lowbit checkpoint ``model.lowbit_activations`` maps hooked module
+        names to their format.
 
     Raises:
-        LowbitError: no tokenizer files.
+        LowbitError: an unreadable checkpoint, or an activation rule on a tensor that is not
+            an ``nn.Linear`` weight.
     """
-    import transformers
+    if not is_lowbit_checkpoint(path):
+        return build_model(open_checkpoint(path), **kwargs)
+    ckpt = LowbitCheckpoint(path, verify=verify)
+    model = build_model(ckpt.as_source(), **kwargs)
+    hooked: dict[str, str] = {}
+    if activations:
+        hooked = attach_activation_quantization(model, ckpt.activations(), ckpt.source_format)
+    model.lowbit_activations = hooked
+    return model
 
-    if checkpoint.format == "gguf":
-        md = checkpoint.metadata
-        if md.get("tokenizer.ggml.model") == "gpt2" and "tokenizer.ggml.merges" in md:
-            return _gguf_bpe_tokenizer(md)
-        return transformers.AutoTokenizer.from_pretrained(
-            checkpoint.path.parent, gguf_file=checkpoint.path.name, local_files_only=True
+
+def attach_activation_quantization(
+    model: Any, per_tensor: dict[str, str], source_format: str
+) -> dict[str, str]:
+    """Hook per-token activation quantization onto the linear layers of the given weights.
+
+    Args:
+        model: the transformers model.
+        per_tensor: ``{checkpoint tensor name: activation format}``.
+        source_format: ``gguf`` when the names are llama.cpp's.
+
+    Returns:
+        ``{module name: format}`` of the hooked layers.
+    """
+    if not per_tensor:
+        return {}
+    import torch
+
+    modules = dict(model.named_modules())
+    base = getattr(model, "base_model_prefix", "") or ""
+    out: dict[str, str] = {}
+    for name, fmt in per_tensor.items():
+        key = name
+        if source_format == "gguf":
+            key = gguf_to_hf_name(name)
+        key = key.removesuffix(".weight")
+        found = next(
+            (k for k in (key, f"{base}.{key}", key.removeprefix(f"{base}.")) if k in modules),
+            None,
         )
-    folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
-    if not (folder / "tokenizer.json").exists() and not (folder / "tokenizer_config.json").exists():
-        raise LowbitError(f"{folder}: no tokenizer.json or tokenizer_config.json")
-    return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        if found is None or not isinstance(modules[found], torch.nn.Linear):
+            raise LowbitError(
+                f"activation quantization for {name!r}: the model has no linear layer {key!r}"
+            )
 
+        def hook(_m: Any, args: tuple[Any, ...], fmt: str = fmt) -> tuple[Any, ...]:
+            return (fake_quantize_per_token(args[0], fmt), *args[1:])
 
-def _gguf_bpe_tokenizer(md: Mapping[str, Any]) -> Any:
-    import transformers
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokens = md["tokenizer.ggml.tokens"]
-    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in md["tokenizer.ggml.merges"]]
-    bpe = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    bpe.decoder = decoders.ByteLevel()
-    # llama.cpp token types: 3 = CONTROL (special), 4 = USER_DEFINED (kept whole, not special)
-    bpe.add_special_tokens(
-        [
-            AddedToken(t, special=True, normalized=False)
-            for t, k in zip(tokens, types, strict=True)
-            if k == 3
-        ]
-    )
-    bpe.add_tokens(
-        [
-            AddedToken(t, special=False, normalized=False)
-            for t, k in zip(tokens, types, strict=True)
-            if k == 4
-        ]
-    )
-
-    def tok(key: str) -> str | None:
-        i = md.get(f"tokenizer.ggml.{key}")
-        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
-
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        bos_token=tok("bos_token_id"),
-        eos_token=tok("eos_token_id"),
-        unk_token=tok("unknown_token_id"),
-        pad_token=tok("padding_token_id"),
-        chat_template=md.get("tokenizer.chat_template"),
-    )
+        modules[found].register_forward_pre_hook(hook)
+        out[found] = fmt
+    return out

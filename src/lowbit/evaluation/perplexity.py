@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._progress import progress_bar
 from lowbit.errors import LowbitError
 
 __all__ = [
@@ -112,14 +113,6 @@ def _threads(n: int | None) -> Iterator[int]:
         torch.set_num_threads(old)
 
 
-def _bar(total: int, progress: bool | None, desc: str, unit: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total, desc=desc, unit=unit, disable=None if progress is None else not progress
-    )
-
-
 def _windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
     """(begin, end, first scored position) of each window over ``n`` tokens.
 
@@ -197,7 +190,7 @@ def perplexity(
     agree = 0
     scored = 0
     start = time.perf_counter()
-    bar = _bar(len(ids), progress, "perplexity", "tok")
+    bar = progress_bar(len(ids), progress, "perplexity", "tok")
     with _threads(threads), torch.inference_mode(), bar:
         for begin, end, first in spans:
             inp = tokens[begin:end].unsqueeze(0)
@@ -327,7 +320,7 @@ def embed(
     import torch
 
     out = []
-    bar = _bar(len(sentences), progress, "embedding", "sent")
+    bar = progress_bar(len(sentences), progress, "embedding", "sent")
     with _threads(threads), torch.inference_mode(), bar:
         for i in range(0, len(sentences), batch_size):
             out.append(_embed_batch(model, tokenizer, sentences[i : i + batch_size], max_length))

@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.quantize_model import plan_model, quantized_weights
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
-from lowbit.evaluation.models import build_model, gguf_to_hf_name, unpermute_qk
+from lowbit.evaluation.models import build_model
 from lowbit.quant.plan import PrecisionPlan
 
 __all__ = [

@@ -29,6 +29,16 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.quantize_model import (
+    checkpoint_tensors,
+    open_model,
+    plan_model,
+    quantized_weights,
+)
+from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import (
     DEFAULT_SENTENCES,
@@ -37,7 +47,9 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
-from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
+from lowbit.evaluation.models import build_model, load_model
+from lowbit.evaluation.perplexity import load_text
+from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import action_label, activation_format
 
 __all__ = [
@@ -58,7 +70,7 @@ DEFAULT_SCHEMES = ("int8:ch", "int4:g128", "int4:g128:asym", "nf4", "fp8_e4m3:ch
 # ---------------------------------------------------------------------------------------
 
 
-def _stored_bits(checkpoint: Any, names: Sequence[str]) -> float | None:
+def _stored_bits(checkpoint: Checkpoint, names: Sequence[str]) -> float | None:
     """Stored bits per value of the named tensors as the checkpoint holds them."""
     numel = sum(math.prod(checkpoint.shape(n)) for n in names)
     if not numel:
@@ -66,13 +78,13 @@ def _stored_bits(checkpoint: Any, names: Sequence[str]) -> float | None:
     return sum(checkpoint.info(n).nbytes for n in names) * 8 / numel
 
 
-def _default_quantized(checkpoint: Any) -> list[str]:
+def _default_quantized(checkpoint: Checkpoint) -> list[str]:
     """Names of the tensors the default plan quantizes (the 2-D linear weights)."""
     plan = PrecisionPlan(default=PrecisionPlan.uniform("int8").default)
     return [t.name for t in plan.apply(checkpoint_tensors(checkpoint)).quantized]
 
 
-def _dominant_dtype(checkpoint: Any, names: Sequence[str]) -> str:
+def _dominant_dtype(checkpoint: Checkpoint, names: Sequence[str]) -> str:
     counts: dict[str, int] = {}
     for n in names:
         d = str(checkpoint.dtype(n))
@@ -93,10 +105,7 @@ def variant_plan(spec: str) -> PrecisionPlan:
     return plan
 
 
-def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Variant:
-    from lowbit.checkpoints.quantize_model import plan_model, quantized_weights
-    from lowbit.evaluation.models import build_model
-
+def _scheme_variant(checkpoint: Checkpoint, spec: str, progress: bool | None) -> Variant:
     plan = variant_plan(spec)
     applied = plan_model(checkpoint, plan)
     weights: dict[str, np.ndarray] = {}
@@ -123,10 +132,6 @@ def _scheme_variant(checkpoint: Any, spec: str, progress: bool | None) -> Varian
 
 
 def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
-    from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint, load_model
-    from lowbit.evaluation.models import build_model
-
     if is_lowbit_checkpoint(path):
         ckpt = LowbitCheckpoint(path)
         if set(ckpt.names()) != set(original.names()):
@@ -209,10 +214,6 @@ def evaluate_variants(
     Raises:
         LowbitError: unreadable models or texts, bad schemes, variants of another model.
     """
-    from lowbit.checkpoints.quantize_model import open_model
-    from lowbit.evaluation.models import build_model, build_tokenizer
-    from lowbit.evaluation.perplexity import load_text
-
     if schemes is None:
         schemes = [] if quantized else list(DEFAULT_SCHEMES)
     for spec in schemes:  # a bad scheme string fails before any model loads

@@ -9,16 +9,17 @@
   right); every fast codec is tested against it.
 - :mod:`~lowbit.formats.explain`: one value or code explained in every format (the CLI's
   ``show``/``decode``/``values``).
-- :mod:`~lowbit.formats.enums`: rounding modes and special-value encodings.
+Rounding modes and special-value encodings are :mod:`lowbit.enums` (shared with the codecs).
 
-Nothing here imports a codec or a quantizer; the fast codecs (:mod:`lowbit.codecs`) build on it.
+A format's array methods (``encode``/``decode``) call down into the fast codecs
+(:mod:`lowbit.codecs`), which read only a format's fields; nothing here imports a quantizer.
 """
 
 from __future__ import annotations
 
+from lowbit.enums import Inf, NaN, Rounding
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import ALIASES, FORMATS, format, p3109
-from lowbit.formats.enums import Inf, NaN, Rounding
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat
 from lowbit.formats.valueset import ValueSetFormat

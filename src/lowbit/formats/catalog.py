@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import difflib
 import re
+from functools import cache
 
-from lowbit.errors import UnknownFormatError
+from lowbit.enums import Inf, NaN
+from lowbit.errors import LowbitError, UnknownFormatError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Inf, NaN
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat
+from lowbit.formats.mx import MXFormat
 from lowbit.formats.valueset import ValueSetFormat
+
+__all__ = [
+    "ALIASES",
+    "FORMATS",
+    "MX_ALIASES",
+    "MX_FORMATS",
+    "NF4_TABLE",
+    "format",
+    "mx_format",
+    "p3109",
+]
 
 I, N = Inf, NaN
 
@@ -136,6 +149,53 @@ ALIASES: dict[str, str] = {
     "int": "int32", "sign": "binary", "bnn": "binary", "twn": "ternary",
 }  # fmt: skip
 
+
+def _mx(name: str, element: str, description: str, int_shift: int = 0) -> MXFormat:
+    return MXFormat(
+        name=name,
+        element=FORMATS[element],
+        scale=FORMATS["float8_e8m0fnu"],
+        int_shift=int_shift,
+        description=description,
+    )
+
+
+#: The OCP MX block formats (MX v1.0 §5) by canonical name. Their element emax is derived
+#: from the element format (``MXFormat.emax_elem``).
+MX_FORMATS: dict[str, MXFormat] = {
+    f.name: f
+    for f in (
+        _mx("mxfp8_e4m3", "float8_e4m3fn", "OCP MXFP8 (E4M3 elements)"),
+        _mx("mxfp8_e5m2", "float8_e5m2", "OCP MXFP8 (E5M2 elements)"),
+        _mx("mxfp6_e3m2", "float6_e3m2fn", "OCP MXFP6 (E3M2 elements)"),
+        _mx("mxfp6_e2m3", "float6_e2m3fn", "OCP MXFP6 (E2M3 elements)"),
+        _mx("mxfp4", "float4_e2m1fn", "OCP MXFP4 (E2M1 elements)"),
+        _mx("mxint8", "int8", "OCP MXINT8 (int8 * 2^-6)", int_shift=6),
+    )
+}
+
+MX_ALIASES: dict[str, str] = {
+    "mxfp8": "mxfp8_e4m3",
+    "mxfp6": "mxfp6_e3m2",
+    "mxfp4_e2m1": "mxfp4",
+    "mxfp8_e4m3fn": "mxfp8_e4m3",
+}
+
+
+@cache
+def mx_format(name: str) -> MXFormat:
+    """Look up an MX block format by name (``mxfp4``, ``mxfp8_e4m3``, ``mxint8``, ...).
+
+    Raises:
+        LowbitError: unknown MX name (the message lists the known ones).
+    """
+    key = name.strip().lower().replace("-", "_")
+    key = MX_ALIASES.get(key, key)
+    if key not in MX_FORMATS:
+        raise LowbitError(f"unknown MX format {name!r}; known: {', '.join(MX_FORMATS)}")
+    return MX_FORMATS[key]
+
+
 _P3109 = re.compile(r"p3109_k(\d+)p(\d+)([su]?)([ef]?)$")
 
 
@@ -161,13 +221,11 @@ def format(name: str | Format) -> Format:
         k, p = int(m.group(1)), int(m.group(2))
         return p3109(k, p, signed=m.group(3) != "u", extended=m.group(4) != "f")
     if key.startswith("mx"):
-        from lowbit.formats.mx import MX_FORMATS
-
         if key in MX_FORMATS or key.replace("_", "") in MX_FORMATS:
             raise UnknownFormatError(
                 f"{name!r} is an OCP MX block format (32 elements share a power-of-two scale), "
                 f"not an element format: use lowbit.quantize(x, {name!r}) or "
-                f"lowbit.formats.mx.mx_format({name!r})"
+                f"lowbit.formats.catalog.mx_format({name!r})"
             )
     choices = list(FORMATS) + list(ALIASES)
     close = difflib.get_close_matches(key, choices, n=5, cutoff=0.5)

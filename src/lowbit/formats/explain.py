@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.codecs.vectorised import prepare_random
+from lowbit.enums import Inf, NaN, Rounding, as_rounding
 from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as get_format
-from lowbit.formats.enums import Inf, NaN, Rounding, as_rounding
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat, round_to_integer
 
@@ -319,8 +320,6 @@ def _unbounded(f: Format, x: float, mode: Rounding, seed: int | None) -> float:
         code = wide.encode(np.float64(x), rounding=mode, saturate=True, seed=seed)
         return float(wide.decode(code, dtype=np.float64))
     if isinstance(f, IntFormat):
-        from lowbit.codecs.vectorised import prepare_random
-
         arr = np.asarray(x, dtype=np.float64)
         return float(round_to_integer(arr, mode, prepare_random(mode, arr.shape, seed, None)))
     return x  # value sets: anything beyond the table's ends is clamped

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import check_codes
+from lowbit.codecs.vectorised import as_float_input, decode_float, decode_float_arith, encode_float
+from lowbit.enums import Inf, NaN
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Inf, NaN
 
 # Formats ml_dtypes / numpy have under the same name, and those torch has.
 _NUMPY_NAMES = {"float16", "float32", "float64"}
@@ -277,8 +278,6 @@ class FloatFormat(Format):
     @cached_property
     def _table64(self) -> np.ndarray:
         """Value of every code (formats of at most 16 bits), float64."""
-        from lowbit.codecs.vectorised import decode_float_arith
-
         return decode_float_arith(self, np.arange(1 << self.bits, dtype=np.uint64))
 
     def values(self) -> np.ndarray:
@@ -322,8 +321,6 @@ class FloatFormat(Format):
         Raises:
             NaNPolicyError: NaN input for a format without NaN, under ``nan="raise"``.
         """
-        from lowbit.codecs.vectorised import as_float_input, encode_float
-
         return encode_float(
             self,
             as_float_input(x),
@@ -336,8 +333,6 @@ class FloatFormat(Format):
 
     def decode(self, codes: Any, dtype: Any = np.float32) -> np.ndarray:
         """Values of ``codes`` (any integer array), as ``dtype`` (default float32)."""
-        from lowbit.codecs.vectorised import decode_float
-
         arr = check_codes(codes, self.bits, self.name, widen=False)
         return decode_float(self, arr, np.dtype(dtype))
 

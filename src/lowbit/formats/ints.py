@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import as_float64, check_codes
-from lowbit.codecs.vectorised import check_nan_policy, prepare_random
+from lowbit.codecs import _numba as _fast
+from lowbit.codecs.vectorised import _MODE_INDEX, as_float_input, check_nan_policy, prepare_random
+from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError, NaNPolicyError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Rounding, as_rounding
 
 _NUMPY_INTS = {"int8", "uint8", "int16", "int32", "uint16", "uint32"}
 _ML_INTS = {"int2", "int4", "uint2", "uint4"}
@@ -148,12 +149,8 @@ def _encode_compiled(
     fmt: IntFormat, x: Any, mode: Rounding, saturate: bool | None, seed: Any, bits: Any, nan: str
 ) -> np.ndarray | None:
     """``IntFormat.encode`` by the compiled kernel (``lowbit.codecs._numba``), or None without one."""
-    from lowbit.codecs import _numba as _fast
-
     if not _fast.enabled():
         return None
-    from lowbit.codecs.vectorised import _MODE_INDEX, as_float_input
-
     arr = as_float_input(x)
     flat = np.ascontiguousarray(arr).reshape(-1)
     if flat.dtype not in (np.float32, np.float64):

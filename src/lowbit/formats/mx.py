@@ -21,35 +21,59 @@ MXFP8 and MXINT8 8.25.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
 
+__all__ = [
+    "BLOCK",
+    "E8M0_MAX_EXP",
+    "E8M0_MIN_EXP",
+    "MXFormat",
+    "e8m0_codes",
+    "e8m0_exponents",
+    "is_mx_name",
+    "scale_values",
+    "shared_exponent",
+]
+
 BLOCK = 32
 E8M0_MIN_EXP = -127
 E8M0_MAX_EXP = 127
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MXFormat:
-    """An OCP MX block format: element format, block size 32, E8M0 scale."""
+    """An OCP MX block format (MX v1.0 §5): 32 elements of ``element`` share one ``scale``.
+
+    The concrete formats are declared in :mod:`lowbit.formats.catalog` (``MX_FORMATS``).
+
+    Attributes:
+        name: canonical name (``mxfp4``, ``mxfp8_e4m3``, ...).
+        element: the element format (``int8`` for MXINT8).
+        scale: the shared scale's format (E8M0, ``float8_e8m0fnu``).
+        int_shift: MXINT8's implicit element scale: element value = code * 2**-int_shift.
+        description: one line for listings.
+    """
 
     name: str
-    element_name: str
-    emax_elem: int
-    int_shift: int = 0  # MXINT8: element value = code * 2**-int_shift
+    element: Format
+    scale: Format
+    int_shift: int = 0
     description: str = ""
 
     @property
-    def element(self) -> Format:
-        """The element format (``int8`` for MXINT8)."""
-        from lowbit.formats.catalog import format as lookup
+    def emax_elem(self) -> int:
+        """``floor(log2(largest element value))`` (MX v1.0 §6.3), exactly (``frexp``).
 
-        return lookup(self.element_name)
+        8 for E4M3 (448), 15 for E5M2, 4 for E3M2, 2 for E2M3 and E2M1, 0 for MXINT8
+        (1 + 63/64, the int8 maximum times ``2**-int_shift``).
+        """
+        return math.frexp(math.ldexp(float(self.element.max), -self.int_shift))[1] - 1
 
     @property
     def block_size(self) -> int:
@@ -62,46 +86,13 @@ class MXFormat:
 
     @property
     def bits_per_value(self) -> float:
-        """Element bits plus the E8M0 scale byte shared by 32 values."""
-        return self.bits + 8 / BLOCK
-
-
-MX_FORMATS: dict[str, MXFormat] = {
-    f.name: f
-    for f in (
-        MXFormat("mxfp8_e4m3", "float8_e4m3fn", 8, description="OCP MXFP8 (E4M3 elements)"),
-        MXFormat("mxfp8_e5m2", "float8_e5m2", 15, description="OCP MXFP8 (E5M2 elements)"),
-        MXFormat("mxfp6_e3m2", "float6_e3m2fn", 4, description="OCP MXFP6 (E3M2 elements)"),
-        MXFormat("mxfp6_e2m3", "float6_e2m3fn", 2, description="OCP MXFP6 (E2M3 elements)"),
-        MXFormat("mxfp4", "float4_e2m1fn", 2, description="OCP MXFP4 (E2M1 elements)"),
-        MXFormat("mxint8", "int8", 0, int_shift=6, description="OCP MXINT8 (int8 * 2^-6)"),
-    )
-}
-_MX_ALIASES = {
-    "mxfp8": "mxfp8_e4m3",
-    "mxfp6": "mxfp6_e3m2",
-    "mxfp4_e2m1": "mxfp4",
-    "mxfp8_e4m3fn": "mxfp8_e4m3",
-}
+        """Element bits plus the scale's bits shared by 32 values."""
+        return self.bits + self.scale.bits / BLOCK
 
 
 def is_mx_name(name: str) -> bool:
     """Whether ``name`` names an MX block format (or a close misspelling of one)."""
     return isinstance(name, str) and name.strip().lower().replace("-", "_").startswith("mx")
-
-
-@cache
-def mx_format(name: str) -> MXFormat:
-    """Look up an MX block format by name (``mxfp4``, ``mxfp8_e4m3``, ``mxint8``, ...).
-
-    Raises:
-        LowbitError: unknown MX name (the message lists the known ones).
-    """
-    key = name.strip().lower().replace("-", "_")
-    key = _MX_ALIASES.get(key, key)
-    if key not in MX_FORMATS:
-        raise LowbitError(f"unknown MX format {name!r}; known: {', '.join(MX_FORMATS)}")
-    return MX_FORMATS[key]
 
 
 def shared_exponent(amax: np.ndarray, emax_elem: int) -> np.ndarray:

@@ -50,9 +50,11 @@ import math
 from fractions import Fraction
 from functools import cache, lru_cache
 
+import numpy as np
+
+from lowbit.enums import Inf, NaN, Rounding, as_rounding
 from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Inf, NaN, Rounding, as_rounding
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat
 from lowbit.formats.valueset import ValueSetFormat
@@ -62,6 +64,7 @@ __all__ = [
     "decode",
     "decode_float64",
     "encode",
+    "exact_round_quotient",
     "is_negative",
     "max_magnitude_code",
     "special",
@@ -433,3 +436,37 @@ def _encode_valueset(
         assert random_bits is not None
         up = random_bits < (X - lo) / (hi - lo) * _TWO64
     return i + int(up)
+
+
+# ---- exact rounding of x / s (the quantizers' tie breaker) ---------------------------
+
+
+def exact_round_quotient(x: np.ndarray, s: np.ndarray, mode: Rounding) -> np.ndarray:
+    """round(x / s) for the exact rational quotient, elementwise (a few elements; Fractions).
+
+    The quantizers divide in float32 or float64 and send here only the elements whose
+    rounded quotient lands on a tie, where the float quotient may not be the exact one.
+
+    Args:
+        x: float array of numerators.
+        s: float array of divisors, ``x``'s size.
+        mode: ``Rounding.NEAREST_EVEN`` or ``Rounding.NEAREST_AWAY`` (how exact ties go).
+
+    Returns:
+        float64 array of ``x``'s shape holding the rounded integers.
+    """
+    out = np.empty(x.shape, dtype=np.float64)
+    for i, (xv, sv) in enumerate(zip(x.reshape(-1).tolist(), s.reshape(-1).tolist(), strict=True)):
+        q = Fraction(xv) / Fraction(sv)
+        fl = math.floor(q)
+        frac = q - fl
+        if frac > Fraction(1, 2):
+            r = fl + 1
+        elif frac < Fraction(1, 2):
+            r = fl
+        elif mode is Rounding.NEAREST_AWAY:
+            r = fl + 1 if q > 0 else fl
+        else:
+            r = fl + (fl % 2)
+        out.reshape(-1)[i] = r
+    return out

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
 
 from lowbit._arrays import as_float64, check_codes
 from lowbit.codecs.vectorised import check_nan_policy, prepare_random
-from lowbit.errors import LowbitError, NaNPolicyError
+from lowbit.enums import Rounding, as_rounding
+from lowbit.errors import CodeRangeError, LowbitError, NaNPolicyError
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Rounding, as_rounding
+
+__all__ = ["ValueSetFormat", "rounding_bins"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,8 +135,6 @@ class ValueSetFormat(Format):
         """Table values of the codes."""
         c = check_codes(codes, self.bits, self.name)
         if c.size and int(c.max()) >= len(self.table):
-            from lowbit.errors import CodeRangeError
-
             raise CodeRangeError(
                 f"code {int(c.max())} is out of range for {self.name}: codes are 0..{len(self.table) - 1}"
             )
@@ -190,3 +191,38 @@ def _stochastic_up(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, rb: np.ndarray
             )
             up.reshape(-1)[i] = int(ri) < r * 2**64
     return up
+
+
+@cache
+def rounding_bins(
+    fmt: ValueSetFormat, min_bins: int = 4096
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]:
+    """Bin tables for rounding onto a value set fast, shared by both quantizer paths.
+
+    On a uniform grid of at least ``min_bins`` bins over the table's range (finer where
+    neighbouring midpoints are close), the code at each bin's lower edge and whether a
+    midpoint lies in the bin or within ``tol`` of it (a "risky" bin, where the caller
+    compares with the midpoints or falls back to the exact codec).
+
+    Args:
+        fmt: the value set.
+        min_bins: the fewest bins (the compiled kernel asks for more).
+
+    Returns:
+        ``(base, risky, mids, tol, lo, bins_per_unit)``: uint8 code per bin, bool per bin,
+        float64 midpoints, the tolerance, the table's lowest value, bins per unit value.
+    """
+    t = fmt.values().astype(np.float64)
+    mids = (t[:-1] + t[1:]) / 2
+    lo, hi = float(t[0]), float(t[-1])
+    tol = max(abs(lo), abs(hi)) * 2.0**-20
+    nbins = min_bins
+    while nbins < (1 << 16) and np.min(np.diff(mids), initial=np.inf) <= 4 * (hi - lo) / nbins:
+        nbins *= 2
+    edges = lo + (hi - lo) * np.arange(nbins + 1) / nbins
+    base = np.searchsorted(mids, edges[:-1], side="left")  # midpoints below each edge
+    risky = np.searchsorted(mids, edges[1:] + tol, side="left") > np.searchsorted(
+        mids, edges[:-1] - tol, side="left"
+    )
+    base[-1] = mids.size  # the last bin holds the top value (and everything clipped there)
+    return base.astype(np.uint8), risky, mids, tol, lo, nbins / (hi - lo)

@@ -1,7 +1,7 @@
 """A :class:`~lowbit.planning.modelspec.ModelSpec` counted from checkpoint headers.
 
 Safetensors files or folders (shards from the index) and GGUF files, read header-only
-(:mod:`lowbit.checkpoints.headers`: no tensor data); the architecture numbers come from a
+(:mod:`lowbit.planning.headers`: no tensor data); the architecture numbers come from a
 ``config.json`` beside the safetensors or from the GGUF metadata.
 """
 
@@ -11,9 +11,9 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from lowbit.checkpoints.headers import read_gguf_header, read_safetensors_header
 from lowbit.errors import LowbitError
 from lowbit.planning._arch_config import spec_from_config
+from lowbit.planning.headers import read_gguf_header, read_safetensors_header
 from lowbit.planning.modelspec import ModelSpec, TensorInfo, _with_use
 
 __all__ = ["spec_from_checkpoint"]

@@ -10,7 +10,7 @@ architecture numbers the planner needs for the KV cache and activations):
   fields is counted as a llama-style decoder (with a warning), else the error names the
   missing fields;
 - a checkpoint (:func:`spec_from_checkpoint`): a safetensors file or folder, or a GGUF file,
-  counted from the headers (:mod:`lowbit.checkpoints.headers`; no tensor data is read), with the
+  counted from the headers (:mod:`lowbit.planning.headers`; no tensor data is read), with the
   architecture numbers from a ``config.json`` beside it or the GGUF metadata;
 - a bare count (:func:`spec_from_params`, ``"7B"``, ``"135M"``): one anonymous tensor.
 
@@ -30,10 +30,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints.headers import read_gguf_header, read_safetensors_header
+from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
 from lowbit.errors import LowbitError
 from lowbit.planning._arch_config import KNOWN_ARCHITECTURES, load_config, spec_from_config
 from lowbit.planning._arch_headers import spec_from_checkpoint
+from lowbit.planning.headers import read_gguf_header, read_safetensors_header
 from lowbit.planning.modelspec import (
     COMPONENTS,
     ModelSpec,
@@ -67,8 +68,6 @@ def load_spec(model: Any, name: str | None = None) -> ModelSpec:
     name (``"smollm2"``, ``"minilm"``); or a path to a ``config.json``, a safetensors file or
     folder, or a ``.gguf`` file.
     """
-    from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
-
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, Mapping):

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.errors import LowbitError
-from lowbit.evaluation.models import gguf_to_hf_name
 from lowbit.planning.archs import load_spec
 from lowbit.planning.hardware import Device, load_hardware, select_devices
 from lowbit.planning.modelspec import ModelSpec, TensorInfo

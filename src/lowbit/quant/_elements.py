@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowbit.formats.enums import Rounding
+from lowbit.enums import Rounding
 from lowbit.formats.ints import round_to_integer
+from lowbit.formats.reference import exact_round_quotient
+from lowbit.formats.valueset import rounding_bins
 from lowbit.quant import _numba as _fastquant
 from lowbit.quant.scales import int_range
 
@@ -55,8 +57,6 @@ def _round_int_nearest(V: np.ndarray, S: np.ndarray, mode: Rounding) -> np.ndarr
                 fl = np.floor(t64)
                 fixed = np.where(t64 - fl == 0.5, np.where(t64 > 0, fl + 1, fl), fixed)
         else:
-            from lowbit.quant.tensor import exact_round_quotient
-
             fixed = exact_round_quotient(Vb, Sb, mode)
         r[tie] = fixed
     return r
@@ -70,30 +70,6 @@ def _gather(a: np.ndarray, flat_index: np.ndarray, shape: tuple[int, ...]) -> np
     return a[tuple(i if n > 1 else np.zeros_like(i) for i, n in zip(idx, a.shape, strict=True))]
 
 
-@cache
-def _valueset_lut(
-    fmt: Format, min_bins: int = 4096
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]:
-    """Bin tables for rounding onto a value set (see ``_valueset_nearest``; the compiled
-    kernel builds on them): on a uniform grid of at least ``min_bins`` bins over the
-    table's range, the code at each bin's lower edge and whether a midpoint lies in the
-    bin or within ``tol`` of it (a "risky" bin)."""
-    t = fmt.values().astype(np.float64)
-    mids = (t[:-1] + t[1:]) / 2
-    lo, hi = float(t[0]), float(t[-1])
-    tol = max(abs(lo), abs(hi)) * 2.0**-20
-    nbins = min_bins
-    while nbins < (1 << 16) and np.min(np.diff(mids), initial=np.inf) <= 4 * (hi - lo) / nbins:
-        nbins *= 2
-    edges = lo + (hi - lo) * np.arange(nbins + 1) / nbins
-    base = np.searchsorted(mids, edges[:-1], side="left")  # midpoints below each edge
-    risky = np.searchsorted(mids, edges[1:] + tol, side="left") > np.searchsorted(
-        mids, edges[:-1] - tol, side="left"
-    )
-    base[-1] = mids.size  # the last bin holds the top value (and everything clipped there)
-    return base.astype(np.uint8), risky, mids, tol, lo, nbins / (hi - lo)
-
-
 def _valueset_nearest(V: np.ndarray, S: np.ndarray, fmt: Format, mode: Rounding) -> np.ndarray:
     """Nearest table entry of V/S, equal to ``fmt.encode`` of the float64 quotient.
 
@@ -102,7 +78,7 @@ def _valueset_nearest(V: np.ndarray, S: np.ndarray, fmt: Format, mode: Rounding)
     float32 quotient compared with the midpoints; those within 2**-20 of one (float32
     rounding could put them on the wrong side, or they tie) go through the exact codec.
     """
-    base, risky, mids, tol, lo, inv_w = _valueset_lut(fmt)
+    base, risky, mids, tol, lo, inv_w = rounding_bins(fmt)
     k64 = inv_w / S.astype(np.float64)
     if np.any(k64 > np.finfo(np.float32).max):  # tiny scales: the bins overflow float32
         t = V.astype(np.float64) / S.astype(np.float64)

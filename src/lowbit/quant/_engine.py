@@ -11,19 +11,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from lowbit._parallel import map_chunks
 from lowbit.codecs import _numba as _fast
-from lowbit.codecs.packing import _pack_unchecked, unpack
+from lowbit.codecs.packing import _pack_unchecked, packed_nbytes, unpack
+from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
-from lowbit.formats.enums import Rounding, as_rounding
+from lowbit.formats.base import Format
+from lowbit.formats.catalog import format as lookup
 from lowbit.quant import _numba as _fastquant
 from lowbit.quant._elements import encode_chunk
-from lowbit.quant._range import check_underflow, mx_scales, scales_at_floor
+from lowbit.quant._range import mx_scales, scales_at_floor
 from lowbit.quant.layout import Layout, make_layout
+from lowbit.quant.nf4 import double_dequantize, double_quantize
 from lowbit.quant.scales import (
     asymmetric_range,
     grid_quantizer,
@@ -34,9 +37,16 @@ from lowbit.quant.scales import (
 )
 from lowbit.quant.scheme import ScaleMethod, Scheme
 
-if TYPE_CHECKING:
-    from lowbit.formats.base import Format
-    from lowbit.quant.tensor import QuantizedTensor
+
+class Encoded(NamedTuple):
+    """What ``encode_tensor`` makes (``lowbit.quant.tensor`` wraps it in a QuantizedTensor)."""
+
+    codes: np.ndarray  # uint8 bytes of the packed codes
+    scale: np.ndarray  # float32 scales (dequantized ones under double quantization)
+    zero_point: np.ndarray | None  # int32, asymmetric integers only
+    dq: tuple[np.ndarray, np.ndarray, np.float32] | None  # NF4 double-quantization state
+    floored: bool  # every scale at its format's floor: the caller checks for underflow
+
 
 # Elements per chunk, measured on the bench matrix: the numpy path's temporaries want
 # the cache (best of 2**13..2**18); the compiled kernels stream, and larger chunks cut
@@ -94,8 +104,6 @@ def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
         s = np.where(exp > 127, np.float32(np.inf), s)  # 2**128 and up: no E8M0 code
         tiny = np.float32(2.0**-127)
     else:
-        from lowbit.formats.catalog import format as lookup
-
         f = lookup(scale_format)
         # not saturating: a scale past the format's max is an error, as in float32
         s = f.decode(f.encode(s64, saturate=False), dtype=np.float32)
@@ -186,6 +194,11 @@ def _extremes(
         am = _fastquant.row_absmax(V)
         if am is not None:
             return -am, am
+    G = V.shape[-1] if V.ndim else 1
+    if axes == (V.ndim - 1,) and G > 1 and V.flags.c_contiguous and V.size:
+        fast = _fastquant.row_minmax(V)  # the compiled path, where numba is installed
+        if fast is not None:
+            return fast
     return minmax(V, axes)
 
 
@@ -214,24 +227,13 @@ def _scales_for(
     return s32, zp, thresh, mask, V
 
 
-def encode_tensor(
-    arr: np.ndarray,
-    scheme: Scheme,
-    *,
-    seed: Any,
-    nan: str,
-    is_torch: bool,
-    underflow: str = "warn",
-) -> QuantizedTensor:
+def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> Encoded:
     """Quantize a C-contiguous float32/float64 array (see ``lowbit.quant.tensor.quantize``).
 
     When the groups do not cross chunks (groups along an axis, per-channel on the first
     axis), each chunk is read once: its statistics, scales, codes and packed bytes are
     computed while it is in cache.
     """
-    from lowbit.codecs.packing import packed_nbytes
-    from lowbit.quant.tensor import QuantizedTensor
-
     layout = make_layout(arr.shape, scheme)
     fmt = scheme.element_format
     bits = fmt.bits
@@ -313,30 +315,17 @@ def encode_tensor(
             P, _, Q = layout.pqr
             codes3[:, part.start : part.stop, :] = part_out.reshape(P, part.stop - part.start, Q)
     scale = layout.join_scales(scales)
-    floored = underflow != "ignore" and scales_at_floor(scale, scheme)
+    floored = scales_at_floor(scale, scheme)
     zero_point = layout.join_scales(zps).astype(np.int32) if zps else None
     dq = None
     if scheme.double_quant:
-        from lowbit.quant.nf4 import double_dequantize, double_quantize
-
         c8, a2, off = double_quantize(scale)
         dq = (c8, a2, off)
         scale = double_dequantize(c8, a2, off).reshape(scale.shape)
     if packed is None:
         assert codes3 is not None
         packed = _pack_unchecked(codes3.reshape(-1), bits)
-    qt = QuantizedTensor(
-        codes=packed,
-        scale=scale,
-        zero_point=zero_point,
-        shape=arr.shape,
-        scheme=scheme,
-        dq=dq,
-        source_torch=is_torch,
-    )
-    if floored:
-        check_underflow(arr, qt, underflow)
-    return qt
+    return Encoded(codes=packed, scale=scale, zero_point=zero_point, dq=dq, floored=floored)
 
 
 def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:
@@ -374,20 +363,27 @@ def _pair_table(fmt: Format, dtype: Any) -> np.ndarray:
     return np.stack([t[b & 15], t[b >> 4]], axis=1)
 
 
-def decode_tensor(qt: QuantizedTensor, work: Any) -> np.ndarray:
-    """``(value(code) - zp) * scale`` in ``work`` (float32 or float64), chunk by chunk."""
-    fmt = qt.format
+def decode_tensor(
+    packed: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    shape: tuple[int, ...],
+    scheme: Scheme,
+    work: Any,
+) -> np.ndarray:
+    """``(value(code) - zp) * scale`` in ``work`` (float32 or float64), chunk by chunk, for
+    packed codes of a tensor of ``shape`` quantized with ``scheme``."""
+    fmt = scheme.element_format
     bits = fmt.bits
     if bits > 16:  # pragma: no cover - the scheme rejects them
         raise LowbitError(f"cannot dequantize {bits}-bit codes")
     work = np.dtype(work)
-    layout: Layout = make_layout(qt.shape, qt.scheme)
+    layout: Layout = make_layout(shape, scheme)
     table = value_table(fmt, work)
-    scale = qt.scale.astype(work)
-    zp = qt.zero_point.astype(work) if qt.zero_point is not None else None
+    scale = scale.astype(work)
+    zp = zero_point.astype(work) if zero_point is not None else None
     parts = layout.parts
-    packed = qt.codes
-    out = np.empty(qt.shape, dtype=work)
+    out = np.empty(shape, dtype=work)
     if len(parts) == 1:
         O = layout.view(out, parts[0])  # a view: writes land in ``out``
         S = layout.scale4(scale, 0)
@@ -423,7 +419,7 @@ def decode_tensor(qt: QuantizedTensor, work: Any) -> np.ndarray:
         return out
     # two parts (a ragged last group): rows of the P axis at a time, each part of them
     P, L, Q = layout.pqr
-    c3 = unpack(packed, bits, qt.numel).reshape(P, L, Q)
+    c3 = unpack(packed, bits, math.prod(shape)).reshape(P, L, Q)
     out3 = out.reshape(P, L, Q)
     step = max(1, _CHUNK_NUMPY // max(1, L * Q))
 

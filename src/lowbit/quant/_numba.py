@@ -32,24 +32,24 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lowbit._parallel import map_chunks
 from lowbit.codecs import _numba as _fast
+from lowbit.enums import Rounding
+from lowbit.formats.reference import exact_round_quotient
+from lowbit.formats.valueset import rounding_bins
 
 HAVE_NUMBA = _fast.HAVE_NUMBA
-_BLOCK = 256  # elements per edge-check block of long rows (a redo rescans one block)
+
+
+@cache
+def _k() -> Any:
+    """``lowbit.quant._kernels``, imported (with numba) on first use."""
+    from lowbit.quant import _kernels  # needs numba, the optional extra
+
+    return _kernels
+
+
 _VALUESET_BINS = 16384  # 16 KiB of table: in L1, and few rows need the exact compare
-
-if HAVE_NUMBA:
-    from numba import njit
-
-    from lowbit.codecs._kernels import (
-        _GENERIC,
-        _SIGNED,
-        _bits32,
-        _bits64,
-        _finish,
-        _round32,
-        _round64,
-    )
 
 
 class _Rows(NamedTuple):
@@ -134,90 +134,6 @@ def _usable_scales(s: np.ndarray) -> bool:
 # numpy), so column mode goes to numpy there. The value-set and dequantize kernels, which
 # gain either way, take both, with ``cols`` a compile-time constant of the kernel.
 
-_KERNELS: dict[tuple[Any, ...], Any] = {}
-
-
-def _built(key: tuple[Any, ...], build: Any) -> Any:
-    k = _KERNELS.get(key)
-    if k is None:
-        k = _KERNELS[key] = build()
-    return k
-
-
-def _int_kernel() -> Any:
-    """float32 data: clip(round(v / s), lo, hi), the float32 quotient rounded half-even,
-    its ties re-done on the float64 quotient (exact for float32 operands) with ``away``
-    choosing ties away from zero, as the numpy path (row mode)."""
-
-    def build() -> Any:
-        @njit(cache=True, nogil=True)
-        def kernel(x, offs, m, s2, srow, out, away, lo, hi, mask):  # type: ignore[no-untyped-def]
-            for r in range(offs.size):
-                v = x[offs[r] : offs[r] + m]
-                o = out[r * m : (r + 1) * m]
-                sr = s2[srow[r], 0]
-                tie = False
-                for j in range(m):  # branch-free, so it vectorises
-                    t = np.float32(v[j] / sr)
-                    q = np.float64(np.rint(t))
-                    tie |= abs(np.float64(t) - q) == 0.5
-                    q = min(max(q, lo), hi)
-                    o[j] = np.uint8(np.int64(q) & mask)
-                if not tie:
-                    continue
-                for j in range(m):  # a row with a tie of the float32 quotient: redo those
-                    t = np.float32(v[j] / sr)
-                    if abs(np.float64(t) - np.float64(np.rint(t))) != 0.5:
-                        continue
-                    t64 = np.float64(v[j]) / np.float64(sr)
-                    q = np.rint(t64)
-                    if away:
-                        fl = np.floor(t64)
-                        if t64 - fl == 0.5:
-                            q = fl + 1.0 if t64 > 0 else fl
-                    q = min(max(q, lo), hi)
-                    o[j] = np.uint8(np.int64(q) & mask)
-
-        return kernel
-
-    return _built(("int",), build)
-
-
-def _int64_kernel() -> Any:
-    """float64 data: the float64 quotient rounded half-even; where it is exactly half way
-    (a true tie, or one the division made) the index goes to ``ties`` for the exact
-    quotient. The kernel returns how many, or -1 when ``ties`` is full (row mode)."""
-
-    def build() -> Any:
-        @njit(cache=True, nogil=True)
-        def kernel(x, offs, m, s2, srow, out, lo, hi, mask, ties):  # type: ignore[no-untyped-def]
-            nt = 0
-            for r in range(offs.size):
-                v = x[offs[r] : offs[r] + m]
-                o = out[r * m : (r + 1) * m]
-                sr = np.float64(s2[srow[r], 0])
-                tie = False
-                for j in range(m):  # branch-free, so it vectorises
-                    t = v[j] / sr
-                    q = np.rint(t)
-                    tie |= abs(t - q) == 0.5
-                    q = min(max(q, lo), hi)
-                    o[j] = np.uint8(np.int64(q) & mask)
-                if not tie:
-                    continue
-                for j in range(m):
-                    t = v[j] / sr
-                    if abs(t - np.rint(t)) == 0.5:
-                        if nt == ties.size:
-                            return -1
-                        ties[nt] = r * m + j
-                        nt += 1
-            return nt
-
-        return kernel
-
-    return _built(("int64",), build)
-
 
 def _scale_at(s2: np.ndarray, srow: np.ndarray, cols: bool, r: Any, j: Any) -> np.ndarray:
     """The scales of flat elements (row ``r``, column ``j``) as float64."""
@@ -240,16 +156,13 @@ def scaled_int_codes(
     out = np.empty(offs.size * m, dtype=np.uint8)
     mask = (1 << bits) - 1
     if V.dtype == np.float32:
-        _int_kernel()(x, offs, m, s2, srow, out, bool(away), float(lo), float(hi), mask)
+        _k()._int_kernel()(x, offs, m, s2, srow, out, bool(away), float(lo), float(hi), mask)
         return out.reshape(V.shape)
     ties = np.empty(4096, dtype=np.int64)
-    nt = _int64_kernel()(x, offs, m, s2, srow, out, float(lo), float(hi), mask, ties)
+    nt = _k()._int64_kernel()(x, offs, m, s2, srow, out, float(lo), float(hi), mask, ties)
     if nt < 0:
         return None
     if nt:  # the float64 quotient says half way: decide on the exact one
-        from lowbit.formats.enums import Rounding
-        from lowbit.quant.tensor import exact_round_quotient
-
         at = ties[:nt]
         r, j = at // m, at % m
         mode = Rounding.NEAREST_AWAY if away else Rounding.NEAREST_EVEN
@@ -259,79 +172,6 @@ def scaled_int_codes(
 
 
 # ---- small floats ------------------------------------------------------------------------
-
-
-def _float_kernel(mode: int, kind: int) -> Any:
-    """float32 data onto a small float format: the float32 quotient rounded by the
-    codec's float32 core; a block holding a quotient whose low bits are all zero (maybe a
-    boundary) redoes those from the float64 quotient. ``mode`` (0 even, 1 away) and
-    ``kind`` are compile-time constants, so the first pass vectorises (row mode)."""
-
-    def build() -> Any:
-        @njit(cache=True, nogil=True)
-        def kernel(x, offs, m, s2, srow, out, P, T, P64, lowmask):  # type: ignore[no-untyped-def]
-            maxc = T[0]
-            maxc32 = np.int32(maxc)
-            sbit = np.uint32(T[1])
-            keeps = T[2] != 0
-            low = np.uint32(lowmask)
-            zero = np.uint32(0)
-            for r in range(offs.size):
-                sr = s2[srow[r], 0]
-                for j0 in range(0, m, _BLOCK):
-                    n = min(_BLOCK, m - j0)
-                    # 1-D slices: indexing with an offset stops vectorising
-                    v = x[offs[r] + j0 : offs[r] + j0 + n]
-                    o = out[r * m + j0 : r * m + j0 + n]
-                    edge = False
-                    for j in range(n):
-                        t = np.float32(v[j] / sr)
-                        mag, neg, u, isnan, isinf = _round32(t, P, mode, kind)
-                        if kind == _SIGNED:  # no NaN here, saturating: clamp, then the sign
-                            mag = min(mag, maxc32)
-                            keep = (mag != np.int32(0)) | keeps
-                            c = np.uint32(mag) | (sbit if neg & keep else zero)
-                        else:
-                            c = _finish(mag, neg, u != zero, isnan, isinf, T, mode, kind)
-                        o[j] = np.uint8(c)
-                        edge |= (_bits32(t) & low) == zero
-                    if not edge:
-                        continue
-                    for j in range(n):  # maybe a boundary: round the float64 quotient
-                        t = np.float32(v[j] / sr)
-                        if (_bits32(t) & low) != zero:
-                            continue
-                        w = _bits64(np.float64(v[j]) / np.float64(sr))
-                        mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
-                        c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
-                        o[j] = np.uint8(c)
-
-        return kernel
-
-    return _built(("float", mode, kind), build)
-
-
-def _float64_kernel(mode: int) -> Any:
-    """float64 data onto a small float format: the float64 quotient is what the codec
-    rounds, so every element goes through the float64 core once (row mode)."""
-
-    def build() -> Any:
-        @njit(cache=True, nogil=True)
-        def kernel(x, offs, m, s2, srow, out, T, P64):  # type: ignore[no-untyped-def]
-            maxc = T[0]
-            for r in range(offs.size):
-                sr = np.float64(s2[srow[r], 0])
-                v = x[offs[r] : offs[r] + m]
-                o = out[r * m : (r + 1) * m]
-                for j in range(m):
-                    w = _bits64(v[j] / sr)
-                    mag, neg, u, isnan, isinf = _round64(w, np.uint64(0), P64, mode, maxc)
-                    c = _finish(mag, neg, u != np.uint64(0), isnan, isinf, T, mode, _GENERIC)
-                    o[j] = np.uint8(c)
-
-        return kernel
-
-    return _built(("float64", mode), build)
 
 
 def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.ndarray | None:
@@ -355,10 +195,10 @@ def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.
     out = np.empty(offs.size * m, dtype=np.uint8)
     P64 = _fast._round64_params(fmt, mode)
     if V.dtype == np.float64:
-        _float64_kernel(mode)(x, offs, m, s2, srow, out, T, P64)
+        _k()._float64_kernel(mode)(x, offs, m, s2, srow, out, T, P64)
     else:
         low = (1 << (23 - (fmt.mbits + 1))) - 1
-        _float_kernel(mode, _fast._kind(fmt))(x, offs, m, s2, srow, out, P, T, P64, low)
+        _k()._float_kernel(mode, _fast._kind(fmt))(x, offs, m, s2, srow, out, P, T, P64, low)
     return out.reshape(V.shape)
 
 
@@ -371,82 +211,11 @@ def _valueset_table(fmt: Any) -> tuple[np.ndarray, np.ndarray, np.float32, float
 
     ``table[b]`` is the code of bin ``b`` (the count of midpoints below its lower edge),
     plus 128 when a midpoint lies in the bin or within ``tol`` of it: the numpy path's
-    tables (``_qelements._valueset_lut``), finer. ``tol`` (2**-20 of the largest
+    tables (``lowbit.formats.valueset.rounding_bins``), finer. ``tol`` (2**-20 of the largest
     magnitude) is several times the error of the float32 bin index."""
-    from lowbit.quant._elements import _valueset_lut
-
-    base, risky, mids, _tol, lo, inv_w = _valueset_lut(fmt, _VALUESET_BINS)
+    base, risky, mids, _tol, lo, inv_w = rounding_bins(fmt, _VALUESET_BINS)
     table = (base | (risky.astype(np.uint8) << 7)).astype(np.uint8)
     return table, mids, np.float32(lo * inv_w), inv_w
-
-
-def _valueset_kernel(cols: bool) -> Any:
-    """Codes from the bin table (``k2``: bins per unit of the quotient, per scale); the
-    (row, block start) pairs holding a risky bin go to ``flagged``; returns how many."""
-
-    def build() -> Any:
-        @njit(cache=True, nogil=True)
-        def kernel(x, offs, m, k2, srow, out, table, lo_w, flagged):  # type: ignore[no-untyped-def]
-            top = np.float32(table.size - 1)
-            nb = min(m, _BLOCK)
-            bins = np.empty(nb, dtype=np.int32)
-            nf = 0
-            for r in range(offs.size):
-                kv = k2[srow[r]]
-                kr = kv[0]
-                for j0 in range(0, m, nb):
-                    n = min(nb, m - j0)
-                    v = x[offs[r] + j0 : offs[r] + j0 + n]
-                    o = out[r * m + j0 : r * m + j0 + n]
-                    kb = kv[j0 : j0 + n] if cols else kv
-                    for j in range(n):  # vectorises: the bin index of each quotient
-                        b = np.float32(v[j] * (kb[j] if cols else kr)) - lo_w
-                        bins[j] = np.int32(min(max(b, np.float32(0)), top))
-                    risky = np.uint8(0)
-                    for j in range(n):
-                        c = table[bins[j]]
-                        o[j] = c & np.uint8(127)
-                        risky |= c
-                    if risky >= np.uint8(128):
-                        flagged[nf, 0] = r
-                        flagged[nf, 1] = j0
-                        nf += 1
-            return nf
-
-        return kernel
-
-    return _built(("valueset", cols), build)
-
-
-if HAVE_NUMBA:
-
-    @njit(cache=True, nogil=True)
-    def _valueset_redo(x, offs, m, s2, k2, srow, cstep, out, table, mids, lo_w, flagged, nf, ties):  # type: ignore[no-untyped-def]
-        """The flagged blocks' risky elements: count the midpoints below the float64
-        quotient (scale ``s2[srow[r], j * cstep]``); exact ties go to ``ties`` (indices
-        into ``out``). Return how many, or -1 when ``ties`` is full."""
-        top = np.float32(table.size - 1)
-        nb = min(m, _BLOCK)
-        nt = 0
-        for f in range(nf):
-            r = flagged[f, 0]
-            row = srow[r]
-            for j in range(flagged[f, 1], min(flagged[f, 1] + nb, m)):
-                v = x[offs[r] + j]
-                b = np.float32(v * k2[row, j * cstep]) - lo_w
-                if table[np.int32(min(max(b, np.float32(0)), top))] < np.uint8(128):
-                    continue
-                t = np.float64(v) / np.float64(s2[row, j * cstep])
-                c = 0
-                for q in range(mids.size):
-                    c += t > mids[q]
-                    if t == mids[q]:
-                        if nt == ties.size:
-                            return -1
-                        ties[nt] = r * m + j
-                        nt += 1
-                out[r * m + j] = c
-        return nt
 
 
 def scaled_valueset_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: Any) -> np.ndarray | None:
@@ -466,11 +235,13 @@ def scaled_valueset_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: Any) -> 
         return None  # a tiny scale: the bin index would overflow float32
     k2 = k64.astype(np.float32)
     out = np.empty(offs.size * m, dtype=np.uint8)
-    flagged = np.empty((offs.size * -(-m // _BLOCK), 2), dtype=np.int64)
-    nf = _valueset_kernel(cols)(x, offs, m, k2, srow, out, table, lo_w, flagged)
+    flagged = np.empty((offs.size * -(-m // _k()._BLOCK), 2), dtype=np.int64)
+    nf = _k()._valueset_kernel(cols)(x, offs, m, k2, srow, out, table, lo_w, flagged)
     ties = np.empty(1024, dtype=np.int64)
     cstep = int(cols)
-    nt = _valueset_redo(x, offs, m, s2, k2, srow, cstep, out, table, mids, lo_w, flagged, nf, ties)
+    nt = _k()._valueset_redo(
+        x, offs, m, s2, k2, srow, cstep, out, table, mids, lo_w, flagged, nf, ties
+    )
     if nt < 0:
         return None
     if nt:  # exact midpoints: the codec's tie rule
@@ -481,50 +252,7 @@ def scaled_valueset_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: Any) -> 
     return out.reshape(V.shape)
 
 
-# ---- packing and dequantizing ----------------------------------------------------------------
-
-if HAVE_NUMBA:
-
-    @njit(cache=True, nogil=True)
-    def _pack4_kernel(c, out):  # type: ignore[no-untyped-def]
-        for i in range(c.size // 2):
-            out[i] = np.uint8(c[2 * i] | (c[2 * i + 1] << np.uint8(4)))
-
-
-def _dequant_kernel(cols: bool) -> Any:
-    """Row ``r`` of ``y``: ``(table[code] - z) * s`` in the table's dtype."""
-
-    def build() -> Any:
-        @njit(cache=True, nogil=True)
-        def kernel(codes, table, s2, z2, has_z, y, offs, m, srow):  # type: ignore[no-untyped-def]
-            for r in range(offs.size):
-                c = codes[r * m : (r + 1) * m]
-                o = y[offs[r] : offs[r] + m]
-                sv = s2[srow[r]]
-                sr = sv[0]
-                if has_z:
-                    zv = z2[srow[r]]
-                    zr = zv[0]
-                    for j in range(m):
-                        zj = zv[j] if cols else zr
-                        o[j] = (table[c[j]] - zj) * (sv[j] if cols else sr)
-                else:
-                    for j in range(m):
-                        o[j] = table[c[j]] * (sv[j] if cols else sr)
-
-        return kernel
-
-    return _built(("dequant", cols), build)
-
-
-def pack4(flat: np.ndarray) -> np.ndarray | None:
-    """Two uint8 4-bit codes per byte, element 0 in the low nibble (``packing``'s order),
-    for an even count; None where the kernel does not apply."""
-    if not _fast.enabled() or flat.dtype != np.uint8 or flat.size % 2 or flat.ndim != 1:
-        return None
-    out = np.empty(flat.size // 2, dtype=np.uint8)
-    _pack4_kernel(np.ascontiguousarray(flat), out)
-    return out
+# ---- dequantizing ----------------------------------------------------------------------------
 
 
 def dequantize8(
@@ -544,33 +272,11 @@ def dequantize8(
         if Z.shape != S.shape:
             return False
         z2 = _rows(dst, Z, dst.dtype)[1]  # type: ignore[index]
-    _dequant_kernel(cols)(codes.reshape(-1), table, s2, z2, Z is not None, y, offs, m, srow)
+    _k()._dequant_kernel(cols)(codes.reshape(-1), table, s2, z2, Z is not None, y, offs, m, srow)
     return True
 
 
 # ---- per-group min and max (``scales.minmax``) ---------------------------------------------
-
-if HAVE_NUMBA:
-
-    @njit(cache=True, nogil=True)
-    def _row_minmax_kernel(V, mn, mx):  # type: ignore[no-untyped-def]
-        """Min and max of each row of ``V`` in one pass; return False (results unusable)
-        when a row holds a NaN or has a zero extreme (whose sign numpy may pick either way)."""
-        n, m = V.shape
-        for i in range(n):
-            lo = V[i, 0]
-            hi = V[i, 0]
-            nan = False
-            for j in range(m):
-                x = V[i, j]
-                nan |= x != x
-                lo = min(lo, x)
-                hi = max(hi, x)
-            if nan or lo == 0 or hi == 0:
-                return False
-            mn[i] = lo
-            mx[i] = hi
-        return True
 
 
 def row_minmax(V: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -585,25 +291,10 @@ def row_minmax(V: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     V2 = V.reshape(-1, V.shape[-1])
     mn = np.empty(V2.shape[0], dtype=np.float32)
     mx = np.empty(V2.shape[0], dtype=np.float32)
-    if not _row_minmax_kernel(V2, mn, mx):
+    if not _k()._row_minmax_kernel(V2, mn, mx):
         return None
     shape = (*V.shape[:-1], 1)
     return mn.reshape(shape).astype(np.float64), mx.reshape(shape).astype(np.float64)
-
-
-if HAVE_NUMBA:
-
-    @njit(cache=True, nogil=True)
-    def _row_absmax_kernel(u, offs, m, mask, out):  # type: ignore[no-untyped-def]
-        """Largest magnitude bit pattern of each row of float bit patterns ``u`` (uint32
-        or uint64; ``mask`` drops the sign). An integer max vectorises, and a NaN, whose
-        pattern is above infinity's, comes out as a NaN."""
-        for r in range(offs.size):
-            v = u[offs[r] : offs[r] + m]
-            acc = v[0] & mask
-            for j in range(m):
-                acc = max(acc, v[j] & mask)
-            out[r] = acc
 
 
 _SEGMENT = 1 << 20  # elements per thread's share of one long row
@@ -626,14 +317,13 @@ def row_absmax(V: np.ndarray) -> np.ndarray | None:
     mask = udt.type((1 << (8 * udt.itemsize - 1)) - 1)
     bits = np.empty(offs.size, dtype=udt)
     if offs.size == 1 and m >= 4 * _SEGMENT:  # one long row (per-tensor): segments on threads
-        from lowbit._parallel import map_chunks
 
         def seg(a: int) -> Any:
             part = np.empty(1, dtype=udt)
-            _row_absmax_kernel(u, np.array([offs[0] + a]), min(_SEGMENT, m - a), mask, part)
+            _k()._row_absmax_kernel(u, np.array([offs[0] + a]), min(_SEGMENT, m - a), mask, part)
             return part[0]
 
         bits[0] = max(map_chunks(seg, list(range(0, m, _SEGMENT))))
     else:
-        _row_absmax_kernel(u, offs, m, mask, bits)
+        _k()._row_absmax_kernel(u, offs, m, mask, bits)
     return bits.view(V.dtype).astype(np.float64).reshape(*V.shape[:-1], 1)

@@ -5,16 +5,17 @@ raises, under ``underflow="raise"``). docs/quantization.md, "Range", says why.""
 from __future__ import annotations
 
 import math
-import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
+from lowbit.errors import LowbitError
+from lowbit.formats.catalog import format as lookup
+from lowbit.formats.catalog import mx_format
+from lowbit.formats.mx import E8M0_MAX_EXP, E8M0_MIN_EXP, scale_values, shared_exponent
 
 if TYPE_CHECKING:
     from lowbit.quant.scheme import Scheme
-    from lowbit.quant.tensor import QuantizedTensor
 
 
 def mx_scales(amax: np.ndarray, scheme: Scheme) -> np.ndarray:
@@ -25,8 +26,6 @@ def mx_scales(amax: np.ndarray, scheme: Scheme) -> np.ndarray:
             reference code (microxcaling) makes such a scale NaN; clamping it instead would
             saturate the block's large values and flush its small ones without a word.
     """
-    from lowbit.formats.mx import E8M0_MAX_EXP, mx_format, scale_values, shared_exponent
-
     mxf = mx_format(scheme.format)
     limit = math.ldexp(1.0, E8M0_MAX_EXP + 1 + mxf.emax_elem)  # floor(log2 amax) > 127 + emax
     if np.any(amax >= limit):
@@ -43,11 +42,7 @@ def scales_at_floor(scale: np.ndarray, scheme: Scheme) -> bool:
     """Whether every group's scale is the smallest its format holds, or 1 (an all-zero
     group's). Only then can a nonzero tensor quantize to all zeros: a scale above the
     floor maps each group's largest magnitude to a nonzero code (or saturates it)."""
-    from lowbit.formats.catalog import format as lookup
-
     if scheme.is_mx:
-        from lowbit.formats.mx import E8M0_MIN_EXP, mx_format
-
         floor = math.ldexp(1.0, E8M0_MIN_EXP - mx_format(scheme.format).int_shift)
     elif scheme.scale_format == "float32":
         floor = float(np.finfo(np.float32).smallest_subnormal)
@@ -56,23 +51,3 @@ def scales_at_floor(scale: np.ndarray, scheme: Scheme) -> bool:
     else:
         floor = float(lookup(scheme.scale_format).smallest_positive)
     return bool(np.all((scale <= floor) | (scale == 1)))
-
-
-def check_underflow(arr: np.ndarray, qt: QuantizedTensor, policy: str) -> None:
-    """Warn (or raise, under ``policy="raise"``) when a nonzero tensor became all zeros."""
-    from lowbit.quant._engine import decode_tensor
-
-    nonzero = int(np.count_nonzero(arr))
-    if nonzero == 0 or np.any(decode_tensor(qt, np.float64) != 0):
-        return
-    with np.errstate(invalid="ignore"):
-        amax = float(np.nanmax(np.abs(arr)))
-    msg = (
-        f"{qt.scheme.label}: all {qt.numel:,} values quantized to zero though {nonzero:,} "
-        f"are nonzero (largest |x| {amax:.4g}): the {qt.scheme.scale_format} scales "
-        "underflowed to their smallest value; scale the input up first (underflow='ignore' "
-        "silences this, 'raise' makes it an error)"
-    )
-    if policy == "raise":
-        raise UnderflowError(msg)
-    warnings.warn(msg, UnderflowWarning, stacklevel=4)  # the caller of lowbit.quantize

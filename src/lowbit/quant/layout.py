@@ -17,12 +17,25 @@ of compressed-tensors' group scales, ``[out, in/G]`` for a weight ``[out, in]``)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from lowbit.codecs.packing import packed_nbytes
 from lowbit.errors import LowbitError
+from lowbit.quant.nf4 import DQ_BLOCK
 from lowbit.quant.scheme import Granularity, Scheme
+
+__all__ = [
+    "REDUCE_CHANNEL",
+    "REDUCE_GROUP",
+    "ArraySpec",
+    "Layout",
+    "Part",
+    "make_layout",
+    "quantized_arrays",
+]
 
 REDUCE_GROUP = (2,)
 REDUCE_CHANNEL = (0, 2, 3)
@@ -151,3 +164,59 @@ def make_layout(shape: tuple[int, ...], scheme: Scheme) -> Layout:
             "and pad=False; pass pad=True to let the last group be shorter"
         )
     return Layout(shape, g, a, G)
+
+
+# ---- the stored arrays of one quantized tensor ------------------------------------
+
+# dtype each scale format is stored in (``QuantizedTensor.to_arrays``)
+_SCALE_DTYPES = {
+    "float32": np.dtype("<f4"),
+    "float16": np.dtype("<f2"),
+    "bfloat16": np.dtype("<u2"),  # bit patterns, as QuantizedTensor.to_arrays stores them
+    "float8_e8m0fnu": np.dtype("u1"),
+}
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One stored array: its key suffix, dtype and shape."""
+
+    suffix: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def quantized_arrays(shape: Sequence[int], scheme: Scheme) -> list[ArraySpec]:
+    """The arrays ``QuantizedTensor.to_arrays`` gives for a tensor of ``shape`` and ``scheme``.
+
+    Known before quantizing, so a checkpoint's headers can be written first and each tensor
+    quantized only when its bytes are due. The sum of their ``nbytes`` is the quantized
+    tensor's ``nbytes`` (the size a lowbit checkpoint stores for it).
+
+    Args:
+        shape: the tensor's shape.
+        scheme: how it is quantized.
+
+    Returns:
+        One :class:`ArraySpec` per array, in ``to_arrays``' order.
+    """
+    shape = tuple(int(s) for s in shape)
+    bits = scheme.element_format.bits
+    layout = make_layout(shape, scheme)
+    nscale = math.prod(layout.scale_shape)
+    out = [ArraySpec("codes", np.dtype("u1"), (packed_nbytes(math.prod(shape), bits),))]
+    if scheme.double_quant:
+        out += [
+            ArraySpec("scale_codes", np.dtype("u1"), (nscale,)),
+            ArraySpec("scale_absmax", np.dtype("<f4"), (-(-nscale // DQ_BLOCK),)),
+            ArraySpec("scale_offset", np.dtype("<f4"), (1,)),
+        ]
+    else:
+        out.append(ArraySpec("scale", _SCALE_DTYPES[scheme.scale_format], layout.scale_shape))
+    if not scheme.symmetric:
+        out.append(ArraySpec("zero_point", np.dtype("u1"), (packed_nbytes(nscale, bits),)))
+    return out

@@ -8,11 +8,10 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
+from lowbit.quant.tensor import QuantizedTensor, _as_input
 
 
 def _values(a: Any) -> np.ndarray:
-    from lowbit.quant.tensor import QuantizedTensor, _as_input
-
     if isinstance(a, QuantizedTensor):
         return np.asarray(
             a.dequantize(np.float64) if not a._source_torch else a.dequantize(np.float64).numpy()

@@ -21,6 +21,17 @@ import numpy as np
 
 from lowbit.errors import LowbitError
 
+__all__ = [
+    "DQ_BLOCK",
+    "NF4_BLOCK",
+    "double_dequantize",
+    "double_quantize",
+    "dynamic_map",
+    "nearest_code",
+]
+
+#: Values per NF4 block (one absmax scale each): QLoRA's block size, NF4's default group.
+NF4_BLOCK = 64
 DQ_BLOCK = 256
 
 

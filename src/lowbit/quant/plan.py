@@ -376,7 +376,8 @@ class PrecisionPlan:
 
         Args:
             tensors: ``(name, shape, dtype, nbytes[, alias])`` in file order
-                (``checkpoint_tensors`` gives them for an open checkpoint).
+                (``lowbit.checkpoints.quantize_model.checkpoint_tensors`` gives them for an open
+                checkpoint).
             source: how to name the model in messages.
 
         Returns:
@@ -478,24 +479,3 @@ def _close_hint(rule: Rule, items: list[tuple[Any, ...]]) -> str:
         present = sorted({classify(n, len(sh)) for n, sh, *_ in items} - {"buffer"})
         return f"; components present: {', '.join(present)}"
     return f"; names look like: {', '.join(n for n, *_ in items[:3])}"
-
-
-def checkpoint_tensors(checkpoint: Any) -> list[tuple[Any, ...]]:
-    """``(name, shape, dtype, nbytes, alias)`` of every tensor of an open checkpoint, in file
-    order; ``alias`` is a GGUF tensor's transformers name (so rules may use either), else None."""
-    to_hf = None
-    if getattr(checkpoint, "format", None) == "gguf":
-        from lowbit.evaluation.models import gguf_to_hf_name
-
-        to_hf = gguf_to_hf_name
-    out = []
-    for name in checkpoint.names():
-        info = checkpoint.info(name)
-        alias = None
-        if to_hf is not None:
-            try:
-                alias = to_hf(name)
-            except LowbitError:
-                alias = None
-        out.append((name, tuple(info.shape), str(info.dtype), int(info.nbytes), alias))
-    return out

@@ -43,11 +43,6 @@ def minmax(V: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray
     """
     G = V.shape[-1] if V.ndim else 1
     if axes == (V.ndim - 1,) and G > 1 and V.flags.c_contiguous and V.size:
-        from lowbit.quant import _numba as _fastquant
-
-        fast = _fastquant.row_minmax(V)
-        if fast is not None:
-            return fast
         flat = V.reshape(-1)
         starts = np.arange(0, flat.size, G)
         shape = (*V.shape[:-1], 1)

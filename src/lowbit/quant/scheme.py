@@ -23,12 +23,13 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from lowbit.enums import as_rounding
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as _lookup
-from lowbit.formats.enums import as_rounding
-from lowbit.formats.mx import is_mx_name, mx_format
-from lowbit.quant.nf4 import DQ_BLOCK
+from lowbit.formats.catalog import mx_format
+from lowbit.formats.mx import is_mx_name
+from lowbit.quant.nf4 import DQ_BLOCK, NF4_BLOCK
 
 if TYPE_CHECKING:
     from lowbit.quant.tensor import QuantizedTensor
@@ -204,7 +205,7 @@ class Scheme:
                 gran = Granularity.CHANNEL
             elif name == "nf4":
                 gran = Granularity.GROUP
-                set_(self, "group_size", 64)
+                set_(self, "group_size", NF4_BLOCK)
             else:
                 gran = Granularity.TENSOR
         gran = _enum(Granularity, gran, "granularity")

@@ -31,8 +31,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from lowbit.errors import LowbitError, UnknownFormatError
+from lowbit.formats.catalog import MX_FORMATS
 from lowbit.formats.catalog import format as _lookup
-from lowbit.formats.mx import MX_FORMATS, is_mx_name
+from lowbit.formats.mx import is_mx_name
 from lowbit.quant.scheme import (
     CAST_FORMATS,
     Cast,

@@ -27,17 +27,21 @@ points. Definitions, pinned by tests:
 from __future__ import annotations
 
 import math
-from fractions import Fraction
+import warnings
 from typing import Any
 
 import numpy as np
 
 from lowbit._arrays import as_float64
 from lowbit.codecs.packing import pack, packed_nbytes, unpack
-from lowbit.errors import LowbitError
+from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
 from lowbit.formats.base import Format
-from lowbit.formats.enums import Rounding
+from lowbit.formats.catalog import format as lookup
+from lowbit.formats.catalog import mx_format
+from lowbit.formats.mx import e8m0_codes
+from lowbit.quant._engine import decode_tensor, encode_tensor
 from lowbit.quant.layout import Layout, make_layout
+from lowbit.quant.nf4 import DQ_BLOCK, double_dequantize
 from lowbit.quant.scheme import Granularity, Scheme
 
 FORMAT_VERSION = 1
@@ -201,8 +205,6 @@ def quantize(
     else:
         name = fmt.name if isinstance(fmt, Format) else fmt
         if isinstance(fmt, Format):
-            from lowbit.formats.catalog import format as lookup
-
             try:
                 found = lookup(fmt.name)
             except LowbitError:
@@ -230,9 +232,19 @@ def quantize(
     arr, is_torch = _as_input(x)
     if arr.size == 0:
         raise LowbitError(f"cannot quantize an empty tensor (shape {arr.shape})")
-    from lowbit.quant._engine import encode_tensor
-
-    return encode_tensor(arr, scheme, seed=seed, nan=nan, is_torch=is_torch, underflow=underflow)
+    enc = encode_tensor(arr, scheme, seed=seed, nan=nan)
+    qt = QuantizedTensor(
+        codes=enc.codes,
+        scale=enc.scale,
+        zero_point=enc.zero_point,
+        shape=arr.shape,
+        scheme=scheme,
+        dq=enc.dq,
+        source_torch=is_torch,
+    )
+    if enc.floored and underflow != "ignore":
+        _check_underflow(arr, qt, underflow)
+    return qt
 
 
 def quantize_dynamic(x: Any, fmt: str = "int8", *, axis: int = -1) -> QuantizedTensor:
@@ -355,10 +367,8 @@ class QuantizedTensor:
         np_dtype = np.dtype(dtype)
         if np_dtype.kind != "f":
             raise LowbitError(f"dequantize needs a float dtype, got {np_dtype}")
-        from lowbit.quant._engine import decode_tensor
-
         work = np.float64 if np_dtype == np.float64 else np.float32
-        out = decode_tensor(self, work)
+        out = decode_tensor(self.codes, self.scale, self.zero_point, self.shape, self.scheme, work)
         if np_dtype != work:
             out = out.astype(np_dtype)
         if self._source_torch or torch_dtype is not None:
@@ -448,8 +458,6 @@ class QuantizedTensor:
         nscale = math.prod(sshape)
         dq = None
         if scheme.double_quant:
-            from lowbit.quant.nf4 import DQ_BLOCK, double_dequantize
-
             c = get("scale_codes", np.uint8).reshape(-1)
             a2 = get("scale_absmax", np.float32).reshape(-1)
             off = get("scale_offset", np.float32).reshape(-1)
@@ -496,8 +504,6 @@ def _is_torch_dtype(dtype: Any) -> bool:
 def _store_scale(scale: np.ndarray, scheme: Scheme) -> np.ndarray:
     sf = scheme.scale_format
     if sf == "float8_e8m0fnu":
-        from lowbit.formats.mx import e8m0_codes, mx_format
-
         shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
         s = scale.astype(np.float64)
         nanm = ~np.isfinite(s)
@@ -519,8 +525,6 @@ def _load_scale(stored: np.ndarray, scheme: Scheme, prefix: str) -> np.ndarray:
             f"array {prefix}scale has dtype {stored.dtype}; a {sf} scale is stored as {np.dtype(expect)}"
         )
     if sf == "float8_e8m0fnu":
-        from lowbit.formats.mx import mx_format
-
         shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
         e = stored.astype(np.int32) - 127 - shift
         out = np.ldexp(np.float32(1.0), e).astype(np.float32)
@@ -532,26 +536,24 @@ def _load_scale(stored: np.ndarray, scheme: Scheme, prefix: str) -> np.ndarray:
     return stored.astype(np.float32)
 
 
-# ---- exact rounding of x / s at float32 ties ------------------------------------------
-
-
-def exact_round_quotient(x: np.ndarray, s: np.ndarray, mode: Rounding) -> np.ndarray:
-    """round(x / s) for the exact rational quotient (a few elements; Python Fractions)."""
-    out = np.empty(x.shape, dtype=np.float64)
-    for i, (xv, sv) in enumerate(zip(x.reshape(-1).tolist(), s.reshape(-1).tolist(), strict=True)):
-        q = Fraction(xv) / Fraction(sv)
-        fl = math.floor(q)
-        frac = q - fl
-        if frac > Fraction(1, 2):
-            r = fl + 1
-        elif frac < Fraction(1, 2):
-            r = fl
-        elif mode is Rounding.NEAREST_AWAY:
-            r = fl + 1 if q > 0 else fl
-        else:
-            r = fl + (fl % 2)
-        out.reshape(-1)[i] = r
-    return out
+def _check_underflow(arr: np.ndarray, qt: QuantizedTensor, policy: str) -> None:
+    """Warn (or raise, under ``policy="raise"``) when a nonzero tensor became all zeros."""
+    nonzero = int(np.count_nonzero(arr))
+    if nonzero == 0 or np.any(
+        decode_tensor(qt.codes, qt.scale, qt.zero_point, qt.shape, qt.scheme, np.float64) != 0
+    ):
+        return
+    with np.errstate(invalid="ignore"):
+        amax = float(np.nanmax(np.abs(arr)))
+    msg = (
+        f"{qt.scheme.label}: all {qt.numel:,} values quantized to zero though {nonzero:,} "
+        f"are nonzero (largest |x| {amax:.4g}): the {qt.scheme.scale_format} scales "
+        "underflowed to their smallest value; scale the input up first (underflow='ignore' "
+        "silences this, 'raise' makes it an error)"
+    )
+    if policy == "raise":
+        raise UnderflowError(msg)
+    warnings.warn(msg, UnderflowWarning, stacklevel=3)  # the caller of lowbit.quantize
 
 
 __all__ = [

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
+from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as get_format
-from lowbit.formats.enums import Rounding, as_rounding
 from lowbit.torch.rounding import _limits, round_to
 
 __all__ = ["Quantizer", "fake_quantize", "pow2_at_least"]

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError, NaNPolicyError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as get_format
-from lowbit.formats.enums import Rounding, as_rounding
 from lowbit.formats.floats import FloatFormat
 from lowbit.formats.ints import IntFormat
 from lowbit.formats.valueset import ValueSetFormat

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from lowbit.checkpoints._outputs import save_figure
 from lowbit.training._lab_results import LabResult
 
 __all__ = ["plot"]
@@ -75,8 +76,6 @@ def plot(lab: LabResult, path: str | os.PathLike[str], *, overwrite: bool = Fals
         fontsize=10,
     )
     fig.tight_layout()
-    from lowbit.checkpoints._outputs import save_figure
-
     try:
         save_figure(fig, path, overwrite=overwrite, dpi=110)
     finally:

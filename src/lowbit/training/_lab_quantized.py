@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lowbit.checkpoints._outputs import output_file, writer_metadata
 from lowbit.errors import LowbitError
 from lowbit.quant.tensor import QuantizedTensor, quantize
 from lowbit.torch import EmulatedLinear
@@ -90,8 +91,6 @@ def save_quantized(
     bytes.
     """
     from safetensors.numpy import save_file
-
-    from lowbit.checkpoints._outputs import output_file, writer_metadata
 
     arrays: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {}

@@ -1,8 +1,15 @@
-"""String-valued enums shared by the formats and codecs."""
+"""String-valued enums shared by every layer: rounding modes and where a float format keeps its
+infinities and NaNs. They sit at the bottom with ``lowbit.errors``, so the codecs (below the
+formats) and the formats use the same ones.
+"""
 
 from __future__ import annotations
 
 from enum import Enum
+
+from lowbit.errors import LowbitError
+
+__all__ = ["Inf", "NaN", "Rounding", "as_rounding"]
 
 
 class Rounding(str, Enum):
@@ -41,8 +48,6 @@ _ROUNDING_ALIASES = {
 
 def as_rounding(value: str | Rounding) -> Rounding:
     """Parse a rounding mode (its name or a common alias such as ``rne``, ``rtz``, ``sr``)."""
-    from lowbit.errors import LowbitError
-
     if isinstance(value, Rounding):
         return value
     key = str(value).strip().lower().replace("-", "_")
