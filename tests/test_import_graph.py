@@ -12,7 +12,7 @@ Every ``import`` statement of ``src/lowbit`` counts, at module level and inside 
     statement and is allowed;
 (d) imports go down the layers, never up or sideways:
 
-    cli -> planning, evaluation -> training -> checkpoints -> quant, torch -> formats -> codecs
+    cli -> view -> planning, evaluation -> training -> checkpoints -> quant, torch -> formats -> codecs
     -> base (errors, enums, _arrays, _parallel, _progress, _files, _version)
 
     The codecs sit below the formats: ``FloatFormat.encode`` calls them, and they read a format
@@ -38,7 +38,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Layer of each top-level package or module of lowbit (higher may import lower).
 LAYERS = {
-    "cli": 7,
+    "cli": 8,
+    "view": 7,
     "planning": 6,
     "evaluation": 6,
     "training": 5,
@@ -53,6 +54,7 @@ LAYERS = {
     "_parallel": 0,
     "_progress": 0,
     "_files": 0,
+    "_json": 0,
     "_version": 0,
 }
 BASE = "base"  # the layer-0 modules, one group

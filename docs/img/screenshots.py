@@ -12,7 +12,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from lowbit.view.explore import serve_in_thread
+from lowbit.cli._explore_server import serve_in_thread
 
 HERE = Path(__file__).parent
 

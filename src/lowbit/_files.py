@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lowbit import _json
+
 __all__ = ["read_data_file"]
 
 
@@ -17,7 +19,6 @@ def read_data_file(path: str | Path) -> Any:
         LowbitError: the file is missing, not a regular file, too large or does not parse.
         ImportError: a YAML file without PyYAML installed.
     """
-    from lowbit import _json
 
     p = Path(path)
     if p.suffix.lower() in (".yaml", ".yml"):

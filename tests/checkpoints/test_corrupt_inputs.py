@@ -34,10 +34,10 @@ from fuzz_strategies import (
 )
 from lowbit._json import short_repr
 from lowbit.checkpoints import _gguf, _safetensors, open_checkpoint
-from lowbit.checkpoints.headers import read_gguf_header, read_safetensors_header
 from lowbit.cli import main
 from lowbit.errors import LowbitError
 from lowbit.planning.archs import spec_from_checkpoint
+from lowbit.planning.headers import read_gguf_header, read_safetensors_header
 
 pytest.importorskip("gguf")
 

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 
 from lowbit.cli import main
+from lowbit.cli._explore_server import HOST, api, make_server, serve_in_thread
 from lowbit.errors import LowbitError
-from lowbit.view.explore import HOST, api, make_server, serve_in_thread
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from browser_helpers import chromium_page, screenshot
 
 from lowbit.cli import main
-from lowbit.view.explore import serve_in_thread
+from lowbit.cli._explore_server import serve_in_thread
 
 
 @pytest.fixture(scope="module")

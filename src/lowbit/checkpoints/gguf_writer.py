@@ -23,7 +23,7 @@ import numpy as np
 
 from lowbit._arrays import _is_ml_float
 from lowbit._progress import progress_bar
-from lowbit.checkpoints import gguf_q
+from lowbit.checkpoints import _gguf, gguf_q
 from lowbit.checkpoints._atomic import atomic_file
 from lowbit.checkpoints._outputs import WRITER_KEY, writer_tag
 from lowbit.checkpoints._write_arrays import as_numpy
@@ -280,8 +280,6 @@ def _source_fields(source: Any) -> dict[str, Any]:
     UTF-8) keeps its exact type and bytes.
     """
     from gguf import GGUFValueType
-
-    from lowbit.checkpoints import _gguf
 
     data = getattr(source, "data", None)  # an open gguf.GGUFReader: its file
     path = Path(getattr(data, "filename", None) or source)

@@ -17,8 +17,6 @@ deals in. The tests check this reader against ``safetensors``' own.
 
 from __future__ import annotations
 
-import os
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from lowbit import _json
-from lowbit.checkpoints import _safetensors
 from lowbit._progress import progress_iter
 from lowbit.checkpoints import _gguf, _safetensors
 from lowbit.errors import LowbitError

@@ -1,6 +1,6 @@
 """The JSON documents of ``lowbit show/decode/values/compare --json``, built in one place.
 
-The commands print them; ``lowbit explore``'s server (:mod:`lowbit.view.explore`) answers its
+The commands print them; ``lowbit explore``'s server (:mod:`lowbit.cli._explore_server`) answers its
 requests with the same functions, so the page and the terminal can never disagree.
 """
 
@@ -8,11 +8,33 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Any
 
-from lowbit.errors import LowbitError
+import numpy as np
 
-__all__ = ["SHOW_FORMATS", "compare_payload", "decode_payload", "show_payload", "values_payload"]
+from lowbit.cli import _common
+from lowbit.cli.cmd_quantize_tensor import build_scheme, load_tensor
+from lowbit.enums import as_rounding
+from lowbit.errors import LowbitError
+from lowbit.formats import explain
+from lowbit.formats.catalog import FORMATS
+from lowbit.formats.catalog import format as get_format
+from lowbit.formats.mx import is_mx_name
+from lowbit.quant.metrics import error
+from lowbit.quant.tensor import quantize
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "SHOW_FORMATS",
+    "compare_payload",
+    "decode_payload",
+    "show_payload",
+    "values_payload",
+]
+
+#: The synthetic data ``lowbit compare --data`` draws.
+DISTRIBUTIONS = ("normal", "laplace", "student-t", "uniform")
 
 #: The formats ``lowbit show`` lists when ``--formats`` is not given.
 SHOW_FORMATS = (
@@ -57,10 +79,6 @@ def show_payload(
     Raises:
         LowbitError: a value that is no number, an unknown format or rounding mode.
     """
-    from lowbit.formats import explain
-    from lowbit.formats.catalog import FORMATS
-    from lowbit.formats.catalog import format as get_format
-    from lowbit.formats.enums import as_rounding
 
     x = explain.parse_value(value)
     mode = as_rounding(rounding)
@@ -86,7 +104,6 @@ def decode_payload(fmt: str, code: str | int) -> dict[str, Any]:
     Raises:
         LowbitError: an unknown format or a code that is not one of its codes.
     """
-    from lowbit.formats import explain
 
     return explain.decode(fmt, code)
 
@@ -101,8 +118,6 @@ def values_payload(fmt: str) -> dict[str, Any]:
     Raises:
         LowbitError: an unknown format, or one wider than 8 bits.
     """
-    from lowbit.formats import explain
-    from lowbit.formats.catalog import format as get_format
 
     f = get_format(fmt)
     entries = explain.values(f)
@@ -136,14 +151,6 @@ def compare_payload(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str,
     Raises:
         LowbitError: an unknown distribution or missing file, an empty or bad --formats.
     """
-    from pathlib import Path
-
-    import numpy as np
-
-    import lowbit
-    from lowbit.cli import _common
-    from lowbit.cli.cmd_compare import DISTRIBUTIONS, _scheme_for, make_data
-    from lowbit.cli.cmd_quantize_tensor import load_tensor
 
     if args.data in DISTRIBUTIONS:
         data = make_data(args.data, args.size, args.seed)
@@ -165,8 +172,8 @@ def compare_payload(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str,
     qts = {}
     schemes = {name: _scheme_for(name, args, tuple(np.shape(data))) for name in names}
     for name in names:
-        qt = lowbit.quantize(data, schemes[name], seed=args.seed)
-        err = lowbit.error(data, qt)
+        qt = quantize(data, schemes[name], seed=args.seed)
+        err = error(data, qt)
         qts[name] = qt
         results.append(
             {
@@ -179,3 +186,31 @@ def compare_payload(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str,
         )
     results.sort(key=lambda r: -r["sqnr_db"])
     return {"data": label, "results": results}, qts, data
+
+
+def make_data(kind: str, size: int, seed: int) -> Any:
+    """Synthetic data: ``size`` float32 values from a named distribution (unit scale)."""
+    if size < 1:
+        raise LowbitError(f"--size must be >= 1, got {size}")
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        x = rng.standard_normal(size)
+    elif kind == "laplace":
+        x = rng.laplace(0.0, 1.0, size)
+    elif kind == "student-t":
+        x = rng.standard_t(4.0, size)
+    elif kind == "uniform":
+        x = rng.uniform(-1.0, 1.0, size)
+    else:
+        raise LowbitError(f"unknown distribution {kind!r}; allowed: {', '.join(DISTRIBUTIONS)}")
+    return x.astype(np.float32)
+
+
+def _scheme_for(name: str, args: argparse.Namespace, shape: tuple[int, ...]) -> Any:
+    """The scheme of one --formats entry with the shared options applied."""
+    skip: dict[str, Any] = {}
+    if is_mx_name(name.split(":")[0].strip()):
+        skip = {"group_size": None, "scale_format": None, "scale_method": None}
+    if name.split(":")[0].strip().lower() != "nf4":
+        skip["double_quant"] = None
+    return build_scheme(name, args, shape, **skip)

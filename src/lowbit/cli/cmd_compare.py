@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import lowbit
 from lowbit.checkpoints._outputs import save_figure
 from lowbit.cli import _common
-from lowbit.cli.cmd_quantize_tensor import add_scheme_options, build_scheme
+from lowbit.cli._payloads import compare_payload
+from lowbit.cli.cmd_quantize_tensor import add_scheme_options
 from lowbit.errors import LowbitError
-from lowbit.formats.mx import is_mx_name
+from lowbit.view.labels import place_labels
 
 #: One scale per tensor for the scaled formats: the synthetic data is one 1-D vector.
 DEFAULT_FORMATS = "int8:t,int4:t,nf4,fp4:t,mxfp4,fp8_e4m3:t"
-DISTRIBUTIONS = ("normal", "laplace", "student-t", "uniform")
 
 _EPILOG = """\
 Each entry of --formats is a scheme string, FORMAT[:gN|:ch|:t][:SCALEFMT][:asym][:dq], read
@@ -74,39 +73,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def make_data(kind: str, size: int, seed: int) -> Any:
-    """Synthetic data: ``size`` float32 values from a named distribution (unit scale)."""
-    import numpy as np
-
-    if size < 1:
-        raise LowbitError(f"--size must be >= 1, got {size}")
-    rng = np.random.default_rng(seed)
-    if kind == "normal":
-        x = rng.standard_normal(size)
-    elif kind == "laplace":
-        x = rng.laplace(0.0, 1.0, size)
-    elif kind == "student-t":
-        x = rng.standard_t(4.0, size)
-    elif kind == "uniform":
-        x = rng.uniform(-1.0, 1.0, size)
-    else:
-        raise LowbitError(f"unknown distribution {kind!r}; allowed: {', '.join(DISTRIBUTIONS)}")
-    return x.astype(np.float32)
-
-
-def _scheme_for(name: str, args: argparse.Namespace, shape: tuple[int, ...]) -> Any:
-    """The scheme of one --formats entry with the shared options applied."""
-    skip: dict[str, Any] = {}
-    if is_mx_name(name.split(":")[0].strip()):
-        skip = {"group_size": None, "scale_format": None, "scale_method": None}
-    if name.split(":")[0].strip().lower() != "nf4":
-        skip["double_quant"] = None
-    return build_scheme(name, args, shape, **skip)
-
-
 def run(args: argparse.Namespace) -> int:
-    from lowbit.cli._payloads import compare_payload
-
     payload, qts, data = compare_payload(args)
     label, results, rows = payload["data"], payload["results"], []
     names = list(qts)
@@ -168,7 +135,6 @@ def _plot(
     if levels not in qts:
         raise LowbitError(f"--levels {levels!r} is not one of --formats ({', '.join(qts)})")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    from lowbit.view.labels import place_labels
 
     for r in results:
         ax1.scatter(r["bits_per_value"], r["sqnr_db"], color="C0")

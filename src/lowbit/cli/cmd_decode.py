@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lowbit.cli import _common
-from lowbit.formats import explain
+from lowbit.cli._payloads import decode_payload
 
 _EPILOG = """\
 CODE is the bit pattern as an unsigned integer: hex (0x7e), binary (0b01111110) or
@@ -40,7 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.cli._payloads import decode_payload
 
     d = decode_payload(args.format, args.code)
     if args.json:

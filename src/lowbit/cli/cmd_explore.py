@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lowbit.cli._explore_server import make_server
+
 _EPILOG = """\
 A local page: type a value and see it in every format with coloured sign, exponent and
 mantissa bits; click a bit to flip it; every value of a format of 8 bits or fewer on a
@@ -32,7 +34,6 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.view.explore import make_server
 
     server = make_server(args.port)
     host, port = server.server_address[:2]

@@ -8,8 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints._outputs import check_output, output_file
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
+from lowbit.view.html import render
+from lowbit.view.png import write_pngs
+from lowbit.view.report import build_report
 
 _EPILOG = """\
 DIR is a lowbit checkpoint folder (its lowbit.json names the source, whose tensors give the
@@ -68,9 +72,6 @@ def _read_json(path: str, flag: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.checkpoints._outputs import check_output, output_file
-    from lowbit.view.html import render
-    from lowbit.view.report import build_report
 
     if args.worst < 0:
         raise LowbitError(f"--worst must be >= 0, got {args.worst}")
@@ -93,8 +94,6 @@ def run(args: argparse.Namespace) -> int:
         tmp.write_text(page, encoding="utf-8")
     pngs = []
     if args.png:
-        from lowbit.view.png import write_pngs
-
         pngs = [str(p) for p in write_pngs(report, args.png, overwrite=args.overwrite)]
     seconds = time.perf_counter() - t0
     if args.json:

@@ -9,10 +9,8 @@ import textwrap
 from typing import Any
 
 from lowbit.cli import _common
-from lowbit.enums import as_rounding
+from lowbit.cli._payloads import show_payload
 from lowbit.formats import explain
-from lowbit.formats.catalog import FORMATS
-from lowbit.formats.catalog import format as get_format
 from lowbit.formats.explain import exact_decimal
 
 _EPILOG = """\
@@ -89,8 +87,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.cli._payloads import show_payload
-    from lowbit.formats import explain
 
     names = _common.parse_names(args.formats, "--formats")
     payload = show_payload(

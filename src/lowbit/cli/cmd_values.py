@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from lowbit.cli import _common
+from lowbit.cli._payloads import values_payload
 from lowbit.formats import explain
-from lowbit.formats.catalog import format as get_format
 
 _EPILOG = """\
 Lists formats of at most 8 bits (256 codes), in ascending order of value, -0 before +0;
@@ -36,8 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.cli._payloads import values_payload
-    from lowbit.formats import explain
 
     payload = values_payload(args.format)
     if args.json:

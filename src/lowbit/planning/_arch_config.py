@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lowbit import _json
 from lowbit.errors import LowbitError
 from lowbit.planning._arch_families import (
     _bert,
@@ -46,7 +47,6 @@ def load_config(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    from lowbit import _json
 
     cfg = _json.load(p)
     if not isinstance(cfg, dict):

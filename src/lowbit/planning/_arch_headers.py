@@ -11,6 +11,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from lowbit import _json
+from lowbit._json import check_regular_file
 from lowbit.errors import LowbitError
 from lowbit.planning._arch_config import spec_from_config
 from lowbit.planning.headers import read_gguf_header, read_safetensors_header
@@ -70,7 +72,6 @@ def _shard_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if not index.exists():
         return sorted(folder.glob("*.safetensors"))
-    from lowbit import _json
 
     doc = _json.load(index)
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
@@ -156,7 +157,6 @@ def spec_from_checkpoint(path: str | Path) -> ModelSpec:
         if not list(p.glob("*.safetensors")) and len(ggufs) == 1:
             return _gguf_spec(ggufs[0])
         return _safetensors_spec(p)
-    from lowbit._json import check_regular_file
 
     check_regular_file(p)  # a FIFO or device would hang the read below
     with open(p, "rb") as f:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit import _json
 from lowbit._arrays import as_float64
 from lowbit.codecs.packing import pack, packed_nbytes, unpack
 from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
@@ -421,8 +422,6 @@ class QuantizedTensor:
                 match the metadata.
         """
         if isinstance(meta, str):
-            from lowbit import _json
-
             meta = _json.loads(meta, "quantized tensor metadata")
         version = meta.get("version")
         if version != FORMAT_VERSION:

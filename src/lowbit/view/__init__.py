@@ -6,7 +6,7 @@ quantized checkpoint) and ``lowbit explore`` (a local format explorer in the bro
   a frontier, bars);
 - :mod:`lowbit.view.html`: the report page;
 - :mod:`lowbit.view.png`: the same figures as PNGs (matplotlib);
-- :mod:`lowbit.view.explore`: the explorer's server (standard library only) and page.
+- :mod:`lowbit.cli._explore_server`: the explorer's server (standard library only) and page.
 
 Nothing here is imported by ``import lowbit``.
 """

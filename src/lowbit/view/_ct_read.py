@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints.verify import _ct_candidates, _ct_groups
+from lowbit.errors import LowbitError
+
 __all__ = ["ct_scheme", "ct_weight"]
 
 
 def ct_scheme(ckpt: Any, qc: dict[str, Any], module: str) -> dict[str, Any] | None:
     """The config group whose targets name ``module`` (None: no group, or a malformed config)."""
-    from lowbit.checkpoints.verify import _ct_candidates, _ct_groups
-    from lowbit.errors import LowbitError
 
     try:
         groups = _ct_groups(qc, str(ckpt.path))

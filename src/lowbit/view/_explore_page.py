@@ -6,6 +6,10 @@ from __future__ import annotations
 import functools
 from html import escape
 
+from lowbit.formats.catalog import FORMATS
+from lowbit.formats.catalog import format as get_format
+from lowbit.formats.explain import MAX_LIST_BITS
+
 __all__ = ["page"]
 
 _CSS = """
@@ -170,9 +174,6 @@ showValue(); numberLine(); compare();
 @functools.cache
 def page() -> str:
     """The explorer's HTML page (formats of at most 8 bits fill the number-line menu)."""
-    from lowbit.formats.catalog import FORMATS
-    from lowbit.formats.catalog import format as get_format
-    from lowbit.formats.explain import MAX_LIST_BITS
 
     small = [n for n in FORMATS if get_format(n).bits <= MAX_LIST_BITS]
     options = "".join(

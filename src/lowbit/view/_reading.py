@@ -8,6 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints.verify import _ct_config
+from lowbit.quant.tensor import QuantizedTensor
+from lowbit.view import _ct_read
+
 __all__ = ["QuantizedReader"]
 
 
@@ -15,7 +20,6 @@ class QuantizedReader:
     """A quantized checkpoint read one tensor at a time, whatever its format."""
 
     def __init__(self, path: Path) -> None:
-        from lowbit.checkpoints import open_checkpoint
 
         self.path = path
         self.ckpt = open_checkpoint(path)
@@ -23,8 +27,6 @@ class QuantizedReader:
         self.manifest: dict[str, Any] | None = getattr(self.ckpt, "manifest", None)
         self.ct: dict[str, Any] | None = None
         if self.format == "huggingface":
-            from lowbit.checkpoints.verify import _ct_config
-
             self.ct = _ct_config(path)
             if self.ct is not None:
                 self.format = "compressed-tensors"
@@ -88,7 +90,6 @@ class QuantizedReader:
         shape: tuple[int, ...] = ()
         if f"{module}.weight_shape" in parts:
             shape = tuple(int(v) for v in np.asarray(self.ckpt.get(f"{module}.weight_shape")))
-        from lowbit.view import _ct_read
 
         g = _ct_read.ct_scheme(self.ckpt, self.ct, module)  # type: ignore[arg-type]
         if not shape and f"{module}.weight" in parts:
@@ -100,13 +101,10 @@ class QuantizedReader:
         return "quantized", scheme, None, shape, bits, None
 
     def values(self, name: str, held: Any) -> np.ndarray | None:
-        from lowbit.quant.tensor import QuantizedTensor
 
         if isinstance(held, QuantizedTensor):
             return None  # lowbit.error dequantizes it itself, exactly
         if self._ct_quantized(name):
-            from lowbit.view import _ct_read
-
             module = name.removesuffix(".weight")
             g = _ct_read.ct_scheme(self.ckpt, self.ct, module)  # type: ignore[arg-type]
             return None if g is None else _ct_read.ct_weight(self.ckpt, module, g)

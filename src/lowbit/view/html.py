@@ -8,6 +8,7 @@ import math
 from html import escape
 from typing import Any
 
+from lowbit.checkpoints._output_marks import writer_tag
 from lowbit.view import svg
 from lowbit.view.report import Report, TensorRow
 
@@ -93,7 +94,6 @@ def _num(v: float | None, digits: int = 4) -> str:
 
 def render(report: Report) -> str:
     """The report page as one HTML string (UTF-8, no external resources)."""
-    from lowbit.checkpoints._output_marks import writer_tag
 
     parts = [
         "<!DOCTYPE html>",

@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints._outputs import save_figure
+from lowbit.errors import LowbitError
+from lowbit.view.labels import place_labels
 from lowbit.view.report import Report
 
 __all__ = ["write_pngs"]
@@ -47,8 +50,6 @@ def write_pngs(
         LowbitError: the folder does not exist, or a file exists that ``overwrite`` may not
             replace.
     """
-    from lowbit.checkpoints._outputs import save_figure
-    from lowbit.errors import LowbitError
 
     plt = _plt()
     out = Path(folder)
@@ -143,7 +144,6 @@ def _val(row: Any, key: str) -> float:
 def _annotate(ax: Any, pts: list[Any]) -> None:
     """Label points, pushing a label down a line while it would sit on an earlier one (schemes
     that share bits per weight and SQNR, such as int4:g32 and fp4:g32, no longer collide)."""
-    from lowbit.view.labels import place_labels
 
     offsets = place_labels([(c.bits, c.sqnr_db) for c in pts], ax, [c.scheme for c in pts])
     for c, (dx, dy) in zip(pts, offsets, strict=True):

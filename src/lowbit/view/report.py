@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.errors import LowbitError
+from lowbit.checkpoints import open_checkpoint
+from lowbit.errors import LowbitError, UnderflowWarning
+from lowbit.evaluation.sensitivity import SensitivityResult
+from lowbit.quant.metrics import error
+from lowbit.quant.scheme import Granularity, Scheme
+from lowbit.quant.scheme_text import parse_scheme
+from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.view._reading import QuantizedReader
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -189,7 +196,6 @@ def group_levels(qt: Any) -> tuple[np.ndarray, np.ndarray, str]:
     Returns:
         ``(level values ascending, flat indices of the group's elements, description)``.
     """
-    from lowbit.quant.scheme import Granularity
 
     fmt = qt.format
     vals = np.unique(fmt.values().astype(np.float64)) if fmt.bits <= 16 else np.array([])
@@ -215,11 +221,6 @@ def _candidates(
 ) -> tuple[Candidate, ...]:
     import warnings
 
-    import lowbit
-    from lowbit.errors import UnderflowWarning
-    from lowbit.quant.scheme import Scheme
-    from lowbit.quant.scheme_text import parse_scheme
-
     out = [own]
     for spec in names:
         try:
@@ -228,12 +229,12 @@ def _candidates(
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UnderflowWarning)
-                qt = lowbit.quantize(x, scheme, seed=seed)
+                qt = quantize(x, scheme, seed=seed)
         except LowbitError:
             continue  # a scheme that does not fit this tensor's shape is no candidate
         if qt.scheme.label == own.scheme:
             continue
-        e = lowbit.error(x, qt)
+        e = error(x, qt)
         out.append(Candidate(qt.scheme.label, qt.bits_per_value, e["rel_fro"], e["sqnr_db"]))
     return tuple(out)
 
@@ -293,14 +294,10 @@ def build_report(
         LowbitError: an unreadable checkpoint or source, a source that lacks a tensor or has
             it in another shape, a sensitivity document that is not one.
     """
-    from lowbit.checkpoints import open_checkpoint
-    from lowbit.view._reading import QuantizedReader
 
     t0 = time.perf_counter()
     q = QuantizedReader(Path(path))
     if sensitivity is not None:
-        from lowbit.evaluation.sensitivity import SensitivityResult
-
         sensitivity = SensitivityResult.from_dict(sensitivity).to_dict()
     src_path = str(against) if against is not None else q.source()
     src = None
@@ -367,20 +364,18 @@ def _errors(x: np.ndarray, approx: Any) -> tuple[float, float]:
     """``lowbit.error``'s ``rel_fro`` and ``sqnr_db``, the same float64 sums, without the
     metrics the report does not show (3x faster on SmolLM2); falls back to ``lowbit.error``
     when a sum is not finite (NaN or inf weights, which it skips)."""
-    import lowbit
-    from lowbit.quant.tensor import QuantizedTensor
 
     a = np.asarray(x).astype(np.float64).ravel()
     b = approx.dequantize(np.float64) if isinstance(approx, QuantizedTensor) else approx
     b = np.asarray(b).astype(np.float64, copy=False).ravel()
     if a.shape != b.shape or a.size == 0:
-        e = lowbit.error(x, approx)  # raises its own error for these
+        e = error(x, approx)  # raises its own error for these
         return e["rel_fro"], e["sqnr_db"]
     sig = float(np.dot(a, a))
     np.subtract(a, b, out=a)
     noise = float(np.dot(a, a))
     if not (math.isfinite(sig) and math.isfinite(noise)):
-        e = lowbit.error(x, approx)
+        e = error(x, approx)
         return e["rel_fro"], e["sqnr_db"]
     if noise == 0:
         sqnr = math.inf

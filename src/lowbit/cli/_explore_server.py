@@ -23,7 +23,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from lowbit.cli import _common, _payloads, build_parser
+from lowbit.cli._payloads import show_payload
 from lowbit.errors import LowbitError
+from lowbit.formats.explain import parse_value
+from lowbit.view._explore_page import page
 
 __all__ = ["HOST", "api", "make_server", "serve_in_thread"]
 
@@ -42,7 +46,6 @@ def _one(q: dict[str, list[str]], key: str, default: str | None = None) -> str:
 
 
 def _names(q: dict[str, list[str]]) -> list[str] | None:
-    from lowbit.cli import _common
 
     text = q.get("formats", [None])[0]
     return _common.parse_names(text, "--formats") if text is not None else None
@@ -61,7 +64,6 @@ def api(path: str, query: str) -> tuple[str, Any]:
     Raises:
         LowbitError: bad input (the caller answers 400 with the CLI's line), or an unknown path.
     """
-    from lowbit.cli import _payloads
 
     q = parse_qs(query, keep_blank_values=True)
     cmd = path.removeprefix("/api/")
@@ -77,8 +79,6 @@ def api(path: str, query: str) -> tuple[str, Any]:
     if cmd == "values":
         return cmd, _payloads.values_payload(_one(q, "format"))
     if cmd == "compare":
-        from lowbit.cli import build_parser
-
         argv = ["compare", "--formats", _one(q, "formats"), "--data", _one(q, "data", "normal")]
         argv += ["--size", _one(q, "size", "65536")]
         if q.get("group") and q["group"][0]:
@@ -97,7 +97,6 @@ def api(path: str, query: str) -> tuple[str, Any]:
 
 
 def _range(q: dict[str, list[str]]) -> dict[str, Any]:
-    from lowbit.formats.explain import parse_value
 
     names = _names(q)
     lo, hi = parse_value(_one(q, "lo")), parse_value(_one(q, "hi"))
@@ -109,7 +108,6 @@ def _range(q: dict[str, list[str]]) -> dict[str, Any]:
         raise LowbitError(f"n must be from 2 to {_MAX_RANGE_POINTS}, got {n}")
     if not lo < hi:
         raise LowbitError(f"the range must have lo < hi, got {lo} .. {hi}")
-    from lowbit.cli._payloads import show_payload
 
     xs = [lo + (hi - lo) * k / (n - 1) for k in range(n)]
     points = [show_payload(repr(x), names) for x in xs]
@@ -124,12 +122,9 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "lowbit-explore"
 
     def do_GET(self) -> None:
-        from lowbit.cli import _common
 
         url = urlsplit(self.path)
         if url.path in ("/", "/index.html"):
-            from lowbit.view._explore_page import page
-
             self._send(200, "text/html; charset=utf-8", page().encode("utf-8"))
             return
         if url.path == "/favicon.ico":
