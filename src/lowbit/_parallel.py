@@ -1,4 +1,4 @@
-"""Chunk loops on several threads (the quantize and dequantize loops of ``_qengine``).
+"""Chunk loops on several threads (the quantize and dequantize loops of ``lowbit.quant._engine``).
 
 The chunks of a tensor are independent and write disjoint parts of one output, and the
 work in each (numpy on arrays of thousands of values, the ``nogil`` numba kernels)
