@@ -113,7 +113,7 @@ def _bitsandbytes_nf4(torch: Any, x: np.ndarray, repeat: int, rows: list) -> str
     gb = x.nbytes / 1e9
     return (
         f"bitsandbytes {bitsandbytes.__version__} CPU NF4 (blocks of 64, same codes and "
-        f"scales as lowbit's, checked in tests/test_quant.py): quantize_4bit {gb / tq:.2f} "
+        f"scales as lowbit's, checked in tests/quant/test_tensor.py): quantize_4bit {gb / tq:.2f} "
         f"GB/s ({tq / oq:.1f}x lowbit's time), dequantize_4bit {gb / td:.2f} GB/s "
         f"({td / od:.1f}x lowbit's time)."
     )

@@ -1,6 +1,6 @@
-"""Optional compiled kernels (numba) for tensor quantization: bit for bit ``_qengine``'s numpy path.
+"""Optional compiled kernels (numba) for tensor quantization: bit for bit ``lowbit.quant._engine``'s numpy path.
 
-Each entry point takes a chunk as ``_qengine`` holds it (a 4-D view and its broadcasting
+Each entry point takes a chunk as ``lowbit.quant._engine`` holds it (a 4-D view and its broadcasting
 scales), returns None when numba is missing, ``_fast.numpy_only()`` is on, or the layout
 does not fit, and the caller then takes the numpy path. Layouts whose last axis
 (trailing axes of extent 1 dropped) is contiguous fit: in row mode the scales are one
@@ -120,7 +120,7 @@ def _rows(
 
 def _usable_scales(s: np.ndarray) -> bool:
     """Every scale positive and finite (the kernels divide by them and index with the
-    quotient); ``_qengine.round_scale`` makes them so, but NaN scales may come later."""
+    quotient); ``_engine.round_scale`` makes them so, but NaN scales may come later."""
     return bool(np.all(s > 0)) and bool(np.isfinite(s).all())
 
 
