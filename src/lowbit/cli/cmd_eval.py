@@ -28,6 +28,8 @@ examples:
   lowbit eval minilm                            all-MiniLM-L6-v2 embedding fidelity
   lowbit eval smollm2 smol-int4 --schemes none  a checkpoint written by lowbit quantize
   lowbit eval --schemes int8:ch,int4:g32 --w8a8 --tokens 16384
+  lowbit eval --schemes int4:g128 --methods rtn,gptq --calib-samples 32
+                                                round to nearest vs GPTQ, side by side
 """
 
 
@@ -53,6 +55,25 @@ def register(sub: Any) -> None:
         const="int8",
         metavar="FMT",
         help="also measure each model with per-token activations in FMT (default int8)",
+    )
+    p.add_argument(
+        "--methods",
+        metavar="LIST",
+        default="rtn",
+        help="how each scheme is quantized: rtn (round to nearest, default), gptq (calibrated); "
+        "'rtn,gptq' gives both rows side by side",
+    )
+    p.add_argument(
+        "--calib",
+        metavar="SRC",
+        default="default",
+        help="GPTQ calibration data: default (the default text from token 32,768, disjoint from "
+        "what is evaluated), FILE.txt or FILE.jsonl",
+    )
+    p.add_argument("--calib-samples", type=int, help="windows (default 128) or texts (256)")
+    p.add_argument("--calib-len", type=int, help="tokens per calibration window (default 512)")
+    p.add_argument(
+        "--act-order", choices=("static", "none"), default="static", help="GPTQ column order"
     )
     p.add_argument("--tokens", type=int, default=4096, help="tokens of the text (default 4096)")
     p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
@@ -96,6 +117,16 @@ def run(args: argparse.Namespace) -> int:
         schemes = []
     else:
         schemes = _common.parse_list(args.schemes)
+    methods = _common.parse_list(args.methods)
+    calibration = gptq = None
+    if "gptq" in [m.strip().lower() for m in methods]:
+        from lowbit.evaluation.calibration import Calibration
+        from lowbit.quant.gptq import GPTQ
+
+        calibration = Calibration(
+            source=args.calib, samples=args.calib_samples, length=args.calib_len
+        )
+        gptq = GPTQ(act_order=args.act_order)
     result = evaluate_variants(
         model,
         quantized,
@@ -108,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         sentences=args.sentences,
         threads=args.threads,
         progress=False if args.no_progress or args.json else None,
+        methods=methods,
+        calibration=calibration,
+        gptq=gptq,
     )
     if args.json:
         _common.print_json(result)
@@ -176,6 +210,16 @@ def print_result(result: dict[str, Any]) -> None:
             f"embedding of the same sentence; NN agree = same nearest other sentence; "
             f"{m['seconds']:.0f} s."
         )
+    for r in rows:
+        if isinstance(r.get("calibration"), dict):
+            c, t = r["calibration"], r["phase_seconds"]
+            print(
+                f"{r['name']}: GPTQ ({r['method']['act_order']} act-order, damp "
+                f"{r['method']['damp']:g}) on {c['described']} ({c['tokens']:,} tokens); "
+                f"{r['gptq_tensors']} tensors; {t['total']:.0f} s (collect {t['collect']:.0f} s, "
+                f"solve {t['solve']:.0f} s); mean layer-output error {r['layer_error_gptq']:.4g} "
+                f"vs {r['layer_error_rtn']:.4g} rounding to nearest."
+            )
     print(
         "bits/w: stored bits per weight of the quantized tensors (the original: as stored), "
         "scales and zero points included; size: tensor data (* computed for a variant "

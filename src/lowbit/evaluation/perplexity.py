@@ -32,6 +32,7 @@ from lowbit._progress import progress_bar
 from lowbit.errors import LowbitError
 
 __all__ = [
+    "candidate_sentences",
     "default_text",
     "embed",
     "embedding_fidelity",
@@ -270,6 +271,21 @@ def _log_probs(model: Any, inp: Any, skip: int) -> Any:
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'`])")
 
 
+def candidate_sentences(text: str, *, min_chars: int = 30, max_chars: int = 300) -> list[str]:
+    """Every distinct prose sentence of a text, in text order (what
+    :func:`sentences_from_text` draws from; calibration draws from the ones it does not)."""
+    seen: set[str] = set()
+    candidates = []
+    for para in re.split(r"\n\s*\n", text):
+        flat = " ".join(para.split())
+        for s in _SENTENCE_END.split(flat):
+            letters = sum(c.isalpha() for c in s)
+            if min_chars <= len(s) <= max_chars and letters >= 0.6 * len(s) and s not in seen:
+                seen.add(s)
+                candidates.append(s)
+    return candidates
+
+
 def sentences_from_text(
     text: str, n: int = 256, *, seed: int = 0, min_chars: int = 30, max_chars: int = 300
 ) -> list[str]:
@@ -284,15 +300,7 @@ def sentences_from_text(
     """
     if n < 2:
         raise LowbitError(f"need at least 2 sentences, got n={n}")
-    seen: set[str] = set()
-    candidates = []
-    for para in re.split(r"\n\s*\n", text):
-        flat = " ".join(para.split())
-        for s in _SENTENCE_END.split(flat):
-            letters = sum(c.isalpha() for c in s)
-            if min_chars <= len(s) <= max_chars and letters >= 0.6 * len(s) and s not in seen:
-                seen.add(s)
-                candidates.append(s)
+    candidates = candidate_sentences(text, min_chars=min_chars, max_chars=max_chars)
     if len(candidates) < n:
         raise LowbitError(f"the text has {len(candidates)} usable sentences, fewer than n={n}")
     pick = np.sort(np.random.default_rng(seed).choice(len(candidates), size=n, replace=False))

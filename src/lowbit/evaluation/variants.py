@@ -174,6 +174,42 @@ def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
     )
 
 
+METHODS = ("rtn", "gptq")
+
+
+def _methods(methods: Sequence[str]) -> list[str]:
+    out = [str(m).strip().lower() for m in methods]
+    bad = [m for m in out if m not in METHODS]
+    if bad or not out:
+        raise LowbitError(f"unknown method {bad[0] if bad else ''!r}; allowed: rtn, gptq")
+    return out
+
+
+def _gptq_variant(
+    ckpt: Any, spec: str, calibration: Any, gptq: Any, text: Any, tokens: int | None,
+    body: str, label: str, causal: bool, sentences: int, seed: int, threads: Any, progress: Any,
+) -> Variant:  # fmt: skip
+    """The GPTQ row of a scheme, calibrated on data this evaluation never measures."""
+    from lowbit.evaluation.calibration import Calibration
+    from lowbit.evaluation.gptq_model import _calibration, gptq_variant
+    from lowbit.evaluation.perplexity import _fidelity_sentences
+
+    calib = _calibration(calibration, Calibration)
+    same_text = (calib.is_default and text is None) or (
+        not calib.is_default
+        and text is not None
+        and Path(calib.source).resolve() == Path(text).resolve()
+    )
+    avoid = (tokens if tokens is not None else 1 << 62) if causal and same_text else 0
+    exclude: Sequence[str] = ()
+    if not causal:
+        exclude, _ = _fidelity_sentences(None, body, label, sentences, seed)
+    return gptq_variant(
+        ckpt, spec, calib, gptq, avoid_tokens=avoid, exclude=exclude, threads=threads,
+        progress=progress,
+    )  # fmt: skip
+
+
 def evaluate_variants(
     model: Any = None,
     quantized: Sequence[str | Path] = (),
@@ -188,6 +224,9 @@ def evaluate_variants(
     seed: int = 0,
     threads: int | None = None,
     progress: bool | None = None,
+    methods: Sequence[str] = ("rtn",),
+    calibration: Any = None,
+    gptq: Any = None,
 ) -> dict[str, Any]:
     """Measure a model and its quantized variants; what ``lowbit eval`` prints.
 
@@ -205,6 +244,12 @@ def evaluate_variants(
         sentences, seed: how many sentences encoders are compared on, drawn from the text.
         threads: torch threads (default: the machine's cores).
         progress: tqdm bars (``None``: only on a terminal).
+        methods: how each scheme is quantized: ``rtn`` (round to nearest) and/or ``gptq``
+            (``lowbit.evaluation.gptq_model``; one more row per scheme, named ``"{scheme} gptq"``).
+        calibration: GPTQ's calibration data (``lowbit.evaluation.calibration.Calibration``;
+            default: the default text from token 32,768, never a token or sentence this
+            evaluation measures).
+        gptq: the :class:`lowbit.quant.gptq.GPTQ` settings (default ``GPTQ()``).
 
     Returns:
         ``{"model", "kind", "measured", "rows"}``; each row has name, format, activations,
@@ -236,8 +281,16 @@ def evaluate_variants(
     ]
     for q in quantized:
         variants.append(_disk_variant(Path(q), ckpt, progress))
+    methods = _methods(methods)
+    causal = reference.get_output_embeddings() is not None
     for spec in schemes:
-        variants.append(_scheme_variant(ckpt, spec, progress))
+        if "rtn" in methods:
+            variants.append(_scheme_variant(ckpt, spec, progress))
+        if "gptq" in methods:
+            variants.append(
+                _gptq_variant(ckpt, spec, calibration, gptq, text, tokens, body, label, causal,
+                              sentences, seed, threads, progress)
+            )  # fmt: skip
     if act is not None:
         for v in list(variants):
             variants.append(
@@ -251,7 +304,6 @@ def evaluate_variants(
                     source=v.source,
                 )
             )
-    causal = reference.get_output_embeddings() is not None
     if causal:
         measured, rows = compare_causal(
             variants,

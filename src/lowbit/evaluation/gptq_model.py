@@ -1,0 +1,417 @@
+"""GPTQ on a whole model: calibration forward passes block by block, one solve per layer.
+
+:func:`gptq_weights` is what ``lowbit eval --methods gptq`` runs. It builds the model in
+float32, runs the calibration data (``lowbit.evaluation.calibration``) up to the first block
+of its stack of identical blocks (decoder layers, encoder layers), and then for each block:
+
+1. collect ``H = 2 X^T X / n`` of every linear layer the plan quantizes, from the block's
+   inputs, with forward hooks (layers that read the same tensor share one ``H``);
+2. quantize those layers with :func:`lowbit.quant.gptq.gptq_quantize` (the weights as the
+   checkpoint stores them: GPTQ treats rows independently, so GGUF's permuted q/k rows need no
+   undoing) and put the dequantized weights into the model;
+3. run the block again, now quantized, to get the next block's inputs (GPTQ's sequential mode).
+
+Tensors the plan quantizes outside the blocks (MiniLM's pooler, an untied LM head) and those
+that are not linear layers are rounded to nearest as ``lowbit quantize`` does. Memory: see
+``lowbit.evaluation.calibration``'s docstring.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+__all__ = ["GPTQRun", "gptq_weights"]
+
+
+@dataclass
+class GPTQRun:
+    """What :func:`gptq_weights` made and measured.
+
+    Attributes:
+        weights: checkpoint tensor name -> :class:`~lowbit.quant.tensor.QuantizedTensor`, for
+            every tensor the plan quantizes.
+        methods: name -> ``gptq`` or ``rtn`` (how each tensor was quantized).
+        layers: per GPTQ layer: ``tokens`` seen, and the layer-output error
+            ``tr(ΔW H ΔW^T) / tr(W H W^T)`` of round-to-nearest (``rtn``) and of GPTQ
+            (``gptq``) on the calibration inputs it saw.
+        seconds: per phase: ``load`` (model, tokenizer, data), ``capture`` (up to the first
+            block), ``collect`` (hooked forward passes), ``solve`` (GPTQ), ``propagate``
+            (quantized forward passes), ``rtn`` (the other tensors).
+        calibration: what the calibration data was (samples, tokens, source).
+    """
+
+    weights: dict[str, Any]
+    methods: dict[str, str]
+    layers: dict[str, dict[str, float]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+
+class _Captured(Exception):
+    """Raised by the first block's pre-hook: its inputs are what we came for."""
+
+
+def gptq_weights(
+    model: Any,
+    scheme: Any,
+    calibration: Any = None,
+    method: Any = None,
+    *,
+    avoid_tokens: int = 0,
+    exclude: Collection[str] = (),
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> GPTQRun:
+    """Quantize a model's weights with GPTQ on calibration data.
+
+    Args:
+        model: a checkpoint path, shipped model name (``smollm2``, ``minilm``) or open
+            checkpoint that ``lowbit.evaluation.models.build_model`` can build.
+        scheme: a scheme string (``int4:g128``), :class:`~lowbit.quant.scheme.Scheme` or
+            :class:`~lowbit.quant.plan.PrecisionPlan` (which tensors, in which scheme).
+        calibration: a :class:`~lowbit.evaluation.calibration.Calibration`, a source string
+            (``default``, a ``.txt`` or ``.jsonl`` path) or None (default).
+        method: a :class:`~lowbit.quant.gptq.GPTQ` (default ``GPTQ()``).
+        avoid_tokens: causal LMs: tokens at the start of the calibration text an evaluation
+            scores (calibration starts after them).
+        exclude: encoders: sentences an evaluation measures (never drawn for calibration).
+        threads: torch threads (default: the machine's cores).
+        progress: tqdm bars (``None``: only on a terminal).
+
+    Returns:
+        A :class:`GPTQRun`.
+
+    Raises:
+        LowbitError: a model lowbit cannot build, a plan that cannot apply, calibration data
+            that is missing or too short, a layout GPTQ cannot walk.
+    """
+    import torch
+
+    from lowbit.checkpoints import _pipeline as qw
+    from lowbit.checkpoints.quantize_model import open_model, plan_model
+    from lowbit.evaluation.calibration import Calibration, HessianCollector
+    from lowbit.evaluation.models import build_model, build_tokenizer
+    from lowbit.evaluation.perplexity import _bar, _threads
+    from lowbit.quant.gptq import GPTQ, layer_error
+    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.quant.tensor import quantize
+
+    t0 = time.perf_counter()
+    seconds = dict.fromkeys(("load", "capture", "collect", "solve", "propagate", "rtn"), 0.0)
+    method = GPTQ() if method is None else method
+    if not isinstance(method, GPTQ):
+        raise LowbitError(f"method must be a lowbit.quant.gptq.GPTQ, got {type(method).__name__}")
+    calib = _calibration(calibration, Calibration)
+    ckpt = open_model(model)
+    plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
+    applied = plan_model(ckpt, plan)
+    todo = {t.name: t for t in applied.quantized}
+    tokenizer = build_tokenizer(ckpt)
+    net = build_model(ckpt, progress=progress)
+    causal = net.get_output_embeddings() is not None
+    prefix, blocks = _find_blocks(net)
+    per_block, where = _locate(net, ckpt, todo, prefix)
+    limit = int(getattr(net.config, "max_position_embeddings", 0) or 1 << 30)
+    samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
+    seconds["load"] = time.perf_counter() - t0
+
+    weights: dict[str, Any] = {}
+    methods: dict[str, str] = {}
+    layers: dict[str, dict[str, float]] = {}
+    with _threads(threads), torch.inference_mode():
+        t = time.perf_counter()
+        states = _capture(net, blocks[0], samples, causal)
+        seconds["capture"] = time.perf_counter() - t
+        bar = _bar(len(blocks), progress, "gptq", "block")
+        with bar:
+            for i, block in enumerate(blocks):
+                mine = per_block.get(i, {})
+                if mine:
+                    t = time.perf_counter()
+                    linears = {m: net.get_submodule(m) for m in mine}
+                    with HessianCollector(linears) as col:
+                        for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
+                            col.next_sample(mask)
+                            block(hidden, *args, **kwargs)
+                    seconds["collect"] += time.perf_counter() - t
+                    t = time.perf_counter()
+                    for group in col.groups().values():
+                        H = col.hessian(group[0])
+                        ws = {
+                            mine[m]: np.asarray(ckpt.get(mine[m]), dtype=np.float64) for m in group
+                        }
+                        schemes = {mine[m]: todo[mine[m]].scheme for m in group}
+                        qts = method.quantize_shared(ws, H, schemes)
+                        for m in group:
+                            name = mine[m]
+                            qt = qts[name]
+                            deq = qt.dequantize(np.float64)
+                            W = ws[name]
+                            rtn = quantize(W.astype(np.float32), schemes[name]).dequantize(
+                                np.float64
+                            )
+                            base = layer_error(W, np.zeros_like(W), H)
+                            layers[name] = {
+                                "tokens": col.tokens(m),
+                                "rtn": layer_error(W, rtn, H) / base if base else 0.0,
+                                "gptq": layer_error(W, deq, H) / base if base else 0.0,
+                            }
+                            _set_weight(linears[m], _model_layout(ckpt, name, deq, net))
+                            weights[name] = qt
+                            methods[name] = "gptq"
+                    seconds["solve"] += time.perf_counter() - t
+                t = time.perf_counter()
+                if i + 1 < len(blocks):
+                    states = [(_out(block(h, *a, **k)), a, k) for h, a, k in states]
+                seconds["propagate"] += time.perf_counter() - t
+                bar.update(1)
+    del net, states
+    t = time.perf_counter()
+    for name, tp in todo.items():
+        if name not in weights:
+            weights[name] = qw.read_quantized(ckpt, tp)
+            methods[name] = "rtn"
+    seconds["rtn"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - t0
+    calib_facts = {
+        **calib.to_dict(),
+        "kind": "causal-lm" if causal else "encoder",
+        "described": calib.describe("causal-lm" if causal else "encoder"),
+        "samples_used": len(samples) if causal else sum(int(m.shape[0]) for _, m in samples),
+        "tokens": sum(int(s["input_ids"].numel()) for s, _ in samples)
+        if causal
+        else sum(int(m.sum()) for _, m in samples),
+    }
+    del where
+    return GPTQRun(weights, methods, layers, seconds, calib_facts)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------
+
+
+def _calibration(calibration: Any, cls: Any) -> Any:
+    if calibration is None:
+        return cls()
+    if isinstance(calibration, cls):
+        return calibration
+    if isinstance(calibration, str):
+        return cls(source=calibration)
+    raise LowbitError(
+        f"calibration must be a Calibration or a source string, got {type(calibration).__name__}"
+    )
+
+
+def _find_blocks(net: Any) -> tuple[str, Any]:
+    """The model's stack of blocks: the longest ``ModuleList`` of modules of one class that
+    hold linear layers (``model.layers`` of a llama, ``encoder.layer`` of a BERT)."""
+    import torch
+
+    best: tuple[str, Any] | None = None
+    for name, mod in net.named_modules():
+        if not isinstance(mod, torch.nn.ModuleList) or len(mod) == 0:
+            continue
+        kinds = {type(m) for m in mod}
+        if len(kinds) != 1:
+            continue
+        if not any(isinstance(s, torch.nn.Linear) for s in mod[0].modules()):
+            continue
+        if best is None or len(mod) > len(best[1]):
+            best = (name, mod)
+    if best is None:
+        raise LowbitError("GPTQ found no stack of transformer blocks in this model")
+    return best
+
+
+def _module_name(net: Any, ckpt: Any, name: str) -> str | None:
+    """The model's module path of a checkpoint weight (None: no such module weight)."""
+    from lowbit.evaluation.models import _prefix_fix, gguf_to_hf_name
+
+    if ckpt.format == "gguf":
+        try:
+            key = gguf_to_hf_name(name)
+        except LowbitError:
+            return None
+    else:
+        key = _prefix_fix(net, ckpt)(name)
+    return key[: -len(".weight")] if key.endswith(".weight") else None
+
+
+def _locate(
+    net: Any, ckpt: Any, todo: dict[str, Any], prefix: str
+) -> tuple[dict[int, dict[str, str]], dict[str, str]]:
+    """Per block index, module path -> checkpoint name of the linear layers GPTQ quantizes."""
+    import torch
+
+    per_block: dict[int, dict[str, str]] = {}
+    where: dict[str, str] = {}
+    lead = prefix + "."
+    for name, t in todo.items():
+        path = _module_name(net, ckpt, name)
+        if path is None or not path.startswith(lead) or len(t.shape) != 2:
+            continue
+        try:
+            mod = net.get_submodule(path)
+        except AttributeError:
+            continue
+        if not isinstance(mod, torch.nn.Linear) or tuple(mod.weight.shape) != tuple(t.shape):
+            continue
+        index = int(path[len(lead) :].split(".", 1)[0])
+        per_block.setdefault(index, {})[path] = name
+        where[name] = path
+    return per_block, where
+
+
+def _samples(
+    tokenizer: Any, calib: Any, causal: bool, avoid: int, exclude: Collection[str], limit: int
+) -> list[tuple[dict[str, Any], Any]]:
+    """Model inputs of the calibration data, with the mask of the tokens that count."""
+    import torch
+
+    from lowbit.evaluation.calibration import decoder_windows, encoder_texts
+
+    if causal:
+        wins = decoder_windows(tokenizer, calib, avoid=avoid)
+        return [({"input_ids": torch.tensor([w], dtype=torch.long)}, None) for w in wins]
+    texts = encoder_texts(calib, exclude=exclude)
+    out = []
+    max_length = min(calib.length or 256, limit)
+    for i in range(0, len(texts), 32):
+        enc = tokenizer(
+            texts[i : i + 32],
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            return_tensors="pt",
+        )
+        out.append((dict(enc), enc["attention_mask"].bool()))
+    return out
+
+
+def _capture(net: Any, first: Any, samples: Any, causal: bool) -> list[tuple[Any, Any, Any]]:
+    """The first block's inputs for every sample: (hidden states, other args, kwargs)."""
+    got: list[tuple[Any, Any, Any]] = []
+
+    def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if args:
+            hidden, rest = args[0], tuple(args[1:])
+        else:
+            kwargs = dict(kwargs)
+            hidden, rest = kwargs.pop("hidden_states"), ()
+        got.append((hidden, rest, dict(kwargs)))
+        raise _Captured
+
+    handle = first.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        for inputs, _ in samples:
+            kw = {"use_cache": False} if causal else {}
+            try:
+                net(**inputs, **kw)
+            except _Captured:
+                pass
+            else:  # pragma: no cover - the hook always fires
+                raise AssertionError("the first block was never called")
+    finally:
+        handle.remove()
+    return got
+
+
+def _out(result: Any) -> Any:
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def _model_layout(ckpt: Any, name: str, arr: np.ndarray, net: Any) -> np.ndarray:
+    """A checkpoint-layout weight as the model holds it (GGUF q/k rows un-permuted)."""
+    if ckpt.format != "gguf":
+        return arr
+    from lowbit.evaluation.models import gguf_to_hf_name, unpermute_qk
+
+    hf = gguf_to_hf_name(name)
+    cfg = ckpt.config or {}
+    if hf.endswith("q_proj.weight"):
+        return unpermute_qk(arr, cfg["num_attention_heads"])
+    if hf.endswith("k_proj.weight"):
+        return unpermute_qk(arr, cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    return arr
+
+
+def _set_weight(linear: Any, arr: np.ndarray) -> None:
+    import torch
+
+    with torch.inference_mode(False), torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)))
+
+
+def gptq_variant(
+    checkpoint: Any,
+    spec: str,
+    calibration: Any = None,
+    method: Any = None,
+    *,
+    avoid_tokens: int = 0,
+    exclude: Collection[str] = (),
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> Any:
+    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by GPTQ.
+
+    Returns:
+        A :class:`lowbit.evaluation.variants.Variant` named ``"{spec} gptq"``; its extra fields
+        say how it was calibrated, the seconds per phase and the mean layer-output error of
+        round-to-nearest and of GPTQ on the calibration data.
+    """
+    from lowbit.evaluation.models import build_model
+    from lowbit.evaluation.variants import Variant
+    from lowbit.quant.gptq import GPTQ
+    from lowbit.quant.plan import PrecisionPlan, scheme_label
+
+    method = GPTQ() if method is None else method
+    plan = PrecisionPlan.uniform(spec)
+    run = gptq_weights(
+        checkpoint,
+        plan,
+        calibration,
+        method,
+        avoid_tokens=avoid_tokens,
+        exclude=exclude,
+        threads=threads,
+        progress=progress,
+    )
+    qbytes = sum(qt.nbytes for qt in run.weights.values())
+    qnumel = sum(qt.numel for qt in run.weights.values())
+    deq = {n: qt.dequantize(np.float32) for n, qt in run.weights.items()}
+    model = build_model(checkpoint, weights=deq, progress=progress)
+    del deq
+    totals = plan.apply(_tensors(checkpoint)).totals()
+    errs = list(run.layers.values())
+    return Variant(
+        name=f"{spec} gptq",
+        format=scheme_label(plan.default),
+        model=model,
+        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        nbytes=totals["bytes"],
+        source="memory",
+        extra={
+            "method": method.to_dict(),
+            "quantized_tensors": totals["quantized"],
+            "gptq_tensors": sum(m == "gptq" for m in run.methods.values()),
+            "calibration": run.calibration,
+            "phase_seconds": run.seconds,
+            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
+            "layer_error_gptq": float(np.mean([e["gptq"] for e in errs])) if errs else None,
+        },
+    )
+
+
+def _tensors(checkpoint: Any) -> Any:
+    from lowbit.quant.plan import checkpoint_tensors
+
+    return checkpoint_tensors(checkpoint)
