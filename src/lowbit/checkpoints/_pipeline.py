@@ -162,8 +162,14 @@ def _plain_dtype(dtype: str) -> bool:
 # ---------------------------------------------------------------------------------------
 
 
-def read_quantized(checkpoint: Any, t: TensorPlan) -> Any:
-    """Read one tensor and quantize it; its memory map is dropped before the next read."""
+def read_quantized(checkpoint: Any, t: TensorPlan, done: Mapping[str, Any] | None = None) -> Any:
+    """Read one tensor and quantize it; its memory map is dropped before the next read.
+    A tensor in ``done`` (name -> QuantizedTensor, e.g. from GPTQ) is taken from there."""
+    if done is not None and t.name in done:
+        qt = done[t.name]
+        if qt.shape != tuple(t.shape) or qt.scheme != t.scheme:
+            raise LowbitError(f"tensor {t.name!r}: the given quantized tensor is not as planned")
+        return qt
     checkpoint.close()  # unmap the previous tensor's pages (they count as resident memory)
     arr = checkpoint.get(t.name)
     try:
@@ -214,8 +220,11 @@ def write_lowbit(
     max_shard_size: int | None,
     progress: bool | None,
     files: ModelFiles,
+    done: Mapping[str, Any] | None = None,
+    method: dict[str, Any] | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:
-    """Write a lowbit checkpoint; returns the files copied and those left out."""
+    """Write a lowbit checkpoint; returns the files copied and those left out. Tensors in
+    ``done`` (name -> QuantizedTensor, e.g. GPTQ's) are written as they are."""
     units = []
     for t in applied.tensors:
         entry: dict[str, Any] = {
@@ -227,8 +236,12 @@ def write_lowbit(
         if t.action == "quantize":
             entry["activations"] = t.activations
             entry["rule"] = t.rule
+            if done is not None and method is not None:
+                entry["method"] = method["method"] if t.name in done else "rtn"
             units.append(
-                lf.quantized_unit(t.name, t.shape, t.scheme, _bind(read_quantized, ckpt, t), entry)
+                lf.quantized_unit(
+                    t.name, t.shape, t.scheme, _bind(read_quantized, ckpt, t, done), entry
+                )
             )
         elif t.action == "cast":
             dt = _cast_dtype(t.cast)  # type: ignore[arg-type]
@@ -246,6 +259,8 @@ def write_lowbit(
         "copied_files": files.copied_names,
         "left_out": files.left_out_list(),
     }
+    if method is not None:
+        manifest["method"] = method
     lf.write_lowbit_checkpoint(
         out,
         units,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,8 @@ def quantize_model(
     copy_code: bool = False,
     max_shard_size: int | None = None,
     progress: bool | None = None,
+    weights: Mapping[str, Any] | None = None,
+    method: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Quantize a checkpoint with a precision plan and write the result.
 
@@ -189,6 +191,11 @@ def quantize_model(
         max_shard_size: bytes per safetensors shard (default 2 GiB for lowbit, 5 GiB for
             compressed-tensors).
         progress: tqdm bars (``None``: only on a terminal; ``False``: never).
+        weights: tensors already quantized as the plan says (name -> QuantizedTensor, e.g.
+            ``lowbit.evaluation.gptq_model.gptq_weights(...).weights``), written as they are
+            (lowbit output only); the plan's other tensors are rounded to nearest.
+        method: how ``weights`` were made (e.g. ``GPTQ().to_dict()`` plus the calibration),
+            recorded in the manifest and, per tensor, as ``method``.
 
     Returns:
         A summary: ``out``, ``out_format``, ``source``, ``totals`` (the plan's), ``bytes``
@@ -211,6 +218,10 @@ def quantize_model(
     if not str(out):
         raise LowbitError("the output path is empty")
     out = Path(out)
+    if weights is not None and out_format != "lowbit":
+        raise LowbitError(
+            f"precomputed weights (GPTQ) are written to lowbit checkpoints, not {out_format}"
+        )
     files = model_files(ckpt, copy_code=copy_code)
     inputs = {Path(ckpt.path)} | {f for f, _ in files.copied}
     inputs |= {Path(ckpt.info(n).file) for n in ckpt.names() if ckpt.info(n).file is not None}
@@ -219,8 +230,9 @@ def quantize_model(
     left: list[dict[str, str]] = []
     if out_format == "lowbit":
         copied, left = qw.write_lowbit(
-            ckpt, applied, out, overwrite, max_shard_size, progress, files
-        )
+            ckpt, applied, out, overwrite, max_shard_size, progress, files,
+            done=weights, method=None if method is None else dict(method),
+        )  # fmt: skip
     elif out_format == "compressed-tensors":
         copied, left = qw.write_ct(ckpt, applied, out, overwrite, max_shard_size, progress, files)
     else:

@@ -80,6 +80,23 @@ def register(sub: Any) -> None:
         help="declare per-token activation quantization (int8, fp8) for the quantized layers",
     )
     p.add_argument("--plan", metavar="FILE", help="plan file (JSON/YAML) of ordered rules")
+    p.add_argument(
+        "--method",
+        choices=["rtn", "gptq"],
+        default="rtn",
+        help="rtn: round to nearest (default); gptq: calibrated (lowbit output only)",
+    )
+    p.add_argument(
+        "--calib",
+        metavar="SRC",
+        default="default",
+        help="gptq calibration data: default (the default text from token 32,768), FILE.txt, "
+        "FILE.jsonl",
+    )
+    p.add_argument("--calib-samples", type=int, help="gptq: windows (default 128) or texts (256)")
+    p.add_argument("--calib-len", type=int, help="gptq: tokens per window (default 512)")
+    p.add_argument("--act-order", choices=("static", "none"), default="static", help="gptq")
+    p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
     p.add_argument("--out", metavar="PATH", help="output folder (or .gguf file)")
     p.add_argument(
         "--out-format",
@@ -139,6 +156,31 @@ def build_plan(args: argparse.Namespace) -> Any:
     return plan
 
 
+def _gptq(
+    args: argparse.Namespace, ckpt: Any, plan: Any, out: Path, progress: bool | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """GPTQ's weights and what to record about them (``--method gptq``)."""
+    from lowbit.evaluation.calibration import Calibration
+    from lowbit.evaluation.gptq_model import gptq_weights
+    from lowbit.quant.gptq import GPTQ
+
+    if args.out_format != "lowbit":
+        raise LowbitError("--method gptq writes lowbit checkpoints: use --out-format lowbit")
+    if out.exists() and not args.overwrite:  # fail before minutes of calibration
+        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+    cfg = GPTQ(damp=args.damp, act_order=args.act_order)
+    calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
+    run = gptq_weights(ckpt, plan, calib, cfg, progress=progress)
+    done = {n: qt for n, qt in run.weights.items() if run.methods[n] == "gptq"}
+    method = {
+        **cfg.to_dict(),
+        "calibration": run.calibration,
+        "seconds": run.seconds,
+        "gptq_tensors": len(done),
+    }
+    return done, method
+
+
 def _default_out(source: Path, args: argparse.Namespace) -> Path:
     stem = source.name
     for suffix in (".gguf", ".safetensors"):
@@ -174,6 +216,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give a folder (or .gguf file) to write")
     out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
+    done = method = None
+    if args.method == "gptq":
+        done, method = _gptq(args, ckpt, plan, out, progress)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = quantize_model(
@@ -185,7 +230,11 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             copy_code=args.copy_code,
             progress=progress,
+            weights=done,
+            method=method,
         )
+    if method is not None:
+        result["method"] = method
     _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)])
     if args.json:
         _common.print_json(result)
@@ -196,6 +245,13 @@ def run(args: argparse.Namespace) -> int:
             "gguf": "GGUF file"}[args.out_format]  # fmt: skip
     bpw = f" ({t['bits_per_weight']:.3f} bits/weight)" if t["bits_per_weight"] else ""
     print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {result['seconds']:.1f} s")
+    if method is not None:
+        sec = method["seconds"]
+        print(
+            f"  GPTQ ({method['act_order']} act-order, damp {method['damp']:g}) of "
+            f"{method['gptq_tensors']} tensors on {method['calibration']['described']}: "
+            f"{sec['total']:.0f} s (collect {sec['collect']:.0f} s, solve {sec['solve']:.0f} s)"
+        )
     print(
         f"  {t['quantized']} of {t['tensors']} tensors quantized to {', '.join(labels) or '-'}"
         f"{bpw}; {t['kept']} kept, {t['cast']} cast; source {_mb(t['source_bytes'])}"

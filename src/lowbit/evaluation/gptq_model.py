@@ -65,7 +65,7 @@ def gptq_weights(
     method: Any = None,
     *,
     avoid_tokens: int = 0,
-    exclude: Collection[str] = (),
+    exclude: Collection[str] | None = None,
     threads: int | None = None,
     progress: bool | None = None,
 ) -> GPTQRun:
@@ -81,7 +81,9 @@ def gptq_weights(
         method: a :class:`~lowbit.quant.gptq.GPTQ` (default ``GPTQ()``).
         avoid_tokens: causal LMs: tokens at the start of the calibration text an evaluation
             scores (calibration starts after them).
-        exclude: encoders: sentences an evaluation measures (never drawn for calibration).
+        exclude: encoders: sentences an evaluation measures (never drawn for calibration);
+            default: those ``lowbit eval`` measures by default (256 drawn with seed 0 from the
+            calibration text).
         threads: torch threads (default: the machine's cores).
         progress: tqdm bars (``None``: only on a terminal).
 
@@ -271,7 +273,12 @@ def _locate(
 
 
 def _samples(
-    tokenizer: Any, calib: Any, causal: bool, avoid: int, exclude: Collection[str], limit: int
+    tokenizer: Any,
+    calib: Any,
+    causal: bool,
+    avoid: int,
+    exclude: Collection[str] | None,
+    limit: int,
 ) -> list[tuple[dict[str, Any], Any]]:
     """Model inputs of the calibration data, with the mask of the tokens that count."""
     import torch
@@ -281,7 +288,15 @@ def _samples(
     if causal:
         wins = decoder_windows(tokenizer, calib, avoid=avoid)
         return [({"input_ids": torch.tensor([w], dtype=torch.long)}, None) for w in wins]
-    texts = encoder_texts(calib, exclude=exclude)
+    if exclude is None and not calib.is_jsonl:
+        from lowbit.evaluation.perplexity import sentences_from_text
+        from lowbit.evaluation.variants import DEFAULT_SENTENCES
+
+        try:
+            exclude = sentences_from_text(calib.text()[1], DEFAULT_SENTENCES, seed=0)
+        except LowbitError:  # a text too short for the default evaluation
+            exclude = ()
+    texts = encoder_texts(calib, exclude=exclude or ())
     out = []
     max_length = min(calib.length or 256, limit)
     for i in range(0, len(texts), 32):
