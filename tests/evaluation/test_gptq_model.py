@@ -173,3 +173,30 @@ def test_build_model_accepts_the_weights(llama_dir: Path, calib: Calibration) ->
     np.testing.assert_array_equal(
         w, run.weights["model.layers.1.mlp.down_proj.weight"].dequantize()
     )
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_block_by_block_forward_equals_the_model(kind: str) -> None:
+    """Running the captured first-block inputs through the blocks one at a time (as the
+    calibration does) gives the model's own hidden states: the causal mask, rotary positions
+    and padding mask travel with them."""
+    from lowbit.evaluation.gptq_model import _capture, _find_blocks, _out
+
+    model = tiny_llama() if kind == "llama" else tiny_bert()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 250, (2, 24), generator=g)
+    if kind == "llama":
+        inputs, mask = {"input_ids": ids[:1]}, None
+    else:
+        am = torch.ones(2, 24, dtype=torch.long)
+        am[1, 15:] = 0  # the second text is shorter: padding
+        inputs, mask = {"input_ids": ids, "attention_mask": am}, am.bool()
+    prefix, blocks = _find_blocks(model)
+    assert prefix == ("model.layers" if kind == "llama" else "encoder.layer")
+    with torch.inference_mode():
+        want = model(**inputs, output_hidden_states=True).hidden_states
+        ((h, a, k),) = _capture(model, blocks[0], [(inputs, mask)], kind == "llama")
+        for i, block in enumerate(blocks):
+            got, ref = (h, want[i]) if mask is None else (h[mask], want[i][mask])
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+            h = _out(block(h, *a, **k))

@@ -42,8 +42,9 @@ class GPTQRun:
             ``tr(ΔW H ΔW^T) / tr(W H W^T)`` of round-to-nearest (``rtn``) and of GPTQ
             (``gptq``) on the calibration inputs it saw.
         seconds: per phase: ``load`` (model, tokenizer, data), ``capture`` (up to the first
-            block), ``collect`` (hooked forward passes), ``solve`` (GPTQ), ``propagate``
-            (quantized forward passes), ``rtn`` (the other tensors).
+            block), ``collect`` (hooked forward passes), ``solve`` (GPTQ), ``report`` (the
+            errors in ``layers``), ``propagate`` (quantized forward passes), ``rtn`` (the other
+            tensors), ``total``.
         calibration: what the calibration data was (samples, tokens, source).
     """
 
@@ -101,12 +102,12 @@ def gptq_weights(
     from lowbit.evaluation.calibration import Calibration, HessianCollector
     from lowbit.evaluation.models import build_model, build_tokenizer
     from lowbit.evaluation.perplexity import _bar, _threads
-    from lowbit.quant.gptq import GPTQ, layer_error
+    from lowbit.quant.gptq import GPTQ
     from lowbit.quant.plan import PrecisionPlan
-    from lowbit.quant.tensor import quantize
 
     t0 = time.perf_counter()
-    seconds = dict.fromkeys(("load", "capture", "collect", "solve", "propagate", "rtn"), 0.0)
+    phases = ("load", "capture", "collect", "solve", "report", "propagate", "rtn")
+    seconds = dict.fromkeys(phases, 0.0)
     method = GPTQ() if method is None else method
     if not isinstance(method, GPTQ):
         raise LowbitError(f"method must be a lowbit.quant.gptq.GPTQ, got {type(method).__name__}")
@@ -119,7 +120,7 @@ def gptq_weights(
     net = build_model(ckpt, progress=progress)
     causal = net.get_output_embeddings() is not None
     prefix, blocks = _find_blocks(net)
-    per_block, where = _locate(net, ckpt, todo, prefix)
+    per_block = _locate(net, ckpt, todo, prefix)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
     seconds["load"] = time.perf_counter() - t0
@@ -151,24 +152,17 @@ def gptq_weights(
                         }
                         schemes = {mine[m]: todo[mine[m]].scheme for m in group}
                         qts = method.quantize_shared(ws, H, schemes)
+                        seconds["solve"] += time.perf_counter() - t
+                        t = time.perf_counter()
                         for m in group:
                             name = mine[m]
-                            qt = qts[name]
-                            deq = qt.dequantize(np.float64)
-                            W = ws[name]
-                            rtn = quantize(W.astype(np.float32), schemes[name]).dequantize(
-                                np.float64
-                            )
-                            base = layer_error(W, np.zeros_like(W), H)
-                            layers[name] = {
-                                "tokens": col.tokens(m),
-                                "rtn": layer_error(W, rtn, H) / base if base else 0.0,
-                                "gptq": layer_error(W, deq, H) / base if base else 0.0,
-                            }
+                            deq = qts[name].dequantize(np.float64)
+                            layers[name] = _errors(ws[name], deq, H, schemes[name], col.tokens(m))
                             _set_weight(linears[m], _model_layout(ckpt, name, deq, net))
-                            weights[name] = qt
+                            weights[name] = qts[name]
                             methods[name] = "gptq"
-                    seconds["solve"] += time.perf_counter() - t
+                        seconds["report"] += time.perf_counter() - t
+                        t = time.perf_counter()
                 t = time.perf_counter()
                 if i + 1 < len(blocks):
                     states = [(_out(block(h, *a, **k)), a, k) for h, a, k in states]
@@ -191,7 +185,6 @@ def gptq_weights(
         if causal
         else sum(int(m.sum()) for _, m in samples),
     }
-    del where
     return GPTQRun(weights, methods, layers, seconds, calib_facts)
 
 
@@ -247,14 +240,11 @@ def _module_name(net: Any, ckpt: Any, name: str) -> str | None:
     return key[: -len(".weight")] if key.endswith(".weight") else None
 
 
-def _locate(
-    net: Any, ckpt: Any, todo: dict[str, Any], prefix: str
-) -> tuple[dict[int, dict[str, str]], dict[str, str]]:
+def _locate(net: Any, ckpt: Any, todo: dict[str, Any], prefix: str) -> dict[int, dict[str, str]]:
     """Per block index, module path -> checkpoint name of the linear layers GPTQ quantizes."""
     import torch
 
     per_block: dict[int, dict[str, str]] = {}
-    where: dict[str, str] = {}
     lead = prefix + "."
     for name, t in todo.items():
         path = _module_name(net, ckpt, name)
@@ -268,8 +258,7 @@ def _locate(
             continue
         index = int(path[len(lead) :].split(".", 1)[0])
         per_block.setdefault(index, {})[path] = name
-        where[name] = path
-    return per_block, where
+    return per_block
 
 
 def _samples(
@@ -337,6 +326,22 @@ def _capture(net: Any, first: Any, samples: Any, causal: bool) -> list[tuple[Any
     finally:
         handle.remove()
     return got
+
+
+def _errors(
+    W: np.ndarray, deq: np.ndarray, H: np.ndarray, scheme: Any, tokens: int
+) -> dict[str, float]:
+    """Relative layer-output errors of round-to-nearest and of GPTQ on the calibration inputs."""
+    from lowbit.quant.gptq import layer_error
+    from lowbit.quant.tensor import quantize
+
+    rtn = quantize(W.astype(np.float32), scheme).dequantize(np.float64)
+    base = layer_error(W, np.zeros_like(W), H)
+    return {
+        "tokens": tokens,
+        "rtn": layer_error(W, rtn, H) / base if base else 0.0,
+        "gptq": layer_error(W, deq, H) / base if base else 0.0,
+    }
 
 
 def _out(result: Any) -> Any:
