@@ -33,7 +33,7 @@ def run(model: str, args: argparse.Namespace) -> dict[str, Any]:
     res = evaluate_variants(
         model,
         schemes=args.schemes.split(","),
-        methods=["rtn", "gptq"],
+        methods=args.methods.split(","),
         calibration=Calibration(samples=samples),
         gptq=GPTQ(act_order=args.act_order),
         tokens=args.tokens,
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="*", default=["minilm", "smollm2"])
     p.add_argument("--schemes", default="int4:g128,int4:g128:asym")
+    p.add_argument("--methods", default="rtn,gptq", help="gptq alone skips the RTN rows")
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--sentences", type=int, default=500)
     p.add_argument("--calib-samples", type=int, default=32)

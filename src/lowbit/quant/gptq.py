@@ -339,13 +339,9 @@ class _Quantizer:
         from lowbit.quant.tensor import QuantizedTensor
 
         sshape = make_layout(shape, self.scheme).scale_shape
-        g = self.scheme.granularity
-        if g is Granularity.TENSOR:
-            scale, zero = self.scale[:1, :1], None if self.zero is None else self.zero[:1, :1]
-        elif g is Granularity.CHANNEL:
-            scale, zero = self.scale, self.zero
-        else:
-            scale, zero = self.scale, self.zero
+        scale, zero = self.scale, self.zero
+        if self.scheme.granularity is Granularity.TENSOR:  # one scale, kept once per row here
+            scale, zero = scale[:1, :1], None if zero is None else zero[:1, :1]
         scale = np.ascontiguousarray(scale).reshape(sshape)
         zero = None if zero is None else np.ascontiguousarray(zero).reshape(sshape)
         dq = None
