@@ -389,12 +389,12 @@ def gptq_variant(
         round-to-nearest and of GPTQ on the calibration data.
     """
     from lowbit.evaluation.models import build_model
-    from lowbit.evaluation.variants import Variant
+    from lowbit.evaluation.variants import Variant, variant_plan
     from lowbit.quant.gptq import GPTQ
-    from lowbit.quant.plan import PrecisionPlan, scheme_label
+    from lowbit.quant.rules import action_label
 
     method = GPTQ() if method is None else method
-    plan = PrecisionPlan.uniform(spec)
+    plan = variant_plan(spec)
     run = gptq_weights(
         checkpoint,
         plan,
@@ -414,7 +414,7 @@ def gptq_variant(
     errs = list(run.layers.values())
     return Variant(
         name=f"{spec} gptq",
-        format=scheme_label(plan.default),
+        format=action_label(plan.default),
         model=model,
         bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
         nbytes=totals["bytes"],

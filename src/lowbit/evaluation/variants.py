@@ -263,6 +263,7 @@ def evaluate_variants(
         schemes = [] if quantized else list(DEFAULT_SCHEMES)
     for spec in schemes:  # a bad scheme string fails before any model loads
         variant_plan(spec)
+    methods = _methods(methods)
     act = activation_format(w8a8) if w8a8 else None
     label, body = load_text(text)
     ckpt = open_model(model)
@@ -281,7 +282,6 @@ def evaluate_variants(
     ]
     for q in quantized:
         variants.append(_disk_variant(Path(q), ckpt, progress))
-    methods = _methods(methods)
     causal = reference.get_output_embeddings() is not None
     for spec in schemes:
         if "rtn" in methods:

@@ -170,9 +170,9 @@ def _as_scheme(scheme: Scheme | str) -> Scheme:
     if isinstance(scheme, Scheme):
         return scheme
     if isinstance(scheme, str):
-        from lowbit.quant.rules import scheme_from_spec
+        from lowbit.quant.rules import parse_action
 
-        parsed = scheme_from_spec(scheme)
+        parsed = parse_action(scheme)
         if isinstance(parsed, Scheme):
             return parsed
         raise LowbitError(f"scheme {scheme!r} is not a quantization scheme (a cast or keep)")
