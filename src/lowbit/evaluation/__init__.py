@@ -5,6 +5,9 @@
   encoders.
 - :mod:`~lowbit.evaluation.variants`: one table of quantized variants against the reference.
 - :mod:`~lowbit.evaluation.activations`: simulated activation quantization (W8A8).
+- :mod:`~lowbit.evaluation.calibration`: calibration data (never what an evaluation measures)
+  and the per-layer Hessians collected on it.
+- :mod:`~lowbit.evaluation.gptq_model`: GPTQ of a whole model, block by block.
 """
 
 from __future__ import annotations

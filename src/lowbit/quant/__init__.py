@@ -13,6 +13,8 @@
   and the presets; every command builds its schemes with :func:`parse_scheme`.
 - :mod:`~lowbit.quant.components`: which component (embeddings, attention, MLP, ...) a tensor
   name belongs to.
+- :mod:`~lowbit.quant.gptq`: GPTQ (calibrated rounding of a weight given its inputs' Hessian)
+  with lowbit's own quantizer, for every scheme.
 - :mod:`~lowbit.quant.rules`, :mod:`~lowbit.quant.plan`: the one :class:`Rule` type and plan-file
   reader, and :class:`PrecisionPlan` (what each tensor of a model becomes).
 
@@ -38,6 +40,8 @@ _LAZY = {
     "Rule": "lowbit.quant.rules",
     "PrecisionPlan": "lowbit.quant.plan",
     "error": "lowbit.quant.metrics",
+    "GPTQ": "lowbit.quant.gptq",
+    "gptq_quantize": "lowbit.quant.gptq",
 }
 
 __all__ = sorted(_LAZY)
