@@ -41,6 +41,8 @@ def test_quantize_method_gptq(
     ckpt = LowbitCheckpoint(out)
     method = ckpt.manifest["method"]
     assert method["method"] == "gptq" and method["calibration"]["tokens"] == 150
+    assert len(method["layers"]) == 14
+    assert all(e["gptq"] < e["rtn"] for e in method["layers"].values())
     run = gptq_weights(
         folder, "int4:g32", Calibration(source=str(text), samples=3, length=50), progress=False
     )
