@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -346,8 +346,3 @@ def _same_tensor(a: Any, b: Any) -> bool:
     return a is b or (
         a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
     )
-
-
-def token_counts(windows: Sequence[Sequence[int]]) -> int:
-    """Total tokens of calibration windows."""
-    return sum(len(w) for w in windows)
