@@ -228,7 +228,8 @@ def _find_blocks(net: Any) -> tuple[str, Any]:
 
 def _module_name(net: Any, ckpt: Any, name: str) -> str | None:
     """The model's module path of a checkpoint weight (None: no such module weight)."""
-    from lowbit.evaluation.models import _prefix_fix, gguf_to_hf_name
+    from lowbit.checkpoints.names import gguf_to_hf_name
+    from lowbit.evaluation.models import _prefix_fix
 
     if ckpt.format == "gguf":
         try:
@@ -352,7 +353,7 @@ def _model_layout(ckpt: Any, name: str, arr: np.ndarray, net: Any) -> np.ndarray
     """A checkpoint-layout weight as the model holds it (GGUF q/k rows un-permuted)."""
     if ckpt.format != "gguf":
         return arr
-    from lowbit.evaluation.models import gguf_to_hf_name, unpermute_qk
+    from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 
     hf = gguf_to_hf_name(name)
     cfg = ckpt.config or {}
