@@ -181,7 +181,7 @@ def _as_scheme(scheme: Scheme | str) -> Scheme:
 
 def _check(W: Any, H: Any, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
     """float64 copies of W and H, after checking shapes, values and the scheme's layout."""
-    from lowbit.formats.enums import Rounding, as_rounding
+    from lowbit.enums import Rounding, as_rounding
 
     W64 = np.array(_numpy(W), dtype=np.float64, copy=True)
     H64 = np.array(_numpy(H), dtype=np.float64, copy=True)
@@ -261,7 +261,7 @@ class _Quantizer:
     """Scales per group (or channel/tensor) and lowbit's element codec, column by column."""
 
     def __init__(self, scheme: Scheme, shape: tuple[int, int]) -> None:
-        from lowbit.formats.enums import as_rounding
+        from lowbit.enums import as_rounding
         from lowbit.quant._engine import value_table
 
         self.scheme = scheme
