@@ -17,6 +17,7 @@ pytestmark = pytest.mark.torch
 
 from lowbit import LowbitError  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
+from lowbit.checkpoints.gguf_tokenizer import build_tokenizer  # noqa: E402
 from lowbit.evaluation.calibration import (  # noqa: E402
     DEFAULT_START,
     Calibration,
@@ -24,7 +25,6 @@ from lowbit.evaluation.calibration import (  # noqa: E402
     decoder_windows,
     encoder_texts,
 )
-from lowbit.evaluation.models import build_tokenizer  # noqa: E402
 from lowbit.evaluation.perplexity import (  # noqa: E402
     _tokens_and_windows,
     default_text,

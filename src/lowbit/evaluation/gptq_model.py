@@ -98,9 +98,10 @@ def gptq_weights(
     import torch
 
     from lowbit.checkpoints import _pipeline as qw
+    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model, plan_model
     from lowbit.evaluation.calibration import Calibration, HessianCollector
-    from lowbit.evaluation.models import build_model, build_tokenizer
+    from lowbit.evaluation.models import build_model
     from lowbit.evaluation.perplexity import _bar, _threads
     from lowbit.quant.gptq import GPTQ
     from lowbit.quant.plan import PrecisionPlan
