@@ -97,12 +97,13 @@ def gptq_weights(
     """
     import torch
 
+    from lowbit._progress import progress_bar
     from lowbit.checkpoints import _pipeline as qw
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model, plan_model
     from lowbit.evaluation.calibration import Calibration, HessianCollector
     from lowbit.evaluation.models import build_model
-    from lowbit.evaluation.perplexity import _bar, _threads
+    from lowbit.evaluation.perplexity import _threads
     from lowbit.quant.gptq import GPTQ
     from lowbit.quant.plan import PrecisionPlan
 
@@ -133,7 +134,7 @@ def gptq_weights(
         t = time.perf_counter()
         states = _capture(net, blocks[0], samples, causal)
         seconds["capture"] = time.perf_counter() - t
-        bar = _bar(len(blocks), progress, "gptq", "block")
+        bar = progress_bar(len(blocks), progress, "gptq", "block")
         with bar:
             for i, block in enumerate(blocks):
                 mine = per_block.get(i, {})
