@@ -435,6 +435,6 @@ def gptq_variant(
 
 
 def _tensors(checkpoint: Any) -> Any:
-    from lowbit.quant.plan import checkpoint_tensors
+    from lowbit.checkpoints.quantize_model import checkpoint_tensors
 
     return checkpoint_tensors(checkpoint)
