@@ -9,7 +9,9 @@ from typing import Any
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
+from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.variants import evaluate_variants
+from lowbit.quant.gptq import GPTQ
 
 _EPILOG = """\
 MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2
@@ -120,9 +122,6 @@ def run(args: argparse.Namespace) -> int:
     methods = _common.parse_list(args.methods)
     calibration = gptq = None
     if "gptq" in [m.strip().lower() for m in methods]:
-        from lowbit.evaluation.calibration import Calibration
-        from lowbit.quant.gptq import GPTQ
-
         calibration = Calibration(
             source=args.calib, samples=args.calib_samples, length=args.calib_len
         )

@@ -13,6 +13,9 @@ from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_mo
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
+from lowbit.evaluation.calibration import Calibration
+from lowbit.evaluation.gptq_model import gptq_weights
+from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import AppliedPlan, PrecisionPlan
 from lowbit.quant.rules import activation_format, parse_action
 
@@ -160,9 +163,6 @@ def _gptq(
     args: argparse.Namespace, ckpt: Any, plan: Any, out: Path, progress: bool | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """GPTQ's weights and what to record about them (``--method gptq``)."""
-    from lowbit.evaluation.calibration import Calibration
-    from lowbit.evaluation.gptq_model import gptq_weights
-    from lowbit.quant.gptq import GPTQ
 
     if args.out_format != "lowbit":
         raise LowbitError("--method gptq writes lowbit checkpoints: use --out-format lowbit")

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
+from lowbit.evaluation.perplexity import candidate_sentences, load_text, tokenize
 
 __all__ = [
     "DEFAULT_LENGTH",
@@ -117,7 +118,6 @@ class Calibration:
 
     def text(self) -> tuple[str, str]:
         """``(label, text)`` of a text source (the default text or a ``.txt`` file)."""
-        from lowbit.evaluation.perplexity import load_text
 
         return load_text(None if self.is_default else self.source)
 
@@ -199,8 +199,6 @@ def decoder_windows(tokenizer: Any, calib: Calibration, *, avoid: int = 0) -> li
     """
     import warnings
 
-    from lowbit.evaluation.perplexity import tokenize
-
     n = calib.samples or DEFAULT_SAMPLES_DECODER
     L = calib.length or DEFAULT_LENGTH
     if calib.is_jsonl:
@@ -235,7 +233,6 @@ def encoder_texts(calib: Calibration, *, exclude: Collection[str] = ()) -> list[
     Raises:
         LowbitError: fewer candidate sentences than ``samples``.
     """
-    from lowbit.evaluation.perplexity import candidate_sentences
 
     n = calib.samples or DEFAULT_SAMPLES_ENCODER
     if calib.is_jsonl:

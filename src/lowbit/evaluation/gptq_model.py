@@ -25,7 +25,24 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._progress import progress_bar
+from lowbit.checkpoints import _pipeline as qw
+from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model, plan_model
 from lowbit.errors import LowbitError
+from lowbit.evaluation._compare import DEFAULT_SENTENCES
+from lowbit.evaluation.calibration import (
+    Calibration,
+    HessianCollector,
+    decoder_windows,
+    encoder_texts,
+)
+from lowbit.evaluation.models import _prefix_fix, build_model
+from lowbit.evaluation.perplexity import _threads, sentences_from_text
+from lowbit.quant.gptq import GPTQ, layer_error
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.tensor import quantize
 
 __all__ = ["GPTQRun", "gptq_weights"]
 
@@ -96,16 +113,6 @@ def gptq_weights(
             that is missing or too short, a layout GPTQ cannot walk.
     """
     import torch
-
-    from lowbit._progress import progress_bar
-    from lowbit.checkpoints import _pipeline as qw
-    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-    from lowbit.checkpoints.quantize_model import open_model, plan_model
-    from lowbit.evaluation.calibration import Calibration, HessianCollector
-    from lowbit.evaluation.models import build_model
-    from lowbit.evaluation.perplexity import _threads
-    from lowbit.quant.gptq import GPTQ
-    from lowbit.quant.plan import PrecisionPlan
 
     t0 = time.perf_counter()
     phases = ("load", "capture", "collect", "solve", "report", "propagate", "rtn")
@@ -230,8 +237,6 @@ def _find_blocks(net: Any) -> tuple[str, Any]:
 
 def _module_name(net: Any, ckpt: Any, name: str) -> str | None:
     """The model's module path of a checkpoint weight (None: no such module weight)."""
-    from lowbit.checkpoints.names import gguf_to_hf_name
-    from lowbit.evaluation.models import _prefix_fix
 
     if ckpt.format == "gguf":
         try:
@@ -275,15 +280,10 @@ def _samples(
     """Model inputs of the calibration data, with the mask of the tokens that count."""
     import torch
 
-    from lowbit.evaluation.calibration import decoder_windows, encoder_texts
-
     if causal:
         wins = decoder_windows(tokenizer, calib, avoid=avoid)
         return [({"input_ids": torch.tensor([w], dtype=torch.long)}, None) for w in wins]
     if exclude is None and not calib.is_jsonl:
-        from lowbit.evaluation.perplexity import sentences_from_text
-        from lowbit.evaluation.variants import DEFAULT_SENTENCES
-
         try:
             exclude = sentences_from_text(calib.text()[1], DEFAULT_SENTENCES, seed=0)
         except LowbitError:  # a text too short for the default evaluation
@@ -335,8 +335,6 @@ def _errors(
     W: np.ndarray, deq: np.ndarray, H: np.ndarray, scheme: Any, tokens: int
 ) -> dict[str, float]:
     """Relative layer-output errors of round-to-nearest and of GPTQ on the calibration inputs."""
-    from lowbit.quant.gptq import layer_error
-    from lowbit.quant.tensor import quantize
 
     rtn = quantize(W.astype(np.float32), scheme).dequantize(np.float64)
     base = layer_error(W, np.zeros_like(W), H)
@@ -355,7 +353,6 @@ def _model_layout(ckpt: Any, name: str, arr: np.ndarray, net: Any) -> np.ndarray
     """A checkpoint-layout weight as the model holds it (GGUF q/k rows un-permuted)."""
     if ckpt.format != "gguf":
         return arr
-    from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 
     hf = gguf_to_hf_name(name)
     cfg = ckpt.config or {}
@@ -373,68 +370,6 @@ def _set_weight(linear: Any, arr: np.ndarray) -> None:
         linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)))
 
 
-def gptq_variant(
-    checkpoint: Any,
-    spec: str,
-    calibration: Any = None,
-    method: Any = None,
-    *,
-    avoid_tokens: int = 0,
-    exclude: Collection[str] = (),
-    threads: int | None = None,
-    progress: bool | None = None,
-) -> Any:
-    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by GPTQ.
-
-    Returns:
-        A :class:`lowbit.evaluation.variants.Variant` named ``"{spec} gptq"``; its extra fields
-        say how it was calibrated, the seconds per phase and the mean layer-output error of
-        round-to-nearest and of GPTQ on the calibration data.
-    """
-    from lowbit.evaluation.models import build_model
-    from lowbit.evaluation.variants import Variant, variant_plan
-    from lowbit.quant.gptq import GPTQ
-    from lowbit.quant.rules import action_label
-
-    method = GPTQ() if method is None else method
-    plan = variant_plan(spec)
-    run = gptq_weights(
-        checkpoint,
-        plan,
-        calibration,
-        method,
-        avoid_tokens=avoid_tokens,
-        exclude=exclude,
-        threads=threads,
-        progress=progress,
-    )
-    qbytes = sum(qt.nbytes for qt in run.weights.values())
-    qnumel = sum(qt.numel for qt in run.weights.values())
-    deq = {n: qt.dequantize(np.float32) for n, qt in run.weights.items()}
-    model = build_model(checkpoint, weights=deq, progress=progress)
-    del deq
-    totals = plan.apply(_tensors(checkpoint)).totals()
-    errs = list(run.layers.values())
-    return Variant(
-        name=f"{spec} gptq",
-        format=action_label(plan.default),
-        model=model,
-        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
-        nbytes=totals["bytes"],
-        source="memory",
-        extra={
-            "method": method.to_dict(),
-            "quantized_tensors": totals["quantized"],
-            "gptq_tensors": sum(m == "gptq" for m in run.methods.values()),
-            "calibration": run.calibration,
-            "phase_seconds": run.seconds,
-            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
-            "layer_error_gptq": float(np.mean([e["gptq"] for e in errs])) if errs else None,
-        },
-    )
-
-
 def _tensors(checkpoint: Any) -> Any:
-    from lowbit.checkpoints.quantize_model import checkpoint_tensors
 
     return checkpoint_tensors(checkpoint)

@@ -23,7 +23,7 @@ Measuring lives in :mod:`lowbit.evaluation._compare` (:class:`Variant`, :func:`c
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,11 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
+from lowbit.evaluation.calibration import Calibration
+from lowbit.evaluation.gptq_model import _calibration, _tensors, gptq_weights
 from lowbit.evaluation.models import build_model, load_model
-from lowbit.evaluation.perplexity import load_text
+from lowbit.evaluation.perplexity import _fidelity_sentences, load_text
+from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import action_label, activation_format
 
@@ -190,9 +193,6 @@ def _gptq_variant(
     body: str, label: str, causal: bool, sentences: int, seed: int, threads: Any, progress: Any,
 ) -> Variant:  # fmt: skip
     """The GPTQ row of a scheme, calibrated on data this evaluation never measures."""
-    from lowbit.evaluation.calibration import Calibration
-    from lowbit.evaluation.gptq_model import _calibration, gptq_variant
-    from lowbit.evaluation.perplexity import _fidelity_sentences
 
     calib = _calibration(calibration, Calibration)
     same_text = (calib.is_default and text is None) or (
@@ -338,3 +338,60 @@ def evaluate_variants(
         "measured": measured,
         "rows": [{**v.row(), **r} for v, r in zip(variants, rows, strict=True)],
     }
+
+
+def gptq_variant(
+    checkpoint: Any,
+    spec: str,
+    calibration: Any = None,
+    method: Any = None,
+    *,
+    avoid_tokens: int = 0,
+    exclude: Collection[str] = (),
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> Any:
+    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by GPTQ.
+
+    Returns:
+        A :class:`lowbit.evaluation.variants.Variant` named ``"{spec} gptq"``; its extra fields
+        say how it was calibrated, the seconds per phase and the mean layer-output error of
+        round-to-nearest and of GPTQ on the calibration data.
+    """
+
+    method = GPTQ() if method is None else method
+    plan = variant_plan(spec)
+    run = gptq_weights(
+        checkpoint,
+        plan,
+        calibration,
+        method,
+        avoid_tokens=avoid_tokens,
+        exclude=exclude,
+        threads=threads,
+        progress=progress,
+    )
+    qbytes = sum(qt.nbytes for qt in run.weights.values())
+    qnumel = sum(qt.numel for qt in run.weights.values())
+    deq = {n: qt.dequantize(np.float32) for n, qt in run.weights.items()}
+    model = build_model(checkpoint, weights=deq, progress=progress)
+    del deq
+    totals = plan.apply(_tensors(checkpoint)).totals()
+    errs = list(run.layers.values())
+    return Variant(
+        name=f"{spec} gptq",
+        format=action_label(plan.default),
+        model=model,
+        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        nbytes=totals["bytes"],
+        source="memory",
+        extra={
+            "method": method.to_dict(),
+            "quantized_tensors": totals["quantized"],
+            "gptq_tensors": sum(m == "gptq" for m in run.methods.values()),
+            "calibration": run.calibration,
+            "phase_seconds": run.seconds,
+            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
+            "layer_error_gptq": float(np.mean([e["gptq"] for e in errs])) if errs else None,
+        },
+    )

@@ -43,8 +43,16 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.codecs.packing import _pack_unchecked
+from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
+from lowbit.quant._elements import encode_chunk
+from lowbit.quant._engine import _scales_for, value_table
+from lowbit.quant.layout import make_layout
+from lowbit.quant.nf4 import double_dequantize, double_quantize
+from lowbit.quant.rules import parse_action
 from lowbit.quant.scheme import Granularity, Scheme
+from lowbit.quant.tensor import QuantizedTensor
 
 __all__ = ["GPTQ", "ActOrder", "gptq_quantize", "layer_error"]
 
@@ -170,8 +178,6 @@ def _as_scheme(scheme: Scheme | str) -> Scheme:
     if isinstance(scheme, Scheme):
         return scheme
     if isinstance(scheme, str):
-        from lowbit.quant.rules import parse_action
-
         parsed = parse_action(scheme)
         if isinstance(parsed, Scheme):
             return parsed
@@ -181,7 +187,6 @@ def _as_scheme(scheme: Scheme | str) -> Scheme:
 
 def _check(W: Any, H: Any, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
     """float64 copies of W and H, after checking shapes, values and the scheme's layout."""
-    from lowbit.enums import Rounding, as_rounding
 
     W64 = np.array(_numpy(W), dtype=np.float64, copy=True)
     H64 = np.array(_numpy(H), dtype=np.float64, copy=True)
@@ -261,8 +266,6 @@ class _Quantizer:
     """Scales per group (or channel/tensor) and lowbit's element codec, column by column."""
 
     def __init__(self, scheme: Scheme, shape: tuple[int, int]) -> None:
-        from lowbit.enums import as_rounding
-        from lowbit.quant._engine import value_table
 
         self.scheme = scheme
         self.fmt = scheme.element_format
@@ -313,14 +316,12 @@ class _Quantizer:
     def _params(
         self, V: np.ndarray, axes: tuple[int, ...] = (2,)
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        from lowbit.quant._engine import _scales_for
 
         s32, zp, thresh, _, _ = _scales_for(V, axes, self.scheme, self.fmt, "raise")
         return s32, zp, thresh
 
     def round(self, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(codes, dequantized float64 values) of one column ``w [out]`` in group ``k``."""
-        from lowbit.quant._elements import encode_chunk
 
         S = self.scale[:, k : k + 1]
         Z = None if self.zero is None else self.zero[:, k : k + 1].astype(np.float64)
@@ -334,9 +335,6 @@ class _Quantizer:
 
     def result(self, codes: np.ndarray, shape: tuple[int, int]) -> Any:
         """The :class:`QuantizedTensor` of ``codes [out, in]`` with these scales."""
-        from lowbit.codecs.packing import _pack_unchecked
-        from lowbit.quant.layout import make_layout
-        from lowbit.quant.tensor import QuantizedTensor
 
         sshape = make_layout(shape, self.scheme).scale_shape
         scale, zero = self.scale, self.zero
@@ -346,8 +344,6 @@ class _Quantizer:
         zero = None if zero is None else np.ascontiguousarray(zero).reshape(sshape)
         dq = None
         if self.scheme.double_quant:
-            from lowbit.quant.nf4 import double_dequantize, double_quantize
-
             dq = double_quantize(scale)
             scale = double_dequantize(*dq).reshape(sshape)
         return QuantizedTensor(
