@@ -134,6 +134,17 @@ def test_large_inputs_skip_the_general_loop(
     assert np.array_equal(fmt.encode(x), want)
 
 
+@pytest.mark.parametrize("dtype", [F32, F64, F16])
+def test_empty_input_after_a_table_is_built(dtype: np.dtype) -> None:
+    """An empty array encodes to no codes once the table exists (it split 0 values into
+    pieces of 0 and raised ValueError)."""
+    fmt = lowbit.format("float8_e4m3fn")
+    fmt.encode(np.random.default_rng(2).standard_normal(1 << 18).astype(dtype))  # the table
+    for mode in ("nearest_even", "nearest_away", "toward_zero"):
+        got = fmt.encode(np.zeros(0, dtype), rounding=mode)
+        assert got.shape == (0,) and got.dtype == fmt.code_dtype
+
+
 def test_small_inputs_wait_for_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """A table is built only once as many values have been encoded alike as it has
     entries; until then float16 takes numpy's cast and other formats the general loop."""

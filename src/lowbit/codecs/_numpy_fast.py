@@ -165,10 +165,12 @@ def _table(
 
 
 def _pieces(n: int) -> list[tuple[int, int]]:
+    if n == 0:
+        return [(0, 0)]
     parts = max(1, min(threads(), n // _PIECE))
     step = -(-n // parts)
     step = -(-step // _STEP) * _STEP  # whole steps per piece
-    return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
 
 
 def _run(work: Any, n: int) -> list[Any]:
