@@ -275,8 +275,10 @@ def _write_manifest(folder: Path, doc: dict[str, Any], digests: dict[str, str]) 
 
 
 def progress_bar(total: int, progress: bool | None, desc: str, unit: str) -> Any:
-    """A tqdm bar on stderr (``None``: only on a terminal; ``False``: never)."""
-    from tqdm.auto import tqdm
+    """A tqdm bar on stderr (``None``: only on a terminal; ``False``: never; none without tqdm)."""
+    from lowbit._optional import tqdm_class
+
+    tqdm = tqdm_class()
 
     return tqdm(
         total=total, desc=desc, unit=unit, disable=None if progress is None else not progress

@@ -204,7 +204,9 @@ class Checkpoint(ABC):
 def _progress(items: list[Any], progress: bool | None, desc: str) -> Any:
     if progress is False:
         return items
-    from tqdm.auto import tqdm
+    from lowbit._optional import tqdm_class
+
+    tqdm = tqdm_class()
 
     return tqdm(items, desc=desc, unit="tensor", disable=None if progress is None else False)
 
@@ -423,8 +425,9 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     Args:
         path: a ``.safetensors`` file, a ``.gguf`` file, a folder holding ``config.json`` and
             safetensors shards (with ``model.safetensors.index.json`` when sharded), a folder
-            holding exactly one ``.gguf`` file, or a lowbit checkpoint folder (``lowbit.json``;
-            its tensors read back dequantized).
+            holding exactly one ``.gguf`` file, a lowbit checkpoint folder (``lowbit.json``),
+            or a compressed-tensors folder (``quantization_config``); the last two read back
+            dequantized, under the model's own tensor names.
 
     Returns:
         A :class:`Checkpoint`.
@@ -449,7 +452,13 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             raise LowbitError(
                 f"{p}: several GGUF files ({', '.join(g.name for g in ggufs)}); name one"
             )
-        return _not_lowbit_shards(HuggingFaceFolder(p))
+        folder = _not_lowbit_shards(HuggingFaceFolder(p))
+        qc = (folder.config or {}).get("quantization_config")
+        if isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors":
+            from lowbit.checkpoints._ct_read import CompressedTensorsFolder
+
+            return CompressedTensorsFolder(p)  # weights read back dequantized
+        return folder
     with open(p, "rb") as fh:
         magic = fh.read(4)
     if magic == b"GGUF" or p.suffix == ".gguf":

@@ -168,6 +168,9 @@ def _check_outputs(args: argparse.Namespace, names: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lowbit._optional import require
+
+    require("torch", what="lowbit train-lab")
     from lowbit.training.recipes import DEFAULT_RECIPES, RECIPES
 
     if args.list:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._optional import require
 from lowbit.checkpoints.readers import Checkpoint, _progress
 from lowbit.errors import LowbitError
 
@@ -218,8 +219,10 @@ def build_model(
 
     Raises:
         LowbitError: no config, an unknown architecture, names or shapes that do not match.
+        MissingExtraError: torch or transformers is not installed (``lowbit[models]``).
     """
-    import torch
+    torch = require("torch", extra="models", what="building a model")
+    require("transformers", extra="models", what="building a model")
 
     if checkpoint.format == "lowbit":  # a lowbit checkpoint keeps its source's names
         checkpoint = checkpoint.as_source()  # type: ignore[attr-defined]
@@ -315,9 +318,11 @@ def build_tokenizer(checkpoint: Checkpoint) -> Any:
     uses its ``tokenizer.json`` / ``tokenizer_config.json``.
 
     Raises:
-        LowbitError: no tokenizer files.
+        LowbitError: no tokenizer files, or a GGUF pre-tokenizer lowbit does not implement.
+        MissingExtraError: transformers or tokenizers is not installed (``lowbit[models]``).
     """
-    import transformers
+    transformers = require("transformers", extra="models", what="building a tokenizer")
+    require("tokenizers", extra="models", what="building a tokenizer")
 
     if checkpoint.format == "gguf":
         md = checkpoint.metadata

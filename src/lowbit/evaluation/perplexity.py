@@ -113,7 +113,9 @@ def _threads(n: int | None) -> Iterator[int]:
 
 
 def _bar(total: int, progress: bool | None, desc: str, unit: str) -> Any:
-    from tqdm.auto import tqdm
+    from lowbit._optional import tqdm_class
+
+    tqdm = tqdm_class()
 
     return tqdm(
         total=total, desc=desc, unit=unit, disable=None if progress is None else not progress

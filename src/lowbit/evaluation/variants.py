@@ -209,9 +209,13 @@ def evaluate_variants(
     Raises:
         LowbitError: unreadable models or texts, bad schemes, variants of another model.
     """
+    from lowbit._optional import require
     from lowbit.checkpoints.quantize_model import open_model
     from lowbit.evaluation.models import build_model, build_tokenizer
     from lowbit.evaluation.perplexity import load_text
+
+    for module in ("torch", "transformers"):  # before any model or text is read
+        require(module, extra="models", what="evaluating models")
 
     if schemes is None:
         schemes = [] if quantized else list(DEFAULT_SCHEMES)
