@@ -315,7 +315,7 @@ def write_gguf(
     source: str | os.PathLike[str] | Any | None = None,
     arch: str | None = None,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> Path:
     """Write a GGUF file of the given tensors and metadata.
 
@@ -338,7 +338,8 @@ def write_gguf(
             hyperparameters, tokenizer, chat template) is copied with its exact types.
         arch: ``general.architecture``; default: from ``metadata`` or ``source``.
         overwrite: replace an existing ``path``.
-        progress: show a tqdm progress bar (if tqdm is installed).
+        progress: a tqdm progress bar: ``True``, ``False``, or ``None`` (default) for "only on
+            a terminal" (none without tqdm).
 
     Returns:
         The path written.
@@ -439,11 +440,11 @@ def _unplanned() -> np.ndarray:  # pragma: no cover - replaced before use
     raise AssertionError("tensor data is made from a fresh look at the value")
 
 
-def _progress(enabled: bool, total: int, desc: str) -> Any:
-    if not enabled:
+def _progress(enabled: bool | None, total: int, desc: str) -> Any:
+    if enabled is False:
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {desc}")
+    from lowbit._optional import tqdm_class
+
+    tqdm = tqdm_class()
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {desc}",
+                disable=None if enabled is None else False)  # fmt: skip
