@@ -233,7 +233,9 @@ def encode_tensor(
     from lowbit.quant.tensor import QuantizedTensor
 
     if scheme.scale_method is ScaleMethod.GGML:
-        return _encode_ggml(arr, scheme, is_torch)
+        from lowbit.quant._ggml import encode_ggml
+
+        return encode_ggml(arr, scheme, is_torch)
     layout = make_layout(arr.shape, scheme)
     fmt = scheme.element_format
     bits = fmt.bits
@@ -339,30 +341,6 @@ def encode_tensor(
     if floored:
         check_underflow(arr, qt, underflow)
     return qt
-
-
-def _encode_ggml(arr: np.ndarray, scheme: Scheme, is_torch: bool) -> QuantizedTensor:
-    """llama.cpp's Q4_0/Q5_0/Q8_0 rounding (``lowbit.checkpoints.gguf_q``) as lowbit codes."""
-    from lowbit.checkpoints.gguf_q import ggml_block_codes
-    from lowbit.quant.tensor import QuantizedTensor
-
-    fmt = scheme.element_format
-    if arr.ndim == 0 or arr.shape[-1] % 32:
-        raise LowbitError(
-            f"{scheme.label} (llama.cpp's block type) needs rows (last axis) that are a multiple "
-            f"of 32 values, got shape {arr.shape}; int{fmt.bits}:g32:fp16 pads the last group"
-        )
-    scale, codes = ggml_block_codes(arr, fmt.bits)
-    mask = np.int16((1 << fmt.bits) - 1)
-    bits_pattern = (codes.reshape(-1).astype(np.int16) & mask).astype(fmt.code_dtype)
-    return QuantizedTensor(
-        codes=_pack_unchecked(bits_pattern, fmt.bits),
-        scale=scale,
-        zero_point=None,
-        shape=arr.shape,
-        scheme=scheme,
-        source_torch=is_torch,
-    )
 
 
 def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:
