@@ -55,6 +55,7 @@ LAYERS = {
     "_progress": 0,
     "_files": 0,
     "_json": 0,
+    "_optional": 0,
     "_version": 0,
 }
 BASE = "base"  # the layer-0 modules, one group

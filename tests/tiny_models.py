@@ -142,9 +142,12 @@ def gguf_tensors(model: Any) -> dict[str, np.ndarray]:
     return tensors
 
 
-def save_gguf(model: Any, path: Path, *, embedding: str = "Q8_0") -> Path:
+def save_gguf(
+    model: Any, path: Path, *, embedding: str = "Q8_0", metadata: dict[str, Any] | None = None
+) -> Path:
     """Write a llama as llama.cpp's converter would: GGUF names, permuted q/k, F32 weights and
-    the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding)."""
+    the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding);
+    ``metadata`` adds or replaces keys (e.g. ``tokenizer.ggml.pre``)."""
     from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
 
     cfg = model.config
@@ -170,6 +173,7 @@ def save_gguf(model: Any, path: Path, *, embedding: str = "Q8_0") -> Path:
         "tokenizer.ggml.eos_token_id": 258,
         "tokenizer.ggml.unknown_token_id": 259,
         "tokenizer.ggml.padding_token_id": 260,
+        **(metadata or {}),
     }
     return write_gguf(path, tensors, metadata=metadata, arch="llama", progress=False)
 

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from lowbit.checkpoints import gguf_q
 from lowbit.errors import LowbitError
+from lowbit.quant import gguf_q
 
 gguf = pytest.importorskip("gguf")
 from lowbit.checkpoints.gguf_writer import GGUFTensor, gguf_from_quantized, write_gguf  # noqa: E402

@@ -232,17 +232,21 @@ def test_smollm2_answers(smollm2) -> None:
 
 @pytest.mark.slow
 def test_smollm2_tokenizer_matches_transformers(smollm2) -> None:
-    """The hand-built GGUF tokenizer gives transformers' token ids (113,108 on the default text)."""
+    """The hand-built GGUF tokenizer gives transformers' ids where the pre-tokenizers agree
+    (text without digits, special tokens); with digits it follows llama.cpp's ``smollm``
+    pre-tokenizer (one digit a piece), which transformers' GGUF conversion ignores."""
     from lowbit.evaluation.perplexity import default_text, tokenize
 
     ckpt, _, tok = smollm2
     ref = transformers.AutoTokenizer.from_pretrained(
         ckpt.path.parent, gguf_file=ckpt.path.name, local_files_only=True
     )
-    label, text = default_text()
-    assert tokenize(tok, text[:40_000]) == tokenize(ref, text[:40_000])
-    if label.startswith("pydoc_data.topics (Python 3.11."):  # the text REFERENCE.md measured
-        assert len(tokenize(tok, text)) == 113_108
+    _, text = default_text()
+    no_digits = "".join(c for c in text[:40_000] if not c.isdigit())
+    assert tokenize(tok, no_digits) == tokenize(ref, no_digits)
+    # the default text's first difference (token 11,659): whitespace before a digit
+    assert tok.convert_ids_to_tokens(tokenize(tok, ",))\n   2")) == [",))", "ĊĠĠĠ", "2"]
+    assert ref.convert_ids_to_tokens(tokenize(ref, ",))\n   2")) == [",))", "ĊĠĠ", "Ġ", "2"]
     special = "<|im_start|>user\nHi<|im_end|>"
     assert (
         tok(special, add_special_tokens=False)["input_ids"]

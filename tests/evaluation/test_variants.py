@@ -154,3 +154,30 @@ def test_encoder_variants(tmp_path: Path) -> None:
     # measured 1 - cos: int8:ch 6.5e-8-8.9e-8, int4:g32 1.655e-5-1.656e-5 (same sweep)
     assert cos[0] == pytest.approx(1.0) and 1 > cos[1] > cos[2] > 0.5
     assert np.isfinite([r["min_cosine"] for r in res["rows"]]).all()
+
+
+def test_q4_0_scheme_equals_q4_0_gguf_file(tmp_path: Path) -> None:
+    """eval --schemes q4_0 measures exactly what the Q4_0 GGUF written by quantize --to q4_0
+    measures (one meaning per name: llama.cpp's rounding); lowbit's own int4:g32:fp16 differs."""
+    from tiny_models import save_gguf
+
+    src = save_gguf(tiny_llama(), tmp_path / "tiny.gguf")
+    (tmp_path / "text.txt").write_text(_text())
+    out = tmp_path / "tiny.Q4_0.gguf"
+    quantize_model(src, PrecisionPlan.uniform("q4_0"), out, out_format="gguf", progress=False)
+    res = evaluate_variants(
+        src,
+        [out],
+        ["q4_0", "int4:g32:fp16"],
+        tokens=200,
+        window=40,
+        text=tmp_path / "text.txt",
+        threads=1,
+        progress=False,
+    )
+    rows = {r["name"]: r for r in res["rows"]}
+    disk, mem, own = rows["tiny.Q4_0.gguf"], rows["q4_0"], rows["int4:g32:fp16"]
+    for key in ("perplexity", "kl_mean", "top1_agreement"):
+        assert disk[key] == mem[key], key
+    assert disk["kl_mean"] > 0
+    assert own["kl_mean"] != mem["kl_mean"]

@@ -303,7 +303,7 @@ def test_plan_file_prices_what_quantize_writes(tmp_path: Path) -> None:
     f.write_text(json.dumps({"version": 1, "default": "q8_0", "rules": [
         {"match": "token_embd.weight", "format": "int8:ch"}, {"ndim": 1, "format": "fp32"}]}))  # fmt: skip
     p = plan("smollm2", rules=f)
-    assert [r.label for r in p.rows] == ["int8:g32:fp16"]
+    assert [r.label for r in p.rows] == ["q8_0"]
     tensors = checkpoint_tensors(open_model("smollm2"))
     for row, spec in zip(plan("smollm2", rules=f, precisions=["q8_0", "int4:g64"]).rows,
                          ["q8_0", "int4:g64"], strict=True):  # fmt: skip

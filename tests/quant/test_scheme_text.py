@@ -66,7 +66,8 @@ def test_labels_say_everything_the_text_form_can() -> None:
     assert parse_scheme("int4:g128:fp16:asym").label == "int4:g128:fp16:asym"
     assert parse_scheme("nf4:dq").label == "nf4:g64:fp32:dq"
     assert parse_scheme("mxfp8").label == "mxfp8_e4m3"
-    assert parse_scheme("q4_0").label == "int4:g32:fp16"
+    assert parse_scheme("q4_0").label == "q4_0"
+    assert parse_scheme("int4:g32:fp16:ggml") == parse_scheme("q4_0")
     assert parse_scheme("fp8_e4m3fn:t").label == "fp8_e4m3:t:fp32"
     assert parse_scheme("int4:g32:mse").label == "int4:g32:fp32:mse"
     assert parse_scheme("bf16").label == "bf16"
@@ -96,7 +97,12 @@ def test_overrides_apply_on_top_of_the_text() -> None:
         ("int4:g128:ch", {}, ["'ch' repeats 'g128'"]),
         ("int4::g128", {}, ["empty token"]),
         ("", {}, ["empty format"]),
-        ("q4_0:asym", {}, ["preset q4_0 takes no options", "int4:g32:fp16"]),
+        (
+            "q4_0:asym",
+            {},
+            ["preset q4_0 takes no options", "llama.cpp's rounding", "int4:g32:fp16"],
+        ),
+        ("int4:g64:fp16:ggml", {}, ["scale_method 'ggml'", "group_size"]),
         ("nvfp4", {}, ["nvfp4 is not supported", "E4M3", "mxfp4"]),
         ("q4_1", {}, ["FP16 minimum", "int4:g32:fp16:asym"]),
         ("int4:g16:e4m3", {}, ["scales cannot be stored in float8_e4m3fn", "fp16"]),

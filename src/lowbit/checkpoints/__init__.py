@@ -8,7 +8,7 @@ loaded on first use);
 
 Writers for checkpoints other tools load (their names load on first use):
 
-- :mod:`lowbit.checkpoints.gguf_q`: Q8_0 / Q4_0 block quantizers, numpy only.
+- :mod:`lowbit.quant.gguf_q`: Q8_0 / Q4_0 block quantizers, numpy only.
 - :mod:`lowbit.checkpoints.gguf_writer`: :func:`write_gguf`, :class:`GGUFTensor`,
   :func:`gguf_from_quantized` (writing needs the ``gguf`` package).
 - :mod:`lowbit.checkpoints.compressed_tensors`: :func:`write_compressed_tensors`,

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints import gguf_q, gguf_writer
+from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints import lowbit_format as lf
 from lowbit.checkpoints._model_files import ModelFiles
 from lowbit.checkpoints._safetensors_write import dtype_code
@@ -24,6 +24,7 @@ from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.gguf_writer import GGUFTensor
 from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.errors import LowbitError
+from lowbit.quant import gguf_q
 from lowbit.quant.plan import AppliedPlan, TensorPlan
 from lowbit.quant.scheme import Granularity
 from lowbit.quant.tensor import quantize
@@ -129,7 +130,7 @@ def output_nbytes(t: TensorPlan, out_format: str = "lowbit") -> int:
     if t.action == "keep":
         if out_format == "gguf" or _plain_dtype(t.dtype):
             return t.source_nbytes  # copied as stored
-        return t.numel * 4  # a GGUF block type, dequantized to float32
+        return t.numel * 2  # a GGUF block type: float16 or bfloat16 (kept_dense)
     s = t.scheme
     assert s is not None
     bits = s.element_format.bits
@@ -149,6 +150,24 @@ def output_nbytes(t: TensorPlan, out_format: str = "lowbit") -> int:
         if not s.symmetric:  # zero points packed down the rows (a per-tensor one stays int8)
             n += 1 if gran == "tensor" else -(-rows * bits // 32) * groups * 4
     return n
+
+
+def kept_dense(arr: Any) -> np.ndarray:
+    """A kept tensor the source stores in a GGUF block type (Q8_0, Q4_K ...), for a format that
+    holds only plain dtypes (compressed-tensors): float16 when every value is within float16's
+    range, else bfloat16; never float32, which would double or quadruple the source's size.
+
+    float16 rounds each value to 11 significant bits (relative error at most 2**-11), far
+    below the block type's own step (Q8_0: 1/127 of the block's largest value); a block
+    type's scales are float16, so its values exceed float16's range only in blocks whose
+    largest value is above 65504.
+    """
+    import ml_dtypes
+
+    a = np.asarray(arr, dtype=np.float32)
+    if a.size == 0 or float(np.abs(a).max()) <= float(np.finfo(np.float16).max):
+        return a.astype(np.float16)
+    return a.astype(ml_dtypes.bfloat16)
 
 
 def _plain_dtype(dtype: str) -> bool:
@@ -381,6 +400,8 @@ def write_ct(
             return from_quantized(qt, activations=acts[t.activations])
         if t.action == "cast":
             return unpermute(hf, read_cast(ckpt, t))
+        if is_gguf and not _plain_dtype(t.dtype):  # kept in a block type: 16 bits, not 32
+            return unpermute(hf, kept_dense(ckpt.get(t.name)))
         return unpermute(hf, ckpt.get(t.name))
 
     with tempfile.TemporaryDirectory() as extra:
@@ -408,7 +429,7 @@ def write_ct(
             max_shard_size=max_shard_size or 5 * 2**30,
             copy_files=files,
             overwrite=overwrite,
-            progress=progress is not False,
+            progress=progress,
         )
     return names, left
 
@@ -444,5 +465,5 @@ def write_gguf(
         _Lazy(list(by_name), make),
         source=ckpt.path,
         overwrite=overwrite,
-        progress=progress is not False,
+        progress=progress,
     )

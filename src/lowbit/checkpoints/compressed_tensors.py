@@ -42,6 +42,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from lowbit._optional import tqdm_class
 from lowbit.checkpoints import _safetensors_write as _safetensors
 from lowbit.checkpoints._atomic import atomic_dir
 from lowbit.checkpoints._ct_config import (
@@ -223,7 +224,7 @@ def write_compressed_tensors(
     max_shard_size: int = 5 * 2**30,
     copy_files: Iterable[str | os.PathLike[str]] = (),
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> Path:
     """Write a compressed-tensors checkpoint folder (config.json + safetensors).
 
@@ -245,7 +246,8 @@ def write_compressed_tensors(
             ``model.safetensors.index.json``.
         copy_files: files copied into the folder unchanged (tokenizer files, generation config).
         overwrite: replace an existing folder.
-        progress: show a tqdm progress bar (if tqdm is installed).
+        progress: a tqdm progress bar: ``True``, ``False``, or ``None`` (default) for "only on
+            a terminal" (none without tqdm).
 
     Returns:
         The folder written.
@@ -310,11 +312,10 @@ def write_compressed_tensors(
     return Path(out_dir)
 
 
-def _progress(enabled: bool, total: int, desc: str) -> Any:
-    if not enabled:
+def _progress(enabled: bool | None, total: int, desc: str) -> Any:
+    if enabled is False:
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="tensor", desc=f"writing {desc}")
+
+    tqdm = tqdm_class()
+    return tqdm(total=total, unit="tensor", desc=f"writing {desc}",
+                disable=None if enabled is None else False)  # fmt: skip

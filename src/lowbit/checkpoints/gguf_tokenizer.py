@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lowbit.checkpoints._pretokenizers import pre_tokenizer
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 
@@ -42,13 +43,13 @@ def build_tokenizer(checkpoint: Checkpoint) -> Any:
 
 def _gguf_bpe_tokenizer(md: Mapping[str, Any]) -> Any:
     import transformers
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
     tokens = md["tokenizer.ggml.tokens"]
     types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = [tuple(m.split(" ", 1)) for m in md["tokenizer.ggml.merges"]]
     bpe = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    bpe.pre_tokenizer = pre_tokenizer(md.get("tokenizer.ggml.pre"))  # llama.cpp's splitting
     bpe.decoder = decoders.ByteLevel()
     # llama.cpp token types: 3 = CONTROL (special), 4 = USER_DEFINED (kept whole, not special)
     bpe.add_special_tokens(

@@ -23,11 +23,12 @@ import numpy as np
 
 from lowbit._arrays import _is_ml_float
 from lowbit._progress import progress_bar
-from lowbit.checkpoints import _gguf, gguf_q
+from lowbit.checkpoints import _gguf
 from lowbit.checkpoints._atomic import atomic_file
 from lowbit.checkpoints._outputs import WRITER_KEY, writer_tag
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
+from lowbit.quant import gguf_q
 
 __all__ = ["GGUFTensor", "gguf_from_quantized", "write_gguf"]
 
@@ -331,7 +332,7 @@ def write_gguf(
     source: str | os.PathLike[str] | Any | None = None,
     arch: str | None = None,
     overwrite: bool = False,
-    progress: bool | None = True,
+    progress: bool | None = None,
 ) -> Path:
     """Write a GGUF file of the given tensors and metadata.
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from lowbit import _json
+from lowbit.checkpoints._ct_read import CompressedTensorsFolder
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.readers import Checkpoint, GGUFFile, HuggingFaceFolder, SafetensorsFile
 from lowbit.errors import LowbitError
@@ -28,8 +29,9 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     Args:
         path: a ``.safetensors`` file, a ``.gguf`` file, a folder holding ``config.json`` and
             safetensors shards (with ``model.safetensors.index.json`` when sharded), a folder
-            holding exactly one ``.gguf`` file, or a lowbit checkpoint folder (``lowbit.json``;
-            its tensors read back dequantized).
+            holding exactly one ``.gguf`` file, a lowbit checkpoint folder (``lowbit.json``),
+            or a compressed-tensors folder (``quantization_config``); the last two read back
+            dequantized, under the model's own tensor names.
 
     Returns:
         A :class:`Checkpoint`.
@@ -53,7 +55,11 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             raise LowbitError(
                 f"{p}: several GGUF files ({', '.join(g.name for g in ggufs)}); name one"
             )
-        return _not_lowbit_shards(HuggingFaceFolder(p))
+        folder = _not_lowbit_shards(HuggingFaceFolder(p))
+        qc = (folder.config or {}).get("quantization_config")
+        if isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors":
+            return CompressedTensorsFolder(p)  # weights read back dequantized
+        return folder
     _json.check_regular_file(p)  # a FIFO or device would hang the read below
     with open(p, "rb") as fh:
         magic = fh.read(4)

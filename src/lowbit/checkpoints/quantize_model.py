@@ -23,7 +23,7 @@ Outputs:
 - ``gguf``: llama.cpp's file (``lowbit.checkpoints.gguf_writer``) from a GGUF source (its metadata
   is copied): int4/int8 symmetric groups of 32 with float16 scales are stored exactly as Q4_0 /
   Q8_0 blocks; other int4/int8 schemes (and ``--to q4_0`` / ``q8_0``) use llama.cpp's own
-  reference rounding (``lowbit.checkpoints.gguf_q``); kept tensors are copied byte for byte.
+  reference rounding (``lowbit.quant.gguf_q``); kept tensors are copied byte for byte.
 """
 
 from __future__ import annotations

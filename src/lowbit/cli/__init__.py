@@ -13,6 +13,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
+from lowbit._optional import install_hint
 from lowbit._version import __version__
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
@@ -78,7 +79,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "pip install" in str(exc):
             print(f"lowbit {args.command}: error: {exc}", file=sys.stderr)
             return 2
-        raise
+        hint = install_hint(getattr(exc, "name", None) or "")
+        if hint is None:
+            raise
+        # an optional dependency imported where no require() names it: still one line
+        name = str(exc.name).split(".", 1)[0]
+        print(f"lowbit {args.command}: error: this needs {name}: {hint}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"lowbit {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -241,10 +241,8 @@ def run(args: argparse.Namespace) -> int:
         _common.print_json(result)
         return 0
     t = result["totals"]
-    labels = sorted({p.label for p in applied.quantized})
     what = {"lowbit": "lowbit checkpoint", "compressed-tensors": "compressed-tensors checkpoint",
             "gguf": "GGUF file"}[args.out_format]  # fmt: skip
-    bpw = f" ({t['bits_per_weight']:.3f} bits/weight)" if t["bits_per_weight"] else ""
     print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {result['seconds']:.1f} s")
     if method is not None:
         sec = method["seconds"]
@@ -253,15 +251,32 @@ def run(args: argparse.Namespace) -> int:
             f"{method['gptq_tensors']} tensors on {method['calibration']['described']}: "
             f"{sec['total']:.0f} s (collect {sec['collect']:.0f} s, solve {sec['solve']:.0f} s)"
         )
-    print(
-        f"  {t['quantized']} of {t['tensors']} tensors quantized to {', '.join(labels) or '-'}"
-        f"{bpw}; {t['kept']} kept, {t['cast']} cast; source {_mb(t['source_bytes'])}"
-    )
+    print(f"  {_summary(applied, sizes, t)}")
     _print_files(result)
     if args.out_format == "lowbit":
         model = args.model or "smollm2"
         print(f"  evaluate: lowbit eval {model} {out}    load: lowbit.load_model({str(out)!r})")
     return 0
+
+
+def _summary(applied: Any, sizes: list[int], t: dict[str, Any]) -> str:
+    """One line: what was quantized, cast and kept, each with its output size."""
+    parts = []
+    for action, verb in (("quantize", "quantized to"), ("cast", "cast to")):
+        rows = [(p, s) for p, s in zip(applied.tensors, sizes, strict=True) if p.action == action]
+        if not rows:
+            continue
+        labels = ", ".join(sorted({p.label for p, _ in rows}))
+        bpw = (
+            f", {t['bits_per_weight']:.3f} bits/weight"
+            if action == "quantize" and t["bits_per_weight"]
+            else ""
+        )
+        parts.append(f"{len(rows)} {verb} {labels} ({_mb(sum(s for _, s in rows))}{bpw})")
+    kept = [s for p, s in zip(applied.tensors, sizes, strict=True) if p.action == "keep"]
+    if kept:
+        parts.append(f"{len(kept)} kept at source precision ({_mb(sum(kept))})")
+    return f"{t['tensors']} tensors: {'; '.join(parts)}; source {_mb(t['source_bytes'])}"
 
 
 def _print_files(result: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from lowbit._optional import require
 from lowbit.checkpoints._outputs import check_output
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
@@ -168,6 +169,7 @@ def _check_outputs(args: argparse.Namespace, names: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("torch", what="lowbit train-lab")
     from lowbit.training.recipes import DEFAULT_RECIPES, RECIPES
 
     if args.list:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._optional import require
 from lowbit._progress import progress_iter
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.names import _GGUF_ARCHS, gguf_to_hf_name, unpermute_qk
@@ -176,8 +177,10 @@ def build_model(
 
     Raises:
         LowbitError: no config, an unknown architecture, names or shapes that do not match.
+        MissingExtraError: torch or transformers is not installed (``lowbit[models]``).
     """
-    import torch
+    torch = require("torch", extra="models", what="building a model")
+    require("transformers", extra="models", what="building a model")
 
     if checkpoint.format == "lowbit":  # a lowbit checkpoint keeps its source's names
         checkpoint = checkpoint.as_source()  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._optional import require
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
@@ -259,6 +260,9 @@ def evaluate_variants(
     Raises:
         LowbitError: unreadable models or texts, bad schemes, variants of another model.
     """
+    for module in ("torch", "transformers"):  # before any model or text is read
+        require(module, extra="models", what="evaluating models")
+
     if schemes is None:
         schemes = [] if quantized else list(DEFAULT_SCHEMES)
     for spec in schemes:  # a bad scheme string fails before any model loads

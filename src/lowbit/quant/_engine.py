@@ -24,6 +24,7 @@ from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as lookup
 from lowbit.quant import _numba as _fastquant
 from lowbit.quant._elements import encode_chunk
+from lowbit.quant._ggml import encode_ggml
 from lowbit.quant._range import mx_scales, scales_at_floor
 from lowbit.quant.layout import Layout, make_layout
 from lowbit.quant.nf4 import double_dequantize, double_quantize
@@ -234,6 +235,8 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
     axis), each chunk is read once: its statistics, scales, codes and packed bytes are
     computed while it is in cache.
     """
+    if scheme.scale_method is ScaleMethod.GGML:
+        return Encoded(*encode_ggml(arr, scheme))
     layout = make_layout(arr.shape, scheme)
     fmt = scheme.element_format
     bits = fmt.bits

@@ -94,7 +94,8 @@ def is_float_dtype(dtype: str) -> bool:
     d = str(dtype).upper()
     if d in _FLOAT_DTYPES:
         return True
-    return bool(re.match(r"^(Q\d|IQ\d|TQ\d|MXFP)", d))  # GGUF block types (dequantized on read)
+    # GGUF block types and compressed-tensors weights (CT_INT4, CT_FP8), dequantized on read
+    return bool(re.match(r"^(Q\d|IQ\d|TQ\d|MXFP|CT_)", d))
 
 
 @dataclass(frozen=True)

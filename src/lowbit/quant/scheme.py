@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CAST_FORMATS",
     "DQ_BLOCK",
+    "GGML_NAMES",
     "SCALE_FORMATS",
     "SCHEME_VERSION",
     "Cast",
@@ -99,7 +100,12 @@ class ScaleMethod(str, Enum):
     asymmetric). ``meanstd``: |mean| + ``k_std`` standard deviations.
     ``mse``: the clipping ratio of absmax (searched on a grid, per group) that minimises
     the squared error. ``meanabs``: the mean of |x| (BNN/XNOR-Net for binary; TWN for
-    ternary: threshold 0.7·mean|x|, scale = mean |x| above it).
+    ternary: threshold 0.7·mean|x|, scale = mean |x| above it). ``ggml``: llama.cpp's
+    Q4_0/Q5_0/Q8_0 rounding (ggml's reference quantizers: Q4_0/Q5_0 map the block's
+    largest-magnitude value to code -8/-16 and round half up; Q8_0 uses ``max|x|/127`` and
+    rounds half away from zero; both compute codes with the float32 scale before storing it
+    as float16), for int4/int5/int8 in groups of 32 along the last axis with float16 scales:
+    the schemes ``q4_0``, ``q5_0``, ``q8_0`` (:data:`GGML_NAMES`).
     """
 
     ABSMAX = "absmax"
@@ -107,6 +113,13 @@ class ScaleMethod(str, Enum):
     MSE = "mse"
     MEANSTD = "meanstd"
     MEANABS = "meanabs"
+    GGML = "ggml"
+
+
+#: llama.cpp's block type of each element format under ``scale_method="ggml"``: the label
+#: such a scheme has (``q4_0`` is ``int4:g32:fp16:ggml``; ``int4:g32:fp16`` is lowbit's own
+#: absmax rounding, which differs in most blocks).
+GGML_NAMES = {"int4": "q4_0", "int5": "q5_0", "int8": "q8_0"}
 
 
 def _enum(cls: type[Enum], value: Any, what: str) -> Any:
@@ -247,6 +260,19 @@ class Scheme:
             method = _default_method(name)
         method = _enum(ScaleMethod, method, "scale method")
         set_(self, "scale_method", method)
+        if method is ScaleMethod.GGML:
+            ggml = {"format": name in GGML_NAMES, "granularity": gran is Granularity.GROUP,
+                    "group_size": self.group_size == 32, "axis": self.axis == -1,
+                    "scale_format": canonical_scale_format(self.scale_format) == "float16",
+                    "symmetric": self.symmetric, "restricted_range": not self.restricted_range,
+                    "rounding": self.rounding == "nearest_even"}  # fmt: skip
+            bad = [k for k, ok in ggml.items() if not ok]
+            if bad:
+                raise LowbitError(
+                    f"scale_method 'ggml' is llama.cpp's Q4_0/Q5_0/Q8_0 rounding: int4, int5 or "
+                    f"int8 in groups of 32 along axis -1 with float16 scales, symmetric, "
+                    f"nearest rounding (write q4_0, q5_0 or q8_0); wrong: {', '.join(bad)}"
+                )
         if mx and method is not ScaleMethod.ABSMAX:
             raise LowbitError(
                 "MX formats choose their scale as OCP MX v1.0 §6.3 says: scale_method must be absmax"
@@ -376,10 +402,13 @@ class Scheme:
         back to an equal scheme unless percentile, k_std, rounding or pad differ from their
         defaults (``to_dict`` says everything).
 
-        Grammar: ``FORMAT[:gN|:ch|:t][:axA][:SCALEFMT][:asym][:dq][:restricted][:METHOD]``;
+        Grammar: ``FORMAT[:gN|:ch|:t][:axA][:SCALEFMT][:asym][:dq][:restricted][:METHOD]``
+        (llama.cpp's rounding, ``scale_method="ggml"``, is labelled ``q4_0``/``q5_0``/``q8_0``);
         the axis appears when not the default (0 per channel, -1 for groups), the scale
         format always (MX: E8M0, implied), the scale method when not the format's default.
         """
+        if self.scale_method is ScaleMethod.GGML:
+            return GGML_NAMES[self.format]
         parts = [self.format if self.is_mx else short_name(self.format)]
         if self.granularity is Granularity.GROUP:
             parts.append(f"g{self.group_size}")

@@ -15,7 +15,8 @@ everywhere (``lowbit quantize``, ``quantize-tensor``, ``compare``, ``eval --sche
 - ``SCALEFMT``: the scales' format, ``fp32`` (default), ``fp16``, ``bf16``, ``e8m0``.
 - ``asym``: integer formats get a zero point; ``dq``: NF4 double quantization;
   ``restricted``: signed integers use the symmetric range; a scale method name
-  (``mse``, ``percentile``, ``meanstd``, ``absmax``, ``meanabs``).
+  (``mse``, ``percentile``, ``meanstd``, ``absmax``, ``meanabs``, ``ggml``: llama.cpp's
+  rounding, which ``q4_0`` = ``int4:g32:fp16:ggml`` uses).
 
 :attr:`lowbit.quant.scheme.Scheme.label` writes this form back; :func:`format_scheme` is the
 same. NVIDIA NVFP4 (E2M1 in blocks of 16 with FP8 E4M3 scales and a per-tensor FP32 scale) and
@@ -52,11 +53,13 @@ __all__ = [
 ]
 
 #: Named schemes: llama.cpp's legacy symmetric block types (ggml-common.h: 32 values share an
-#: FP16 scale). ``lowbit quantize --to q4_0 --out-format gguf`` also uses llama.cpp's rounding.
+#: FP16 scale), rounded exactly as llama.cpp rounds them (scale method ``ggml``) in every
+#: output format and in ``eval --schemes``. lowbit's own absmax rounding of the same layout
+#: has its own name, ``int4:g32:fp16`` (``int8:g32:fp16``, ``int5:g32:fp16``).
 PRESETS: dict[str, dict[str, Any]] = {
-    "q8_0": {"format": "int8", "group_size": 32, "scale_format": "float16"},
-    "q4_0": {"format": "int4", "group_size": 32, "scale_format": "float16"},
-    "q5_0": {"format": "int5", "group_size": 32, "scale_format": "float16"},
+    "q8_0": {"format": "int8", "group_size": 32, "scale_format": "float16", "scale_method": "ggml"},
+    "q4_0": {"format": "int4", "group_size": 32, "scale_format": "float16", "scale_method": "ggml"},
+    "q5_0": {"format": "int5", "group_size": 32, "scale_format": "float16", "scale_method": "ggml"},
 }
 #: Names people type that lowbit cannot quantize to, with the reason and what to use instead.
 REFUSED: dict[str, str] = {
@@ -73,7 +76,7 @@ GRANULARITY_TOKENS = {"ch": "channel", "channel": "channel", "t": "tensor", "ten
 _TOKENS_HELP = (
     "tokens: gN (groups of N), ch (per channel), t (per tensor), axA (axis), a scale format "
     "(fp32, fp16, bf16, e8m0), asym, dq, restricted, a scale method (absmax, percentile, "
-    "meanstd, mse, meanabs)"
+    "meanstd, mse, meanabs, ggml)"
 )
 _METHODS = {m.value for m in ScaleMethod}
 _FIELDS = {f.name for f in dataclasses.fields(Scheme)}
@@ -161,8 +164,9 @@ def _parse_text(text: str) -> dict[str, Any]:
     if head in PRESETS:
         if len(parts) > 1:
             raise LowbitError(
-                f"scheme {text!r}: preset {head} takes no options (it is "
-                f"{_preset_text(head)}; write that with your changes instead)"
+                f"scheme {text!r}: preset {head} takes no options (it is llama.cpp's rounding "
+                f"of {_preset_text(head)}; for lowbit's own rounding write {_preset_text(head)} "
+                f"with your changes instead)"
             )
         return dict(PRESETS[head])
     kw: dict[str, Any] = {"format": head}
@@ -250,4 +254,5 @@ def _build(kw: dict[str, Any], given: dict[str, Any], shown: str) -> Scheme | Ca
 
 
 def _preset_text(name: str) -> str:
-    return Scheme(**PRESETS[name]).label
+    """The preset's layout in the text form, without llama.cpp's rounding (``int4:g32:fp16``)."""
+    return Scheme(**{k: v for k, v in PRESETS[name].items() if k != "scale_method"}).label

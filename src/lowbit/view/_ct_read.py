@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.verify import _ct_candidates, _ct_groups
+from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_groups
 from lowbit.errors import LowbitError
 
 __all__ = ["ct_scheme", "ct_weight"]

@@ -38,6 +38,7 @@ __all__ = [
     "dequantize",
     "dequantize_q4_0",
     "dequantize_q8_0",
+    "ggml_block_codes",
     "nbytes",
     "q4_0_from_codes",
     "q4_0_to_codes",
@@ -145,9 +146,14 @@ def quantize_q8_0(x: Any) -> np.ndarray:
 
 
 def _encode_q8_0(blocks: np.ndarray) -> np.ndarray:
-    d = (np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
-    q = _round_half_away(blocks * _inverse(d)).astype(np.int8)
+    d, q = _q8_0_core(blocks)
     return np.concatenate([_scale_bytes(d, "Q8_0"), q.view(np.uint8)], axis=1)
+
+
+def _q8_0_core(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 32) float32 -> (float32 scale d (n, 1), unrounded; int8 codes (n, 32))."""
+    d = (np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
+    return d, _round_half_away(blocks * _inverse(d)).astype(np.int8)
 
 
 def quantize_q4_0(x: Any) -> np.ndarray:
@@ -167,12 +173,71 @@ def quantize_q4_0(x: Any) -> np.ndarray:
 
 
 def _encode_q4_0(blocks: np.ndarray) -> np.ndarray:
+    d, q = _qn_0_core(blocks, 4)
+    return np.concatenate([_scale_bytes(d, "Q4_0"), _pack_nibbles(q)], axis=1)
+
+
+def _qn_0_core(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 (bits 4) / Q5_0 (bits 5) rounding: (n, 32) float32 -> (float32 scale d (n, 1),
+    unrounded; uint8 stored codes ``q`` in 0..2**bits - 1, value ``d * (q - 2**(bits-1))``)."""
+    half = np.float32(1 << (bits - 1))
     first_largest = np.abs(blocks).argmax(axis=1)[:, None]
     m = np.take_along_axis(blocks, first_largest, axis=1)
-    d = (m / np.float32(-8)).astype(np.float32)
-    scaled = (blocks * _inverse(d)).astype(np.float32) + np.float32(8.5)
-    q = np.minimum(np.trunc(scaled), np.float32(15)).astype(np.uint8)
-    return np.concatenate([_scale_bytes(d, "Q4_0"), _pack_nibbles(q)], axis=1)
+    d = (m / -half).astype(np.float32)
+    scaled = (blocks * _inverse(d)).astype(np.float32) + (half + np.float32(0.5))
+    q = np.minimum(np.trunc(scaled), np.float32((1 << bits) - 1)).astype(np.uint8)
+    return d, q
+
+
+def ggml_block_codes(x: Any, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's Q4_0 (``bits=4``), Q5_0 (5) or Q8_0 (8) rounding in lowbit's terms.
+
+    The same arithmetic as ggml's ``quantize_row_q4_0_ref`` / ``q5_0`` / ``q8_0``: the codes
+    are computed with the unrounded float32 block scale, and the scale is then stored as
+    float16, so ``scale * code`` is exactly what llama.cpp dequantizes (Q5_0 is Q4_0's rule
+    with ``d = m / -16`` and codes 0..31).
+
+    Args:
+        x: real array whose last axis is a multiple of 32 (converted to float32 first).
+        bits: 4, 5 or 8.
+
+    Returns:
+        ``(scale, codes)``: float32 scales (exact float16 values) of shape
+        ``(*x.shape[:-1], x.shape[-1] // 32)`` and int8 signed codes of ``x``'s shape
+        (-8..7, -16..15 or -127..127).
+
+    Raises:
+        LowbitError: bits not 4/5/8, rows not a multiple of 32, NaN/inf input, or a block
+        scale beyond float16's range.
+    """
+    if bits not in (4, 5, 8):
+        raise LowbitError(f"llama.cpp's Qn_0 block types are 4, 5 and 8 bits, got {bits}")
+    name = f"Q{bits}_0"
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu" and not _is_ml_float(arr.dtype):
+        raise LowbitError(f"{name} quantizes real numbers, got an array of dtype {arr.dtype}")
+    if arr.ndim == 0 or arr.shape[-1] % BLOCK != 0:
+        raise LowbitError(
+            f"{name} needs rows (last axis) that are a multiple of {BLOCK} values, "
+            f"got shape {arr.shape}"
+        )
+    flat = arr.reshape(-1, BLOCK)
+    scales = np.empty((flat.shape[0], 1), dtype=np.float32)
+    codes = np.empty(flat.shape, dtype=np.int8)
+    for start in range(0, flat.shape[0], _CHUNK):
+        blocks = flat[start : start + _CHUNK].astype(np.float32)
+        if not np.isfinite(blocks).all():
+            raise LowbitError(f"{name} cannot hold NaN or infinity; the input has some")
+        if bits == 8:
+            d, q = _q8_0_core(blocks)
+        else:
+            d, u = _qn_0_core(blocks, bits)
+            q = u.astype(np.int8) - np.int8(1 << (bits - 1))
+        if np.any(np.abs(d) > _F16_MAX):
+            raise LowbitError(f"{name} block scale overflows float16")
+        scales[start : start + _CHUNK] = d.astype(np.float16)
+        codes[start : start + _CHUNK] = q
+    return scales.reshape(*arr.shape[:-1], -1), codes.reshape(arr.shape)
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
