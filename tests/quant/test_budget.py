@@ -40,7 +40,7 @@ def test_exact_when_unit_is_one_bit(inst: tuple[list[list[int]], list[list[float
     """With a one-bit unit the DP finds the brute-force optimum, within the budget."""
     costs, damages, budget = inst
     a = solve(costs, damages, budget, resolution=max(1, budget))
-    assert a.unit == 1
+    assert a.unit == (math.gcd(*(x for c in costs for x in c)) or 1)
     assert a.cost <= budget
     assert a.cost == sum(c[j] for c, j in zip(costs, a.choice, strict=True))
     assert a.damage == pytest.approx(_brute(costs, damages, budget), rel=1e-12, abs=1e-9)
@@ -64,6 +64,22 @@ def test_coarse_units_never_exceed_budget(
     assert a.damage >= opt - 1e-9
     assert a.bound <= opt + 1e-9
     assert a.gap >= a.damage - opt - 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances())
+def test_common_divisor_of_costs_is_exact(
+    inst: tuple[list[list[int]], list[list[float]], int],
+) -> None:
+    """Costs in whole bytes (multiples of 8 bits): a unit of 8 bits loses nothing, so a budget
+    of budget/8 units is enough for the optimum."""
+    costs, damages, budget = inst
+    costs = [[8 * x for x in c] for c in costs]
+    budget = 8 * budget + 7  # the 7 spare bits cannot be used by whole bytes
+    a = solve(costs, damages, budget, resolution=max(1, budget // 8))
+    assert a.cost <= budget
+    assert a.unit % 8 == 0 or not any(x for c in costs for x in c)
+    assert a.damage == pytest.approx(_brute(costs, damages, budget), rel=1e-12, abs=1e-9)
 
 
 def test_bound_is_tight_on_a_convex_instance() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.checkpoints._outputs import save_figure
-from lowbit.cli import _common
+from lowbit.cli import _budget, _common
 from lowbit.errors import LowbitError
 from lowbit.planning.archs import parse_params
 from lowbit.planning.estimate import plan
@@ -21,6 +21,8 @@ examples:
   lowbit plan --config config.json --context 8192 --batch 8 --kv fp8 --train
   lowbit plan model.safetensors --keep-embeddings bf16 --precisions int4:g128:fp16
   lowbit plan --params 70B --precisions bf16,fp8,int4:g128:fp16 --devices h100,mi300x
+  lowbit plan smollm2 --budget 4.5 --schemes int3:g128,int4:g128,int8:ch   (proxy scan)
+  lowbit plan smollm2 --budget 4.5 --sensitivity sens.json       the choice, nothing written
 
 schemes: FORMAT[:gN|:ch|:t][:SCALEFMT][:asym][:dq], as every lowbit command reads them: with
 no granularity a format gets the weight layout lowbit quantize gives it (int8 = int8:ch, one
@@ -87,6 +89,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="replace an existing --plot file lowbit drew"
     )
+    _budget.add_options(p, measure="proxy", presets=False)
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -101,6 +104,8 @@ def _model_arg(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if _budget.wanted(args):
+        return _mixed(args)
 
     names = _common.parse_names(args.devices, "--devices")
     devices = None if not names or names == ["all"] else names
@@ -135,6 +140,18 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"\nplot written to {args.plot}")
     return 0
+
+
+def _mixed(args: argparse.Namespace) -> int:
+    """``--budget`` / ``--size``: the mixed plan a scan gives, without quantizing."""
+    from lowbit.checkpoints.quantize_model import open_model
+
+    _budget.check(args)
+    if args.params or args.config:
+        raise LowbitError("--budget/--size choose per tensor: give a checkpoint as MODEL")
+    ckpt = open_model(args.model)
+    mixed, scan = _budget.solve(args, ckpt, False if args.json else None)
+    return _budget.print_dry_run(args, ckpt, mixed, scan)
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.checkpoints.readers import Checkpoint
-from lowbit.cli import _common
+from lowbit.cli import _budget, _common
 from lowbit.errors import LowbitError
 from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.gptq_model import gptq_weights
@@ -38,6 +38,15 @@ examples:
   lowbit quantize minilm --to int8 --out-format compressed-tensors --out minilm-w8
   lowbit quantize smollm2 --to q4_0 --out-format gguf --out smol.Q4_0.gguf
   lowbit quantize model_dir --plan plan.yaml --to int4 --group 64 --asym --json
+  lowbit quantize smollm2 --budget 4.5 --schemes int3:g128,int4:g128,int8:ch --out smol-mixed
+  lowbit quantize smollm2 --budget 4.5 --sensitivity sens.json --eval --out smol-mixed
+  lowbit quantize smollm2 --plan-preset q4_k_m_like --out smol-q4km-like
+
+Mixed precision: --budget BPW (stored bits per quantized weight, scales included) or --size
+BYTES chooses one scheme per tensor from a sensitivity scan (lowbit sensitivity) so that the
+summed measured damage is least within the budget; a --plan file's rules decide first. The
+chosen plan is written beside the output as OUT.plan.json (lowbit quantize --plan reads it)
+and printed with its predicted damage and the solver's optimality gap.
 
 Output formats: lowbit (any scheme; lowbit.load / lowbit.load_model read it back),
 compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8_0/Q4_0
@@ -120,12 +129,24 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan applied to the model")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--eval",
+        action="store_true",
+        help="measure the written checkpoint as lowbit eval does (mixed plans: predicted vs "
+        "measured)",
+    )
+    _budget.add_options(p)
+    p.add_argument("--plot", metavar="OUT.png", help="mixed plans: bits per tensor across layers")
     _common.add_json(p)
     p.set_defaults(func=run)
 
 
 def build_plan(args: argparse.Namespace) -> Any:
-    """The precision plan the options describe (schemes through the one scheme parser)."""
+    """The precision plan the options describe (schemes through the one scheme parser);
+    None when it is chosen from measurements or a preset (:mod:`lowbit.cli._budget`)."""
+    _budget.check(args)
+    if _budget.wanted(args) or args.plan_preset:
+        return None
     if args.to is None and args.plan is None:
         raise LowbitError(
             "say what to quantize to: --to FORMAT (e.g. int4 --group 128) or --plan FILE"
@@ -186,7 +207,8 @@ def _default_out(source: Path, args: argparse.Namespace) -> Path:
     stem = source.name
     for suffix in (".gguf", ".safetensors"):
         stem = stem.removesuffix(suffix)
-    tag = args.to or "plan"
+    tag = args.to or ("mixed-" + (args.budget or args.size) if _budget.wanted(args) else None)
+    tag = tag or args.plan_preset or "plan"
     if args.group:
         tag += f"-g{args.group}"
     if args.asym:
@@ -204,6 +226,12 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress or args.json else None
     plan = build_plan(args)
     ckpt = open_model(args.model)
+    mixed = scan = None
+    if plan is None and args.plan_preset:
+        plan = _budget.preset(args, ckpt)
+    elif plan is None:
+        mixed, scan = _budget.solve(args, ckpt, progress)
+        plan = mixed.plan
     rounding = "llama.cpp" if (args.to or "").strip().lower() in ("q4_0", "q8_0") else "auto"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -212,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = [output_nbytes(t, args.out_format) for t in applied.tensors]
     totals = applied.totals()
     totals["out_bytes"] = sum(sizes)
+    if args.dry_run and mixed is not None:
+        return _budget.print_dry_run(args, ckpt, mixed, scan)
     if args.dry_run:
         return _print_plan(args, ckpt, applied, sizes, totals)
     if args.out is not None and not args.out.strip():
@@ -237,8 +267,9 @@ def run(args: argparse.Namespace) -> int:
     if method is not None:
         result["method"] = method
     _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)])
+    extra = _budget.after_write(args, ckpt, mixed, scan, out, progress)
     if args.json:
-        _common.print_json(result)
+        _common.print_json({**result, **extra})
         return 0
     t = result["totals"]
     what = {"lowbit": "lowbit checkpoint", "compressed-tensors": "compressed-tensors checkpoint",
@@ -256,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out_format == "lowbit":
         model = args.model or "smollm2"
         print(f"  evaluate: lowbit eval {model} {out}    load: lowbit.load_model({str(out)!r})")
+    _budget.print_after(args, ckpt, mixed, scan, extra)
     return 0
 
 

@@ -26,6 +26,8 @@ bits-budget solver (:mod:`lowbit.quant.budget`).
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
-from lowbit.checkpoints.quantize_model import plan_model, quantized_weights
+from lowbit.checkpoints.quantize_model import plan_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation.models import build_model
@@ -450,6 +452,127 @@ class _Runner:
 # The scan
 # ---------------------------------------------------------------------------------------
 
+_METRICS = {
+    "causal": "mean KL(original || trial) of next-token distributions, nats",
+    "encoder": "1 - mean cosine of sentence embeddings",
+    "proxy": "proxy: sum_j E[x_j^2] * ||W_j - Q(W)_j||^2",
+}
+
+
+def _plans(
+    checkpoint: Checkpoint, schemes: Sequence[str], select: Sequence[str] = ()
+) -> tuple[list[Any], list[str]]:
+    """The uniform plan of each scheme applied to the checkpoint, and the tensors they quantize
+    (those matching a glob of ``select``, when given).
+
+    Needs no model: the driver of a distributed scan calls it to number the trials.
+    """
+    if not schemes:
+        raise LowbitError("give at least one candidate scheme")
+    plans = [plan_model(checkpoint, PrecisionPlan.uniform(s)) for s in schemes]
+    if select:
+        plans = [
+            dataclasses.replace(
+                a,
+                tensors=tuple(
+                    t for t in a.tensors
+                    if t.action != "quantize" or any(fnmatch.fnmatchcase(t.name, g) for g in select)
+                ),
+            )
+            for a in plans
+        ]  # fmt: skip
+    names = [t.name for t in plans[0].quantized]
+    if not names:
+        what = f" matching {', '.join(select)}" if select else ""
+        raise LowbitError(f"{checkpoint.path}: no tensor to quantize{what}")
+    for s, applied in zip(schemes[1:], plans[1:], strict=True):
+        if [t.name for t in applied.quantized] != names:
+            raise LowbitError(f"scheme {s!r} quantizes other tensors than {schemes[0]!r}")
+    return plans, names
+
+
+class _Scan:
+    """What one process needs to run trials: the model, its cached block inputs, the moments.
+
+    Every process of a distributed scan builds its own (from a path it can read) and runs the
+    trials it is given; a trial's numbers depend only on the model, the calibration data and
+    the trial, so any split of the trials gives the numbers of one process running them all.
+    """
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        schemes: Sequence[str],
+        calibration: Calibration,
+        tokenizer: Any,
+        measure: str,
+        batch: int,
+        select: Sequence[str] = (),
+    ) -> None:
+        if measure not in ("exact", "proxy"):
+            raise LowbitError(f"measure must be 'exact' or 'proxy', got {measure!r}")
+        self.seconds: dict[str, float] = {}
+        self.checkpoint = checkpoint
+        self.measure = measure
+        t0 = time.perf_counter()
+        self.plans, self.names = _plans(checkpoint, schemes, select)
+        model = build_model(checkpoint, progress=False)
+        self.kind = (
+            "causal"
+            if hasattr(model, "lm_head") or "CausalLM" in type(model).__name__
+            else "encoder"
+        )
+        self.runner = _Runner(model, tokenizer, self.kind, calibration, batch)
+        self.weights = _Weights(model, checkpoint)
+        self.seconds["build"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.moments = self.runner.input_moments([self.weights.module(n) for n in self.names])
+        self.seconds["proxy_pass"] = time.perf_counter() - t0
+        if measure == "exact":
+            t0 = time.perf_counter()
+            self.runner.reference()
+            self.seconds["reference"] = time.perf_counter() - t0
+        self.start_of = {n: _block_of(self.weights, self.runner.blocks, n) for n in self.names}
+
+    @property
+    def count(self) -> int:
+        """Number of trials: tensors x schemes (numbered scheme-major, in model order)."""
+        return len(self.names) * len(self.plans)
+
+    def run(self, trial: int, cached: bool = True) -> SensitivityEntry:
+        """One trial: quantize tensor ``trial % tensors`` with scheme ``trial // tensors``."""
+        import torch
+
+        from lowbit.checkpoints._pipeline import read_quantized
+
+        t = self.plans[trial // len(self.names)].quantized[trial % len(self.names)]
+        weights = self.weights
+        qt = read_quantized(self.checkpoint, t)
+        w_hat = qt.dequantize(np.float32)
+        w = np.asarray(self.checkpoint.get(t.name), dtype=np.float32)
+        err2 = ((w.astype(np.float64) - w_hat) ** 2).sum(0)  # per input column
+        mom = self.moments.get(weights.module(t.name))
+        proxy = float(err2 @ mom) if mom is not None and mom.shape == err2.shape else math.nan
+        damage = None
+        if self.measure == "exact":
+            p = weights.param(t.name)
+            saved = p.detach().clone()
+            with torch.no_grad():
+                p.copy_(torch.from_numpy(weights.model_layout(t.name, w_hat).copy()))
+            try:
+                damage = self.runner.trial(self.start_of[t.name] if cached else -1)
+            finally:
+                with torch.no_grad():
+                    p.copy_(saved)
+        return SensitivityEntry(
+            tensor=t.name,
+            scheme=t.scheme.label,
+            numel=qt.numel,
+            bits=qt.nbytes * 8,
+            proxy=proxy,
+            damage=damage,
+        )
+
 
 def sensitivity(
     checkpoint: Checkpoint,
@@ -461,6 +584,9 @@ def sensitivity(
     cached: bool = True,
     batch: int = 4,
     progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
+    ray: bool | str = False,
+    tensors: Sequence[str] = (),
 ) -> SensitivityResult:
     """Measure every quantizable tensor under every candidate scheme, one tensor at a time.
 
@@ -474,94 +600,64 @@ def sensitivity(
         cached: reuse the cached block inputs (``False`` runs the whole model per trial: for
             checking the cache, same numbers).
         batch: windows or sentences per forward pass.
-        progress: called as ``progress(done, total)`` after each trial.
+        progress: called as ``progress(done, total)`` after each trial (each chunk of trials
+            when they run on workers).
+        workers: processes that run trials (1: this process). Each opens the checkpoint from
+            its path, builds the model and its cache, and runs a share of the trials
+            (:mod:`lowbit.evaluation._sensitivity_workers`); the result is the same.
+        ray: run the trials on a Ray cluster: ``True`` connects as ``ray.init()`` does (a
+            running cluster named by ``RAY_ADDRESS``, else a local instance), a string is the
+            cluster's address. ``workers`` is then the number of Ray actors (1: one per CPU of
+            the cluster). The checkpoint's path must be readable on every node.
+        tensors: globs; only the tensors matching one are tried (default: all).
 
     Returns:
         A :class:`SensitivityResult`.
 
     Raises:
-        LowbitError: an unknown scheme or measure, a model lowbit cannot build, no tensors.
+        LowbitError: an unknown scheme or measure, a model lowbit cannot build, no tensors,
+            ``workers < 1``.
+        ImportError: ``ray`` given without Ray installed (``pip install 'lowbit[ray]'``).
     """
-    import torch
-
     if measure not in ("exact", "proxy"):
         raise LowbitError(f"measure must be 'exact' or 'proxy', got {measure!r}")
-    if not schemes:
-        raise LowbitError("give at least one candidate scheme")
-    seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    model = build_model(checkpoint, progress=False)
-    kind = (
-        "causal" if hasattr(model, "lm_head") or "CausalLM" in type(model).__name__ else "encoder"
-    )
-    runner = _Runner(model, tokenizer, kind, calibration, batch)
-    weights = _Weights(model, checkpoint)
-    plans = [(s, plan_model(checkpoint, PrecisionPlan.uniform(s))) for s in schemes]
-    names = [t.name for t in plans[0][1].quantized]
-    if not names:
-        raise LowbitError(f"{checkpoint.path}: no tensor to quantize")
-    for s, applied in plans[1:]:
-        if [t.name for t in applied.quantized] != names:
-            raise LowbitError(f"scheme {s!r} quantizes other tensors than {schemes[0]!r}")
-    seconds["build"] = time.perf_counter() - t0
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise LowbitError(f"workers must be a positive integer, got {workers!r}")
+    if ray is not False or workers > 1:
+        from lowbit.evaluation._sensitivity_workers import distributed_scan
 
-    t0 = time.perf_counter()
-    moments = runner.input_moments([weights.module(n) for n in names])
-    seconds["proxy_pass"] = time.perf_counter() - t0
-    if measure == "exact":
+        labels = [a.quantized[0].scheme.label for a in _plans(checkpoint, schemes, tensors)[0]]
+        kind, entries, seconds = distributed_scan(
+            checkpoint.path,
+            tuple(schemes),
+            calibration,
+            tokenizer=tokenizer,
+            measure=measure,
+            cached=cached,
+            batch=batch,
+            progress=progress,
+            workers=workers,
+            ray=ray,
+            select=tuple(tensors),
+        )
+    else:
+        scan = _Scan(checkpoint, schemes, calibration, tokenizer, measure, batch, tensors)
+        labels = [a.quantized[0].scheme.label for a in scan.plans]
+        entries = []
         t0 = time.perf_counter()
-        runner.reference()
-        seconds["reference"] = time.perf_counter() - t0
-    start_of = {n: _block_of(weights, runner.blocks, n) for n in names}
-
-    entries = []
-    total = len(names) * len(plans)
-    done = 0
-    t0 = time.perf_counter()
-    for _, applied in plans:
-        for t, qt in quantized_weights(checkpoint, applied, progress=False):
-            w_hat = qt.dequantize(np.float32)
-            w = np.asarray(checkpoint.get(t.name), dtype=np.float32)
-            err2 = ((w.astype(np.float64) - w_hat) ** 2).sum(0)  # per input column
-            mom = moments.get(weights.module(t.name))
-            proxy = float(err2 @ mom) if mom is not None and mom.shape == err2.shape else math.nan
-            damage = None
-            if measure == "exact":
-                p = weights.param(t.name)
-                saved = p.detach().clone()
-                with torch.no_grad():
-                    p.copy_(torch.from_numpy(weights.model_layout(t.name, w_hat).copy()))
-                try:
-                    damage = runner.trial(start_of[t.name] if cached else -1)
-                finally:
-                    with torch.no_grad():
-                        p.copy_(saved)
-            entries.append(
-                SensitivityEntry(
-                    tensor=t.name,
-                    scheme=t.scheme.label,
-                    numel=qt.numel,
-                    bits=qt.nbytes * 8,
-                    proxy=proxy,
-                    damage=damage,
-                )
-            )
-            done += 1
+        for i in range(scan.count):
+            entries.append(scan.run(i, cached))
             if progress is not None:
-                progress(done, total)
-    seconds["trials"] = time.perf_counter() - t0
-    metric = (
-        "mean KL(original || trial) of next-token distributions, nats"
-        if kind == "causal"
-        else "1 - mean cosine of sentence embeddings"
-    )
+                progress(i + 1, scan.count)
+        seconds = {**scan.seconds, "trials": time.perf_counter() - t0}
+        kind = scan.kind
     return SensitivityResult(
         model=str(checkpoint.path),
         kind=kind,
         measure=measure,
-        metric=metric if measure == "exact" else "proxy: sum_j E[x_j^2] * ||W_j - Q(W)_j||^2",
+        metric=_METRICS[kind] if measure == "exact" else _METRICS["proxy"],
         calibration=calibration.label,
-        schemes=tuple(a.quantized[0].scheme.label for _, a in plans),
+        schemes=tuple(labels),
         entries=tuple(entries),
         seconds=seconds,
     )

@@ -8,12 +8,15 @@ mixed-precision plan picks one option per tensor minimising ``sum d`` subject to
 damages combine; what a plan really costs is measured afterwards.
 
 :func:`solve` is exact dynamic programming over a discretised budget: the budget is cut into
-``resolution`` units of ``unit = ceil(budget / resolution)`` bits and every cost is rounded UP
-to whole units, so a chosen plan never exceeds the true budget. The discretisation can only
+``resolution`` units of ``unit = g * ceil(budget / g / resolution)`` bits, where ``g`` is the
+greatest common divisor of all costs (stored sizes are whole bytes, so ``g >= 8`` for real
+tensors, and a unit of ``g`` bits loses nothing), and every cost is rounded UP to whole units,
+so a chosen plan never exceeds the true budget; the bits the rounding left unused are then
+spent by swaps that fit the true budget and lower the damage. A coarser unit can only
 cost optimality, and by how much is stated: the Lagrangian dual
 ``max_λ>=0 sum_i min_j (d_ij + λ c_ij) - λ·budget`` is a lower bound on the true optimum, and
-``gap = damage - bound`` is reported with every solution. With integer costs and
-``budget <= resolution`` the unit is one bit and the solution is exactly optimal.
+``gap = damage - bound`` is reported with every solution. When ``budget / g <= resolution``
+the unit is ``g`` and the solution is exactly optimal.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ class Allocation:
         damage: total damage of the chosen options.
         budget: the budget it was solved for, in bits.
         bound: a lower bound on the damage of any plan within the budget (Lagrangian dual).
-        unit: bits per unit of the discretised budget (1: the DP was exact).
+        unit: bits per unit of the discretised budget (the costs' common divisor: the DP
+            was exact).
     """
 
     choice: tuple[int, ...]
@@ -97,6 +101,30 @@ def lagrangian_bound(
     return max(g(lam) for lam in lams)
 
 
+def _fill(items: list[tuple[np.ndarray, np.ndarray]], choice: list[int], budget: int) -> None:
+    """Spend what the rounded-up units left unused: while one item's swap to another option
+    fits the true budget and lowers the damage, make the swap that saves the most damage per
+    extra bit (a swap that costs nothing more and saves damage first). Never over budget."""
+    left = budget - sum(int(items[i][0][j]) for i, j in enumerate(choice))
+    while True:
+        best = None
+        for i, (c, d) in enumerate(items):
+            j0 = choice[i]
+            for j in range(c.size):
+                extra = int(c[j] - c[j0])
+                saved = float(d[j0] - d[j])
+                if saved <= 0 or extra > left:
+                    continue
+                rate = math.inf if extra <= 0 else saved / extra
+                if best is None or (rate, saved) > (best[0], best[1]):
+                    best = (rate, saved, i, j, extra)
+        if best is None:
+            return
+        _, _, i, j, extra = best
+        choice[i] = j
+        left -= extra
+
+
 def solve(
     costs: Sequence[Sequence[int]],
     damages: Sequence[Sequence[float]],
@@ -129,7 +157,8 @@ def solve(
         )
     if resolution < 1:
         raise LowbitError(f"resolution must be >= 1, got {resolution}")
-    unit = max(1, -(-budget // resolution))
+    g = math.gcd(*(int(x) for c, _ in items for x in c)) or 1
+    unit = g * max(1, -(-(budget // g) // resolution))
     cap = budget // unit
     inf = np.inf
     best = np.full(cap + 1, inf)
@@ -161,6 +190,7 @@ def solve(
         j = int(picks[i, at])
         choice[i] = j
         at -= int(-(-items[i][0][j] // unit))
+    _fill(items, choice, budget)
     cost = sum(int(items[i][0][j]) for i, j in enumerate(choice))
     damage = float(sum(items[i][1][j] for i, j in enumerate(choice)))
     assert cost <= budget, (cost, budget)

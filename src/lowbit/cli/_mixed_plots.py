@@ -1,0 +1,118 @@
+"""Pictures for mixed precision: the sensitivity scan and the chosen plan (matplotlib)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lowbit.quant.mixed import tensor_group
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'lowbit[plot]'") from None
+    return plt
+
+
+def _save(fig: Any, out: Path) -> None:
+    plt = _plt()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=out.suffix or ".png", dir=out.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, out)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _kinds(names: list[str]) -> list[str]:
+    return list(dict.fromkeys(tensor_group(n)[1] for n in names))
+
+
+def plot_sensitivity(result: Any, out: Path) -> None:
+    """One panel per tensor kind: damage (log scale) against layer, one line per scheme."""
+    plt = _plt()
+    table = result.table()
+    kinds = _kinds(list(table))
+    cols = min(4, len(kinds))
+    rows = math.ceil(len(kinds) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 1.5, 2.8 * rows + 0.9),
+                             squeeze=False, sharey=True)  # fmt: skip
+    unit = "mean KL, nats" if result.kind == "causal" else "1 - cosine"
+    what = "damage" if result.measure == "exact" else "proxy"
+    ylabel = f"{what} ({unit})" if result.measure == "exact" else "proxy (weighted sq. error)"
+    for ax, kind in zip(axes.flat, kinds, strict=False):
+        for scheme in result.schemes:
+            pts = sorted(
+                (tensor_group(n)[0] or 0, result.score(row[scheme]))
+                for n, row in table.items()
+                if tensor_group(n)[1] == kind and scheme in row
+            )
+            xs = [p[0] for p in pts]
+            ys = [max(p[1], 1e-12) for p in pts]
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1,
+                    label=scheme.removesuffix(":fp32"))  # fmt: skip
+        ax.set_yscale("log")
+        ax.set_title(kind, fontsize=9)
+        ax.set_xlabel("layer", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel, fontsize=8)
+    for ax in list(axes.flat)[len(kinds) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", fontsize=8, title="scheme", title_fontsize=8)
+    rho = result.rank_correlation()
+    extra = f"; Spearman(proxy, exact) = {rho:.2f}" if rho is not None else ""
+    fig.suptitle(f"{Path(result.model).name}: sensitivity of each tensor quantized alone "
+                 f"({result.measure}){extra}", fontsize=10)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 0.88, 0.95))
+    _save(fig, out)
+
+
+def plot_plan(mixed: Any, out: Path, title: str) -> None:
+    """A layer x kind map of the chosen bits per weight, with the scheme written in each cell."""
+    plt = _plt()
+    import numpy as np
+
+    rows = [r for r in mixed.rows if r.layer is not None]
+    if not rows:
+        rows = list(mixed.rows)
+    kinds = _kinds([r.tensor for r in rows])
+    layers = sorted({r.layer or 0 for r in rows})
+    grid = np.full((len(kinds), len(layers)), np.nan)
+    text: dict[tuple[int, int], str] = {}
+    for r in rows:
+        i, j = kinds.index(r.kind), layers.index(r.layer or 0)
+        grid[i, j] = r.bits / r.numel
+        text[(i, j)] = r.scheme.removesuffix(":fp32").split(":")[0].removeprefix("int")
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(layers) + 2.5), 0.45 * len(kinds) + 1.8))
+    im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
+    if len(layers) <= 40:
+        for (i, j), t in text.items():
+            ax.text(j, i, t, ha="center", va="center", fontsize=6, color="white")
+    ax.set_yticks(range(len(kinds)))
+    ax.set_yticklabels(kinds, fontsize=7)
+    step = max(1, len(layers) // 16)
+    ax.set_xticks(range(0, len(layers), step))
+    ax.set_xticklabels([str(x) for x in layers[::step]], fontsize=7)
+    ax.set_xlabel("layer")
+    bar = fig.colorbar(im, ax=ax)
+    bar.set_label("stored bits per weight (scales included)", fontsize=8)
+    schemes = ", ".join(f"{d['scheme'].removesuffix(':fp32')} x{d['tensors']}"
+                        for d in mixed.by_scheme())  # fmt: skip
+    ax.set_title(f"{title}\n{mixed.bits_per_weight:.3f} bits/weight: {schemes}", fontsize=9)
+    fig.tight_layout()
+    _save(fig, out)

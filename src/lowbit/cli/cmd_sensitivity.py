@@ -1,0 +1,220 @@
+"""``lowbit sensitivity``: what each tensor costs the model when it alone is quantized."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from lowbit.cli import _common
+from lowbit.errors import LowbitError
+
+_EPILOG = """\
+MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2
+(the default) or minilm. For every tensor lowbit quantize would quantize and every scheme of
+--schemes, one trial quantizes that tensor alone and measures the model against the original:
+  exact  causal LMs: mean KL(original || trial) of next-token distributions on the
+         calibration tokens; encoders: 1 - mean cosine of the sentence embeddings;
+  proxy  sum_j E[x_j^2] ||W_j - Q(W)_j||^2: the weight error weighted by the mean square of
+         each input feature (one forward pass for all tensors; also given with exact).
+Calibration data never overlaps what lowbit eval measures: windows of the default text from
+token 32,768 on (eval scores the first 4,096), or sentences other than eval's 256.
+
+The result (--out FILE or --json) feeds lowbit quantize --budget / --size --sensitivity FILE.
+
+examples:
+  lowbit sensitivity smollm2 --schemes int4:g128,int8:ch --measure proxy     seconds
+  lowbit sensitivity smollm2 --schemes int3:g128,int4:g128,int6:g128 --out sens.json
+  lowbit sensitivity minilm --schemes int4:g128,nf4,int8:ch --plot sens.png
+  lowbit sensitivity big-model/ --schemes int4:g128,int8:ch --ray ray://head:10001 --workers 64
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "sensitivity",
+        help="damage of quantizing each tensor alone, per scheme (input to --budget)",
+        description="Measure, for every quantizable tensor and candidate scheme, the damage "
+        "of quantizing that tensor alone; report it with the cheap proxy and their rank "
+        "correlation.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint or shipped model")
+    add_scan_options(p)
+    p.add_argument("--out", metavar="FILE.json", help="write the result (for --sensitivity)")
+    p.add_argument("--plot", metavar="OUT.png", help="damage per tensor by layer and kind")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _common.add_json(p)
+    p.set_defaults(func=run)
+
+
+def add_scan_options(
+    p: argparse.ArgumentParser, *, required: bool = True, measure: str = "exact"
+) -> None:
+    """The scan's options (shared with ``lowbit quantize --budget``, which runs a scan)."""
+    p.add_argument(
+        "--schemes",
+        metavar="LIST",
+        default=None if not required else "int4:g128,nf4,int8:ch",
+        help="comma-separated candidate schemes (default int4:g128,nf4,int8:ch)",
+    )
+    p.add_argument(
+        "--calib",
+        metavar="default|FILE.txt",
+        default="default",
+        help="calibration text (default: lowbit eval's text, a range eval does not score)",
+    )
+    p.add_argument(
+        "--calib-samples",
+        type=int,
+        metavar="N",
+        help="windows (causal LMs, default 8) or sentences (encoders, default 128)",
+    )
+    p.add_argument("--calib-len", type=int, default=512, metavar="L", help="tokens per window")
+    p.add_argument(
+        "--measure",
+        choices=["exact", "proxy"],
+        default=measure,
+        help="exact: run the model per trial; proxy: weighted weight error only (default "
+        f"{measure})",
+    )
+    p.add_argument(
+        "--tensors",
+        metavar="GLOBS",
+        help="only tensors matching one of these comma-separated globs (e.g. 'blk.2?.*')",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes running trials (with --ray: Ray actors; 1 = one per cluster CPU)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="ADDRESS",
+        help="run trials on a Ray cluster (no ADDRESS: RAY_ADDRESS or a local instance)",
+    )
+
+
+def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
+    """Run the scan the options describe on an open checkpoint."""
+    from lowbit.checkpoints.lowbit_format import progress_bar
+    from lowbit.evaluation._calib_data import calibration_data, is_causal
+    from lowbit.evaluation.models import build_tokenizer
+    from lowbit.evaluation.sensitivity import sensitivity
+    from lowbit.quant.scheme_text import parse_scheme
+
+    schemes = _common.parse_list(args.schemes)
+    if not schemes:
+        raise LowbitError("--schemes needs at least one scheme")
+    for s in schemes:  # bad strings fail before a model loads
+        parse_scheme(s)
+    if args.workers < 1:
+        raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
+    tokenizer = build_tokenizer(ckpt)
+    kind = "causal" if is_causal(ckpt) else "encoder"
+    calib = calibration_data(
+        kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len
+    )
+    with progress_bar(0, progress, f"sensitivity ({args.measure})", "trial") as bar:
+
+        def tick(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        return sensitivity(
+            ckpt,
+            schemes,
+            calib,
+            tokenizer=tokenizer if kind == "encoder" else None,
+            measure=args.measure,
+            progress=tick,
+            workers=args.workers,
+            ray=args.ray,
+            tensors=_common.parse_list(args.tensors),
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from lowbit.checkpoints.quantize_model import open_model
+
+    progress = False if args.no_progress or args.json else None
+    ckpt = open_model(args.model)
+    result = scan(args, ckpt, progress)
+    doc = result.to_dict()
+    if args.out:
+        Path(args.out).write_text(json.dumps(_common.to_jsonable(doc), indent=1) + "\n")
+    if args.plot:
+        from lowbit.cli._mixed_plots import plot_sensitivity
+
+        plot_sensitivity(result, Path(args.plot))
+    if args.json:
+        _common.print_json(doc)
+        return 0
+    print_result(result)
+    for what, path in (("result", args.out), ("plot", args.plot)):
+        if path:
+            print(f"{what} written to {path}")
+    return 0
+
+
+def print_result(result: Any) -> None:
+    """One row per tensor: layer, kind, damage (and proxy) per scheme; then the summary."""
+    from lowbit.quant.mixed import tensor_group
+
+    table = result.table()
+    schemes = list(result.schemes)
+    exact = result.measure == "exact"
+    rows = []
+    for name, row in table.items():
+        layer, kind = tensor_group(name)
+        cells: list[Any] = ["-" if layer is None else str(layer), kind]
+        if exact:
+            cells += [_sci(row[s].damage) for s in schemes]
+        cells += [_sci(row[s].proxy) for s in schemes]
+        rows.append(cells)
+    short = [s.removesuffix(":fp32") for s in schemes]
+    headers = ["layer", "kind"]
+    if exact:
+        headers += [f"damage {s}" for s in short]
+    headers += [f"proxy {s}" for s in short]
+    _common.print_table(rows, headers, align="rl" + "r" * (len(headers) - 2))
+    print(f"\n{result.model}: {len(table)} tensors x {len(schemes)} schemes, {result.kind}")
+    if exact:
+        print(f"  damage: {result.metric}; proxy: sum_j E[x_j^2] ||W_j - Q(W)_j||^2")
+    else:
+        print("  proxy: sum_j E[x_j^2] ||W_j - Q(W)_j||^2 (no trial run: --measure proxy)")
+    print(f"  calibration: {result.calibration}")
+    rho = result.rank_correlation()
+    if rho is not None:
+        print(f"  Spearman rank correlation, proxy vs exact over all trials: {rho:.3f}")
+        for s in schemes:
+            per = _per_scheme_rho(result, s)
+            if per is not None:
+                print(f"    {s}: {per:.3f}")
+    top = sorted(result.entries, key=result.score, reverse=True)[:5]
+    print("  most sensitive: " + ", ".join(f"{e.tensor} ({e.scheme}: {result.score(e):.3g})"
+                                           for e in top))  # fmt: skip
+    secs = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items() if k != "workers")
+    print(f"  time: {secs}")
+
+
+def _per_scheme_rho(result: Any, scheme: str) -> float | None:
+    from lowbit.evaluation.sensitivity import spearman
+
+    pairs = [(e.proxy, e.damage) for e in result.entries
+             if e.scheme == scheme and e.damage is not None]  # fmt: skip
+    if len(pairs) < 3:
+        return None
+    a, b = zip(*pairs, strict=True)
+    return spearman(a, b)
+
+
+def _sci(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3e}"

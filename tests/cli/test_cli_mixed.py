@@ -1,0 +1,177 @@
+"""``lowbit sensitivity`` and ``lowbit quantize/plan --budget``: JSON, the plan file that
+reproduces the checkpoint, the budget kept, workers and Ray giving the local result."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lowbit.cli import main
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
+
+from tiny_models import save_hf_folder, tiny_llama  # noqa: E402
+
+SCAN = ["--schemes", "int8:ch,int4:g32,int2:g32", "--calib-samples", "2", "--calib-len", "32"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_hf_folder(tiny_llama(seed=3), tmp_path_factory.mktemp("mixed") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def scan_file(folder: Path) -> Path:
+    out = folder.parent / "sens.json"
+    assert main(["sensitivity", str(folder), *SCAN, "--out", str(out), "--no-progress",
+                 "--json"]) == 0  # fmt: skip
+    return out
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.glob("*.safetensors"))
+    }
+
+
+def test_sensitivity_json_and_table(
+    folder: Path, scan_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The --out file is the --json document: every tensor x scheme with bits, proxy, damage;
+    calibration from token 32,768 of the default text; the table names the correlation."""
+    capsys.readouterr()
+    doc = json.loads(scan_file.read_text())
+    assert doc["kind"] == "causal" and doc["measure"] == "exact"
+    assert len(doc["entries"]) == 14 * 3
+    assert "from token 32,768" in doc["calibration"]
+    assert all(e["damage"] > 0 and e["proxy"] > 0 and e["bits"] > 0 for e in doc["entries"])
+    assert -1 <= doc["rank_correlation"] <= 1
+    assert main(["sensitivity", str(folder), "--schemes", "int4:g32", "--measure", "proxy",
+                 "--calib-samples", "2", "--calib-len", "32", "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "proxy int4:g32" in out and "down_proj" in out and "damage int4" not in out
+
+
+def test_budget_plan_file_reproduces_checkpoint(
+    folder: Path, scan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """quantize --budget stays within the budget, writes OUT.plan.json, and quantize --plan of
+    that file writes the same tensor bytes; plan --budget shows the same choice."""
+    a = tmp_path / "a"
+    doc = _json(capsys, ["quantize", str(folder), "--budget", "4.5", "--sensitivity",
+                         str(scan_file), "--out", str(a), "--no-progress", "--json"])  # fmt: skip
+    assert doc["totals"]["bits_per_weight"] <= 4.5
+    assert doc["mixed"]["bits_per_weight"] == pytest.approx(doc["totals"]["bits_per_weight"])
+    assert len({t["scheme"] for t in doc["mixed"]["tensors"]}) > 1  # really mixed
+    assert doc["mixed"]["solver"]["gap"] >= 0
+    plan_file = Path(doc["plan_file"])
+    assert plan_file == tmp_path / "a.plan.json"
+    b = tmp_path / "b"
+    assert main(["quantize", str(folder), "--plan", str(plan_file), "--out", str(b),
+                 "--no-progress", "--json"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert _digests(a) and _digests(a) == _digests(b)
+    shown = _json(capsys, ["plan", str(folder), "--budget", "4.5", "--sensitivity",
+                           str(scan_file), "--json"])  # fmt: skip
+    assert shown["plan"] == doc["mixed"]["plan"]
+    assert main(["plan", str(folder), "--budget", "4.5", "--sensitivity", str(scan_file)]) == 0
+    out = capsys.readouterr().out
+    assert "optimality" in out and "predicted damage" in out and "q_proj" in out
+
+
+def test_budget_never_exceeded(
+    folder: Path, scan_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """For budgets across the range, the chosen plan's stored bits/weight is within it, and a
+    larger budget never predicts more damage."""
+    last = None
+    for bpw in (3.2, 3.7, 4.4, 5.1, 6.3, 8.6):
+        doc = _json(capsys, ["plan", str(folder), "--budget", str(bpw), "--sensitivity",
+                             str(scan_file), "--json"])  # fmt: skip
+        assert doc["bits_per_weight"] <= bpw
+        assert last is None or doc["predicted_damage"] <= last + 1e-12
+        last = doc["predicted_damage"]
+    size = _json(capsys, ["plan", str(folder), "--size", "175kB", "--sensitivity",
+                          str(scan_file), "--json"])  # fmt: skip
+    assert size["total_bytes"] <= 175_000
+    assert main(["plan", str(folder), "--size", "150kB", "--sensitivity", str(scan_file)]) == 2
+    assert "need at least 162,560 bytes" in capsys.readouterr().err
+
+
+def test_preset_and_errors(
+    folder: Path, scan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--plan-preset writes llama.cpp's rule in lowbit schemes; bad combinations are one line."""
+    doc = _json(capsys, ["quantize", str(folder), "--plan-preset", "q4_k_m_like", "--to",
+                         "int4:g32", "--dry-run", "--json"])  # fmt: skip
+    labels = {t["name"]: t["format"] for t in doc["tensors"] if t["action"] == "quantize"}
+    assert labels["model.layers.0.self_attn.v_proj.weight"] == "int6:g128:fp32"
+    assert labels["model.layers.0.self_attn.q_proj.weight"] == "int4:g32:fp32"
+    for argv, msg in (
+        (["--budget", "4.5", "--to", "int4"], "drop --to"),
+        (["--budget", "4.5"], "need candidate schemes"),
+        (["--budget", "4.5", "--size", "1MB"], "not both"),
+        (["--budget", "lots", "--sensitivity", str(scan_file)], "a number of bits"),
+        (["--budget", "1", "--sensitivity", str(scan_file)], "below the cheapest plan"),
+    ):
+        assert main(["quantize", str(folder), *argv, "--out", str(tmp_path / "x")]) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_workers_equal_local(folder: Path, scan_file: Path) -> None:
+    """Two worker processes give the one-process result, trial for trial."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.evaluation.sensitivity import SensitivityResult
+
+    local = SensitivityResult.from_dict(json.loads(scan_file.read_text()))
+    out = scan_file.parent / "sens2.json"
+    assert main(["sensitivity", str(folder), *SCAN, "--workers", "2", "--out", str(out),
+                 "--no-progress", "--json"]) == 0  # fmt: skip
+    par = SensitivityResult.from_dict(json.loads(out.read_text()))
+    assert [(e.tensor, e.scheme, e.bits) for e in par.entries] == [
+        (e.tensor, e.scheme, e.bits) for e in local.entries
+    ]
+    for a, b in zip(par.entries, local.entries, strict=True):
+        assert a.damage == pytest.approx(b.damage, rel=1e-5, abs=1e-12)
+        assert a.proxy == pytest.approx(b.proxy, rel=1e-6)
+    assert open_checkpoint(folder).format == "safetensors"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+def test_ray_equals_local(folder: Path, scan_file: Path) -> None:
+    """A local Ray instance (one CPU) runs the trials as actors; the result is the local one."""
+    import ray
+
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.evaluation._calib_data import calibration_data
+    from lowbit.evaluation.models import build_tokenizer
+    from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
+
+    local = SensitivityResult.from_dict(json.loads(scan_file.read_text()))
+    ckpt = open_checkpoint(folder)
+    calib = calibration_data("causal", build_tokenizer(ckpt), samples=2, length=32)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        got = sensitivity(ckpt, ("int8:ch", "int4:g32", "int2:g32"), calib, ray=True)
+    finally:
+        ray.shutdown()
+    assert got.seconds["workers"] == 1
+    assert [(e.tensor, e.scheme, e.bits) for e in got.entries] == [
+        (e.tensor, e.scheme, e.bits) for e in local.entries
+    ]
+    for a, b in zip(got.entries, local.entries, strict=True):
+        assert a.damage == pytest.approx(b.damage, rel=1e-5, abs=1e-12)
+        assert a.proxy == pytest.approx(b.proxy, rel=1e-6)
