@@ -43,6 +43,8 @@ def _kinds(names: list[str]) -> list[str]:
 def plot_sensitivity(result: Any, out: Path) -> None:
     """One panel per tensor kind: damage (log scale) against layer, one line per scheme."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
     table = result.table()
     kinds = _kinds(list(table))
     cols = min(4, len(kinds))
@@ -64,6 +66,7 @@ def plot_sensitivity(result: Any, out: Path) -> None:
             ax.plot(xs, ys, marker="o", markersize=3, linewidth=1,
                     label=scheme.removesuffix(":fp32"))  # fmt: skip
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(kind, fontsize=9)
         ax.set_xlabel("layer", fontsize=8)
         ax.tick_params(labelsize=7)
