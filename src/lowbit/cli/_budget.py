@@ -141,9 +141,88 @@ def plan_path(out: Path, out_format: str) -> Path:
     return out.with_name(out.name + ".plan.json")
 
 
-def write_plan(mixed: Any, path: Path) -> None:
-    doc = mixed.plan.to_dict()
-    path.write_text(json.dumps(_common.to_jsonable(doc), indent=1) + "\n", encoding="utf-8")
+def _is_plan(path: Path) -> bool:
+    from lowbit.quant.plan import PrecisionPlan
+
+    try:
+        PrecisionPlan.from_file(path)
+    except (LowbitError, OSError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _is_scan(path: Path) -> bool:
+    from lowbit.evaluation.sensitivity import SensitivityResult
+
+    try:
+        SensitivityResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (LowbitError, OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+    return True
+
+
+_KINDS = {"plan": _is_plan, "scan": _is_scan}
+
+
+def check_json_output(path: Path, overwrite: bool, kind: str) -> None:
+    """A JSON output (a plan file, a scan) replaces an existing file only with ``--overwrite``
+    and only when that file is one of its kind (what lowbit writes there), never a link.
+
+    Raises:
+        LowbitError: a missing folder, an existing file without ``--overwrite``, or one that
+            is not a plan file / sensitivity result.
+    """
+    from lowbit.checkpoints._outputs import check_not_input
+
+    if not path.parent.is_dir():
+        raise LowbitError(f"cannot write {path}: directory {path.parent} does not exist")
+    check_not_input(path, ())
+    what = {"plan": "plan file", "scan": "sensitivity result"}[kind]
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise LowbitError(f"{path} exists and is not a regular file; not replacing it")
+    if path.exists():
+        if not overwrite:
+            raise LowbitError(f"{path} exists; --overwrite replaces it")
+        if not _KINDS[kind](path):
+            raise LowbitError(f"{path} exists and is not a {what}; not replacing it")
+
+
+def write_json(path: Path, doc: Any, overwrite: bool, kind: str) -> None:
+    """Write a JSON output atomically (a temporary file beside it, then a rename)."""
+    import os
+    import tempfile
+
+    check_json_output(path, overwrite, kind)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(_common.to_jsonable(doc), indent=1) + "\n")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    import os
+
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+def precheck(args: argparse.Namespace, ckpt: Any, out: Path) -> None:
+    """Before a scan that may take minutes: the outputs ``lowbit quantize --budget`` will write
+    (the checkpoint, OUT.plan.json, the plot) can be written."""
+    from lowbit.checkpoints._outputs import check_output
+
+    kind = "file" if args.out_format == "gguf" else "dir"
+    check_output(out, overwrite=args.overwrite, kind=kind, inputs=[ckpt.path])
+    check_json_output(plan_path(out, args.out_format), args.overwrite, "plan")
+    if args.plot:
+        check_output(Path(args.plot), overwrite=args.overwrite)
 
 
 def compare_preset(mixed: Any, result: Any, ckpt: Any) -> dict[str, Any] | None:
@@ -230,7 +309,7 @@ def after_write(
     extra: dict[str, Any] = {}
     if mixed is not None:
         path = plan_path(out, args.out_format)
-        write_plan(mixed, path)
+        write_json(path, mixed.plan.to_dict(), args.overwrite, "plan")
         extra["plan_file"] = str(path)
         extra["mixed"] = mixed.to_dict()
         versus = compare_preset(mixed, scan, ckpt)
@@ -239,7 +318,8 @@ def after_write(
     if args.plot and mixed is not None:
         from lowbit.cli._mixed_plots import plot_plan
 
-        plot_plan(mixed, Path(args.plot), f"{ckpt.path.name}: mixed plan for {_want(mixed)}")
+        plot_plan(mixed, Path(args.plot), f"{ckpt.path.name}: mixed plan for {_want(mixed)}",
+                  args.overwrite)  # fmt: skip
         extra["plot"] = args.plot
     if args.eval:
         from lowbit.evaluation.variants import evaluate_variants
@@ -309,7 +389,8 @@ def print_dry_run(args: argparse.Namespace, ckpt: Any, mixed: Any, scan: Any) ->
     if args.plot:
         from lowbit.cli._mixed_plots import plot_plan
 
-        plot_plan(mixed, Path(args.plot), f"{ckpt.path.name}: mixed plan for {_want(mixed)}")
+        plot_plan(mixed, Path(args.plot), f"{ckpt.path.name}: mixed plan for {_want(mixed)}",
+                  getattr(args, "overwrite", False))  # fmt: skip
     if args.json:
         doc = mixed.to_dict()
         if versus is not None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +20,21 @@ def _plt() -> Any:
     return plt
 
 
-def _save(fig: Any, out: Path) -> None:
-    plt = _plt()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=out.suffix or ".png", dir=out.parent)
-    os.close(fd)
+def _save(fig: Any, out: Path, overwrite: bool) -> None:
+    """Through the one output module: never over a file lowbit did not draw."""
+    from lowbit.checkpoints._outputs import save_figure
+
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, out)
+        save_figure(fig, out, overwrite=overwrite, dpi=110)
     finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _plt().close(fig)
 
 
 def _kinds(names: list[str]) -> list[str]:
     return list(dict.fromkeys(tensor_group(n)[1] for n in names))
 
 
-def plot_sensitivity(result: Any, out: Path) -> None:
+def plot_sensitivity(result: Any, out: Path, overwrite: bool = False) -> None:
     """One panel per tensor kind: damage (log scale) against layer, one line per scheme."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
@@ -82,10 +76,10 @@ def plot_sensitivity(result: Any, out: Path) -> None:
     fig.suptitle(f"{Path(result.model).name}: sensitivity of each tensor quantized alone "
                  f"({result.measure}){extra}", fontsize=10)  # fmt: skip
     fig.tight_layout(rect=(0, 0, 0.88, 0.95))
-    _save(fig, out)
+    _save(fig, out, overwrite)
 
 
-def plot_plan(mixed: Any, out: Path, title: str) -> None:
+def plot_plan(mixed: Any, out: Path, title: str, overwrite: bool = False) -> None:
     """A layer x kind map of the chosen bits per weight, with the scheme written in each cell."""
     plt = _plt()
     import numpy as np
@@ -118,4 +112,4 @@ def plot_plan(mixed: Any, out: Path, title: str) -> None:
                         for d in mixed.by_scheme())  # fmt: skip
     ax.set_title(f"{title}\n{mixed.bits_per_weight:.3f} bits/weight: {schemes}", fontsize=9)
     fig.tight_layout()
-    _save(fig, out)
+    _save(fig, out, overwrite)

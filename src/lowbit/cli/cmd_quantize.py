@@ -218,6 +218,10 @@ def _default_out(source: Path, args: argparse.Namespace) -> Path:
     return Path(name)
 
 
+def _out_path(args: argparse.Namespace, ckpt: Any) -> Path:
+    return Path(args.out) if args.out else _default_out(ckpt.path, args)
+
+
 def _mb(n: int | None) -> str:
     return "-" if n is None else f"{n / 1e6:,.1f} MB"
 
@@ -230,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
     if plan is None and args.plan_preset:
         plan = _budget.preset(args, ckpt)
     elif plan is None:
+        if not args.dry_run:
+            _budget.precheck(args, ckpt, _out_path(args, ckpt))
         mixed, scan = _budget.solve(args, ckpt, progress)
         plan = mixed.plan
     rounding = "llama.cpp" if (args.to or "").strip().lower() in ("q4_0", "q8_0") else "auto"

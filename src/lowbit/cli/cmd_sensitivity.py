@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,9 @@ def register(sub: Any) -> None:
     add_scan_options(p)
     p.add_argument("--out", metavar="FILE.json", help="write the result (for --sensitivity)")
     p.add_argument("--plot", metavar="OUT.png", help="damage per tensor by layer and kind")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an --out/--plot file lowbit wrote"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _common.add_json(p)
     p.set_defaults(func=run)
@@ -142,18 +144,24 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lowbit.checkpoints._outputs import check_output
     from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.cli._budget import check_json_output, write_json
 
     progress = False if args.no_progress or args.json else None
     ckpt = open_model(args.model)
+    if args.out:  # before minutes of trials
+        check_json_output(Path(args.out), args.overwrite, "scan")
+    if args.plot:
+        check_output(Path(args.plot), overwrite=args.overwrite)
     result = scan(args, ckpt, progress)
     doc = result.to_dict()
     if args.out:
-        Path(args.out).write_text(json.dumps(_common.to_jsonable(doc), indent=1) + "\n")
+        write_json(Path(args.out), doc, args.overwrite, "scan")
     if args.plot:
         from lowbit.cli._mixed_plots import plot_sensitivity
 
-        plot_sensitivity(result, Path(args.plot))
+        plot_sensitivity(result, Path(args.plot), args.overwrite)
     if args.json:
         _common.print_json(doc)
         return 0
