@@ -157,8 +157,8 @@ def test_ray_equals_local(folder: Path, scan_file: Path) -> None:
     import ray
 
     from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
     from lowbit.evaluation._calib_data import calibration_data
-    from lowbit.evaluation.models import build_tokenizer
     from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
 
     local = SensitivityResult.from_dict(json.loads(scan_file.read_text()))

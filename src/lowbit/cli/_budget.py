@@ -8,16 +8,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints._outputs import check_output
+from lowbit.checkpoints.quantize_model import checkpoint_tensors
 from lowbit.cli import _common
+from lowbit.cli._mixed_plots import plot_plan
+from lowbit.cli._scan import add_scan_options, check_json_output, scan, write_json
+from lowbit.cli.cmd_eval import print_result
 from lowbit.errors import LowbitError
+from lowbit.evaluation.sensitivity import SensitivityResult
+from lowbit.evaluation.variants import evaluate_variants
+from lowbit.quant.mixed import PRESETS, plan_for_budget, preset_plan
+from lowbit.quant.plan import PrecisionPlan
 
 
 def add_options(
     p: argparse.ArgumentParser, *, measure: str = "exact", presets: bool = True
 ) -> None:
     """The mixed-precision options (a scan's options come with them)."""
-    from lowbit.cli.cmd_sensitivity import add_scan_options
-
     g = p.add_argument_group("mixed precision (one scheme per tensor from measured sensitivity)")
     g.add_argument(
         "--budget",
@@ -79,9 +86,6 @@ def check(args: argparse.Namespace) -> None:
 
 def preset(args: argparse.Namespace, ckpt: Any) -> Any:
     """The ``--plan-preset`` plan (the ``--plan`` file's rules first, when given)."""
-    from lowbit.quant.mixed import preset_plan
-    from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
-
     fixed = preset_plan(args.plan_preset, checkpoint_tensors(ckpt), base=args.to)
     if args.plan:
         user = PrecisionPlan.from_file(args.plan)
@@ -92,10 +96,6 @@ def preset(args: argparse.Namespace, ckpt: Any) -> Any:
 
 def solve(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> tuple[Any, Any]:
     """Read or run the scan and solve: ``(MixedPlan, SensitivityResult)``."""
-    from lowbit.evaluation.sensitivity import SensitivityResult
-    from lowbit.quant.mixed import PRESETS, plan_for_budget, preset_plan
-    from lowbit.quant.plan import PrecisionPlan, checkpoint_tensors
-
     tensors = checkpoint_tensors(ckpt)
     if args.sensitivity:
         try:
@@ -106,8 +106,6 @@ def solve(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> tuple[A
             ) from None
         result = SensitivityResult.from_dict(doc)
     else:
-        from lowbit.cli.cmd_sensitivity import scan
-
         result = scan(args, ckpt, progress)
     bpw = None
     if args.budget:
@@ -141,83 +139,9 @@ def plan_path(out: Path, out_format: str) -> Path:
     return out.with_name(out.name + ".plan.json")
 
 
-def _is_plan(path: Path) -> bool:
-    from lowbit.quant.plan import PrecisionPlan
-
-    try:
-        PrecisionPlan.from_file(path)
-    except (LowbitError, OSError, UnicodeDecodeError):
-        return False
-    return True
-
-
-def _is_scan(path: Path) -> bool:
-    from lowbit.evaluation.sensitivity import SensitivityResult
-
-    try:
-        SensitivityResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (LowbitError, OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return False
-    return True
-
-
-_KINDS = {"plan": _is_plan, "scan": _is_scan}
-
-
-def check_json_output(path: Path, overwrite: bool, kind: str) -> None:
-    """A JSON output (a plan file, a scan) replaces an existing file only with ``--overwrite``
-    and only when that file is one of its kind (what lowbit writes there), never a link.
-
-    Raises:
-        LowbitError: a missing folder, an existing file without ``--overwrite``, or one that
-            is not a plan file / sensitivity result.
-    """
-    from lowbit.checkpoints._outputs import check_not_input
-
-    if not path.parent.is_dir():
-        raise LowbitError(f"cannot write {path}: directory {path.parent} does not exist")
-    check_not_input(path, ())
-    what = {"plan": "plan file", "scan": "sensitivity result"}[kind]
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise LowbitError(f"{path} exists and is not a regular file; not replacing it")
-    if path.exists():
-        if not overwrite:
-            raise LowbitError(f"{path} exists; --overwrite replaces it")
-        if not _KINDS[kind](path):
-            raise LowbitError(f"{path} exists and is not a {what}; not replacing it")
-
-
-def write_json(path: Path, doc: Any, overwrite: bool, kind: str) -> None:
-    """Write a JSON output atomically (a temporary file beside it, then a rename)."""
-    import os
-    import tempfile
-
-    check_json_output(path, overwrite, kind)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(_common.to_jsonable(doc), indent=1) + "\n")
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    import os
-
-    old = os.umask(0)
-    os.umask(old)
-    return old
-
-
 def precheck(args: argparse.Namespace, ckpt: Any, out: Path) -> None:
     """Before a scan that may take minutes: the outputs ``lowbit quantize --budget`` will write
     (the checkpoint, OUT.plan.json, the plot) can be written."""
-    from lowbit.checkpoints._outputs import check_output
-
     kind = "file" if args.out_format == "gguf" else "dir"
     check_output(out, overwrite=args.overwrite, kind=kind, inputs=[ckpt.path])
     check_json_output(plan_path(out, args.out_format), args.overwrite, "plan")
@@ -228,9 +152,6 @@ def precheck(args: argparse.Namespace, ckpt: Any, out: Path) -> None:
 def compare_preset(mixed: Any, result: Any, ckpt: Any) -> dict[str, Any] | None:
     """The q4_k_m_like preset's bits/weight and predicted damage from the same scan (None when
     the scan lacks its schemes)."""
-    from lowbit.quant.mixed import PRESETS, preset_plan
-    from lowbit.quant.plan import checkpoint_tensors
-
     tensors = checkpoint_tensors(ckpt)
     name = next(iter(PRESETS))
     applied = preset_plan(name, tensors).apply(tensors)
@@ -316,14 +237,10 @@ def after_write(
         if versus is not None:
             extra["mixed"]["preset_on_same_scan"] = versus
     if args.plot and mixed is not None:
-        from lowbit.cli._mixed_plots import plot_plan
-
         plot_plan(mixed, Path(args.plot), f"{ckpt.path.name}: mixed plan for {_want(mixed)}",
                   args.overwrite)  # fmt: skip
         extra["plot"] = args.plot
     if args.eval:
-        from lowbit.evaluation.variants import evaluate_variants
-
         ev = evaluate_variants(args.model, [out], [], progress=progress)
         extra["eval"] = ev
         if mixed is not None:
@@ -368,8 +285,6 @@ def print_after(
     if "plot" in extra:
         print(f"plot written to {extra['plot']}")
     if "eval" in extra:
-        from lowbit.cli.cmd_eval import print_result
-
         print()
         print_result(extra["eval"])
         pm = extra.get("predicted_vs_measured")
@@ -387,8 +302,6 @@ def print_dry_run(args: argparse.Namespace, ckpt: Any, mixed: Any, scan: Any) ->
     the memory it gives, nothing written."""
     versus = compare_preset(mixed, scan, ckpt)
     if args.plot:
-        from lowbit.cli._mixed_plots import plot_plan
-
         plot_plan(mixed, Path(args.plot), f"{ckpt.path.name}: mixed plan for {_want(mixed)}",
                   getattr(args, "overwrite", False))  # fmt: skip
     if args.json:

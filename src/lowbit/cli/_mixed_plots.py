@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lowbit.quant.mixed import tensor_group
+from lowbit.checkpoints._outputs import save_figure
+from lowbit.quant.presets import tensor_group
 
 
 def _plt() -> Any:
@@ -22,8 +23,6 @@ def _plt() -> Any:
 
 def _save(fig: Any, out: Path, overwrite: bool) -> None:
     """Through the one output module: never over a file lowbit did not draw."""
-    from lowbit.checkpoints._outputs import save_figure
-
     try:
         save_figure(fig, out, overwrite=overwrite, dpi=110)
     finally:

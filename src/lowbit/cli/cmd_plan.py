@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.checkpoints._outputs import save_figure
+from lowbit.checkpoints.quantize_model import open_model
 from lowbit.cli import _budget, _common
 from lowbit.errors import LowbitError
 from lowbit.planning.archs import parse_params
@@ -144,8 +145,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _mixed(args: argparse.Namespace) -> int:
     """``--budget`` / ``--size``: the mixed plan a scan gives, without quantizing."""
-    from lowbit.checkpoints.quantize_model import open_model
-
     _budget.check(args)
     if args.params or args.config:
         raise LowbitError("--budget/--size choose per tensor: give a checkpoint as MODEL")

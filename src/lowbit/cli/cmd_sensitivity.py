@@ -6,8 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints._outputs import check_output
+from lowbit.checkpoints.quantize_model import open_model
 from lowbit.cli import _common
-from lowbit.errors import LowbitError
+from lowbit.cli._mixed_plots import plot_sensitivity
+from lowbit.cli._scan import add_scan_options, check_json_output, scan, write_json
+from lowbit.evaluation.sensitivity import spearman
+from lowbit.quant.presets import tensor_group
 
 _EPILOG = """\
 MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2
@@ -52,102 +57,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def add_scan_options(
-    p: argparse.ArgumentParser, *, required: bool = True, measure: str = "exact"
-) -> None:
-    """The scan's options (shared with ``lowbit quantize --budget``, which runs a scan)."""
-    p.add_argument(
-        "--schemes",
-        metavar="LIST",
-        default=None if not required else "int4:g128,nf4,int8:ch",
-        help="comma-separated candidate schemes (default int4:g128,nf4,int8:ch)",
-    )
-    p.add_argument(
-        "--calib",
-        metavar="default|FILE.txt",
-        default="default",
-        help="calibration text (default: lowbit eval's text, a range eval does not score)",
-    )
-    p.add_argument(
-        "--calib-samples",
-        type=int,
-        metavar="N",
-        help="windows (causal LMs, default 8) or sentences (encoders, default 128)",
-    )
-    p.add_argument("--calib-len", type=int, default=512, metavar="L", help="tokens per window")
-    p.add_argument(
-        "--measure",
-        choices=["exact", "proxy"],
-        default=measure,
-        help="exact: run the model per trial; proxy: weighted weight error only (default "
-        f"{measure})",
-    )
-    p.add_argument(
-        "--tensors",
-        metavar="GLOBS",
-        help="only tensors matching one of these comma-separated globs (e.g. 'blk.2?.*')",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="processes running trials (with --ray: Ray actors; 1 = one per cluster CPU)",
-    )
-    p.add_argument(
-        "--ray",
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="ADDRESS",
-        help="run trials on a Ray cluster (no ADDRESS: RAY_ADDRESS or a local instance)",
-    )
-
-
-def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
-    """Run the scan the options describe on an open checkpoint."""
-    from lowbit.checkpoints.lowbit_format import progress_bar
-    from lowbit.evaluation._calib_data import calibration_data, is_causal
-    from lowbit.evaluation.models import build_tokenizer
-    from lowbit.evaluation.sensitivity import sensitivity
-    from lowbit.quant.scheme_text import parse_scheme
-
-    schemes = _common.parse_list(args.schemes)
-    if not schemes:
-        raise LowbitError("--schemes needs at least one scheme")
-    for s in schemes:  # bad strings fail before a model loads
-        parse_scheme(s)
-    if args.workers < 1:
-        raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
-    tokenizer = build_tokenizer(ckpt)
-    kind = "causal" if is_causal(ckpt) else "encoder"
-    calib = calibration_data(
-        kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len
-    )
-    with progress_bar(0, progress, f"sensitivity ({args.measure})", "trial") as bar:
-
-        def tick(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-        return sensitivity(
-            ckpt,
-            schemes,
-            calib,
-            tokenizer=tokenizer if kind == "encoder" else None,
-            measure=args.measure,
-            progress=tick,
-            workers=args.workers,
-            ray=args.ray,
-            tensors=_common.parse_list(args.tensors),
-        )
-
-
 def run(args: argparse.Namespace) -> int:
-    from lowbit.checkpoints._outputs import check_output
-    from lowbit.checkpoints.quantize_model import open_model
-    from lowbit.cli._budget import check_json_output, write_json
-
     progress = False if args.no_progress or args.json else None
     ckpt = open_model(args.model)
     if args.out:  # before minutes of trials
@@ -159,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json(Path(args.out), doc, args.overwrite, "scan")
     if args.plot:
-        from lowbit.cli._mixed_plots import plot_sensitivity
-
         plot_sensitivity(result, Path(args.plot), args.overwrite)
     if args.json:
         _common.print_json(doc)
@@ -174,8 +82,6 @@ def run(args: argparse.Namespace) -> int:
 
 def print_result(result: Any) -> None:
     """One row per tensor: layer, kind, damage (and proxy) per scheme; then the summary."""
-    from lowbit.quant.mixed import tensor_group
-
     table = result.table()
     schemes = list(result.schemes)
     exact = result.measure == "exact"
@@ -214,8 +120,6 @@ def print_result(result: Any) -> None:
 
 
 def _per_scheme_rho(result: Any, scheme: str) -> float | None:
-    from lowbit.evaluation.sensitivity import spearman
-
     pairs = [(e.proxy, e.damage) for e in result.entries
              if e.scheme == scheme and e.damage is not None]  # fmt: skip
     if len(pairs) < 3:

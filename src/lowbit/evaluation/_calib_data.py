@@ -22,6 +22,7 @@ import numpy as np
 
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import DEFAULT_SENTENCES
+from lowbit.evaluation.perplexity import load_text, sentences_from_text, tokenize
 from lowbit.evaluation.sensitivity import Calibration
 
 __all__ = ["DEFAULT_LENGTH", "DEFAULT_SAMPLES", "DEFAULT_START", "calibration_data", "is_causal"]
@@ -83,8 +84,6 @@ def calibration_data(
     Raises:
         LowbitError: bad sizes, a text too short for the windows or sentences asked for.
     """
-    from lowbit.evaluation.perplexity import load_text, sentences_from_text, tokenize
-
     if kind not in DEFAULT_SAMPLES:
         raise LowbitError(f"kind must be 'causal' or 'encoder', got {kind!r}")
     n = DEFAULT_SAMPLES[kind] if samples is None else samples

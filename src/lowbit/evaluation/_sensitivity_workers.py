@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints import open_checkpoint
 from lowbit.errors import LowbitError
 
 __all__ = ["distributed_scan"]
@@ -41,18 +42,15 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _build(path: str, args: tuple[Any, ...], threads: int) -> Any:
+def _build(scan_type: Any, path: str, args: tuple[Any, ...], threads: int) -> Any:
     import torch
 
-    from lowbit.checkpoints import open_checkpoint
-    from lowbit.evaluation.sensitivity import _Scan
-
     torch.set_num_threads(max(1, threads))
-    return _Scan(open_checkpoint(path), *args)
+    return scan_type(open_checkpoint(path), *args)
 
 
-def _init(path: str, args: tuple[Any, ...], threads: int) -> None:
-    _STATE["scan"] = _build(path, args, threads)
+def _init(scan_type: Any, path: str, args: tuple[Any, ...], threads: int) -> None:
+    _STATE["scan"] = _build(scan_type, path, args, threads)
 
 
 def _chunk(trials: Sequence[int], cached: bool) -> tuple[str, list[Any], dict[str, float]]:
@@ -80,8 +78,14 @@ def distributed_scan(
     workers: int,
     ray: bool | str,
     select: tuple[str, ...] = (),
+    scan_type: Any,
+    plans: Any,
 ) -> tuple[str, list[Any], dict[str, float]]:
     """Run every trial on worker processes or Ray actors.
+
+    ``scan_type`` is the class each worker builds (``sensitivity._Scan``) and ``plans`` the
+    function that numbers the trials (``sensitivity._plans``), passed in so this module does
+    not import the one that calls it.
 
     Returns:
         ``(kind, entries in scan order, seconds)``.
@@ -90,20 +94,19 @@ def distributed_scan(
         ImportError: Ray asked for and not installed.
         LowbitError: a worker's error (the first), re-raised on the driver.
     """
-    from lowbit.checkpoints import open_checkpoint
-    from lowbit.evaluation.sensitivity import _plans
-
     path = str(Path(path).resolve())
-    plans, names = _plans(open_checkpoint(path), schemes, select)
-    count = len(plans) * len(names)
+    applied, names = plans(open_checkpoint(path), schemes, select)
+    count = len(applied) * len(names)
     args = (schemes, calibration, tokenizer, measure, batch, select)
     t0 = time.perf_counter()
     if ray is not False:
-        kind, results, worker_seconds, used = _ray_scan(path, args, count, cached, workers, ray,
-                                                        progress)  # fmt: skip
+        kind, results, worker_seconds, used = _ray_scan(
+            scan_type, path, args, count, cached, workers, ray, progress
+        )
     else:
-        kind, results, worker_seconds, used = _local_scan(path, args, count, cached, workers,
-                                                          progress)  # fmt: skip
+        kind, results, worker_seconds, used = _local_scan(
+            scan_type, path, args, count, cached, workers, progress
+        )
     entries = [results[i] for i in range(count)]
     seconds = {f"worker_{k}": v for k, v in worker_seconds.items()}
     seconds.update(trials=time.perf_counter() - t0, workers=float(used))
@@ -111,6 +114,7 @@ def distributed_scan(
 
 
 def _local_scan(
+    scan_type: Any,
     path: str,
     args: tuple[Any, ...],
     count: int,
@@ -125,7 +129,7 @@ def _local_scan(
     results: dict[int, Any] = {}
     kind, seconds = "", {}
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
-                             initargs=(path, args, threads)) as pool:  # fmt: skip
+                             initargs=(scan_type, path, args, threads)) as pool:  # fmt: skip
         chunks = _chunks(count, workers)
         futures = [(c, pool.submit(_chunk, c, cached)) for c in chunks]
         for c, fut in futures:
@@ -145,6 +149,7 @@ def _ray_module() -> Any:
 
 
 def _ray_scan(
+    scan_type: Any,
     path: str,
     args: tuple[Any, ...],
     count: int,
@@ -165,7 +170,7 @@ def _ray_scan(
     @ray.remote(num_cpus=1)
     class _Actor:  # pragma: no cover - runs in Ray's worker processes
         def __init__(self, path: str, args: tuple[Any, ...]) -> None:
-            self.scan = _build(path, args, 1)
+            self.scan = _build(scan_type, path, args, 1)
 
         def run(self, trials: Sequence[int]) -> tuple[list[int], str, list[Any], dict[str, Any]]:
             return (

@@ -37,10 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints._pipeline import read_quantized
 from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.quantize_model import plan_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
+from lowbit.evaluation._sensitivity_workers import distributed_scan
 from lowbit.evaluation.models import build_model
 from lowbit.quant.plan import PrecisionPlan
 
@@ -543,8 +545,6 @@ class _Scan:
         """One trial: quantize tensor ``trial % tensors`` with scheme ``trial // tensors``."""
         import torch
 
-        from lowbit.checkpoints._pipeline import read_quantized
-
         t = self.plans[trial // len(self.names)].quantized[trial % len(self.names)]
         weights = self.weights
         qt = read_quantized(self.checkpoint, t)
@@ -624,8 +624,6 @@ def sensitivity(
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise LowbitError(f"workers must be a positive integer, got {workers!r}")
     if ray is not False or workers > 1:
-        from lowbit.evaluation._sensitivity_workers import distributed_scan
-
         labels = [a.quantized[0].scheme.label for a in _plans(checkpoint, schemes, tensors)[0]]
         kind, entries, seconds = distributed_scan(
             checkpoint.path,
@@ -639,6 +637,8 @@ def sensitivity(
             workers=workers,
             ray=ray,
             select=tuple(tensors),
+            scan_type=_Scan,
+            plans=_plans,
         )
     else:
         scan = _Scan(checkpoint, schemes, calibration, tokenizer, measure, batch, tensors)

@@ -1,0 +1,169 @@
+"""The scan's options and running it (``lowbit sensitivity``, ``quantize/plan --budget``), and
+the JSON outputs of mixed precision (a scan, a plan file): replaced only with ``--overwrite``
+and only over a file of their kind, written atomically."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lowbit._progress import progress_bar
+from lowbit.checkpoints._outputs import check_not_input
+from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.cli import _common
+from lowbit.errors import LowbitError
+from lowbit.evaluation._calib_data import calibration_data, is_causal
+from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.scheme_text import parse_scheme
+
+
+def add_scan_options(
+    p: argparse.ArgumentParser, *, required: bool = True, measure: str = "exact"
+) -> None:
+    """The scan's options (shared with ``lowbit quantize --budget``, which runs a scan)."""
+    p.add_argument(
+        "--schemes",
+        metavar="LIST",
+        default=None if not required else "int4:g128,nf4,int8:ch",
+        help="comma-separated candidate schemes (default int4:g128,nf4,int8:ch)",
+    )
+    p.add_argument(
+        "--calib",
+        metavar="default|FILE.txt",
+        default="default",
+        help="calibration text (default: lowbit eval's text, a range eval does not score)",
+    )
+    p.add_argument(
+        "--calib-samples",
+        type=int,
+        metavar="N",
+        help="windows (causal LMs, default 8) or sentences (encoders, default 128)",
+    )
+    p.add_argument("--calib-len", type=int, default=512, metavar="L", help="tokens per window")
+    p.add_argument(
+        "--measure",
+        choices=["exact", "proxy"],
+        default=measure,
+        help="exact: run the model per trial; proxy: weighted weight error only (default "
+        f"{measure})",
+    )
+    p.add_argument(
+        "--tensors",
+        metavar="GLOBS",
+        help="only tensors matching one of these comma-separated globs (e.g. 'blk.2?.*')",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes running trials (with --ray: Ray actors; 1 = one per cluster CPU)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="ADDRESS",
+        help="run trials on a Ray cluster (no ADDRESS: RAY_ADDRESS or a local instance)",
+    )
+
+
+def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
+    """Run the scan the options describe on an open checkpoint."""
+
+    schemes = _common.parse_list(args.schemes)
+    if not schemes:
+        raise LowbitError("--schemes needs at least one scheme")
+    for s in schemes:  # bad strings fail before a model loads
+        parse_scheme(s)
+    if args.workers < 1:
+        raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
+    tokenizer = build_tokenizer(ckpt)
+    kind = "causal" if is_causal(ckpt) else "encoder"
+    calib = calibration_data(
+        kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len
+    )
+    with progress_bar(None, progress, f"sensitivity ({args.measure})", "trial") as bar:
+
+        def tick(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        return sensitivity(
+            ckpt,
+            schemes,
+            calib,
+            tokenizer=tokenizer if kind == "encoder" else None,
+            measure=args.measure,
+            progress=tick,
+            workers=args.workers,
+            ray=args.ray,
+            tensors=_common.parse_list(args.tensors),
+        )
+
+
+def _is_plan(path: Path) -> bool:
+    try:
+        PrecisionPlan.from_file(path)
+    except (LowbitError, OSError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _is_scan(path: Path) -> bool:
+    try:
+        SensitivityResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (LowbitError, OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+    return True
+
+
+_KINDS = {"plan": _is_plan, "scan": _is_scan}
+
+
+def check_json_output(path: Path, overwrite: bool, kind: str) -> None:
+    """A JSON output (a plan file, a scan) replaces an existing file only with ``--overwrite``
+    and only when that file is one of its kind (what lowbit writes there), never a link.
+
+    Raises:
+        LowbitError: a missing folder, an existing file without ``--overwrite``, or one that
+            is not a plan file / sensitivity result.
+    """
+    if not path.parent.is_dir():
+        raise LowbitError(f"cannot write {path}: directory {path.parent} does not exist")
+    check_not_input(path, ())
+    what = {"plan": "plan file", "scan": "sensitivity result"}[kind]
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise LowbitError(f"{path} exists and is not a regular file; not replacing it")
+    if path.exists():
+        if not overwrite:
+            raise LowbitError(f"{path} exists; --overwrite replaces it")
+        if not _KINDS[kind](path):
+            raise LowbitError(f"{path} exists and is not a {what}; not replacing it")
+
+
+def write_json(path: Path, doc: Any, overwrite: bool, kind: str) -> None:
+    """Write a JSON output atomically (a temporary file beside it, then a rename)."""
+    check_json_output(path, overwrite, kind)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(_common.to_jsonable(doc), indent=1) + "\n")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
