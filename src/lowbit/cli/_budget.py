@@ -22,7 +22,11 @@ from lowbit.quant.plan import PrecisionPlan
 
 
 def add_options(
-    p: argparse.ArgumentParser, *, measure: str = "exact", presets: bool = True
+    p: argparse.ArgumentParser,
+    *,
+    measure: str = "exact",
+    presets: bool = True,
+    calib: bool = True,
 ) -> None:
     """The mixed-precision options (a scan's options come with them)."""
     g = p.add_argument_group("mixed precision (one scheme per tensor from measured sensitivity)")
@@ -51,7 +55,7 @@ def add_options(
             help="a fixed mixed plan instead: q4_k_m_like (llama.cpp Q4_K_M's rule in lowbit "
             "schemes: int6:g128 for the promoted tensors, --to (default int4:g128) elsewhere)",
         )
-    add_scan_options(g, required=False, measure=measure)  # type: ignore[arg-type]
+    add_scan_options(g, required=False, measure=measure, calib=calib)  # type: ignore[arg-type]
 
 
 def wanted(args: argparse.Namespace) -> bool:

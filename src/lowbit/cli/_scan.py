@@ -23,7 +23,11 @@ from lowbit.quant.scheme_text import parse_scheme
 
 
 def add_scan_options(
-    p: argparse.ArgumentParser, *, required: bool = True, measure: str = "exact"
+    p: argparse.ArgumentParser,
+    *,
+    required: bool = True,
+    measure: str = "exact",
+    calib: bool = True,
 ) -> None:
     """The scan's options (shared with ``lowbit quantize --budget``, which runs a scan)."""
     p.add_argument(
@@ -32,6 +36,12 @@ def add_scan_options(
         default=None if not required else "int4:g128,nf4,int8:ch",
         help="comma-separated candidate schemes (default int4:g128,nf4,int8:ch)",
     )
+    if calib:  # lowbit quantize has them already (GPTQ's, same meaning)
+        _calib_options(p)
+    _trial_options(p, measure)
+
+
+def _calib_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--calib",
         metavar="default|FILE.txt",
@@ -45,6 +55,9 @@ def add_scan_options(
         help="windows (causal LMs, default 8) or sentences (encoders, default 128)",
     )
     p.add_argument("--calib-len", type=int, default=512, metavar="L", help="tokens per window")
+
+
+def _trial_options(p: argparse.ArgumentParser, measure: str) -> None:
     p.add_argument(
         "--measure",
         choices=["exact", "proxy"],
@@ -87,7 +100,7 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
     tokenizer = build_tokenizer(ckpt)
     kind = "causal" if is_causal(ckpt) else "encoder"
     calib = calibration_data(
-        kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len
+        kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len or 512
     )
     with progress_bar(None, progress, f"sensitivity ({args.measure})", "trial") as bar:
 

@@ -135,7 +135,7 @@ def register(sub: Any) -> None:
         help="measure the written checkpoint as lowbit eval does (mixed plans: predicted vs "
         "measured)",
     )
-    _budget.add_options(p)
+    _budget.add_options(p, calib=False)  # --calib* are GPTQ's options, the same data
     p.add_argument("--plot", metavar="OUT.png", help="mixed plans: bits per tensor across layers")
     _common.add_json(p)
     p.set_defaults(func=run)
