@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lowbit.checkpoints.headers import read_gguf_header, read_safetensors_header
 
 from fuzz_strategies import (
     ARRAY,
