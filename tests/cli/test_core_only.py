@@ -85,7 +85,8 @@ def test_the_venv_is_core_only(core: dict[str, Path]) -> None:
     assert out[1] == "[]"
 
 
-# (command line, expected): "ok" = exit 0; an extra's name = exit 2 with one line naming it.
+# (command line, expected): "ok" = exit 0; an extra's name = exit 2 with one line naming it;
+# "error" = exit 2 with one "lowbit CMD: error: ..." line (a bad argument, no traceback).
 # Paths: hf (a tiny llama folder), gguf (the same as GGUF), npy (a 64x64 tensor), out* (outputs).
 CASES = [
     (["formats"], "ok"),
@@ -110,6 +111,9 @@ CASES = [
     (["eval", "{hf}", "--tokens", "64"], "models"),
     (["eval", "out-lowbit", "--tokens", "64"], "models"),
     (["train-lab", "--steps", "2"], "torch"),
+    (["report", "out-lowbit", "--out", "r.html"], "ok"),
+    (["sensitivity", "{hf}", "--schemes", "int4:g32"], "models"),
+    (["explore", "--port", "70000", "--no-browser"], "error"),  # a server: only its checks
 ]  # fmt: skip
 
 
@@ -132,6 +136,8 @@ def test_every_command_in_a_core_only_environment(core: dict[str, Path]) -> None
         lines = r.stderr.splitlines()
         if expected == "ok":
             ok = r.returncode == 0 and "Traceback" not in r.stderr
+        elif expected == "error":
+            ok = r.returncode == 2 and len(lines) == 1 and ": error: " in lines[0]
         else:
             m = ONE_LINE.match(lines[0]) if len(lines) == 1 else None
             ok = r.returncode == 2 and m is not None and m["extra"] == expected

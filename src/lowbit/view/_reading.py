@@ -23,6 +23,9 @@ class QuantizedReader:
 
         self.path = path
         self.ckpt = open_checkpoint(path)
+        if self.ckpt.format == "compressed-tensors":
+            # the stored parts (packed codes, scales), not the dequantized view of the weights
+            self.ckpt = self.ckpt._st  # type: ignore[attr-defined]
         self.format = self.ckpt.format
         self.manifest: dict[str, Any] | None = getattr(self.ckpt, "manifest", None)
         self.ct: dict[str, Any] | None = None
