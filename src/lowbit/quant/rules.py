@@ -34,7 +34,7 @@ from lowbit.errors import LowbitError
 from lowbit.formats.catalog import format as _lookup
 from lowbit.quant.components import COMPONENTS, classify
 from lowbit.quant.scheme import Cast, ScaleMethod, Scheme
-from lowbit.quant.scheme_text import parse_scheme
+from lowbit.quant.scheme_text import _field_names, parse_scheme
 
 __all__ = [
     "KEEP",
@@ -234,7 +234,7 @@ def parse_rule(d: Any) -> Rule:
     unknown = set(d) - _RULE_KEYS
     if unknown:
         raise LowbitError(
-            f"unknown rule field(s) {', '.join(sorted(unknown))}; allowed: "
+            f"unknown rule field(s) {', '.join(_field_names(unknown))}; allowed: "
             f"{', '.join(sorted(_RULE_KEYS))}"
         )
     spec = d.get("format", d.get("scheme"))

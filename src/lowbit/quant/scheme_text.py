@@ -140,7 +140,7 @@ def parse_scheme(spec: Any, **overrides: Any) -> Scheme | Cast:
         bad = sorted(set(spec) - _FIELDS)
         if bad:
             raise LowbitError(
-                f"scheme {shown}: unknown field(s) {', '.join(bad)}; allowed: "
+                f"scheme {shown}: unknown field(s) {', '.join(_field_names(bad))}; allowed: "
                 f"{', '.join(sorted(_FIELDS))}"
             )
         if "format" not in spec:
@@ -256,3 +256,9 @@ def _build(kw: dict[str, Any], given: dict[str, Any], shown: str) -> Scheme | Ca
 def _preset_text(name: str) -> str:
     """The preset's layout in the text form, without llama.cpp's rounding (``int4:g32:fp16``)."""
     return Scheme(**{k: v for k, v in PRESETS[name].items() if k != "scale_method"}).label
+
+
+def _field_names(names: Any) -> list[str]:
+    """Field names as an error message shows them: plain when they are plain words, else
+    ``repr`` (a key with a newline or control character must not break the one-line error)."""
+    return [k if str(k).isidentifier() else repr(k) for k in sorted(names, key=str)]
