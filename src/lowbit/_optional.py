@@ -6,19 +6,18 @@ compressed-tensors; ``torch``; ``plot``: matplotlib; ``fast``: numba; ``all``: e
 :func:`require` imports a module where a feature needs it and raises
 :class:`MissingExtraError` naming the extra otherwise; :func:`extra_for` maps a missing
 module name to its extra, so the CLI turns any ``ModuleNotFoundError`` of an optional module
-into the same one line. Progress bars are optional too: :func:`tqdm_class` falls back to a
-bar that shows nothing when tqdm is missing.
+into the same one line. Progress bars are optional too
+(:mod:`lowbit._progress` shows nothing when tqdm is missing).
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
 
 from lowbit.errors import LowbitError
 
-__all__ = ["EXTRAS", "MissingExtraError", "extra_for", "install_hint", "require", "tqdm_class"]
+__all__ = ["EXTRAS", "MissingExtraError", "extra_for", "install_hint", "require"]
 
 #: Top-level module -> the smallest extra of pyproject.toml that installs it.
 EXTRAS = {
@@ -77,38 +76,3 @@ def require(module: str, *, extra: str | None = None, what: str | None = None) -
         raise MissingExtraError(
             f"{what or 'this'} needs {missing.split('.', 1)[0]}: pip install 'lowbit[{name}]'"
         ) from None
-
-
-class _NoBar:
-    """Stands in for a tqdm bar when tqdm is not installed: shows nothing."""
-
-    def __init__(self, iterable: Any = None, *args: Any, **kwargs: Any) -> None:
-        self._iterable = iterable
-        self.n = 0
-
-    def __iter__(self) -> Any:
-        return iter(self._iterable if self._iterable is not None else ())
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-
-    def set_postfix_str(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-def tqdm_class() -> Any:
-    """``tqdm.auto.tqdm``, or a silent stand-in when tqdm is missing (progress is optional)."""
-    try:
-        from tqdm.auto import tqdm
-    except ModuleNotFoundError:
-        return _NoBar
-    return tqdm

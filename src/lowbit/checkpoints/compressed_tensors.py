@@ -42,7 +42,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from lowbit._optional import tqdm_class
+from lowbit._progress import progress_bar
 from lowbit.checkpoints import _safetensors_write as _safetensors
 from lowbit.checkpoints._atomic import atomic_dir
 from lowbit.checkpoints._ct_config import (
@@ -290,14 +290,10 @@ def write_compressed_tensors(
     meta = {"format": "pt", **writer_metadata([*names, *index, "config.json"] +
                                               [f.name for f in files])}  # fmt: skip
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        bar = _progress(progress, sum(len(u) for u in units), Path(out_dir).name)
-        try:
+        total = sum(len(u) for u in units)
+        with progress_bar(total, progress, f"writing {Path(out_dir).name}", "tensor") as bar:
             for fname, shard in zip(names, shards, strict=True):
-                on = (lambda e: bar.update(1)) if bar is not None else None
-                _safetensors.write_file(tmp / fname, shard, meta, on_tensor=on)
-        finally:
-            if bar is not None:
-                bar.close()
+                _safetensors.write_file(tmp / fname, shard, meta, on_tensor=lambda e: bar.update(1))
         if len(shards) > 1:
             index = {
                 "metadata": {"total_size": sum(e.nbytes for s in shards for e in s)},
@@ -310,12 +306,3 @@ def write_compressed_tensors(
         for f in files:
             shutil.copyfile(f, tmp / f.name)
     return Path(out_dir)
-
-
-def _progress(enabled: bool | None, total: int, desc: str) -> Any:
-    if enabled is False:
-        return None
-
-    tqdm = tqdm_class()
-    return tqdm(total=total, unit="tensor", desc=f"writing {desc}",
-                disable=None if enabled is None else False)  # fmt: skip
