@@ -68,13 +68,7 @@ OPTIONAL = {
 
 #: Known exceptions, as (rule, importer, imported), each with its reason. Remove an entry when
 #: its cause goes (the test below fails on entries that are no longer needed).
-_CODECSPEED = "codecs/_numpy_fast.py (new): its tables are built by vectorised's float64 loop"
 ALLOWED: dict[tuple[str, str, str], str] = {
-    # _numpy_fast builds its code tables with vectorised._encode_general, and vectorised calls
-    # _numpy_fast first: moving the float64 loop into a module below both ends the cycle.
-    ("cycle", "lowbit.codecs._numpy_fast", "lowbit.codecs.vectorised"): _CODECSPEED,
-    ("local", "lowbit.codecs._numpy_fast", "lowbit.codecs.vectorised"): _CODECSPEED,
-    ("local", "lowbit.codecs.vectorised", "lowbit.codecs._numpy_fast"): _CODECSPEED,
     # Scheme.quantize (public) calls quant.tensor, which is built on Scheme: the one module
     # cycle left. Removing the method (callers use lowbit.quantize(x, scheme)) would end it.
     ("cycle", "lowbit.quant.scheme", "lowbit.quant.tensor"): "Scheme.quantize",

@@ -1,5 +1,5 @@
 """_numpy_fast: the numpy path's code tables and casts give exactly the general loop's codes
-(``vectorised._encode_general``, itself tested against the exact reference), on every class
+(``_general.encode_general``, itself tested against the exact reference), on every class
 of input their keys distinguish, every float format of at most 16 bits and every mode.
 
 Every test here runs with the compiled kernels off and tables built on first use.
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import lowbit
 from lowbit import FloatFormat, LowbitError, NaNPolicyError, _parallel
+from lowbit.codecs import _general
 from lowbit.codecs import _numba as _fast
 from lowbit.codecs import _numpy_fast as fast
 from lowbit.codecs import vectorised as codec
@@ -54,8 +55,8 @@ def _numpy_path(monkeypatch: pytest.MonkeyPatch):
         yield
 
 
-def _general(fmt: FloatFormat, x: np.ndarray, mode: Rounding, sat: bool) -> np.ndarray:
-    return codec._encode_general(fmt, x.reshape(-1), mode, sat, None, False, False)
+def _loop(fmt: FloatFormat, x: np.ndarray, mode: Rounding, sat: bool) -> np.ndarray:
+    return _general.encode_general(fmt, x.reshape(-1), mode, sat, None, False, False)
 
 
 def _assert_same(fmt: FloatFormat, x: np.ndarray, got: np.ndarray, want: np.ndarray) -> None:
@@ -130,7 +131,7 @@ def test_large_inputs_skip_the_general_loop(
     fmt = lowbit.format(name)
     x = np.random.default_rng(1).standard_normal(1 << 16).astype(dtype)
     want = fmt.encode(x)  # builds the table
-    monkeypatch.setattr(codec, "_encode_general", None)  # calling it would fail
+    monkeypatch.setattr(_general, "encode_general", None)  # calling it would fail
     assert np.array_equal(fmt.encode(x), want)
 
 
@@ -153,7 +154,7 @@ def test_small_inputs_wait_for_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
     f16 = FloatFormat(name="c_wait_f16", ebits=5, mbits=10)  # float16's layout
     for fmt, n in ((e4m3, 100_000), (f16, 1 << 20)):  # tables of 2**17 and 2**21 codes
         x = np.linspace(-3, 3, n, dtype=np.float32)
-        want = codec._encode_general(fmt, x, Rounding.NEAREST_EVEN, False, None, False, False)
+        want = _general.encode_general(fmt, x, Rounding.NEAREST_EVEN, False, None, False, False)
         for built in (False, True):
             assert np.array_equal(fmt.encode(x), want)
             assert any(k[0] is fmt for k in fast._tables) == built, fmt.name
@@ -178,7 +179,7 @@ def test_keyed_tables_match_the_general_loop(dtype: np.dtype, fmt: FloatFormat, 
         got = codec.encode_float(
             fmt, x, rounding=mode, saturate=sat, seed=None, random_bits=None, nan="zero"
         )
-        _assert_same(fmt, x, got, _general(fmt, x, mode, sat))
+        _assert_same(fmt, x, got, _loop(fmt, x, mode, sat))
 
 
 @pytest.mark.parametrize("sat", [False, True])
@@ -194,7 +195,7 @@ def test_16_bit_inputs_every_pattern(dtype: np.dtype, fmt: FloatFormat, sat: boo
         got = codec.encode_float(
             fmt, x, rounding=mode, saturate=sat, seed=None, random_bits=None, nan="zero"
         )
-        _assert_same(fmt, x, got, _general(fmt, x, mode, sat))
+        _assert_same(fmt, x, got, _loop(fmt, x, mode, sat))
 
 
 @functools.cache
@@ -223,7 +224,7 @@ def test_float32_casts_match_the_general_loop(
     assert fast._cast_peer(fmt, Rounding.NEAREST_EVEN) is not None
     x = _cast_inputs(name)
     got = fmt.encode(x, saturate=sat)
-    _assert_same(fmt, x, got, _general(fmt, x, Rounding.NEAREST_EVEN, sat))
+    _assert_same(fmt, x, got, _loop(fmt, x, Rounding.NEAREST_EVEN, sat))
 
 
 # ---- errors, threads, decode ------------------------------------------------------------
@@ -241,7 +242,7 @@ def test_nan_and_negative_errors_as_the_general_loop(dtype: np.dtype) -> None:
         with pytest.raises(error) as info:
             fmt.encode(y)
         with pytest.raises(error) as general:
-            codec._encode_general(fmt, y, Rounding.NEAREST_EVEN, False, None, True, True)
+            _general.encode_general(fmt, y, Rounding.NEAREST_EVEN, False, None, True, True)
         assert str(info.value) == str(general.value)
     y = x.copy()
     y[0], y[-1] = -1.0, np.nan

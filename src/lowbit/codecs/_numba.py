@@ -1,6 +1,6 @@
 """Optional compiled kernels (numba, the ``lowbit[fast]`` extra): bit for bit the numpy path.
 
-Encoding runs ``codec._encode_chunk``'s single-rounding integer algorithm per element,
+Encoding runs ``_general._encode_chunk``'s single-rounding integer algorithm per element,
 in one pass that also notes NaNs (for ``nan="raise"``). Two rounding cores feed one
 shared tail:
 
@@ -103,7 +103,7 @@ def _zone_rule(fmt: Any, mode: int, half_bits: int, never: int) -> tuple[int, in
     """(threshold, direction) for values below the smallest positive of a format
     without subnormals: such a value rounds up to it iff its absolute bit pattern is
     >= threshold and direction allows (0 any sign, 1 positive only, 2 negative only);
-    it becomes 0 otherwise (``codec._patch_no_subnormal_zone``)."""
+    it becomes 0 otherwise (``_general._patch_no_subnormal_zone``)."""
     if not fmt.has_zero or mode == 2:
         return never, 0
     if mode == 0:
@@ -129,7 +129,7 @@ def _tail_params(fmt: Any, saturate: bool) -> tuple[int, ...] | None:
     sbit = 1 << fmt.magnitude_bits if fmt.signed else 0
     keeps_sign = fmt.has_negative_zero or not fmt.has_zero  # a zero magnitude keeps "-"
     nan_code = fmt.nan_code if fmt.nan_code is not None else 0
-    # NaN codes keep the sign where the format's NaN has one (codec._signed_nan)
+    # NaN codes keep the sign where the format's NaN has one (_general._signed_nan)
     nan_neg = nan_code | (sbit if fmt.nan.value in ("high", "ieee") else 0)
     if saturate or (not fmt.has_inf and not fmt.has_nan):
         # overflow and infinities clamp to ±max, signed as a finite result is

@@ -1,7 +1,7 @@
 """The numpy path's fast encoders and decoders: code tables, and exact delegation.
 
 Without numba, ``vectorised.encode_float`` tries these before its general chunk loop
-(``vectorised._encode_general``: single rounding on float64 bit fields, every mode). Each
+(``_general.encode_general``: single rounding on float64 bit fields, every mode). Each
 gives exactly that loop's codes, for deterministic rounding modes. A table is built once
 as many values have been encoded alike as it has entries (building it costs about as
 much as encoding those in the general loop) and kept per format, mode, saturation and
@@ -45,7 +45,8 @@ import ml_dtypes
 import numpy as np
 
 from lowbit._parallel import map_chunks, threads
-from lowbit.codecs._common import FloatFields
+from lowbit.codecs import _general
+from lowbit.codecs._common import FloatFields, nan_error, negative_error
 from lowbit.enums import Inf, NaN, Rounding
 
 _CHUNK = 1 << 15  # elements per step of the keyed encoder: input, keys, codes stay in L2
@@ -129,11 +130,9 @@ def key_prefix(fmt: FloatFields, dtype: np.dtype) -> int | None:
     return None
 
 
-def _general(fmt: FloatFields, x: np.ndarray, mode: Rounding, saturate: bool) -> np.ndarray:
+def _general_codes(fmt: FloatFields, x: np.ndarray, mode: Rounding, saturate: bool) -> np.ndarray:
     """The general chunk loop's codes of ``x`` (no NaN or sign checks)."""
-    from lowbit.codecs.vectorised import _encode_general
-
-    return _encode_general(fmt, x, mode, saturate, None, False, False)
+    return _general.encode_general(fmt, x, mode, saturate, None, False, False)
 
 
 def _representatives(dtype: np.dtype, prefix: int, unsigned_only: bool) -> np.ndarray:
@@ -161,7 +160,7 @@ def _table(
 ) -> np.ndarray:
     """Codes of every table entry for inputs of ``dtype``."""
     unsigned_only = not fmt.signed and not fmt.has_nan and not saturate
-    return _general(fmt, _representatives(dtype, prefix, unsigned_only), mode, saturate)
+    return _general_codes(fmt, _representatives(dtype, prefix, unsigned_only), mode, saturate)
 
 
 def _pieces(n: int) -> list[tuple[int, int]]:
@@ -323,8 +322,6 @@ def encode(
         flags = _run(
             lambda a, b: _lookup_encode(table, x[a:b], out[a:b], nan_check, neg_check), x.size
         )
-    from lowbit.codecs.vectorised import nan_error, negative_error
-
     if nan_check and any(f[0] for f in flags):
         raise nan_error(fmt)
     if neg_check and any(f[1] for f in flags):
@@ -334,7 +331,7 @@ def encode(
 
 def decode(fmt: FloatFields, codes: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Values of validated codes (uint8/uint16/intp) of a format of at most 16 bits,
-    looked up in ``table`` (``vectorised.value_table``), in chunks."""
+    looked up in ``table`` (``_common.value_table``), in chunks."""
     if codes.ndim == 0 or codes.size < _CHUNK:
         return np.take(table, codes)
     flat = np.ascontiguousarray(codes).reshape(-1)
