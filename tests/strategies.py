@@ -160,12 +160,12 @@ CODEC_PATHS = ("default", "numpy")
 
 def codec_path(path: str) -> contextlib.AbstractContextManager:
     """A context in which the float codecs take ``path``: ``default`` (the compiled
-    kernels where numba is installed) or ``numpy`` (the numpy path, always)."""
+    kernels where numba is installed, at any array size) or ``numpy`` (the numpy path)."""
     from lowbit.codecs import _numba as _fast
 
-    if path == "numpy" and hasattr(_fast, "numpy_only"):
+    if path == "numpy":
         return _fast.numpy_only()
-    return contextlib.nullcontext()
+    return _fast.kernels_always()
 
 
 def bit_pattern(values: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ import functools
 import subprocess
 import sys
 import zlib
+from collections.abc import Iterator
 
 import ml_dtypes
 import numpy as np
@@ -20,6 +21,14 @@ from lowbit.codecs import _numba as _fast
 from strategies import CATALOG_FLOATS, ROUNDINGS
 
 pytestmark = pytest.mark.skipif(not _fast.HAVE_NUMBA, reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _kernels_at_any_size() -> Iterator[None]:
+    """The kernels run on test-sized arrays too (the default leaves small ones to numpy)."""
+    with _fast.kernels_always():
+        yield
+
 
 # Layouts beyond the catalog, one per corner the kernels specialise on: no subnormals
 # with a zero, with IEEE specials, signed without a zero, unsigned with subnormals and
@@ -211,6 +220,36 @@ def test_negative_error_same_on_both_paths() -> None:
         fast, ref = _encode_both(fmt, x, saturate=True)
         assert fast[2] == 0
         _assert_same(fmt, x, fast, ref, f"{dtype} saturate")
+
+
+def test_small_arrays_take_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below MIN_KERNEL_SIZE elements the numpy path encodes and decodes (the kernels only
+    under kernels_always()); from the threshold on the kernels do, with the same codes."""
+    fmt = lowbit.format("float8_e4m3fn")
+    n = _fast.MIN_KERNEL_SIZE
+    big = np.linspace(-500, 500, n).astype(np.float32)
+    with _fast.numpy_only():
+        ref = fmt.encode(big)
+    calls: list[int] = []
+    real = _fast._split
+
+    def spy(call: object, size: int) -> bool:
+        calls.append(size)
+        return real(call, size)
+
+    monkeypatch.setattr(_fast, "_split", spy)
+    forced = fmt.encode(big[: n - 1])  # under the module's kernels_always()
+    assert calls == [n - 1]
+    monkeypatch.setattr(_fast._kernels_always, "on", False)  # the default
+    calls.clear()
+    small = fmt.encode(big[: n - 1])
+    values = fmt.decode(small)
+    assert calls == [] and not _fast.use_kernels(n - 1)
+    large = fmt.encode(big)
+    assert calls == [n] and _fast.use_kernels(n)
+    assert np.array_equal(large, ref) and np.array_equal(small, ref[: n - 1])
+    assert np.array_equal(forced, ref[: n - 1])
+    assert np.array_equal(values.view(np.uint32), fmt.decode(ref[: n - 1]).view(np.uint32))
 
 
 def test_numpy_only_nests_and_restores() -> None:

@@ -41,11 +41,12 @@ LAYOUTS: list[dict[str, Any]] = [
 @pytest.fixture(autouse=True)
 def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Chunks of 2048 elements on three threads (one under ``serial()``), so that
-    test-sized tensors span many chunks and threads."""
+    test-sized tensors span many chunks and threads; kernels at any size."""
     monkeypatch.setattr(_qengine, "_CHUNK_FAST", 2048)
     real = _parallel.threads
     monkeypatch.setattr(_parallel, "threads", lambda: 1 if real() == 1 else 3)
-    yield
+    with _fast.kernels_always():  # the default leaves chunks this small to numpy
+        yield
 
 
 def _run(fn: Any) -> Any:

@@ -6,7 +6,7 @@ dict; ``load_model`` builds a runnable transformers model (``lowbit.evaluation.m
 loaded on first use);
 ``quantize_model`` streams a checkpoint through a precision plan into a new one.
 
-Writers for checkpoints other tools load (their names load on first use):
+Every name here loads its module on first use. Writers for checkpoints other tools load:
 
 - :mod:`lowbit.quant.gguf_q`: Q8_0 / Q4_0 block quantizers, numpy only.
 - :mod:`lowbit.checkpoints.gguf_writer`: :func:`write_gguf`, :class:`GGUFTensor`,
@@ -20,10 +20,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lowbit.checkpoints.opener import load, open_checkpoint
-from lowbit.checkpoints.readers import Checkpoint, TensorInfo
-
+# Every name loads on first use: importing one submodule (``checkpoints._outputs`` for the
+# CLI's file checks) then costs that submodule alone, not every reader and writer.
 _LAZY = {
+    "load": "lowbit.checkpoints.opener",
+    "open_checkpoint": "lowbit.checkpoints.opener",
+    "Checkpoint": "lowbit.checkpoints.readers",
+    "TensorInfo": "lowbit.checkpoints.readers",
     # load_model builds a torch model: it lives in the evaluation layer above this one
     "load_model": "lowbit.evaluation.models",
     "quantize_model": "lowbit.checkpoints.quantize_model",

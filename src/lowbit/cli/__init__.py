@@ -41,7 +41,17 @@ Every command has --help with examples and --json for scripts.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``lowbit`` parser with every subcommand, or with ``command``'s alone.
+
+    Args:
+        command: a subcommand name (``quantize-tensor``); when it names one, only its
+            module is imported and registered, so ``lowbit show`` does not pay for
+            importing what ``lowbit eval`` needs. Anything else: every subcommand.
+
+    Returns:
+        The parser.
+    """
     parser = argparse.ArgumentParser(
         prog="lowbit",
         description=_DESCRIPTION,
@@ -49,18 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lowbit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    package = importlib.import_module("lowbit.cli")
-    names = sorted(
-        m.name for m in pkgutil.iter_modules(package.__path__) if m.name.startswith("cmd_")
-    )
-    for name in names:
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("cmd_"))
+    only = "cmd_" + command.replace("-", "_") if command else None
+    for name in [only] if only in names else names:
         importlib.import_module(f"lowbit.cli.{name}").register(sub)
     return parser
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top-level
+    options, ``-h`` and ``--version``, take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for bad input, with a one-line message)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -54,6 +54,13 @@ def _k() -> Any:
 
 
 _numpy_only = Switch()
+_kernels_always = Switch()
+
+# Arrays smaller than this take the numpy path: the same bits, in well under a millisecond
+# per thousand values, where the first kernel costs importing numba (about half a second)
+# and compiling or loading it from the cache (a second or more). A scalar or a value table
+# never pays that; a process that quantizes real tensors does, once.
+MIN_KERNEL_SIZE = 1 << 16
 
 
 def numpy_only() -> contextlib.AbstractContextManager[None]:
@@ -61,9 +68,21 @@ def numpy_only() -> contextlib.AbstractContextManager[None]:
     return _numpy_only.set()
 
 
+def kernels_always() -> contextlib.AbstractContextManager[None]:
+    """Within this block the compiled kernels run on arrays of any size (for tests of the
+    kernels, whose cases are mostly small); ``numpy_only()`` still wins."""
+    return _kernels_always.set()
+
+
 def enabled() -> bool:
     """Whether the compiled kernels are in use (numba installed and not forced off)."""
     return HAVE_NUMBA and not _numpy_only.on
+
+
+def use_kernels(n: int) -> bool:
+    """Whether ``n`` elements go to a compiled kernel: ``enabled()`` and ``n`` at least
+    ``MIN_KERNEL_SIZE`` (or ``kernels_always()`` on). Both paths give the same bits."""
+    return enabled() and (n >= MIN_KERNEL_SIZE or _kernels_always.on)
 
 
 _PIECE = 1 << 19  # elements per thread's piece of a large array (smaller: one thread)
@@ -276,7 +295,7 @@ def encode_float(
     Raises:
         NaNPolicyError, LowbitError: as ``codec.encode_float`` does for the same input.
     """
-    if not enabled() or x.dtype not in _IN_DTYPES or out.dtype != fmt.code_dtype:
+    if not use_kernels(x.size) or x.dtype not in _IN_DTYPES or out.dtype != fmt.code_dtype:
         return False
     saturate = bool(saturate)
     tail = _tail_params(fmt, saturate)
@@ -333,7 +352,7 @@ def encode_int(
     Raises:
         NaNPolicyError: as ``IntFormat.encode`` does.
     """
-    if not enabled() or x.dtype not in _IN_DTYPES or out.dtype != fmt.code_dtype:
+    if not use_kernels(x.size) or x.dtype not in _IN_DTYPES or out.dtype != fmt.code_dtype:
         return False
     if rbits is None:
         rbits = np.zeros(1, dtype=np.uint64)
@@ -361,7 +380,7 @@ def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
     table's canonical quiet NaN. The result has the codes' shape; 0-d codes of a format
     of at most 16 bits give a numpy scalar, as ``np.take`` on the numpy path does.
     """
-    if not enabled():
+    if not use_kernels(codes.size):
         return None
     if dtype == np.float32 and _wide_params(fmt, False) is not None:
         out = _decode_with(_k()._wide_decode, codes, fmt.code_dtype, np.float32, 23 - fmt.mbits)
@@ -386,7 +405,7 @@ def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
 def pack4(flat: np.ndarray) -> np.ndarray | None:
     """Two uint8 4-bit codes per byte, element 0 in the low nibble (``packing``'s order),
     for an even count; None where the kernel does not apply."""
-    if not enabled() or flat.dtype != np.uint8 or flat.size % 2 or flat.ndim != 1:
+    if not use_kernels(flat.size) or flat.dtype != np.uint8 or flat.size % 2 or flat.ndim != 1:
         return None
     out = np.empty(flat.size // 2, dtype=np.uint8)
     _k()._pack4_kernel(np.ascontiguousarray(flat), out)

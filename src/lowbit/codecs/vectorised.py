@@ -91,7 +91,7 @@ def encode_float(
     rbits = prepare_random(mode, shape, seed, random_bits)
     out = np.empty(flat.size, dtype=fmt.code_dtype)
     kernel_input = flat if flat.dtype != np.float16 and flat.dtype != _BF16 else None
-    if kernel_input is None and _fast.enabled():
+    if kernel_input is None and _fast.use_kernels(flat.size):
         kernel_input = flat.astype(np.float32)  # exact; the kernel reads float32
     # the kernel checks NaN and sign on the fly (raising the same errors)
     if kernel_input is not None and _fast.encode_float(

@@ -152,6 +152,8 @@ def _encode_compiled(
     if not _fast.enabled():
         return None
     arr = as_float_input(x)
+    if not _fast.use_kernels(arr.size):
+        return None
     flat = np.ascontiguousarray(arr).reshape(-1)
     if flat.dtype not in (np.float32, np.float64):
         flat = flat.astype(np.float32)  # float16/bfloat16: exact

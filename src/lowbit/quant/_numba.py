@@ -1,7 +1,8 @@
 """Optional compiled kernels (numba) for tensor quantization: bit for bit ``lowbit.quant._engine``'s numpy path.
 
 Each entry point takes a chunk as ``lowbit.quant._engine`` holds it (a 4-D view and its broadcasting
-scales), returns None when numba is missing, ``_fast.numpy_only()`` is on, or the layout
+scales), returns None when numba is missing, ``_fast.numpy_only()`` is on, the chunk is smaller
+than ``_fast.MIN_KERNEL_SIZE`` (``_fast.use_kernels``), or the layout
 does not fit, and the caller then takes the numpy path. Layouts whose last axis
 (trailing axes of extent 1 dropped) is contiguous fit: in row mode the scales are one
 number or constant along that axis (per-tensor, per-channel on a leading axis, groups
@@ -145,7 +146,7 @@ def scaled_int_codes(
 ) -> np.ndarray | None:
     """uint8 codes of clip(round(V / S), lo, hi) of the exact quotient for float32 or
     float64 ``V`` (ties to even, or away from zero), or None (the caller's numpy path)."""
-    if not _fast.enabled() or V.dtype not in (np.float32, np.float64) or bits > 8:
+    if not _fast.use_kernels(V.size) or V.dtype not in (np.float32, np.float64) or bits > 8:
         return None
     found = _rows(V, S)
     if found is None:
@@ -178,7 +179,7 @@ def scaled_float_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: int) -> np.
     """uint8 codes of ``fmt.encode(V / S, saturate=True)`` (the float64 quotient, nearest
     rounding: ``mode`` 0 ties to even, 1 away) for float32 or float64 ``V`` and a float
     format of at most 8 bits, or None (the caller's numpy path)."""
-    if not _fast.enabled() or V.dtype not in (np.float32, np.float64) or fmt.bits > 8:
+    if not _fast.use_kernels(V.size) or V.dtype not in (np.float32, np.float64) or fmt.bits > 8:
         return None
     T = _fast._tail_params(fmt, True)
     P = _fast._round32_params(fmt, mode) if V.dtype == np.float32 else None
@@ -223,7 +224,7 @@ def scaled_valueset_codes(V: np.ndarray, S: np.ndarray, fmt: Any, mode: Any) -> 
     rounding ``mode``) for float32 or float64 ``V`` and a value set of at most 7 bits, or
     None. Bin indices are computed in float32 either way (their error stays far below
     ``tol``); the exact compare divides in float64, the quotient the codec is given."""
-    if not _fast.enabled() or V.dtype not in (np.float32, np.float64) or fmt.bits > 7:
+    if not _fast.use_kernels(V.size) or V.dtype not in (np.float32, np.float64) or fmt.bits > 7:
         return None
     found = _rows(V, S)
     if found is None or not _usable_scales(found[1]):
@@ -261,7 +262,7 @@ def dequantize8(
     """``dst[...] = (table[codes] - Z) * S`` for flat 8-bit ``codes`` (``dst``'s elements
     in C order) into ``dst`` (the table's dtype, rows contiguous; ``S`` and ``Z``
     broadcast alike); False where the kernel does not apply (nothing written)."""
-    if not _fast.enabled() or codes.dtype != np.uint8 or dst.dtype != table.dtype:
+    if not _fast.use_kernels(codes.size) or codes.dtype != np.uint8 or dst.dtype != table.dtype:
         return False
     found = _rows(dst, S, dst.dtype)
     if found is None or codes.size != dst.size:
@@ -284,7 +285,12 @@ def row_minmax(V: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     array by a compiled loop (float64 results shaped like numpy's), or None when numba is
     missing, rows are longer, or the answer could differ from numpy's (a NaN, a zero
     extreme: the caller's numpy path)."""
-    if not _fast.enabled() or V.dtype != np.float32 or V.ndim < 1 or not V.flags.c_contiguous:
+    if (
+        not _fast.use_kernels(V.size)
+        or V.dtype != np.float32
+        or V.ndim < 1
+        or not V.flags.c_contiguous
+    ):
         return None
     if V.size == 0 or not 2 <= V.shape[-1] <= 128:  # numpy's reduceat wins on long rows
         return None
@@ -304,7 +310,7 @@ def row_absmax(V: np.ndarray) -> np.ndarray | None:
     """max |V| over the last axis (of extent > 1) of a float32 or float64 array whose rows
     are contiguous, as float64 shaped like ``scales.minmax``'s results (NaN where a row
     holds a NaN), or None (the caller's numpy path)."""
-    if not _fast.enabled() or V.dtype not in (np.float32, np.float64):
+    if not _fast.use_kernels(V.size) or V.dtype not in (np.float32, np.float64):
         return None
     if V.ndim < 1 or V.shape[-1] <= 1:
         return None
