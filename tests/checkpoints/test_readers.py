@@ -330,6 +330,41 @@ def test_gguf_matches_gguf_package(gguf_file) -> None:
         assert ckpt.dtype(t.name) == t.tensor_type.name
 
 
+def test_gguf_dequantizes_in_bands_as_the_package(
+    gguf_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Block types decode in bands of rows (here one row each) by the gguf package's own
+    row decoder, bit for bit what ``gguf.quants.dequantize`` gives for the whole tensor."""
+    from lowbit.checkpoints import _gguf
+
+    monkeypatch.setattr(_gguf, "_DEQUANT_VALUES", 1)
+    path, expected = gguf_file
+    ckpt = open_checkpoint(path)
+    for name in ("q8", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k"):
+        got = ckpt.get(name, np.float32)
+        want = np.asarray(expected[name], np.float32).reshape(got.shape)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
+
+
+def test_gguf_metadata_copy_reuses_the_parse(gguf_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    """raw_metadata after opening a file takes the value spans of that parse (no second
+    parse); once the file changes it parses again, and the bytes are the file's."""
+    from lowbit.checkpoints import _gguf
+
+    path, _ = gguf_file
+    open_checkpoint(path)
+    calls = []
+    real = _gguf._parse_buffer
+    monkeypatch.setattr(_gguf, "_parse_buffer", lambda *a: calls.append(1) or real(*a))
+    first = _gguf.raw_metadata(path)
+    assert calls == []
+    data = path.read_bytes()
+    assert first["tokenizer.ggml.tokens"][0] == 9  # an array, its bytes as stored
+    assert first["tokenizer.ggml.tokens"][1] in data
+    path.write_bytes(data + b"\0" * 32)  # another size: another file
+    assert _gguf.raw_metadata(path) == first and calls == [1]
+
+
 def test_gguf_shapes_and_metadata(gguf_file) -> None:
     """Shapes are numpy order; metadata and a derived config come from the key/values."""
     path, _ = gguf_file

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
             12: "d"}  # fmt: skip
 _STRING = 8
 _ARRAY = 9
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,31 @@ class _Cursor:
             # values lowbit uses are checked strictly (check_metadata)
             return raw.decode("utf-8", errors="surrogateescape")
 
+    def strings(self, count: int, key: str) -> list[str]:
+        """``count`` strings, as ``string`` reads them one by one (the same checks and
+        errors), in one loop: a 50k-token vocabulary is most of a header."""
+        buf, pos, size = self.buf, self.pos, self.size
+        length = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for i in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.need(8, f"length of string {i} of {key!r}")
+            (n,) = length(buf, pos)
+            pos += 8
+            if pos + n > size:
+                self.pos = pos
+                self.need(n, f"string {i} of {key!r}")
+            raw = buf[pos : pos + n]
+            pos += n
+            try:
+                append(str(raw, "utf-8"))
+            except UnicodeDecodeError:  # byte tokens: as ``string`` keeps them
+                append(str(raw, "utf-8", "surrogateescape"))
+        self.pos = pos
+        return out
+
     def name(self, what: str) -> str:
         """A key or tensor name: strictly UTF-8."""
         raw = self.raw(what)
@@ -169,7 +196,7 @@ def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
         if etype == _STRING:
             cur.need(count * 8, f"array {key!r} of {count} strings")  # each has a u64 length
             cur.count(count, key)
-            return [cur.string(f"string {i} of {key!r}") for i in range(count)]
+            return cur.strings(count, key)
         if etype == _ARRAY:
             cur.need(count * 12, f"array {key!r} of {count} arrays")
             cur.count(count, key)
@@ -212,11 +239,15 @@ def parse(path: Path) -> GGUFHeader:
             the wrong type (see :func:`check_metadata`).
         ImportError: the ``gguf`` package (for the GGML type table) is missing.
     """
+    ident = _identity(path)
     size = check_regular_file(path)
     if size < 24:
         raise LowbitError(f"{path}: not a GGUF file ({size} bytes, shorter than a GGUF header)")
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        return _parse_buffer(buf, size, path)
+        header = _parse_buffer(buf, size, path)
+    if ident is not None and ident[3] == size:
+        _remember(path, header.spans, ident)
+    return header
 
 
 def parse_bytes(data: bytes, path: Path | str = "<bytes>") -> GGUFHeader:
@@ -319,9 +350,33 @@ def raw_metadata(path: Path) -> dict[str, tuple[int, bytes]]:
     Raises:
         LowbitError: a file :func:`parse` refuses.
     """
-    header = parse(path)
+    spans = _SPANS.get(_identity(path))
+    if spans is None:
+        spans = parse(path).spans
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        return {key: (vtype, bytes(buf[a:b])) for key, (vtype, a, b) in header.spans.items()}
+        return {key: (vtype, bytes(buf[a:b])) for key, (vtype, a, b) in spans.items()}
+
+
+# The value spans of the files parsed last, by file identity, so that copying a source's
+# metadata (``raw_metadata``, for a writer) does not parse its header a second time. A file
+# changed since (another inode, size or modification time) is parsed again.
+_SPANS: dict[tuple[Any, ...], dict[str, tuple[int, int, int]]] = {}
+
+
+def _identity(path: Path | str) -> tuple[Any, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _remember(path: Path, spans: dict[str, tuple[int, int, int]], ident: Any) -> None:
+    if ident is None:
+        return
+    while len(_SPANS) >= 4:
+        _SPANS.pop(next(iter(_SPANS)))
+    _SPANS[ident] = dict(spans)
 
 
 def dequantize(buf: np.ndarray, tensor: GGUFTensor, path: Path) -> np.ndarray:
@@ -354,15 +409,37 @@ def dequantize(buf: np.ndarray, tensor: GGUFTensor, path: Path) -> np.ndarray:
 
     qtype = GGMLQuantizationType(tensor.type_code)
     rows = raw.reshape(-1, tensor.nbytes // max(1, _rows(tensor.shape)))
+    kind = getattr(quants, qtype.name, None)
     try:
         with np.errstate(all="ignore"):  # NaN/inf block scales are the file's data, not errors
-            out = quants.dequantize(rows, qtype)
+            if kind is None or not hasattr(kind, "dequantize_rows") or not rows.shape[1]:
+                out = quants.dequantize(rows, qtype)
+            else:
+                out = _dequantize_rows(kind, rows, math.prod(tensor.shape))
     except NotImplementedError:
         raise LowbitError(
             f"{path}: tensor {tensor.name!r} has GGUF type {tensor.type_name}, which the gguf "
             f"package cannot dequantize"
         ) from None
     return out.reshape(tensor.shape)
+
+
+_DEQUANT_VALUES = 1 << 18  # values per call of gguf's block decoder
+
+
+def _dequantize_rows(kind: Any, rows: np.ndarray, numel: int) -> np.ndarray:
+    """float32 values of block-quantized ``rows`` by gguf's own decoder for the type
+    (``kind.dequantize_rows``), called on bands of rows of about ``_DEQUANT_VALUES``
+    values. ``gguf.quants.dequantize`` calls it on 16 rows at a time, which costs more in
+    calls than in arithmetic; every block decodes alone, so the values are the same."""
+    kind.init_grid()
+    out = np.empty(numel, dtype=np.float32)
+    per_row = numel // rows.shape[0]
+    step = max(1, _DEQUANT_VALUES // max(1, per_row))
+    for a in range(0, rows.shape[0], step):
+        band = rows[a : a + step]
+        out[a * per_row : (a + band.shape[0]) * per_row] = kind.dequantize_rows(band).reshape(-1)
+    return out
 
 
 def _rows(shape: tuple[int, ...]) -> int:

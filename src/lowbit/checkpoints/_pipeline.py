@@ -443,22 +443,30 @@ def write_gguf(
     rounding: str,
 ) -> None:
     by_name = {t.name: t for t in applied.tensors}
+    planned: set[str] = set()
 
     def make(name: str) -> Any:
         t = by_name[name]
         ckpt.close()
         if t.action == "keep":
             return GGUFTensor(raw_bytes(ckpt, name), t.dtype, raw=True)
+        gtype = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}.get(t.cast or "")
+        if t.action != "cast":
+            assert t.scheme is not None
+            gtype = GGUF_Q[t.scheme.element_format.bits]
+        if name not in planned:
+            # The writer's first look plans the header from the shape and type alone (it
+            # checks that its second look, whose data it writes, agrees): a stand-in of the
+            # shape with no memory, so the source is read and dequantized once, not twice.
+            planned.add(name)
+            return GGUFTensor(np.broadcast_to(np.float32(0), t.shape), gtype)
         if t.action == "cast":
-            return GGUFTensor(read_cast(ckpt, t), {"float32": "F32", "float16": "F16",
-                                                "bfloat16": "BF16"}[t.cast])  # type: ignore[index]  # fmt: skip
+            return GGUFTensor(read_cast(ckpt, t), gtype)
         s = t.scheme
         assert s is not None
         if rounding == "auto" and _gguf_exact(s):
             return quantize(ckpt.get(name), s)
-        return GGUFTensor(
-            np.asarray(ckpt.get(name), dtype=np.float32), GGUF_Q[s.element_format.bits]
-        )
+        return GGUFTensor(np.asarray(ckpt.get(name), dtype=np.float32), gtype)
 
     gguf_writer.write_gguf(
         out,
