@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._json import check_regular_file, short_repr
+from lowbit._parallel import map_chunks
 from lowbit.checkpoints._safetensors import check_overlaps, check_shape
 from lowbit.errors import LowbitError
 
@@ -430,15 +431,19 @@ _DEQUANT_VALUES = 1 << 18  # values per call of gguf's block decoder
 def _dequantize_rows(kind: Any, rows: np.ndarray, numel: int) -> np.ndarray:
     """float32 values of block-quantized ``rows`` by gguf's own decoder for the type
     (``kind.dequantize_rows``), called on bands of rows of about ``_DEQUANT_VALUES``
-    values. ``gguf.quants.dequantize`` calls it on 16 rows at a time, which costs more in
-    calls than in arithmetic; every block decodes alone, so the values are the same."""
+    values, on ``lowbit._parallel``'s threads. ``gguf.quants.dequantize`` calls it on 16 rows
+    at a time, which costs more in calls than in arithmetic; every block decodes alone, so
+    the values are the same."""
     kind.init_grid()
     out = np.empty(numel, dtype=np.float32)
     per_row = numel // rows.shape[0]
     step = max(1, _DEQUANT_VALUES // max(1, per_row))
-    for a in range(0, rows.shape[0], step):
-        band = rows[a : a + step]
-        out[a * per_row : (a + band.shape[0]) * per_row] = kind.dequantize_rows(band).reshape(-1)
+
+    def band(a: int) -> None:
+        part = rows[a : a + step]
+        out[a * per_row : (a + part.shape[0]) * per_row] = kind.dequantize_rows(part).reshape(-1)
+
+    map_chunks(band, range(0, rows.shape[0], step))  # numpy's loops run without the GIL
     return out
 
 
