@@ -82,7 +82,11 @@ def register(sub: Any) -> None:
     p.add_argument("--stride", type=int, help="tokens between windows (default: the window)")
     p.add_argument("--text", metavar="FILE", help="UTF-8 text (default: pydoc_data.topics)")
     p.add_argument("--sentences", type=int, default=256, help="encoders: sentences (default 256)")
-    p.add_argument("--threads", type=int, help="torch threads (default: the machine's cores)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: the cores idle as it starts, at least 1)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _common.add_json(p)
     p.set_defaults(func=run)

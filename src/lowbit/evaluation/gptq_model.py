@@ -102,7 +102,8 @@ def gptq_weights(
         exclude: encoders: sentences an evaluation measures (never drawn for calibration);
             default: those ``lowbit eval`` measures by default (256 drawn with seed 0 from the
             calibration text).
-        threads: torch threads (default: the machine's cores).
+        threads: torch threads (default: the usable cores idle as it starts; see
+            ``lowbit.evaluation.perplexity.default_threads``).
         progress: tqdm bars (``None``: only on a terminal).
 
     Returns:

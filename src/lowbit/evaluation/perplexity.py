@@ -34,6 +34,7 @@ from lowbit.errors import LowbitError
 __all__ = [
     "candidate_sentences",
     "default_text",
+    "default_threads",
     "embed",
     "embedding_fidelity",
     "load_text",
@@ -99,12 +100,52 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _idle_cores(cores: int, sample: float = 0.1) -> float | None:
+    """Cores of the machine idle over ``sample`` seconds (``/proc/stat``), at most
+    ``cores``; None where that cannot be read (not Linux)."""
+
+    def snapshot() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as fh:
+                fields = [int(v) for v in fh.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 5:
+            return None
+        return sum(fields[:8]), fields[3] + fields[4]  # total, idle + iowait
+
+    first = snapshot()
+    time.sleep(sample)
+    second = snapshot()
+    if first is None or second is None or second[0] <= first[0]:
+        return None
+    machine = os.cpu_count() or 1
+    idle = (second[1] - first[1]) / (second[0] - first[0]) * machine
+    return min(float(cores), idle)
+
+
+def default_threads() -> int:
+    """torch threads for an evaluation when none are asked for: the cores this process may
+    use (its CPU affinity) that are idle as it starts, at least one.
+
+    Each thread of an OpenMP loop waits at every barrier for the slowest: on a core another
+    process holds, one thread's time slice stalls them all, and two threads on two busy
+    cores ran 10-25x slower than one (issue 13; ``benchmarks/bench_eval_load.py`` measures
+    it). A machine whose idle time cannot be read gets every usable core.
+    """
+    cores = _cores()
+    idle = _idle_cores(cores)
+    if idle is None:
+        return cores
+    return max(1, min(cores, int(idle + 0.5)))
+
+
 @contextmanager
 def _threads(n: int | None) -> Iterator[int]:
     import torch
 
     old = torch.get_num_threads()
-    n = _cores() if n is None else n
+    n = default_threads() if n is None else n
     if n < 1:
         raise LowbitError(f"threads must be >= 1, got {n}")
     torch.set_num_threads(n)
@@ -166,7 +207,8 @@ def perplexity(
             tokens of KL(reference || model), in nats), ``kl_max``, ``top1_agreement`` (fraction
             of positions where both argmaxes agree) and ``reference_perplexity``. Its
             log-probabilities are computed window by window in the same pass.
-        threads: torch threads (default: the machine's cores); restored afterwards.
+        threads: torch threads (default: ``default_threads()``, the usable cores that are
+            idle as it starts); restored afterwards.
         progress: tqdm bar (``None``: only on a terminal; ``False``: never).
 
     Returns:

@@ -243,7 +243,8 @@ def evaluate_variants(
             windows of ``window`` every ``stride``.
         text: a UTF-8 text file (default: CPython's ``pydoc_data.topics``).
         sentences, seed: how many sentences encoders are compared on, drawn from the text.
-        threads: torch threads (default: the machine's cores).
+        threads: torch threads (default: the usable cores idle as it starts; see
+            ``lowbit.evaluation.perplexity.default_threads``).
         progress: tqdm bars (``None``: only on a terminal).
         methods: how each scheme is quantized: ``rtn`` (round to nearest) and/or ``gptq``
             (``lowbit.evaluation.gptq_model``; one more row per scheme, named ``"{scheme} gptq"``).
