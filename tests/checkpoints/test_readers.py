@@ -346,6 +346,27 @@ def test_gguf_dequantizes_in_bands_as_the_package(
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q5_1"])
+def test_gguf_block_decoding_any_bytes(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random block bytes (NaN, infinite and subnormal float16 scales among them) decode to
+    the bits ``gguf.quants.dequantize`` gives, with lowbit's table decoders for Q4_0/Q4_1 and
+    gguf's own for the rest, in one band or many."""
+    from lowbit.checkpoints import _gguf
+
+    kind = getattr(gguf.quants, name)
+    raw = np.random.default_rng(5).integers(0, 256, (300, kind.type_size * 8), dtype=np.uint8)
+    for row, scale in enumerate((0x7C00, 0xFC00, 0x7E01, 0xFD55, 0x0001, 0x8000)):
+        raw[row, 0:2] = (scale & 255, scale >> 8)  # ±inf, NaNs with payloads, tiny, -0
+        raw[row + 6, 2:4] = (scale & 255, scale >> 8)  # Q4_1/Q5_1: the minimum
+    with np.errstate(all="ignore"):
+        want = gguf.quants.dequantize(raw, GQT[name]).reshape(-1)
+        for values in (1 << 18, 100):
+            monkeypatch.setattr(_gguf, "_DEQUANT_VALUES", values)
+            got = _gguf._dequantize_rows(kind, raw, want.size)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (name, values)
+    assert np.isnan(want).any() and np.isinf(want).any()
+
+
 def test_gguf_metadata_copy_reuses_the_parse(gguf_file, monkeypatch: pytest.MonkeyPatch) -> None:
     """raw_metadata after opening a file takes the value spans of that parse (no second
     parse); once the file changes it parses again, and the bytes are the file's."""

@@ -427,6 +427,37 @@ def dequantize(buf: np.ndarray, tensor: GGUFTensor, path: Path) -> np.ndarray:
 
 _DEQUANT_VALUES = 1 << 18  # values per call of gguf's block decoder
 
+# Q4_0 and Q4_1 (ggml's block_q4_0 / block_q4_1: a float16 scale d, for Q4_1 a float16
+# minimum m, then 16 bytes of nibbles: value j < 16 in the low nibble of byte j, value
+# 16 + j in its high nibble) decode as gguf's own ``dequantize_blocks`` does them,
+# d * (q - 8) and d * q + m in float32, in that operand order (so NaN and infinite
+# scales give the same bits), with the nibbles looked up in a 256-entry table instead of
+# shifted, masked and converted: about twice as fast. Other types use gguf's decoder.
+_NIBBLES = np.arange(256, dtype=np.uint8)
+_LOW = (_NIBBLES & 15).astype(np.float32)
+_HIGH = (_NIBBLES >> 4).astype(np.float32)
+
+
+def _decode_q4(blocks: np.ndarray, out: np.ndarray, offset: bool) -> None:
+    d = blocks[:, 0:2].view(np.float16).astype(np.float32)  # (n, 1)
+    qs = blocks[:, 4:] if offset else blocks[:, 2:]
+    low, high = out[:, :16], out[:, 16:]
+    if offset:
+        np.take(_LOW, qs, out=low)
+        np.take(_HIGH, qs, out=high)
+        np.multiply(d, out, out=out)
+        np.add(out, blocks[:, 2:4].view(np.float16).astype(np.float32), out=out)
+    else:
+        np.take(_LOW - 8, qs, out=low)
+        np.take(_HIGH - 8, qs, out=high)
+        np.multiply(d, out, out=out)
+
+
+_DECODERS = {
+    "Q4_0": lambda blocks, out: _decode_q4(blocks, out, offset=False),
+    "Q4_1": lambda blocks, out: _decode_q4(blocks, out, offset=True),
+}
+
 
 def _dequantize_rows(kind: Any, rows: np.ndarray, numel: int) -> np.ndarray:
     """float32 values of block-quantized ``rows`` by gguf's own decoder for the type
@@ -439,9 +470,15 @@ def _dequantize_rows(kind: Any, rows: np.ndarray, numel: int) -> np.ndarray:
     per_row = numel // rows.shape[0]
     step = max(1, _DEQUANT_VALUES // max(1, per_row))
 
+    decode = _DECODERS.get(kind.__name__)
+
     def band(a: int) -> None:
         part = rows[a : a + step]
-        out[a * per_row : (a + part.shape[0]) * per_row] = kind.dequantize_rows(part).reshape(-1)
+        dst = out[a * per_row : (a + part.shape[0]) * per_row]
+        if decode is not None:
+            decode(part.reshape(-1, kind.type_size), dst.reshape(-1, kind.block_size))
+        else:
+            dst[:] = kind.dequantize_rows(part).reshape(-1)
 
     map_chunks(band, range(0, rows.shape[0], step))  # numpy's loops run without the GIL
     return out
