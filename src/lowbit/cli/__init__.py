@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -75,6 +76,11 @@ def _command(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for bad input, with a one-line message)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    # OpenMP threads (torch's) that finish a loop first sleep instead of spinning: on cores
+    # other work holds, spinning threads took the time the one still working needed (two
+    # threads ran lowbit eval 6x slower than one there; passive, as fast as one). Read when
+    # torch loads its OpenMP runtime, which no command does before this line.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
