@@ -7,7 +7,7 @@ reference's log-probabilities once per window, reused for every variant, under
 ``torch.inference_mode``. Reported: tokens/s (tokens through a model per second: the
 text's tokens times two models, over the loop's wall time), the loop's CPU seconds, and
 the threads used, for torch threads 1, every usable core, and the default
-(``default_threads``: the usable cores idle as the loop starts).
+(``default_threads``: under PASSIVE, every usable core).
 
 "Loaded": one CPU-bound competing process per usable core (a busy loop, started before
 and stopped after), so every core is contended; "idle" is whatever else the machine runs

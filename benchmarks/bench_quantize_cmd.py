@@ -55,8 +55,8 @@ CASES = [
     ("smollm2 --to int4 --group 128 (lowbit)", ["smollm2", "--to", "int4", "--group", "128"], "dir"),
     ("smollm2 --to q4_0 --out-format gguf", ["smollm2", "--to", "q4_0", "--out-format", "gguf"], "gguf"),
     ("smollm2 --to q8_0 --out-format gguf", ["smollm2", "--to", "q8_0", "--out-format", "gguf"], "gguf"),
-    ("smollm2 --to int4 --group 128 --out-format compressed-tensors",
-     ["smollm2", "--to", "int4", "--group", "128", "--out-format", "compressed-tensors"], "dir"),
+    ("smollm2 --to int4 --group 64 --out-format compressed-tensors",  # 576 = 9 groups of 64
+     ["smollm2", "--to", "int4", "--group", "64", "--out-format", "compressed-tensors"], "dir"),
     ("minilm --to int8 (safetensors source, lowbit)", ["minilm", "--to", "int8"], "dir"),
 ]  # fmt: skip
 

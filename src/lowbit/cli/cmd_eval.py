@@ -85,7 +85,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--threads",
         type=int,
-        help="torch threads (default: the cores idle as it starts, at least 1)",
+        help="torch threads (default: the usable cores; only the idle ones if OMP_WAIT_POLICY is "
+        "set to other than PASSIVE)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _common.add_json(p)

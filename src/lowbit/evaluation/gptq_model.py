@@ -102,7 +102,7 @@ def gptq_weights(
         exclude: encoders: sentences an evaluation measures (never drawn for calibration);
             default: those ``lowbit eval`` measures by default (256 drawn with seed 0 from the
             calibration text).
-        threads: torch threads (default: the usable cores idle as it starts; see
+        threads: torch threads (default: the usable cores, see
             ``lowbit.evaluation.perplexity.default_threads``).
         progress: tqdm bars (``None``: only on a terminal).
 

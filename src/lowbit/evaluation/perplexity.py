@@ -126,14 +126,20 @@ def _idle_cores(cores: int, sample: float = 0.1) -> float | None:
 
 def default_threads() -> int:
     """torch threads for an evaluation when none are asked for: the cores this process may
-    use (its CPU affinity) that are idle as it starts, at least one.
+    use (its CPU affinity); with OpenMP's default wait policy, only those idle as it
+    starts, at least one.
 
-    Each thread of an OpenMP loop waits at every barrier for the slowest: on a core another
-    process holds, one thread's time slice stalls them all, and two threads on two busy
-    cores ran 10-25x slower than one (issue 13; ``benchmarks/bench_eval_load.py`` measures
-    it). A machine whose idle time cannot be read gets every usable core.
+    Each thread of an OpenMP loop waits at every barrier for the slowest. By default the
+    waiting threads spin: on cores other processes hold they take the time slices the
+    working thread needs, and two threads on two busy cores ran 6-25x slower than one
+    (issue 13; ``benchmarks/bench_eval_load.py``). Under ``OMP_WAIT_POLICY=PASSIVE``
+    (which the ``lowbit`` command sets before torch loads) they sleep, and every usable
+    core helped there, loaded or not. A machine whose idle time cannot be read gets every
+    usable core.
     """
     cores = _cores()
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE":
+        return cores
     idle = _idle_cores(cores)
     if idle is None:
         return cores
@@ -207,8 +213,7 @@ def perplexity(
             tokens of KL(reference || model), in nats), ``kl_max``, ``top1_agreement`` (fraction
             of positions where both argmaxes agree) and ``reference_perplexity``. Its
             log-probabilities are computed window by window in the same pass.
-        threads: torch threads (default: ``default_threads()``, the usable cores that are
-            idle as it starts); restored afterwards.
+        threads: torch threads (default: ``default_threads()``); restored afterwards.
         progress: tqdm bar (``None``: only on a terminal; ``False``: never).
 
     Returns:

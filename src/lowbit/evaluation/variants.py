@@ -243,7 +243,7 @@ def evaluate_variants(
             windows of ``window`` every ``stride``.
         text: a UTF-8 text file (default: CPython's ``pydoc_data.topics``).
         sentences, seed: how many sentences encoders are compared on, drawn from the text.
-        threads: torch threads (default: the usable cores idle as it starts; see
+        threads: torch threads (default: the usable cores, see
             ``lowbit.evaluation.perplexity.default_threads``).
         progress: tqdm bars (``None``: only on a terminal).
         methods: how each scheme is quantized: ``rtn`` (round to nearest) and/or ``gptq``
