@@ -11,7 +11,9 @@ from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.variants import evaluate_variants
+from lowbit.quant.awq import AWQ
 from lowbit.quant.gptq import GPTQ
+from lowbit.quant.smoothquant import SmoothQuant
 
 _EPILOG = """\
 MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2
@@ -32,6 +34,9 @@ examples:
   lowbit eval --schemes int8:ch,int4:g32 --w8a8 --tokens 16384
   lowbit eval --schemes int4:g128 --methods rtn,gptq --calib-samples 32
                                                 round to nearest vs GPTQ, side by side
+  lowbit eval minilm --schemes int4:g128 --methods rtn,gptq,awq
+  lowbit eval --schemes int8:ch --w8a8 int8 --smooth
+                                                W8A8 with and without SmoothQuant
 """
 
 
@@ -62,14 +67,23 @@ def register(sub: Any) -> None:
         "--methods",
         metavar="LIST",
         default="rtn",
-        help="how each scheme is quantized: rtn (round to nearest, default), gptq (calibrated); "
-        "'rtn,gptq' gives both rows side by side",
+        help="how each scheme is quantized: rtn (round to nearest, default), gptq, awq "
+        "(calibrated); 'rtn,gptq,awq' gives their rows side by side",
     )
+    p.add_argument(
+        "--smooth",
+        nargs="?",
+        const="search",
+        metavar="ALPHA",
+        help="with --w8a8: also each scheme after SmoothQuant's folds (ALPHA in [0, 1]; "
+        "default: chosen per layer group on the calibration data)",
+    )
+    p.add_argument("--no-clip", action="store_true", help="awq: no clipping search")
     p.add_argument(
         "--calib",
         metavar="SRC",
         default="default",
-        help="GPTQ calibration data: default (the default text from token 32,768, disjoint from "
+        help="GPTQ/AWQ/SmoothQuant calibration data: default (the default text from token 32,768, disjoint from "
         "what is evaluated), FILE.txt or FILE.jsonl",
     )
     p.add_argument("--calib-samples", type=int, help="windows (default 128) or texts (256)")
@@ -125,12 +139,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         schemes = _common.parse_list(args.schemes)
     methods = _common.parse_list(args.methods)
-    calibration = gptq = None
-    if "gptq" in [m.strip().lower() for m in methods]:
+    calibration = gptq = awq = smooth = None
+    wanted = {m.strip().lower() for m in methods}
+    if args.smooth is not None:
+        if args.w8a8 is None:
+            raise LowbitError("--smooth prepares activations for W8A8: add --w8a8 [int8|fp8]")
+        smooth = SmoothQuant(alpha=parse_alpha(args.smooth), activations=args.w8a8)
+    if wanted & {"gptq", "awq"} or smooth is not None:
         calibration = Calibration(
             source=args.calib, samples=args.calib_samples, length=args.calib_len
         )
         gptq = GPTQ(act_order=args.act_order)
+        awq = AWQ(clip=not args.no_clip)
     result = evaluate_variants(
         model,
         quantized,
@@ -146,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
         methods=methods,
         calibration=calibration,
         gptq=gptq,
+        awq=awq,
+        smooth=smooth,
     )
     if args.json:
         _common.print_json(result)
@@ -216,16 +238,47 @@ def print_result(result: dict[str, Any]) -> None:
         )
     for r in rows:
         if isinstance(r.get("calibration"), dict):
-            c, t = r["calibration"], r["phase_seconds"]
-            print(
-                f"{r['name']}: GPTQ ({r['method']['act_order']} act-order, damp "
-                f"{r['method']['damp']:g}) on {c['described']} ({c['tokens']:,} tokens); "
-                f"{r['gptq_tensors']} tensors; {t['total']:.0f} s (collect {t['collect']:.0f} s, "
-                f"solve {t['solve']:.0f} s); mean layer-output error {r['layer_error_gptq']:.4g} "
-                f"vs {r['layer_error_rtn']:.4g} rounding to nearest."
-            )
+            print(_method_line(r))
     print(
         "bits/w: stored bits per weight of the quantized tensors (the original: as stored), "
         "scales and zero points included; size: tensor data (* computed for a variant "
         "quantized in memory)."
+    )
+
+
+def parse_alpha(text: str) -> float | None:
+    """``--smooth``'s value: ``search`` (None) or a number in [0, 1].
+
+    Raises:
+        LowbitError: anything else.
+    """
+    if text.strip().lower() == "search":
+        return None
+    try:
+        alpha = float(text)
+    except ValueError:
+        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= alpha <= 1.0:
+        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}")
+    return alpha
+
+
+def _method_line(r: dict[str, Any]) -> str:
+    """One line on how a calibrated row was made."""
+    c, t, m = r["calibration"], r["phase_seconds"], r["method"]
+    data = f"on {c['described']} ({c['tokens']:,} tokens)"
+    if m["method"] == "gptq":
+        return (
+            f"{r['name']}: GPTQ ({m['act_order']} act-order, damp {m['damp']:g}) {data}; "
+            f"{r['gptq_tensors']} tensors; {t['total']:.0f} s (collect {t['collect']:.0f} s, "
+            f"solve {t['solve']:.0f} s); mean layer-output error {r['layer_error_gptq']:.4g} "
+            f"vs {r['layer_error_rtn']:.4g} rounding to nearest."
+        )
+    how = "AWQ" if m["method"] == "awq" else f"SmoothQuant ({m['activations']} activations)"
+    skipped = f", skipped: {'; '.join(r['folds_skipped'])}" if r["folds_skipped"] else ""
+    return (
+        f"{r['name']}: {how} {data}; {r['method_tensors']} tensors, {r['folds']} folds"
+        f"{skipped}; {t['total']:.0f} s (collect {t['collect']:.0f} s, search "
+        f"{t['search']:.0f} s); mean layer-output error {r['layer_error_method']:.4g} vs "
+        f"{r['layer_error_rtn']:.4g} rounding to nearest."
     )

@@ -12,6 +12,7 @@ from typing import Any
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.cli import _budget, _common
+from lowbit.cli._calibrated import awq_run, method_summary
 from lowbit.errors import LowbitError
 from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.gptq_model import gptq_weights
@@ -41,6 +42,8 @@ examples:
   lowbit quantize smollm2 --budget 4.5 --schemes int3:g128,int4:g128,int8:ch --out smol-mixed
   lowbit quantize smollm2 --budget 4.5 --sensitivity sens.json --eval --out smol-mixed
   lowbit quantize smollm2 --plan-preset q4_k_m_like --out smol-q4km-like
+  lowbit quantize smollm2 --to int4:g128 --method awq --out smol-awq
+  lowbit quantize smollm2 --to int8:ch --activations int8 --smooth --out smol-w8a8-sq
 
 Mixed precision: --budget BPW (stored bits per quantized weight, scales included) or --size
 BYTES chooses one scheme per tensor from a sensitivity scan (lowbit sensitivity) so that the
@@ -94,19 +97,31 @@ def register(sub: Any) -> None:
     p.add_argument("--plan", metavar="FILE", help="plan file (JSON/YAML) of ordered rules")
     p.add_argument(
         "--method",
-        choices=["rtn", "gptq"],
+        choices=["rtn", "gptq", "awq"],
         default="rtn",
-        help="rtn: round to nearest (default); gptq: calibrated (lowbit output only)",
+        help="rtn: round to nearest (default); gptq, awq: calibrated (lowbit output only)",
     )
+    p.add_argument(
+        "--smooth",
+        nargs="?",
+        const="search",
+        metavar="ALPHA",
+        help="with --activations (W8A8): SmoothQuant's folds before rounding (ALPHA in [0, 1]; "
+        "default: chosen per layer group on the calibration data)",
+    )
+    p.add_argument("--no-clip", action="store_true", help="awq: no clipping search")
     p.add_argument(
         "--calib",
         metavar="SRC",
         default="default",
-        help="gptq calibration data: default (the default text from token 32,768), FILE.txt, "
+        help="gptq/awq/--smooth calibration data: default (the default text from token 32,768), "
+        "FILE.txt, "
         "FILE.jsonl",
     )
-    p.add_argument("--calib-samples", type=int, help="gptq: windows (default 128) or texts (256)")
-    p.add_argument("--calib-len", type=int, help="gptq: tokens per window (default 512)")
+    p.add_argument(
+        "--calib-samples", type=int, help="calibration windows (default 128) or texts (256)"
+    )
+    p.add_argument("--calib-len", type=int, help="calibration tokens per window (default 512)")
     p.add_argument("--act-order", choices=("static", "none"), default="static", help="gptq")
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
     p.add_argument("--out", metavar="PATH", help="output folder (or .gguf file)")
@@ -254,12 +269,17 @@ def run(args: argparse.Namespace) -> int:
         raise LowbitError("--out is empty; give a folder (or .gguf file) to write")
     out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
     done = method = None
+    source = ckpt
     if args.method == "gptq":
+        if args.smooth is not None:
+            raise LowbitError("--smooth rounds to nearest after its folds: drop --method gptq")
         done, method = _gptq(args, ckpt, plan, out, progress)
+    elif args.method == "awq" or args.smooth is not None:
+        source, done, method = awq_run(args, ckpt, plan, applied, out, progress)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = quantize_model(
-            ckpt,
+            source,
             plan,
             out,
             out_format=args.out_format,
@@ -282,12 +302,7 @@ def run(args: argparse.Namespace) -> int:
             "gguf": "GGUF file"}[args.out_format]  # fmt: skip
     print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {result['seconds']:.1f} s")
     if method is not None:
-        sec = method["seconds"]
-        print(
-            f"  GPTQ ({method['act_order']} act-order, damp {method['damp']:g}) of "
-            f"{method['gptq_tensors']} tensors on {method['calibration']['described']}: "
-            f"{sec['total']:.0f} s (collect {sec['collect']:.0f} s, solve {sec['solve']:.0f} s)"
-        )
+        print(f"  {method_summary(method)}")
     print(f"  {_summary(applied, sizes, t)}")
     _print_files(result)
     if args.out_format == "lowbit":

@@ -261,15 +261,38 @@ class HessianCollector:
     context manager around forward passes; call :meth:`next_sample` before each pass with
     the mask of the tokens that count (``None``: all of them).
 
+    With ``stats`` it also keeps, per input channel, the sum and the maximum of ``|x|`` (AWQ's
+    and SmoothQuant's statistics), and with ``rows`` up to that many input rows of each pass,
+    drawn with ``seed`` (SmoothQuant measures activation quantization on them); with
+    ``hessian=False`` it skips ``X^T X``.
+
     Args:
         linears: name -> ``torch.nn.Linear``.
+        hessian: sum ``X^T X`` (default).
+        stats: keep per-channel ``sum |x|`` and ``max |x|``.
+        rows: input rows kept per forward pass (0: none).
+        seed: the draw of those rows.
     """
 
-    def __init__(self, linears: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        linears: dict[str, Any],
+        *,
+        hessian: bool = True,
+        stats: bool = False,
+        rows: int = 0,
+        seed: int = 0,
+    ) -> None:
         self.linears = dict(linears)
         self.group_of: dict[str, str] = {}
         self._sum: dict[str, Any] = {}
         self._count: dict[str, int] = {}
+        self._hessian, self._stats, self._rows = hessian, stats, int(rows)
+        self._abs_sum: dict[str, Any] = {}
+        self._abs_max: dict[str, Any] = {}
+        self._kept: dict[str, list[Any]] = {}
+        self._gen: Any = None
+        self._seed = seed
         self._seen: list[tuple[Any, str]] = []
         self._done: set[str] = set()
         self._mask: Any = None
@@ -306,14 +329,56 @@ class HessianCollector:
             if self._mask is not None:
                 x = x[self._mask]
             x2 = x.reshape(-1, x.shape[-1]).float()
-            xtx = (x2.T @ x2).double()
-            if group in self._sum:
-                self._sum[group] += xtx
-            else:
-                self._sum[group] = xtx
+            if self._hessian:
+                xtx = (x2.T @ x2).double()
+                if group in self._sum:
+                    self._sum[group] += xtx
+                else:
+                    self._sum[group] = xtx
             self._count[group] = self._count.get(group, 0) + int(x2.shape[0])
+            if self._stats or self._rows:
+                self._more(group, x2)
 
         return hook
+
+    def _more(self, group: str, x2: Any) -> None:
+        import torch
+
+        if self._stats:
+            a = x2.abs()
+            s, m = a.sum(0).double(), a.amax(0)
+            if group in self._abs_sum:
+                self._abs_sum[group] += s
+                self._abs_max[group] = torch.maximum(self._abs_max[group], m)
+            else:
+                self._abs_sum[group], self._abs_max[group] = s, m
+        if self._rows:
+            if self._gen is None:
+                self._gen = torch.Generator().manual_seed(self._seed)
+            n = int(x2.shape[0])
+            pick = torch.randperm(n, generator=self._gen)[: self._rows].sort().values
+            self._kept.setdefault(group, []).append(x2[pick].clone())
+
+    def _group(self, name: str) -> str:
+        group = self.group_of.get(name)
+        if group is None or not self._count.get(group):
+            raise LowbitError(f"layer {name!r} saw no calibration tokens")
+        return group
+
+    def mean_abs(self, name: str) -> np.ndarray:
+        """Mean ``|x|`` per input channel (float64) of a layer's inputs (``stats=True``)."""
+        g = self._group(name)
+        return self._abs_sum[g].numpy() / self._count[g]
+
+    def max_abs(self, name: str) -> np.ndarray:
+        """Max ``|x|`` per input channel (float64) of a layer's inputs (``stats=True``)."""
+        return self._abs_max[self._group(name)].double().numpy()
+
+    def rows(self, name: str) -> np.ndarray:
+        """The input rows kept (float32 ``[n, in]``; ``rows > 0``)."""
+        import torch
+
+        return torch.cat(self._kept[self._group(name)]).numpy()
 
     def hessian(self, name: str) -> np.ndarray:
         """``2 X^T X / n`` (float64) of a layer's inputs.

@@ -48,13 +48,16 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
+from lowbit.evaluation.awq_model import awq_variant
 from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.gptq_model import _calibration, _tensors, gptq_weights
 from lowbit.evaluation.models import build_model, load_model
 from lowbit.evaluation.perplexity import _fidelity_sentences, load_text
+from lowbit.quant.awq import AWQ
 from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import action_label, activation_format
+from lowbit.quant.smoothquant import SmoothQuant
 
 __all__ = [
     "DEFAULT_SCHEMES",
@@ -178,14 +181,16 @@ def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
     )
 
 
-METHODS = ("rtn", "gptq")
+METHODS = ("rtn", "gptq", "awq")
 
 
 def _methods(methods: Sequence[str]) -> list[str]:
     out = [str(m).strip().lower() for m in methods]
     bad = [m for m in out if m not in METHODS]
     if bad or not out:
-        raise LowbitError(f"unknown method {bad[0] if bad else ''!r}; allowed: rtn, gptq")
+        raise LowbitError(
+            f"unknown method {bad[0] if bad else ''!r}; allowed: {', '.join(METHODS)}"
+        )
     return out
 
 
@@ -193,7 +198,8 @@ def _gptq_variant(
     ckpt: Any, spec: str, calibration: Any, gptq: Any, text: Any, tokens: int | None,
     body: str, label: str, causal: bool, sentences: int, seed: int, threads: Any, progress: Any,
 ) -> Variant:  # fmt: skip
-    """The GPTQ row of a scheme, calibrated on data this evaluation never measures."""
+    """The GPTQ row of a scheme (or AWQ's, SmoothQuant's, when ``gptq`` is their settings),
+    calibrated on data this evaluation never measures."""
 
     calib = _calibration(calibration, Calibration)
     same_text = (calib.is_default and text is None) or (
@@ -205,7 +211,8 @@ def _gptq_variant(
     exclude: Sequence[str] = ()
     if not causal:
         exclude, _ = _fidelity_sentences(None, body, label, sentences, seed)
-    return gptq_variant(
+    make = awq_variant if isinstance(gptq, (AWQ, SmoothQuant)) else gptq_variant
+    return make(
         ckpt, spec, calib, gptq, avoid_tokens=avoid, exclude=exclude, threads=threads,
         progress=progress,
     )  # fmt: skip
@@ -228,6 +235,8 @@ def evaluate_variants(
     methods: Sequence[str] = ("rtn",),
     calibration: Any = None,
     gptq: Any = None,
+    awq: Any = None,
+    smooth: Any = None,
 ) -> dict[str, Any]:
     """Measure a model and its quantized variants; what ``lowbit eval`` prints.
 
@@ -246,12 +255,19 @@ def evaluate_variants(
         threads: torch threads (default: the usable cores, see
             ``lowbit.evaluation.perplexity.default_threads``).
         progress: tqdm bars (``None``: only on a terminal).
-        methods: how each scheme is quantized: ``rtn`` (round to nearest) and/or ``gptq``
-            (``lowbit.evaluation.gptq_model``; one more row per scheme, named ``"{scheme} gptq"``).
-        calibration: GPTQ's calibration data (``lowbit.evaluation.calibration.Calibration``;
+        methods: how each scheme is quantized: ``rtn`` (round to nearest), ``gptq``
+            (``lowbit.evaluation.gptq_model``; one more row per scheme, named ``"{scheme} gptq"``)
+            and/or ``awq``.
+        calibration: GPTQ's, AWQ's and SmoothQuant's calibration data (``lowbit.evaluation.calibration.Calibration``;
             default: the default text from token 32,768, never a token or sentence this
             evaluation measures).
         gptq: the :class:`lowbit.quant.gptq.GPTQ` settings (default ``GPTQ()``).
+        awq: the :class:`lowbit.quant.awq.AWQ` settings of ``methods`` ``awq`` (default
+            ``AWQ()``; ``lowbit.evaluation.awq_model``; rows ``"{scheme} awq"``).
+        smooth: SmoothQuant with ``w8a8``: ``True`` (α searched) or a
+            :class:`lowbit.quant.smoothquant.SmoothQuant` (its activation format is ``w8a8``'s);
+            one more row per scheme, ``"{scheme} smoothquant"``, rounded to nearest after the
+            folds.
 
     Returns:
         ``{"model", "kind", "measured", "rows"}``; each row has name, format, activations,
@@ -270,6 +286,13 @@ def evaluate_variants(
         variant_plan(spec)
     methods = _methods(methods)
     act = activation_format(w8a8) if w8a8 else None
+    if smooth is not None and smooth is not False:
+        if act is None:
+            raise LowbitError("SmoothQuant (smooth) prepares activations for W8A8: give w8a8")
+        base = smooth if isinstance(smooth, SmoothQuant) else SmoothQuant()
+        smooth = SmoothQuant(alpha=base.alpha, grid=base.grid, activations=act, rows=base.rows)
+    else:
+        smooth = None
     label, body = load_text(text)
     ckpt = open_model(model)
     tokenizer = build_tokenizer(ckpt)
@@ -291,11 +314,12 @@ def evaluate_variants(
     for spec in schemes:
         if "rtn" in methods:
             variants.append(_scheme_variant(ckpt, spec, progress))
-        if "gptq" in methods:
-            variants.append(
-                _gptq_variant(ckpt, spec, calibration, gptq, text, tokens, body, label, causal,
-                              sentences, seed, threads, progress)
-            )  # fmt: skip
+        for how, cfg in (("gptq", gptq), ("awq", awq or AWQ()), ("smooth", smooth)):
+            if how in methods or (how == "smooth" and smooth is not None):
+                variants.append(
+                    _gptq_variant(ckpt, spec, calibration, cfg, text, tokens, body, label,
+                                  causal, sentences, seed, threads, progress)
+                )  # fmt: skip
     if act is not None:
         for v in list(variants):
             variants.append(

@@ -1,0 +1,81 @@
+"""``lowbit quantize``'s AWQ and SmoothQuant runs (``--method awq``, ``--smooth``) and the line
+each calibrated method prints."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from lowbit.cli.cmd_eval import parse_alpha
+from lowbit.errors import LowbitError
+from lowbit.evaluation.awq_model import awq_weights
+from lowbit.evaluation.calibration import Calibration
+from lowbit.quant.awq import AWQ
+from lowbit.quant.smoothquant import SmoothQuant
+
+__all__ = ["awq_run", "method_summary"]
+
+
+def awq_run(
+    args: argparse.Namespace, ckpt: Any, plan: Any, applied: Any, out: Path,
+    progress: bool | None,
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """AWQ's or SmoothQuant's folded checkpoint, weights and record (``--method awq``,
+    ``--smooth``)."""
+
+    if args.smooth is not None and args.method != "rtn":
+        raise LowbitError(
+            f"--smooth rounds to nearest after its folds: drop --method {args.method}"
+        )
+    if args.out_format != "lowbit":
+        raise LowbitError(
+            f"--{'smooth' if args.smooth is not None else 'method awq'} writes lowbit "
+            "checkpoints: use --out-format lowbit"
+        )
+    if out.exists() and not args.overwrite:  # fail before minutes of calibration
+        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+    if args.smooth is not None:
+        acts = {t.activations for t in applied.quantized if t.activations}
+        if len(acts) != 1:
+            raise LowbitError(
+                "--smooth prepares activations for W8A8: give one --activations format (int8, "
+                f"fp8){'' if not acts else f', not several ({sorted(acts)})'}"
+            )
+        cfg: Any = SmoothQuant(alpha=parse_alpha(args.smooth), activations=acts.pop())
+    else:
+        cfg = AWQ(clip=not args.no_clip)
+    calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
+    run = awq_weights(ckpt, plan, calib, cfg, progress=progress)
+    done = {n: qt for n, qt in run.weights.items() if run.methods[n] == cfg.name}
+    method = {
+        **cfg.to_dict(),
+        "calibration": run.calibration,
+        "seconds": run.seconds,
+        "method_tensors": len(done),
+        "folded_tensors": sorted(run.replaced),
+        "folds": run.folds,
+        "layers": run.layers,  # per layer: output error of RTN and of the method
+    }
+    return run.checkpoint(ckpt), done, method
+
+
+def method_summary(method: dict[str, Any]) -> str:
+    """One line on how the calibrated tensors were made."""
+    sec, data = method["seconds"], method["calibration"]["described"]
+    if method["method"] == "gptq":
+        return (
+            f"GPTQ ({method['act_order']} act-order, damp {method['damp']:g}) of "
+            f"{method['gptq_tensors']} tensors on {data}: {sec['total']:.0f} s (collect "
+            f"{sec['collect']:.0f} s, solve {sec['solve']:.0f} s)"
+        )
+    how = "AWQ" if method["method"] == "awq" else "SmoothQuant"
+    folds = [f for f in method["folds"] if "skipped" not in f]
+    layers = method["layers"].values()
+    before = sum(e["rtn"] for e in layers) / max(1, len(layers))
+    after = sum(e[method["method"]] for e in layers) / max(1, len(layers))
+    return (
+        f"{how} of {method['method_tensors']} tensors ({len(folds)} folds) on {data}: "
+        f"{sec['total']:.0f} s (collect {sec['collect']:.0f} s, search {sec['search']:.0f} s); "
+        f"mean layer-output error {after:.4g} vs {before:.4g} rounding to nearest"
+    )

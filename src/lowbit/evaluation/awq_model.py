@@ -1,0 +1,326 @@
+"""AWQ and SmoothQuant on a whole model: exact scale folds block by block, then quantization.
+
+:func:`awq_weights` is what ``lowbit quantize --method awq``, ``--smooth`` and ``lowbit eval
+--methods awq`` / ``--smooth`` run. It reuses GPTQ's machinery (``lowbit.evaluation.gptq_model``:
+the model in float32, the calibration data of ``lowbit.evaluation.calibration`` run up to the
+first block, forward hooks one block at a time, sequential mode) and for each block:
+
+1. collects, for every linear layer the block holds, the statistics of its inputs (AWQ: the
+   Hessian ``2 X^T X / n`` and mean ``|x|`` per channel; SmoothQuant: max ``|x|`` per channel and
+   up to ``SmoothQuant.rows`` input rows);
+2. walks the block's exact folds (``lowbit.quant.folds.FOLDS`` of the model's family, in
+   order): searches the scales of the group of linears (``lowbit.quant.awq.awq_search`` or
+   ``lowbit.quant.smoothquant.smoothquant_search``) and folds them (the operation before
+   divided, the linears' input columns multiplied);
+3. AWQ: searches each layer's clipping (q/k excepted); quantizes every planned linear of the
+   block with its scheme (``lowbit.quantize``), puts the dequantized weights and the folded
+   norms/biases into the model, and runs the block again for the next block's inputs.
+
+Folds happen in the checkpoint's own layout (a column scaling commutes with GGUF's q/k row
+permutation; the rows scaled, of ``v`` and ``up``, are never permuted). Tensors the plan
+quantizes outside the blocks are rounded to nearest. Memory: as GPTQ's, plus SmoothQuant's rows
+(``rows x in x 4`` bytes per layer group of a block).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowbit._progress import progress_bar
+from lowbit.checkpoints import _pipeline as qw
+from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.quantize_model import open_model, plan_model
+from lowbit.checkpoints.readers import Checkpoint, TensorInfo
+from lowbit.errors import LowbitError
+from lowbit.evaluation._awq_block import do_block
+from lowbit.evaluation._compare import Variant
+from lowbit.evaluation.calibration import Calibration, HessianCollector
+from lowbit.evaluation.gptq_model import (
+    _calibration,
+    _capture,
+    _find_blocks,
+    _locate,
+    _out,
+    _samples,
+)
+from lowbit.evaluation.models import _prefix_fix, build_model
+from lowbit.evaluation.perplexity import _threads
+from lowbit.quant.awq import AWQ
+from lowbit.quant.folds import FOLDS, fold_family
+from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.rules import action_label
+from lowbit.quant.smoothquant import SmoothQuant
+
+__all__ = ["AWQRun", "awq_variant", "awq_weights"]
+
+
+@dataclass
+class AWQRun:
+    """What :func:`awq_weights` made and measured.
+
+    Attributes:
+        weights: checkpoint name -> :class:`~lowbit.quant.tensor.QuantizedTensor` of every
+            tensor the plan quantizes (a folded layer's weights as folded).
+        replaced: checkpoint name -> float32 array of every other tensor a fold changed (norm
+            weights and biases, a bias of ``v``/``up``, linears the plan keeps), checkpoint
+            layout: write or build with them, or the model is not the one quantized.
+        methods: name -> ``awq``/``smoothquant`` (block linears) or ``rtn`` (the others).
+        layers: per block linear: ``tokens``, and its relative output error on the
+            calibration data, in the original input space, of round to nearest (``rtn``) and
+            of the method (``awq`` / ``smoothquant``; SmoothQuant's with the activations
+            quantized per token, on the rows kept).
+        folds: per fold and block: ``block``, ``prev``, ``linears``, and ``alpha``, ``before``,
+            ``after`` (the search's group errors) or ``skipped`` (why).
+        scales: per folded block linear, ``(rows, cols)``: its stored weight is
+            ``diag(1/rows) W diag(cols)`` of the original ``W`` (so ``rows * Ŵ / cols`` is the
+            quantized weight in the original model's terms).
+        seconds: per phase: ``load``, ``capture``, ``collect``, ``search``, ``quantize``,
+            ``report``, ``propagate``, ``rtn``, ``total``.
+        calibration: what the calibration data was.
+    """
+
+    weights: dict[str, Any]
+    replaced: dict[str, np.ndarray]
+    methods: dict[str, str]
+    layers: dict[str, dict[str, float]] = field(default_factory=dict)
+    folds: list[dict[str, Any]] = field(default_factory=list)
+    scales: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    def model_weights(self) -> dict[str, np.ndarray]:
+        """What ``build_model(checkpoint, weights=...)`` takes: dequantized and folded tensors."""
+        out = {n: qt.dequantize(np.float32) for n, qt in self.weights.items()}
+        out.update(self.replaced)
+        return out
+
+    def checkpoint(self, source: Any) -> Checkpoint:
+        """The source checkpoint with the folded tensors of :attr:`replaced` in place of its own
+        (float32, ``F32``): what ``lowbit.checkpoints.quantize_model.quantize_model`` writes
+        from, with ``weights=`` the quantized tensors."""
+        return _Folded(open_model(source), self.replaced)
+
+
+class _Folded(Checkpoint):
+    """A checkpoint with some tensors replaced (float32), everything else read from the base."""
+
+    def __init__(self, base: Checkpoint, replaced: dict[str, np.ndarray]) -> None:
+        super().__init__()
+        self._base = base
+        self._new = {n: np.asarray(a, dtype=np.float32) for n, a in replaced.items()}
+        self.path, self.format = base.path, base.format
+        self.metadata, self.config = base.metadata, base.config
+
+    def names(self) -> list[str]:
+        return self._base.names()
+
+    def info(self, name: str) -> TensorInfo:
+        info = self._base.info(name)
+        if name in self._new:
+            return dataclasses.replace(info, dtype="F32", nbytes=int(self._new[name].nbytes))
+        return info
+
+    def get(self, name: str, dtype: Any = None) -> np.ndarray:
+        if name not in self._new:
+            return self._base.get(name, dtype)
+        arr = self._new[name]
+        return arr if dtype is None else arr.astype(dtype)
+
+    def close(self) -> None:
+        self._base.close()
+        super().close()
+
+
+def awq_weights(
+    model: Any,
+    scheme: Any,
+    calibration: Any = None,
+    method: Any = None,
+    *,
+    avoid_tokens: int = 0,
+    exclude: Collection[str] | None = None,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> AWQRun:
+    """Quantize a model's weights with AWQ, or round them after SmoothQuant's folds.
+
+    Args:
+        model: a checkpoint path, shipped model name or open checkpoint.
+        scheme: a scheme string, :class:`~lowbit.quant.scheme.Scheme` or
+            :class:`~lowbit.quant.plan.PrecisionPlan`.
+        calibration: a :class:`~lowbit.evaluation.calibration.Calibration`, a source string or
+            None (default).
+        method: :class:`~lowbit.quant.awq.AWQ` (default) or
+            :class:`~lowbit.quant.smoothquant.SmoothQuant`.
+        avoid_tokens, exclude, threads, progress: as
+            :func:`lowbit.evaluation.gptq_model.gptq_weights`.
+
+    Returns:
+        An :class:`AWQRun`.
+
+    Raises:
+        LowbitError: a model lowbit cannot build, a plan that cannot apply, calibration data
+            that is missing or too short, a method that is neither AWQ nor SmoothQuant.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    phases = ("load", "capture", "collect", "search", "quantize", "report", "propagate", "rtn")
+    sec = dict.fromkeys(phases, 0.0)
+    method = AWQ() if method is None else method
+    if not isinstance(method, (AWQ, SmoothQuant)):
+        raise LowbitError(f"method must be AWQ or SmoothQuant, got {type(method).__name__}")
+    calib = _calibration(calibration, Calibration)
+    ckpt = open_model(model)
+    plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
+    todo = {t.name: t for t in plan_model(ckpt, plan).quantized}
+    tokenizer = build_tokenizer(ckpt)
+    net = build_model(ckpt, progress=progress)
+    causal = net.get_output_embeddings() is not None
+    prefix, blocks = _find_blocks(net)
+    per_block = _locate(net, ckpt, todo, prefix)
+    names = _param_names(net, ckpt)
+    folds = FOLDS.get(fold_family((ckpt.config or {}).get("model_type")) or "", ())
+    cfg = net.config
+    head_dim = int(getattr(cfg, "head_dim", 0) or cfg.hidden_size // cfg.num_attention_heads)
+    limit = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
+    samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
+    sec["load"] = time.perf_counter() - t0
+    sq = isinstance(method, SmoothQuant)
+    per_pass = math.ceil(method.rows / len(samples)) if sq else 0
+
+    run = AWQRun({}, {}, {})
+    with _threads(threads), torch.inference_mode():
+        t = time.perf_counter()
+        states = _capture(net, blocks[0], samples, causal)
+        sec["capture"] = time.perf_counter() - t
+        with progress_bar(len(blocks), progress, method.name, "block") as bar:
+            for i, block in enumerate(blocks):
+                lead = f"{prefix}.{i}."
+                mine = per_block.get(i, {})
+                hooked = {p: net.get_submodule(p) for p in mine}
+                for f in folds:
+                    for lin in f.linears:
+                        mod = _linear(net, lead + lin)
+                        if mod is not None:
+                            hooked[lead + lin] = mod
+                if hooked:
+                    t = time.perf_counter()
+                    with HessianCollector(hooked, hessian=not sq, stats=True, rows=per_pass) as col:
+                        for (h, a, k), (_, mask) in zip(states, samples, strict=True):
+                            col.next_sample(mask)
+                            block(h, *a, **k)
+                    sec["collect"] += time.perf_counter() - t
+                    do_block(net, ckpt, i, lead, mine, todo, names, folds, head_dim, col,
+                              method, run, sec)  # fmt: skip
+                t = time.perf_counter()
+                if i + 1 < len(blocks):
+                    states = [(_out(block(h, *a, **k)), a, k) for h, a, k in states]
+                sec["propagate"] += time.perf_counter() - t
+                bar.update(1)
+    del net, states
+    t = time.perf_counter()
+    for name, tp in todo.items():
+        if name not in run.weights:
+            run.weights[name] = qw.read_quantized(ckpt, tp)
+            run.methods[name] = "rtn"
+    sec["rtn"] = time.perf_counter() - t
+    sec["total"] = time.perf_counter() - t0
+    run.seconds = sec
+    kind = "causal-lm" if causal else "encoder"
+    run.calibration = {
+        **calib.to_dict(),
+        "kind": kind,
+        "described": calib.describe(kind),
+        "samples_used": len(samples) if causal else sum(int(m.shape[0]) for _, m in samples),
+        "tokens": sum(int(s["input_ids"].numel()) for s, _ in samples)
+        if causal
+        else sum(int(m.sum()) for _, m in samples),
+    }
+    return run
+
+
+def _linear(net: Any, path: str) -> Any:
+    import torch
+
+    try:
+        mod = net.get_submodule(path)
+    except AttributeError:
+        return None
+    return mod if isinstance(mod, torch.nn.Linear) else None
+
+
+def _param_names(net: Any, ckpt: Any) -> dict[str, str]:
+    """Checkpoint name -> the model's parameter path, for every checkpoint tensor."""
+    fix = _prefix_fix(net, ckpt)
+    out = {}
+    for name in ckpt.names():
+        if ckpt.format == "gguf":
+            try:
+                out[name] = gguf_to_hf_name(name)
+            except LowbitError:
+                continue
+        else:
+            out[name] = fix(name)
+    return out
+
+
+def awq_variant(
+    checkpoint: Any,
+    spec: str,
+    calibration: Any = None,
+    method: Any = None,
+    *,
+    avoid_tokens: int = 0,
+    exclude: Collection[str] = (),
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> Any:
+    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by AWQ, or rounded
+    after SmoothQuant's folds.
+
+    Returns:
+        A :class:`~lowbit.evaluation._compare.Variant` named ``"{spec} awq"`` or ``"{spec}
+        smoothquant"``; its extra fields say how it was calibrated, the seconds per phase,
+        the folds and the mean layer-output error of round to nearest and of the method.
+    """
+    method = AWQ() if method is None else method
+    plan = PrecisionPlan.uniform(spec)
+    run = awq_weights(
+        checkpoint, plan, calibration, method, avoid_tokens=avoid_tokens, exclude=exclude,
+        threads=threads, progress=progress,
+    )  # fmt: skip
+    ckpt = open_model(checkpoint)
+    qbytes = sum(qt.nbytes for qt in run.weights.values())
+    qnumel = sum(qt.numel for qt in run.weights.values())
+    model = build_model(ckpt, weights=run.model_weights(), progress=progress)
+    totals = plan_model(ckpt, plan).totals()
+    errs = list(run.layers.values())
+    done = [f for f in run.folds if "skipped" not in f]
+    return Variant(
+        name=f"{spec} {method.name}",
+        format=action_label(plan.default),
+        model=model,
+        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        nbytes=totals["bytes"],
+        source="memory",
+        extra={
+            "method": method.to_dict(),
+            "quantized_tensors": totals["quantized"],
+            "method_tensors": sum(m == method.name for m in run.methods.values()),
+            "folds": len(done),
+            "folds_skipped": sorted({f["skipped"] for f in run.folds if "skipped" in f}),
+            "calibration": run.calibration,
+            "phase_seconds": run.seconds,
+            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
+            "layer_error_method": float(np.mean([e[method.name] for e in errs])) if errs else None,
+        },
+    )
