@@ -159,7 +159,7 @@ def test_model_outputs_closer_than_rtn(llama_dir: Path) -> None:
 def test_bad_method(llama_dir: Path, calib: Calibration) -> None:
     """Unknown methods are LowbitErrors."""
     with pytest.raises(lowbit.LowbitError, match="unknown method"):
-        evaluate_variants(llama_dir, schemes=["int4"], methods=["awq"], progress=False)
+        evaluate_variants(llama_dir, schemes=["int4"], methods=["hqq"], progress=False)
     with pytest.raises(lowbit.LowbitError, match="GPTQ"):
         gptq_weights(llama_dir, "int4", calib, method="gptq", progress=False)
 

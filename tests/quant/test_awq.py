@@ -46,8 +46,8 @@ def test_awq_lowers_output_error_for_every_format(scheme: str) -> None:
     rtn = output_error(W, _rtn(W, scheme), H) / base
     s = res.scales
     got = output_error(W, _deq_scaled(W, s, scheme), H) / base
-    assert res.before == pytest.approx(rtn, rel=1e-12)
-    assert res.after == pytest.approx(got, rel=1e-12)
+    assert res.before == pytest.approx(rtn, rel=1e-5)  # the search's float32 products
+    assert res.after == pytest.approx(got, rel=1e-5)
     assert res.after < 0.8 * res.before, (res.alpha, res.after, res.before)
     assert 0.0 < res.alpha < 1.0 and len(res.tried) == 20
     # the errors are a mean squared output error: check one against the layer's outputs
@@ -78,7 +78,7 @@ def test_a_group_shares_one_scale_vector() -> None:
     res = awq_search({"a": W, "b": W2}, H, np.abs(X).mean(0), {"a": "int4:g32", "b": "int4:g32"})
     base = sum(output_error(w, np.zeros_like(w), H) for w in (W, W2))
     err = sum(output_error(w, _deq_scaled(w, res.scales, "int4:g32"), H) for w in (W, W2))
-    assert res.after == pytest.approx(err / base, rel=1e-12)
+    assert res.after == pytest.approx(err / base, rel=1e-5)
     half = awq_search(
         {"a": W}, H, np.abs(X).mean(0)[:32], {"a": "int4:g32"},
         expand=lambda s: np.concatenate([s, s]),
@@ -135,7 +135,7 @@ def test_smoothquant_lowers_w8a8_error_on_outliers(act: str) -> None:
     Y = X @ W.T
     Xq = lowbit.quantize_dynamic(X.astype(np.float32), act).dequantize(np.float64)
     rtn = np.sum((Y - Xq @ _rtn(W, "int8:ch").T) ** 2) / np.sum(Y**2)
-    assert res.before == pytest.approx(rtn, rel=1e-9)
+    assert res.before == pytest.approx(rtn, rel=1e-5)
     assert res.after < 0.5 * res.before and 0 < res.alpha < 1
     # fixed α: exactly the formula's scales
     fixed = smoothquant_search(

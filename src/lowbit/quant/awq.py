@@ -147,6 +147,12 @@ def output_error(W: np.ndarray, W_hat: np.ndarray, H: np.ndarray) -> float:
     return float(np.einsum("ij,ij->", D @ H, D))
 
 
+def _error32(W: np.ndarray, W_hat: np.ndarray, H32: np.ndarray) -> float:
+    """:func:`output_error` with float32 products (summed in float64)."""
+    D = (W - W_hat).astype(np.float32)
+    return float(np.einsum("ij,ij->", (D @ H32).astype(np.float64), D.astype(np.float64)))
+
+
 def awq_search(
     weights: Mapping[str, Any],
     H: Any,
@@ -185,6 +191,7 @@ def awq_search(
         if w.ndim != 2 or H64.shape != (w.shape[1], w.shape[1]):
             raise LowbitError(f"{n}: weight {w.shape} does not match the Hessian {H64.shape}")
     base = sum(output_error(w, np.zeros_like(w), H64) for w in Ws.values()) or 1.0
+    H32 = H64.astype(np.float32)  # the search ranks candidates: float32 products suffice
     x = np.maximum(x, 1e-4)
     tried: dict[float, float] = {}
     best: tuple[float, float, np.ndarray] | None = None
@@ -192,7 +199,7 @@ def awq_search(
         s = x**a
         s = s / math.sqrt(float(s.max() * s.min()))
         full = expand(s)
-        err = sum(output_error(w, _deq(w * full, sch[n]) / full, H64) for n, w in Ws.items())
+        err = sum(_error32(w, _deq(w * full, sch[n]) / full, H32) for n, w in Ws.items())
         err /= base
         tried[float(a)] = err
         if best is None or err < best[1]:
@@ -201,7 +208,7 @@ def awq_search(
     if 0.0 in tried:
         before = tried[0.0]
     else:
-        before = sum(output_error(w, _deq(w, sch[n]), H64) for n, w in Ws.items()) / base
+        before = sum(_error32(w, _deq(w, sch[n]), H32) for n, w in Ws.items()) / base
     return ScaleSearch(best[2], best[0], before, best[1], tried)
 
 

@@ -59,7 +59,7 @@ class SmoothQuant:
     alpha: float | None = None
     grid: int = 20
     activations: str = "int8"
-    rows: int = 4096
+    rows: int = 1024
 
     def __post_init__(self) -> None:
         if self.alpha is not None:
@@ -113,11 +113,12 @@ def _w8a8_error(
     X: np.ndarray, Ws: Mapping[str, np.ndarray], sch: Mapping[str, Scheme], s: np.ndarray,
     act: str, refs: Mapping[str, np.ndarray],
 ) -> float:  # fmt: skip
-    Xq = quantize_dynamic((X / s).astype(np.float32), act).dequantize(np.float64)
+    # float32 products: the search ranks candidates; the reported layer errors are float64
+    Xq = quantize_dynamic((X / s).astype(np.float32), act).dequantize(np.float32)
     err = 0.0
     for n, w in Ws.items():
-        y = Xq @ _deq(w * s, sch[n]).T
-        err += float(np.sum((refs[n] - y) ** 2))
+        y = Xq @ _deq(w * s, sch[n]).astype(np.float32).T
+        err += float(np.sum((refs[n] - y).astype(np.float64) ** 2))
     return err
 
 
@@ -162,7 +163,7 @@ def smoothquant_search(
     if not (np.all(np.isfinite(X64)) and np.all(np.isfinite(xm))):
         raise LowbitError("SmoothQuant needs finite calibration statistics")
     w_max = reduce(np.max(np.stack([np.abs(w).max(axis=0) for w in Ws.values()]), axis=0))
-    refs = {n: X64 @ w.T for n, w in Ws.items()}
+    refs = {n: (X64 @ w.T).astype(np.float32) for n, w in Ws.items()}
     base = sum(float(np.sum(r**2)) for r in refs.values()) or 1.0
     ones = np.ones_like(xm)
     tried: dict[float, float] = {}
