@@ -1,4 +1,5 @@
-"""Calibrated quantization: round-to-nearest vs GPTQ on the shipped models (quality and time).
+"""Calibrated quantization: round-to-nearest vs GPTQ (and AWQ: ``--methods rtn,gptq,awq``) on the
+shipped models (quality and time).
 
 - MiniLM (all-MiniLM-L6-v2): int4 g128 symmetric and asymmetric, embedding fidelity on
   ``--sentences`` sentences of the default text (500 as in issue 16), GPTQ calibrated on 256
@@ -58,7 +59,8 @@ def show(model: str, res: dict[str, Any]) -> None:
                 f"{'':<24} calibration: {r['calibration']['described']} "
                 f"({r['calibration']['tokens']:,} tokens); seconds: "
                 + ", ".join(f"{k} {v:.1f}" for k, v in t.items())
-                + f"; layer error {r['layer_error_gptq']:.4g} vs rtn {r['layer_error_rtn']:.4g}"
+                + f"; layer error {r.get('layer_error_gptq', r.get('layer_error_method')):.4g} "
+                f"vs rtn {r['layer_error_rtn']:.4g}"
             )
 
 
@@ -66,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="*", default=["minilm", "smollm2"])
     p.add_argument("--schemes", default="int4:g128,int4:g128:asym")
-    p.add_argument("--methods", default="rtn,gptq", help="gptq alone skips the RTN rows")
+    p.add_argument(
+        "--methods", default="rtn,gptq", help="rtn, gptq, awq; gptq alone skips the RTN rows"
+    )
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--sentences", type=int, default=500)
     p.add_argument("--calib-samples", type=int, default=32)

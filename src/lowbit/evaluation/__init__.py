@@ -8,6 +8,7 @@
 - :mod:`~lowbit.evaluation.calibration`: calibration data (never what an evaluation measures)
   and the per-layer Hessians collected on it.
 - :mod:`~lowbit.evaluation.gptq_model`: GPTQ of a whole model, block by block.
+- :mod:`~lowbit.evaluation.awq_model`: AWQ and SmoothQuant of a whole model, block by block.
 """
 
 from __future__ import annotations

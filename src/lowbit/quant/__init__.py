@@ -15,6 +15,8 @@
   name belongs to.
 - :mod:`~lowbit.quant.gptq`: GPTQ (calibrated rounding of a weight given its inputs' Hessian)
   with lowbit's own quantizer, for every scheme.
+- :mod:`~lowbit.quant.awq`, :mod:`~lowbit.quant.smoothquant`, :mod:`~lowbit.quant.folds`: AWQ's
+  and SmoothQuant's scale searches, and the table of exact scale folds per architecture family.
 - :mod:`~lowbit.quant.rules`, :mod:`~lowbit.quant.plan`: the one :class:`Rule` type and plan-file
   reader, and :class:`PrecisionPlan` (what each tensor of a model becomes).
 
@@ -42,6 +44,8 @@ _LAZY = {
     "error": "lowbit.quant.metrics",
     "GPTQ": "lowbit.quant.gptq",
     "gptq_quantize": "lowbit.quant.gptq",
+    "AWQ": "lowbit.quant.awq",
+    "SmoothQuant": "lowbit.quant.smoothquant",
 }
 
 __all__ = sorted(_LAZY)
