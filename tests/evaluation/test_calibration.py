@@ -201,6 +201,28 @@ def test_hessians_of_real_tokens() -> None:
     assert not toy.q._forward_hooks  # removed on exit
 
 
+def test_channel_statistics_and_rows_of_real_tokens() -> None:
+    """stats=True keeps mean and max |x| per input channel of the unmasked tokens, rows=N up to
+    N of them per pass (each a real input row); hessian=False sums no X^T X."""
+    toy = _Toy()
+    g = torch.Generator().manual_seed(2)
+    batches = [torch.randn(2, 5, 6, generator=g), torch.randn(3, 4, 6, generator=g)]
+    masks = [torch.rand(2, 5, generator=g) > 0.3, None]
+    with HessianCollector({"q": toy.q, "k": toy.k}, hessian=False, stats=True, rows=3) as col:
+        with torch.no_grad():
+            for x, m in zip(batches, masks, strict=True):
+                col.next_sample(m)
+                toy(x)
+    X = torch.cat([batches[0][masks[0]], batches[1].reshape(-1, 6)]).double().numpy()
+    np.testing.assert_allclose(col.mean_abs("k"), np.abs(X).mean(0), rtol=1e-6)
+    np.testing.assert_array_equal(col.max_abs("q"), np.abs(X).max(0).astype(np.float32))
+    kept = col.rows("q")
+    assert kept.shape == (6, 6)
+    assert all(any(np.array_equal(r, x.astype(np.float32)) for x in X) for r in kept)
+    with pytest.raises(LowbitError, match="no Hessian"):
+        col.hessian("q")
+
+
 def test_hessian_of_an_unused_layer() -> None:
     """A layer no pass reached has no Hessian: a LowbitError, not zeros."""
     toy = _Toy()

@@ -384,11 +384,11 @@ class HessianCollector:
         """``2 X^T X / n`` (float64) of a layer's inputs.
 
         Raises:
-            LowbitError: a layer that saw no tokens.
+            LowbitError: a layer that saw no tokens, or a collector made with ``hessian=False``.
         """
-        group = self.group_of.get(name)
-        if group is None or not self._count.get(group):
-            raise LowbitError(f"layer {name!r} saw no calibration tokens")
+        group = self._group(name)
+        if group not in self._sum:
+            raise LowbitError(f"layer {name!r}: no Hessian was collected (hessian=False)")
         return (2.0 / self._count[group]) * self._sum[group].numpy()
 
     def groups(self) -> dict[str, list[str]]:
