@@ -1,5 +1,5 @@
-"""``lowbit quantize``'s AWQ and SmoothQuant runs (``--method awq``, ``--smooth``) and the line
-each calibrated method prints."""
+"""``lowbit quantize``'s AWQ and SmoothQuant runs (``--method awq``, ``--smooth``), the line
+each calibrated method prints, and ``--smooth``'s value (quantize and eval)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lowbit.cli.cmd_eval import parse_alpha
 from lowbit.errors import LowbitError
 from lowbit.evaluation.awq_model import awq_weights
 from lowbit.evaluation.calibration import Calibration
 from lowbit.quant.awq import AWQ
 from lowbit.quant.smoothquant import SmoothQuant
 
-__all__ = ["awq_run", "method_summary"]
+__all__ = ["awq_run", "method_summary", "parse_alpha"]
 
 
 def awq_run(
@@ -79,3 +78,20 @@ def method_summary(method: dict[str, Any]) -> str:
         f"{sec['total']:.0f} s (collect {sec['collect']:.0f} s, search {sec['search']:.0f} s); "
         f"mean layer-output error {after:.4g} vs {before:.4g} rounding to nearest"
     )
+
+
+def parse_alpha(text: str) -> float | None:
+    """``--smooth``'s value: ``search`` (None) or a number in [0, 1].
+
+    Raises:
+        LowbitError: anything else.
+    """
+    if text.strip().lower() == "search":
+        return None
+    try:
+        alpha = float(text)
+    except ValueError:
+        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= alpha <= 1.0:
+        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}")
+    return alpha

@@ -8,6 +8,7 @@ from typing import Any
 
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.cli import _common
+from lowbit.cli._calibrated import parse_alpha
 from lowbit.errors import LowbitError
 from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.variants import evaluate_variants
@@ -244,23 +245,6 @@ def print_result(result: dict[str, Any]) -> None:
         "scales and zero points included; size: tensor data (* computed for a variant "
         "quantized in memory)."
     )
-
-
-def parse_alpha(text: str) -> float | None:
-    """``--smooth``'s value: ``search`` (None) or a number in [0, 1].
-
-    Raises:
-        LowbitError: anything else.
-    """
-    if text.strip().lower() == "search":
-        return None
-    try:
-        alpha = float(text)
-    except ValueError:
-        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= alpha <= 1.0:
-        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}")
-    return alpha
 
 
 def _method_line(r: dict[str, Any]) -> str:
