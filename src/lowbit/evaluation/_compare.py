@@ -17,12 +17,12 @@ import numpy as np
 
 from lowbit._progress import progress_bar
 from lowbit.errors import LowbitError
+from lowbit.evaluation._threads import _threads
 from lowbit.evaluation.activations import simulate_activations
 from lowbit.evaluation.perplexity import (
     _fidelity_sentences,
     _log_probs,
     _nearest,
-    _threads,
     _tokens_and_windows,
     _window_facts,
     embed,

@@ -27,19 +27,13 @@ from typing import Any
 
 from lowbit.checkpoints import open_checkpoint
 from lowbit.errors import LowbitError
+from lowbit.evaluation._threads import _cores
 
 __all__ = ["distributed_scan"]
 
 # One scan per worker process, built by the pool's initializer; a process-local cache, not
 # shared state: every process builds the same scan from the same arguments.
 _STATE: dict[str, Any] = {}
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        return os.cpu_count() or 1
 
 
 def _build(scan_type: Any, path: str, args: tuple[Any, ...], threads: int) -> Any:

@@ -42,6 +42,7 @@ from lowbit.checkpoints.readers import Checkpoint, TensorInfo
 from lowbit.errors import LowbitError
 from lowbit.evaluation._awq_block import do_block
 from lowbit.evaluation._compare import Variant
+from lowbit.evaluation._threads import _threads
 from lowbit.evaluation.calibration import Calibration, HessianCollector
 from lowbit.evaluation.gptq_model import (
     _calibration,
@@ -52,7 +53,6 @@ from lowbit.evaluation.gptq_model import (
     _samples,
 )
 from lowbit.evaluation.models import _prefix_fix, build_model
-from lowbit.evaluation.perplexity import _threads
 from lowbit.quant.awq import AWQ
 from lowbit.quant.folds import FOLDS, fold_family
 from lowbit.quant.plan import PrecisionPlan

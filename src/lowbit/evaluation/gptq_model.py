@@ -32,6 +32,7 @@ from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import DEFAULT_SENTENCES
+from lowbit.evaluation._threads import _threads
 from lowbit.evaluation.calibration import (
     Calibration,
     HessianCollector,
@@ -39,7 +40,7 @@ from lowbit.evaluation.calibration import (
     encoder_texts,
 )
 from lowbit.evaluation.models import _prefix_fix, build_model
-from lowbit.evaluation.perplexity import _threads, sentences_from_text
+from lowbit.evaluation.perplexity import sentences_from_text
 from lowbit.quant.gptq import GPTQ, layer_error
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.tensor import quantize
