@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from lowbit.cli import main
+from lowbit.quant.metrics import error
+from lowbit.quant.scheme_text import parse_scheme
 from lowbit.quant.tensor import QuantizedTensor, quantize
 
 
@@ -130,3 +132,31 @@ def test_compare_plot(capsys, tmp_path) -> None:
     assert rc == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rc, _, err = _run(capsys, "compare", "--size", "64", "--plot", str(out), "--levels", "int2")
     assert rc == 2 and "--levels" in err
+
+
+@pytest.mark.parametrize(("flag", "suffix"), [("--asym", ":asym"), ("--restricted", ":restricted")])
+def test_compare_default_list_applies_integer_options_to_integers_only(
+    capsys, flag: str, suffix: str
+) -> None:
+    """--asym / --restricted with the default list change its integer entries (their rows
+    equal lowbit.quantize with that scheme) and leave the floats exactly as without the flag;
+    naming a float in --formats with the flag is still an error."""
+    base = ["compare", "--size", "4096", "--json"]
+    rc, out, _ = _run(capsys, *base)
+    assert rc == 0
+    plain = {r["format"]: r for r in json.loads(out)["results"]}
+    rc, out, err = _run(capsys, *base, flag)
+    assert rc == 0, err
+    res = {r["format"]: r for r in json.loads(out)["results"]}
+    assert set(res) == set(plain) == {"int8:t", "int4:t", "nf4", "fp4:t", "mxfp4", "fp8_e4m3:t"}
+    data = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    for name in ("int8:t", "int4:t"):
+        assert res[name]["scheme"] == f"{name}:fp32{suffix}"
+        qt = quantize(data, parse_scheme(f"{name}{suffix}"))
+        assert res[name]["sqnr_db"] == error(data, qt)["sqnr_db"]
+        if flag == "--asym":  # a zero point changes the codes; restricted may not (int8 absmax)
+            assert res[name]["sqnr_db"] != plain[name]["sqnr_db"]
+    for name in ("nf4", "fp4:t", "mxfp4", "fp8_e4m3:t"):
+        assert res[name] == plain[name]
+    rc, _, err = _run(capsys, *base, flag, "--formats", "int8:t,fp4:t")
+    assert rc == 2 and "fp4" in err

@@ -25,6 +25,7 @@ from lowbit.quant.metrics import error
 from lowbit.quant.tensor import quantize
 
 __all__ = [
+    "COMPARE_DEFAULT_FORMATS",
     "DISTRIBUTIONS",
     "SHOW_FORMATS",
     "compare_payload",
@@ -32,6 +33,10 @@ __all__ = [
     "show_payload",
     "values_payload",
 ]
+
+#: ``lowbit compare``'s list when ``--formats`` is not given. One scale per tensor for the
+#: scaled formats: the synthetic data is one 1-D vector.
+COMPARE_DEFAULT_FORMATS = "int8:t,int4:t,nf4,fp4:t,mxfp4,fp8_e4m3:t"
 
 #: The synthetic data ``lowbit compare --data`` draws.
 DISTRIBUTIONS = ("normal", "laplace", "student-t", "uniform")
@@ -165,12 +170,14 @@ def compare_payload(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str,
             )
         data, name = load_tensor(args.data)
         label = f"{name} {tuple(np.shape(data))}"
-    names = _common.parse_list(args.formats)
+    explicit = args.formats is not None
+    names = _common.parse_list(args.formats if explicit else COMPARE_DEFAULT_FORMATS)
     if not names:
         raise LowbitError("--formats is empty")
     results = []
     qts = {}
-    schemes = {name: _scheme_for(name, args, tuple(np.shape(data))) for name in names}
+    shape = tuple(np.shape(data))
+    schemes = {name: _scheme_for(name, args, shape, explicit) for name in names}
     for name in names:
         qt = quantize(data, schemes[name], seed=args.seed)
         err = error(data, qt)
@@ -206,11 +213,36 @@ def make_data(kind: str, size: int, seed: int) -> Any:
     return x.astype(np.float32)
 
 
-def _scheme_for(name: str, args: argparse.Namespace, shape: tuple[int, ...]) -> Any:
-    """The scheme of one --formats entry with the shared options applied."""
+def _scheme_for(
+    name: str, args: argparse.Namespace, shape: tuple[int, ...], explicit: bool = True
+) -> Any:
+    """The scheme of one --formats entry with the shared options applied.
+
+    Args:
+        name: the --formats entry.
+        args: the parsed options.
+        shape: the data's shape.
+        explicit: whether the user named the list; with the default list, ``--asym`` and
+            ``--restricted`` apply to its (signed) integer entries only, so that the default
+            list with ``--asym`` compares the integers asymmetric beside the floats.
+
+    Returns:
+        The scheme.
+
+    Raises:
+        LowbitError: a bad entry, or an option the entry's format cannot take (for an
+            explicit list, ``--asym`` or ``--restricted`` with a float format).
+    """
     skip: dict[str, Any] = {}
     if is_mx_name(name.split(":")[0].strip()):
         skip = {"group_size": None, "scale_format": None, "scale_method": None}
     if name.split(":")[0].strip().lower() != "nf4":
         skip["double_quant"] = None
+    if not explicit and (args.asym or args.restricted):
+        fmt = build_scheme(name, args, shape, symmetric=None, restricted_range=None, **skip)
+        fmt = fmt.element_format
+        if fmt.kind != "int":
+            skip["symmetric"] = None
+        if fmt.kind != "int" or not getattr(fmt, "signed", False):
+            skip["restricted_range"] = None
     return build_scheme(name, args, shape, **skip)

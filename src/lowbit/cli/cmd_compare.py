@@ -7,25 +7,28 @@ from typing import Any
 
 from lowbit.checkpoints._outputs import save_figure
 from lowbit.cli import _common
-from lowbit.cli._payloads import compare_payload
+from lowbit.cli._payloads import COMPARE_DEFAULT_FORMATS, compare_payload
 from lowbit.cli.cmd_quantize_tensor import add_scheme_options
 from lowbit.errors import LowbitError
 from lowbit.view.labels import place_labels
 
-#: One scale per tensor for the scaled formats: the synthetic data is one 1-D vector.
-DEFAULT_FORMATS = "int8:t,int4:t,nf4,fp4:t,mxfp4,fp8_e4m3:t"
+#: The list compared when --formats is not given (one scale per tensor: 1-D data).
+DEFAULT_FORMATS = COMPARE_DEFAULT_FORMATS
 
 _EPILOG = """\
 Each entry of --formats is a scheme string, FORMAT[:gN|:ch|:t][:SCALEFMT][:asym][:dq], read
 as every lowbit command reads it: with no granularity a format gets the weight layout (one
 scale per output channel, NF4 in blocks of 64), so on 1-D data write :t (one scale) or :gN.
 The options (--group, --scale-method, ...) apply to every entry, except that MX formats keep
-their blocks of 32 and E8M0 scales, and --double-quant applies to NF4 only; --asym and
---restricted are errors for a float format. Rows are sorted by SQNR (higher is better).
+their blocks of 32 and E8M0 scales, and --double-quant applies to NF4 only. --asym and
+--restricted apply to the integer entries of the default list (its floats stay as they
+are) and are errors for a float format you name in --formats. Rows are sorted by SQNR
+(higher is better).
 
 examples:
   lowbit compare                                     the default six on N(0,1) data
   lowbit compare --group 64                          4-bit formats at block 64
+  lowbit compare --asym                              the defaults, integers with a zero point
   lowbit compare --formats int4,nf4 --group 64 --data laplace
   lowbit compare --data w.npy --formats int8,int4,nf4 --group 128
   lowbit compare --data model.safetensors:lm_head.weight --plot out.png
@@ -43,7 +46,10 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--formats", default=DEFAULT_FORMATS, help=f"comma-separated (default {DEFAULT_FORMATS})"
+        "--formats",
+        default=None,
+        help=f"comma-separated (default {DEFAULT_FORMATS}; --asym and --restricted change only "
+        "its integer entries)",
     )
     p.add_argument(
         "--data",
@@ -57,7 +63,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--seed", type=int, default=0, help="seed of synthetic data and stochastic rounding"
     )
-    add_scheme_options(p, required=False, seed=False)
+    add_scheme_options(
+        p,
+        required=False,
+        seed=False,
+        floats="left as they are in the default list, an error when named in --formats",
+    )
     p.add_argument(
         "--plot", metavar="OUT.png", help="draw error vs bits/value and a histogram (matplotlib)"
     )

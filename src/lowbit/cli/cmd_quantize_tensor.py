@@ -61,8 +61,17 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def add_scheme_options(p: argparse.ArgumentParser, required: bool, seed: bool = True) -> None:
-    """Options that build a Scheme (shared with ``lowbit compare``)."""
+def add_scheme_options(
+    p: argparse.ArgumentParser, required: bool, seed: bool = True, floats: str = "error"
+) -> None:
+    """Options that build a Scheme (shared with ``lowbit compare``).
+
+    Args:
+        p: the parser.
+        required: whether ``--to`` is added (and required).
+        seed: whether ``--seed`` is added.
+        floats: what ``--asym`` and ``--restricted`` do to a float format, as the help says.
+    """
     if required:
         p.add_argument(
             "--to",
@@ -85,10 +94,12 @@ def add_scheme_options(p: argparse.ArgumentParser, required: bool, seed: bool = 
     p.add_argument("--k-std", type=float, help="for --scale-method meanstd (default 3)")
     p.add_argument("--scale-format", metavar="F", help="fp32 (default) | fp16 | bf16 | e8m0")
     p.add_argument(
-        "--asym", action="store_true", help="integer formats: add a zero point (floats: error)"
+        "--asym", action="store_true", help=f"integer formats: add a zero point (floats: {floats})"
     )
     p.add_argument(
-        "--restricted", action="store_true", help="integers: symmetric range ±(2^(n-1)-1)"
+        "--restricted",
+        action="store_true",
+        help=f"integers: symmetric range ±(2^(n-1)-1) (floats: {floats})",
     )
     p.add_argument("--double-quant", action="store_true", help="NF4: QLoRA double quantization")
     p.add_argument("--rounding", help="element rounding (default nearest_even; or stochastic)")
