@@ -26,8 +26,9 @@ FIXTURE = "fixtures/smollm2-pydoc-topics-llamacpp-tokens"
 
 
 def _fixture() -> Path:
-    """The shared fixtures folder: shared/ in the checkout, or ../shared beside it (CI)."""
-    for base in (ROOT / "shared", ROOT / ".." / "shared"):
+    """llama.cpp's token ids: tests/fixtures in the repository (a copy of the shared fixture,
+    so a fresh clone runs this test), else shared/ in the checkout or ../shared beside it."""
+    for base in (ROOT / "tests", ROOT / "shared", ROOT / ".." / "shared"):
         if (base / f"{FIXTURE}.npy").is_file():
             return base / FIXTURE
     pytest.skip(f"{FIXTURE}.npy not found in {ROOT / 'shared'} or {ROOT.parent / 'shared'}")
