@@ -158,12 +158,12 @@ def test_ray_equals_local(folder: Path, scan_file: Path) -> None:
 
     from lowbit.checkpoints import open_checkpoint
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-    from lowbit.evaluation._calib_data import calibration_data
+    from lowbit.evaluation.calibration import scan_samples
     from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
 
     local = SensitivityResult.from_dict(json.loads(scan_file.read_text()))
     ckpt = open_checkpoint(folder)
-    calib = calibration_data("causal", build_tokenizer(ckpt), samples=2, length=32)
+    calib = scan_samples("causal", build_tokenizer(ckpt), samples=2, length=32)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         got = sensitivity(ckpt, ("int8:ch", "int4:g32", "int2:g32"), calib, ray=True)

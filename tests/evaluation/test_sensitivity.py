@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ pytest.importorskip("transformers")
 
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.errors import LowbitError
+from lowbit.evaluation.calibration import CalibrationSamples as Calibration
 from lowbit.evaluation.sensitivity import (
-    Calibration,
     SensitivityResult,
     sensitivity,
     spearman,
@@ -103,3 +105,128 @@ def test_spearman() -> None:
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 1, 2], [5, 5, 9]) == pytest.approx(1.0)
+
+
+def _full_pass_moments(runner: Any, modules: list[str]) -> dict[str, np.ndarray]:
+    """E[x^2] as the scan computed it before the pass stopped early: whole forward passes."""
+    import torch
+
+    sums: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    named = dict(runner.model.named_modules())
+    hooks = []
+    for m in modules:
+
+        def grab(_mod: Any, args: tuple[Any, ...], name: str = m) -> None:
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+            sums[name] = sums.get(name, 0) + (x * x).sum(0).double()
+            counts[name] = counts.get(name, 0) + x.shape[0]
+
+        hooks.append(named[m].register_forward_pre_hook(grab))
+    with torch.inference_mode():
+        for inputs in runner.batches:
+            runner.model(**inputs)
+    for h in hooks:
+        h.remove()
+    return {m: (sums[m] / counts[m]).numpy() for m in modules}
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_proxy_pass_stops_early_with_the_same_moments(
+    tmp_path: Path, windows: Calibration, tie: bool
+) -> None:
+    """The proxy pass stops before the logits (or before the quantized head), and its input
+    moments equal those of whole forward passes bit for bit."""
+    import torch
+
+    from lowbit.evaluation._sensitivity_runner import Runner
+    from lowbit.evaluation.models import build_model
+
+    ckpt = open_checkpoint(save_hf_folder(tiny_llama(seed=3, tie=tie), tmp_path / "m"))
+    model = build_model(ckpt, progress=False)
+    runner = Runner(model, None, "causal", windows, 4)
+    modules = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    heads: list[int] = []
+    hook = model.lm_head.register_forward_hook(lambda *_: heads.append(1))
+    blocks_only = [m for m in modules if m != "lm_head"]
+    got = runner.input_moments(blocks_only)
+    assert heads == []  # no logits computed
+    want = _full_pass_moments(runner, blocks_only)
+    assert got.keys() == want.keys()
+    for m in want:
+        np.testing.assert_array_equal(got[m], want[m])
+    hook.remove()
+    with_head = runner.input_moments(modules)  # the head's input is seen, the head not run
+    np.testing.assert_array_equal(
+        with_head["lm_head"], _full_pass_moments(runner, modules)["lm_head"]
+    )
+
+
+def test_proxy_values_unchanged(llama_dir: Path, windows: Calibration) -> None:
+    """The proxy of every trial is the weight error weighted by whole-pass input moments."""
+    from lowbit.evaluation.sensitivity import _Scan
+
+    ckpt = open_checkpoint(llama_dir)
+    res = sensitivity(ckpt, ("int4:g32",), windows, measure="proxy")
+    scan = _Scan(ckpt, ("int4:g32",), windows, None, "proxy", 4)
+    want = _full_pass_moments(scan.runner, [scan.weights.module(n) for n in scan.names])
+    from lowbit.checkpoints._pipeline import read_quantized
+
+    for e, t in zip(res.entries, scan.plans[0].quantized, strict=True):
+        w = np.asarray(ckpt.get(t.name), dtype=np.float64)
+        err2 = ((w - read_quantized(ckpt, t).dequantize(np.float32)) ** 2).sum(0)
+        assert e.proxy == float(err2 @ want[scan.weights.module(t.name)])
+
+
+def test_head_shortcut_equals_logits(llama_dir: Path, windows: Calibration) -> None:
+    """The KL from the head's input (mu, const, log-sum-exp) equals the KL of the model's
+    log-probabilities; the original scores 0."""
+    import torch
+
+    from lowbit.evaluation._sensitivity_runner import Runner
+    from lowbit.evaluation.models import build_model
+
+    model = build_model(open_checkpoint(llama_dir), progress=False)
+    fast = Runner(model, None, "causal", windows, 4)
+    slow = Runner(model, None, "causal", windows, 4, head_shortcut=False)
+    fast.reference()
+    slow.reference()
+    assert fast.head is not None and slow.head is None
+    assert abs(fast.trial(0)) < 1e-12 and slow.trial(0) == 0.0
+    w = model.model.layers[1].mlp.down_proj.weight
+    saved = w.detach().clone()
+    with torch.no_grad():
+        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)) * 0.02)
+    a, b = fast.trial(1), slow.trial(1)
+    with torch.no_grad():
+        w.copy_(saved)
+    assert a > 1e-4
+    assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_exact_schemes_scale_the_proxy(llama_dir: Path, windows: Calibration) -> None:
+    """With exact_schemes, the other schemes' trials run no model and are scored by their proxy
+    times the tensor's damage/proxy ratio; the measured ones equal a full exact scan's."""
+    ckpt = open_checkpoint(llama_dir)
+    full = sensitivity(ckpt, ("int4:g32", "int8:ch"), windows)
+    part = sensitivity(ckpt, ("int4:g32", "int8:ch"), windows, exact_schemes=("int4:g32",))
+    ft, pt = full.table(), part.table()
+    for name, row in pt.items():
+        a, b = row["int4:g32:fp32"], row["int8:ch:fp32"]
+        assert a.damage == ft[name]["int4:g32:fp32"].damage and b.damage is None
+        assert b.proxy == ft[name]["int8:ch:fp32"].proxy
+        assert part.score(b) == pytest.approx(b.proxy * a.damage / a.proxy)
+    with pytest.raises(LowbitError, match="not among the schemes"):
+        sensitivity(ckpt, ("int4:g32",), windows, exact_schemes=("int8:ch",))
+
+
+def test_chunks_balance_cost() -> None:
+    """Chunks keep every trial once, in order, and split the costly trials among workers."""
+    from lowbit.evaluation._sensitivity_workers import _chunks, _costs
+
+    costs = _costs(70, 10, "exact", {0})  # 10 trials run the model, 60 do not
+    chunks = _chunks(costs, 2)
+    assert [i for c in chunks for i in c] == list(range(70))
+    heavy = [sum(costs[i] for i in c) for c in chunks]
+    assert len(chunks) >= 4 and max(heavy) <= 2.0  # no worker holds most of the model runs
+    assert _chunks(_costs(5, 5, "proxy", {0}), 3) != []

@@ -16,7 +16,7 @@ from lowbit.checkpoints._outputs import check_not_input
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
-from lowbit.evaluation._calib_data import calibration_data, is_causal
+from lowbit.evaluation.calibration import is_causal, scan_samples
 from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.scheme_text import parse_scheme
@@ -66,6 +66,12 @@ def _trial_options(p: argparse.ArgumentParser, measure: str) -> None:
         f"{measure})",
     )
     p.add_argument(
+        "--exact-schemes",
+        metavar="LIST",
+        help="with --measure exact: only these of --schemes run the model; the others are "
+        "scored by their proxy times the tensor's measured damage/proxy ratio",
+    )
+    p.add_argument(
         "--tensors",
         metavar="GLOBS",
         help="only tensors matching one of these comma-separated globs (e.g. 'blk.2?.*')",
@@ -99,7 +105,7 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
         raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
     tokenizer = build_tokenizer(ckpt)
     kind = "causal" if is_causal(ckpt) else "encoder"
-    calib = calibration_data(
+    calib = scan_samples(
         kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len or 512
     )
     with progress_bar(None, progress, f"sensitivity ({args.measure})", "trial") as bar:
@@ -118,6 +124,7 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
             workers=args.workers,
             ray=args.ray,
             tensors=_common.parse_list(args.tensors),
+            exact_schemes=_common.parse_list(getattr(args, "exact_schemes", None)),
         )
 
 

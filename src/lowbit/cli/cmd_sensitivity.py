@@ -22,6 +22,8 @@ MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped mo
          calibration tokens; encoders: 1 - mean cosine of the sentence embeddings;
   proxy  sum_j E[x_j^2] ||W_j - Q(W)_j||^2: the weight error weighted by the mean square of
          each input feature (one forward pass for all tensors; also given with exact).
+--exact-schemes runs the model for some schemes only; the budget scores the others by their
+proxy times the tensor's measured damage/proxy ratio.
 Calibration data never overlaps what lowbit eval measures: windows of the default text from
 token 32,768 on (eval scores the first 4,096), or sentences other than eval's 256.
 
@@ -30,6 +32,8 @@ The result (--out FILE or --json) feeds lowbit quantize --budget / --size --sens
 examples:
   lowbit sensitivity smollm2 --schemes int4:g128,int8:ch --measure proxy     seconds
   lowbit sensitivity smollm2 --schemes int3:g128,int4:g128,int6:g128 --out sens.json
+  lowbit sensitivity smollm2 --schemes int4:g64:fp16:asym,int4:g32:fp16:asym,int8:ch \
+      --exact-schemes int4:g64:fp16:asym --workers 2 --out sens.json
   lowbit sensitivity minilm --schemes int4:g128,nf4,int8:ch --plot sens.png
   lowbit sensitivity big-model/ --schemes int4:g128,int8:ch --ray ray://head:10001 --workers 64
 """

@@ -52,11 +52,25 @@ def _chunk(trials: Sequence[int], cached: bool) -> tuple[str, list[Any], dict[st
     return scan.kind, [scan.run(i, cached) for i in trials], scan.seconds
 
 
-def _chunks(count: int, parts: int) -> list[list[int]]:
-    """Trials in chunks of consecutive numbers, about four chunks per worker (for progress
-    and so a slow chunk does not hold the rest back)."""
-    size = max(1, -(-count // (4 * parts)))
-    return [list(range(i, min(i + size, count))) for i in range(0, count, size)]
+def _chunks(costs: Sequence[float], parts: int) -> list[list[int]]:
+    """Trials in chunks of consecutive numbers and about equal cost, about eight chunks per
+    worker (for progress, and so that no worker is left with most of the work: a trial that
+    runs the model costs about a hundred that compute only the proxy)."""
+    share = sum(costs) / (8 * parts)
+    out: list[list[int]] = [[]]
+    acc = 0.0
+    for i, c in enumerate(costs):
+        if out[-1] and acc + c > share:
+            out.append([])
+            acc = 0.0
+        out[-1].append(i)
+        acc += c
+    return out
+
+
+def _costs(count: int, tensors: int, measure: str, exact: set[int]) -> list[float]:
+    """Relative cost of each trial (numbered scheme-major): 1 runs the model, 0.01 does not."""
+    return [1.0 if measure == "exact" and i // tensors in exact else 0.01 for i in range(count)]
 
 
 def distributed_scan(
@@ -72,6 +86,7 @@ def distributed_scan(
     workers: int,
     ray: bool | str,
     select: tuple[str, ...] = (),
+    exact_schemes: tuple[str, ...] = (),
     scan_type: Any,
     plans: Any,
 ) -> tuple[str, list[Any], dict[str, float]]:
@@ -91,15 +106,17 @@ def distributed_scan(
     path = str(Path(path).resolve())
     applied, names = plans(open_checkpoint(path), schemes, select)
     count = len(applied) * len(names)
-    args = (schemes, calibration, tokenizer, measure, batch, select)
+    exact = {i for i, s in enumerate(schemes) if not exact_schemes or s in exact_schemes}
+    costs = _costs(count, len(names), measure, exact)
+    args = (schemes, calibration, tokenizer, measure, batch, select, exact_schemes)
     t0 = time.perf_counter()
     if ray is not False:
         kind, results, worker_seconds, used = _ray_scan(
-            scan_type, path, args, count, cached, workers, ray, progress
+            scan_type, path, args, costs, cached, workers, ray, progress
         )
     else:
         kind, results, worker_seconds, used = _local_scan(
-            scan_type, path, args, count, cached, workers, progress
+            scan_type, path, args, costs, cached, workers, progress
         )
     entries = [results[i] for i in range(count)]
     seconds = {f"worker_{k}": v for k, v in worker_seconds.items()}
@@ -111,7 +128,7 @@ def _local_scan(
     scan_type: Any,
     path: str,
     args: tuple[Any, ...],
-    count: int,
+    costs: Sequence[float],
     cached: bool,
     workers: int,
     progress: Callable[[int, int], None] | None,
@@ -124,13 +141,13 @@ def _local_scan(
     kind, seconds = "", {}
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
                              initargs=(scan_type, path, args, threads)) as pool:  # fmt: skip
-        chunks = _chunks(count, workers)
+        chunks = _chunks(costs, workers)
         futures = [(c, pool.submit(_chunk, c, cached)) for c in chunks]
         for c, fut in futures:
             kind, entries, seconds = fut.result()
             results.update(zip(c, entries, strict=True))
             if progress is not None:
-                progress(len(results), count)
+                progress(len(results), len(costs))
     return kind, results, seconds, workers
 
 
@@ -146,7 +163,7 @@ def _ray_scan(
     scan_type: Any,
     path: str,
     args: tuple[Any, ...],
-    count: int,
+    costs: Sequence[float],
     cached: bool,
     workers: int,
     address: bool | str,
@@ -180,12 +197,12 @@ def _ray_scan(
     kind, seconds = "", {}
     try:
         for trials, k, entries, s in pool.map_unordered(
-            lambda a, c: a.run.remote(c), _chunks(count, workers)
+            lambda a, c: a.run.remote(c), _chunks(costs, workers)
         ):
             kind, seconds = k, s
             results.update(zip(trials, entries, strict=True))
             if progress is not None:
-                progress(len(results), count)
+                progress(len(results), len(costs))
     except ray.exceptions.RayTaskError as exc:
         cause = exc.as_instanceof_cause()
         if isinstance(cause, LowbitError):

@@ -11,13 +11,9 @@ measures the damage of quantizing that tensor alone, everything else kept as in 
   ``X^T X / n`` (collected once, with hooks on the linear layers). Cheap: one forward pass.
 
 The exact scan reuses work: the hidden states entering block ``b`` are the same for every
-trial inside blocks ``>= b``, so one forward pass of the original caches them (the input of
-every block, for every calibration window), and a trial runs only blocks ``b..end`` and the
-head. Blocks before ``b`` are replaced by pass-throughs for the trial, and a pre-hook on block
-``b`` feeds it the cached input, so the model's own forward (masks, rotary embeddings, norms,
-pooling) runs unchanged. Memory: the model, plus ``blocks x tokens x hidden x 4`` bytes of
-cached inputs, plus the original's log-probabilities (``tokens x vocab x 4`` bytes) or
-embeddings.
+trial inside blocks ``>= b``, so one forward pass of the original caches them, and a trial
+runs only blocks ``b..end`` and the head; the KL needs no stored log-probabilities (how, and
+the memory it takes: :mod:`lowbit.evaluation._sensitivity_runner`).
 
 The damage of each option and its exact storage cost (codes, scales, zero points: the
 :class:`~lowbit.quant.tensor.QuantizedTensor` that ``lowbit quantize`` would write) feed the
@@ -28,46 +24,31 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints._pipeline import read_quantized
-from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.quantize_model import plan_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
+from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
 from lowbit.evaluation._sensitivity_workers import distributed_scan
+from lowbit.evaluation.calibration import CalibrationSamples
 from lowbit.evaluation.models import build_model
 from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.tensor import quantize
 
 __all__ = [
-    "Calibration",
     "SensitivityEntry",
     "SensitivityResult",
     "sensitivity",
     "spearman",
 ]
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What the trials run on: token windows (causal LMs) or sentences (encoders).
-
-    Attributes:
-        label: where it came from, for reports (text, slice).
-        windows: token id windows, each the same length (causal LMs).
-        sentences: texts (encoders).
-    """
-
-    label: str
-    windows: tuple[tuple[int, ...], ...] = ()
-    sentences: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,8 +106,23 @@ class SensitivityResult:
         return out
 
     def score(self, e: SensitivityEntry) -> float:
-        """The number the budget solver minimises: the exact damage, else the proxy."""
-        return e.damage if e.damage is not None else e.proxy
+        """The number the budget solver minimises: the exact damage; for a trial that only has
+        the proxy, the proxy times its tensor's ratio of summed damage to summed proxy over
+        the tensor's measured trials (a scan with ``exact_schemes``); else the proxy."""
+        if e.damage is not None:
+            return e.damage
+        ratio = self._ratios.get(e.tensor)
+        return e.proxy * ratio if ratio is not None else e.proxy
+
+    @functools.cached_property
+    def _ratios(self) -> dict[str, float]:
+        sums: dict[str, list[float]] = {}
+        for e in self.entries:
+            if e.damage is not None:
+                acc = sums.setdefault(e.tensor, [0.0, 0.0])
+                acc[0] += e.damage
+                acc[1] += e.proxy
+        return {t: d / p for t, (d, p) in sums.items() if p > 0 and math.isfinite(d / p)}
 
     def rank_correlation(self) -> float | None:
         """Spearman correlation between proxy and exact damage over all trials (None: proxy only)."""
@@ -200,257 +196,6 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 # ---------------------------------------------------------------------------------------
-# The model's parts
-# ---------------------------------------------------------------------------------------
-
-
-def _blocks(model: Any) -> Any:
-    """The model's list of transformer blocks (the largest ``ModuleList`` of modules)."""
-    import torch
-
-    best = None
-    for _, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0:
-            size = sum(p.numel() for p in mod.parameters())
-            if best is None or size > best[0]:
-                best = (size, mod)
-    if best is None:
-        raise LowbitError(f"{type(model).__name__}: no list of transformer blocks found")
-    return best[1]
-
-
-class _Weights:
-    """Checkpoint tensor name -> the model parameter it fills (and the row reordering)."""
-
-    def __init__(self, model: Any, checkpoint: Checkpoint) -> None:
-        self.params = dict(model.named_parameters())
-        self.modules = dict(model.named_modules())
-        self.gguf = checkpoint.format == "gguf"
-        self.cfg = checkpoint.config or {}
-        keys = set(self.params)
-        base = getattr(model, "base_model_prefix", "") or ""
-        self.prefix = ""
-        self.strip = ""
-        if not self.gguf and base:
-            names = checkpoint.names()
-            if not any(n in keys for n in names):
-                if any(f"{base}.{n}" in keys for n in names):
-                    self.prefix = f"{base}."
-                else:
-                    self.strip = f"{base}."
-
-    def key(self, name: str) -> str:
-        hf = gguf_to_hf_name(name) if self.gguf else name
-        if self.strip and hf.startswith(self.strip):
-            hf = hf[len(self.strip) :]
-        return self.prefix + hf
-
-    def param(self, name: str) -> Any:
-        p = self.params.get(self.key(name))
-        if p is None:
-            raise LowbitError(f"tensor {name!r} fills no parameter of the model")
-        return p
-
-    def module(self, name: str) -> str:
-        return self.key(name).rsplit(".", 1)[0]
-
-    def model_layout(self, name: str, arr: np.ndarray) -> np.ndarray:
-        """A checkpoint-layout array in the model's layout (GGUF q/k rows un-permuted)."""
-        if not self.gguf:
-            return arr
-        key = self.key(name)
-        if key.endswith("q_proj.weight"):
-            return unpermute_qk(arr, self.cfg["num_attention_heads"])
-        if key.endswith("k_proj.weight"):
-            heads = self.cfg.get("num_key_value_heads", self.cfg["num_attention_heads"])
-            return unpermute_qk(arr, heads)
-        return arr
-
-
-def _block_of(weights: _Weights, blocks: Any, name: str) -> int:
-    """Index of the block holding a tensor's parameter (-1: outside every block)."""
-    p = weights.param(name)
-    for i, block in enumerate(blocks):
-        if any(q is p for q in block.parameters()):
-            return i
-    return -1
-
-
-# ---------------------------------------------------------------------------------------
-# Running the model: the original once, trials from a block onward
-# ---------------------------------------------------------------------------------------
-
-
-class _Runner:
-    """Runs the model on the calibration data; caches block inputs; measures trials."""
-
-    def __init__(self, model: Any, tokenizer: Any, kind: str, calib: Calibration, batch: int):
-        import torch
-
-        self.torch = torch
-        self.model = model
-        self.kind = kind
-        self.blocks = _blocks(model)
-        self.batches = self._batches(tokenizer, calib, batch)
-        self.cache: list[list[Any]] = []  # per batch, per block: the block's hidden input
-        self.ref: list[Any] = []  # per batch: log-probs (causal) or embeddings (encoder)
-        self.block_returns_tuple = False
-
-    def _batches(self, tokenizer: Any, calib: Calibration, batch: int) -> list[dict[str, Any]]:
-        torch = self.torch
-        out = []
-        if self.kind == "causal":
-            if not calib.windows:
-                raise LowbitError("a causal LM needs calibration token windows")
-            ids = torch.tensor(calib.windows, dtype=torch.long)
-            for i in range(0, len(ids), batch):
-                out.append({"input_ids": ids[i : i + batch]})
-        else:
-            if tokenizer is None or not calib.sentences:
-                raise LowbitError("an encoder needs calibration sentences and a tokenizer")
-            texts = list(calib.sentences)
-            for i in range(0, len(texts), batch):
-                enc = tokenizer(
-                    texts[i : i + batch],
-                    padding=True,
-                    truncation=True,
-                    max_length=256,
-                    return_tensors="pt",
-                )
-                out.append(dict(enc))
-        return out
-
-    def _summary(self, out: Any, inputs: dict[str, Any]) -> Any:
-        """Log-probs of the next token (causal) or L2-normalised mean-pooled embeddings."""
-        torch = self.torch
-        if self.kind == "causal":
-            return torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1)
-
-    def _damage(self, got: Any, ref: Any) -> tuple[float, int]:
-        """Summed damage and the count it is a mean over."""
-        if self.kind == "causal":
-            kl = (ref.exp() * (ref - got)).sum(-1)  # KL(original || trial) per position
-            return float(kl.sum()), kl.numel()
-        cos = (got.double() * ref.double()).sum(-1)
-        return float((1.0 - cos).sum()), cos.numel()
-
-    def reference(self) -> None:
-        """One pass of the original: the cached block inputs and the reference outputs."""
-        torch = self.torch
-        captured: list[Any] = []
-
-        def grab(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            h = args[0] if args else kwargs["hidden_states"]
-            captured.append(h.detach())
-
-        def returns(_mod: Any, _args: Any, output: Any) -> None:
-            self.block_returns_tuple = isinstance(output, tuple)
-
-        hooks = [b.register_forward_pre_hook(grab, with_kwargs=True) for b in self.blocks]
-        hooks.append(self.blocks[0].register_forward_hook(returns))
-        try:
-            with torch.inference_mode():
-                for inputs in self.batches:
-                    captured.clear()
-                    out = self.model(**inputs)
-                    self.cache.append(list(captured))
-                    self.ref.append(self._summary(out, inputs))
-        finally:
-            for h in hooks:
-                h.remove()
-        if any(len(c) != len(self.blocks) for c in self.cache):
-            raise LowbitError("the model did not run each block once per pass")
-
-    def trial(self, start: int) -> float:
-        """Mean damage of the model as it is now against the reference, from block ``start``.
-
-        ``start`` < 0 runs the whole model (a tensor outside every block, or a check).
-        """
-        torch = self.torch
-        total, count = 0.0, 0
-        with torch.inference_mode(), self._from_block(start) as feed:
-            for b, inputs in enumerate(self.batches):
-                feed[0] = self.cache[b][start] if start >= 0 else None
-                got = self._summary(self.model(**inputs), inputs)
-                s, n = self._damage(got, self.ref[b])
-                total += s
-                count += n
-        return total / count
-
-    @contextmanager
-    def _from_block(self, start: int) -> Iterator[list[Any]]:
-        """Blocks before ``start`` pass their input through; block ``start`` gets the cache."""
-        feed: list[Any] = [None]
-        if start <= 0:
-            if start == 0:
-                hook = self.blocks[0].register_forward_pre_hook(
-                    self._feeder(feed), with_kwargs=True
-                )
-                try:
-                    yield feed
-                finally:
-                    hook.remove()
-            else:
-                yield feed
-            return
-        saved = [blk.forward for blk in self.blocks[:start]]
-        tuple_out = self.block_returns_tuple
-
-        def passthrough(*args: Any, **kwargs: Any) -> Any:
-            h = args[0] if args else kwargs["hidden_states"]
-            return (h,) if tuple_out else h
-
-        for blk in self.blocks[:start]:
-            blk.forward = passthrough
-        hook = self.blocks[start].register_forward_pre_hook(self._feeder(feed), with_kwargs=True)
-        try:
-            yield feed
-        finally:
-            hook.remove()
-            for blk, fwd in zip(self.blocks[:start], saved, strict=True):
-                blk.forward = fwd
-
-    @staticmethod
-    def _feeder(feed: list[Any]) -> Callable[..., Any]:
-        def hook(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if feed[0] is None:
-                return None
-            if args:
-                return (feed[0], *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": feed[0]}
-
-        return hook
-
-    def input_moments(self, modules: Sequence[str]) -> dict[str, np.ndarray]:
-        """E[x_j^2] of every named linear layer's input over the calibration data."""
-        torch = self.torch
-        sums: dict[str, Any] = {}
-        counts: dict[str, int] = {}
-        named = dict(self.model.named_modules())
-        hooks = []
-        for m in modules:
-
-            def grab(_mod: Any, args: tuple[Any, ...], name: str = m) -> None:
-                x = args[0].detach().float().reshape(-1, args[0].shape[-1])
-                sums[name] = sums.get(name, 0) + (x * x).sum(0).double()
-                counts[name] = counts.get(name, 0) + x.shape[0]
-
-            hooks.append(named[m].register_forward_pre_hook(grab))
-        try:
-            with torch.inference_mode():
-                for inputs in self.batches:
-                    self.model(**inputs)
-        finally:
-            for h in hooks:
-                h.remove()
-        return {m: (sums[m] / counts[m]).numpy() for m in modules if m in sums}
-
-
-# ---------------------------------------------------------------------------------------
 # The scan
 # ---------------------------------------------------------------------------------------
 
@@ -493,6 +238,16 @@ def _plans(
     return plans, names
 
 
+def _exact_indices(schemes: Sequence[str], exact: Sequence[str]) -> set[int]:
+    """Indices of the schemes whose trials run the model (all when ``exact`` is empty)."""
+    if not exact:
+        return set(range(len(schemes)))
+    unknown = [e for e in exact if e not in schemes]
+    if unknown:
+        raise LowbitError(f"exact_schemes {unknown} are not among the schemes {list(schemes)}")
+    return {i for i, s in enumerate(schemes) if s in exact}
+
+
 class _Scan:
     """What one process needs to run trials: the model, its cached block inputs, the moments.
 
@@ -505,11 +260,12 @@ class _Scan:
         self,
         checkpoint: Checkpoint,
         schemes: Sequence[str],
-        calibration: Calibration,
+        calibration: CalibrationSamples,
         tokenizer: Any,
         measure: str,
         batch: int,
         select: Sequence[str] = (),
+        exact_schemes: Sequence[str] = (),
     ) -> None:
         if measure not in ("exact", "proxy"):
             raise LowbitError(f"measure must be 'exact' or 'proxy', got {measure!r}")
@@ -518,14 +274,15 @@ class _Scan:
         self.measure = measure
         t0 = time.perf_counter()
         self.plans, self.names = _plans(checkpoint, schemes, select)
+        self.exact = _exact_indices(schemes, exact_schemes) if measure == "exact" else set()
         model = build_model(checkpoint, progress=False)
         self.kind = (
             "causal"
             if hasattr(model, "lm_head") or "CausalLM" in type(model).__name__
             else "encoder"
         )
-        self.runner = _Runner(model, tokenizer, self.kind, calibration, batch)
-        self.weights = _Weights(model, checkpoint)
+        self.runner = Runner(model, tokenizer, self.kind, calibration, batch)
+        self.weights = TensorWeights(model, checkpoint)
         self.seconds["build"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.moments = self.runner.input_moments([self.weights.module(n) for n in self.names])
@@ -534,7 +291,8 @@ class _Scan:
             t0 = time.perf_counter()
             self.runner.reference()
             self.seconds["reference"] = time.perf_counter() - t0
-        self.start_of = {n: _block_of(self.weights, self.runner.blocks, n) for n in self.names}
+        self._source: tuple[str, Any] = ("", None)  # the last tensor read, in source layout
+        self.start_of = {n: block_of(self.weights, self.runner.blocks, n) for n in self.names}
 
     @property
     def count(self) -> int:
@@ -545,16 +303,25 @@ class _Scan:
         """One trial: quantize tensor ``trial % tensors`` with scheme ``trial // tensors``."""
         import torch
 
-        t = self.plans[trial // len(self.names)].quantized[trial % len(self.names)]
+        scheme = trial // len(self.names)
+        t = self.plans[scheme].quantized[trial % len(self.names)]
         weights = self.weights
-        qt = read_quantized(self.checkpoint, t)
+        if self._source[0] != t.name:  # read once for all schemes of a tensor in a row
+            self._source = ("", None)
+            self.checkpoint.close()  # unmap the previous tensor's pages
+            self._source = (t.name, self.checkpoint.get(t.name))
+        arr = self._source[1]
+        try:
+            qt = quantize(arr, t.scheme)
+        except LowbitError as exc:
+            raise LowbitError(f"tensor {t.name!r}: {exc}") from None
         w_hat = qt.dequantize(np.float32)
-        w = np.asarray(self.checkpoint.get(t.name), dtype=np.float32)
+        w = np.asarray(arr, dtype=np.float32)
         err2 = ((w.astype(np.float64) - w_hat) ** 2).sum(0)  # per input column
         mom = self.moments.get(weights.module(t.name))
         proxy = float(err2 @ mom) if mom is not None and mom.shape == err2.shape else math.nan
         damage = None
-        if self.measure == "exact":
+        if scheme in self.exact:
             p = weights.param(t.name)
             saved = p.detach().clone()
             with torch.no_grad():
@@ -577,7 +344,7 @@ class _Scan:
 def sensitivity(
     checkpoint: Checkpoint,
     schemes: Sequence[str],
-    calibration: Calibration,
+    calibration: CalibrationSamples,
     *,
     tokenizer: Any = None,
     measure: str = "exact",
@@ -587,6 +354,7 @@ def sensitivity(
     workers: int = 1,
     ray: bool | str = False,
     tensors: Sequence[str] = (),
+    exact_schemes: Sequence[str] = (),
 ) -> SensitivityResult:
     """Measure every quantizable tensor under every candidate scheme, one tensor at a time.
 
@@ -594,7 +362,8 @@ def sensitivity(
         checkpoint: an open checkpoint (``lowbit.open_checkpoint``).
         schemes: candidate scheme strings (``int4:g128``, ``nf4``, ``int8:ch`` ...).
         calibration: token windows (causal LMs) or sentences (encoders); keep them disjoint
-            from the data the result will be evaluated on.
+            from the data the result will be evaluated on
+            (:func:`lowbit.evaluation.calibration.scan_samples` does).
         tokenizer: the model's tokenizer (encoders).
         measure: ``exact`` (the measured damage, and the proxy beside it) or ``proxy`` only.
         cached: reuse the cached block inputs (``False`` runs the whole model per trial: for
@@ -610,6 +379,10 @@ def sensitivity(
             cluster's address. ``workers`` is then the number of Ray actors (1: one per CPU of
             the cluster). The checkpoint's path must be readable on every node.
         tensors: globs; only the tensors matching one are tried (default: all).
+        exact_schemes: with ``measure="exact"``, the schemes (strings of ``schemes``) whose
+            trials run the model; the others get the proxy only, and the budget scores them
+            by the proxy times the tensor's measured damage-to-proxy ratio
+            (:meth:`SensitivityResult.score`). Default: every scheme.
 
     Returns:
         A :class:`SensitivityResult`.
@@ -623,6 +396,7 @@ def sensitivity(
         raise LowbitError(f"measure must be 'exact' or 'proxy', got {measure!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise LowbitError(f"workers must be a positive integer, got {workers!r}")
+    _exact_indices(schemes, exact_schemes)
     if ray is not False or workers > 1:
         labels = [a.quantized[0].scheme.label for a in _plans(checkpoint, schemes, tensors)[0]]
         kind, entries, seconds = distributed_scan(
@@ -637,18 +411,23 @@ def sensitivity(
             workers=workers,
             ray=ray,
             select=tuple(tensors),
+            exact_schemes=tuple(exact_schemes),
             scan_type=_Scan,
             plans=_plans,
         )
     else:
-        scan = _Scan(checkpoint, schemes, calibration, tokenizer, measure, batch, tensors)
+        scan = _Scan(
+            checkpoint, schemes, calibration, tokenizer, measure, batch, tensors, exact_schemes
+        )
         labels = [a.quantized[0].scheme.label for a in scan.plans]
-        entries = []
+        found: dict[int, SensitivityEntry] = {}
         t0 = time.perf_counter()
-        for i in range(scan.count):
-            entries.append(scan.run(i, cached))
+        n = len(scan.names)  # tensor by tensor: each is read once for all its schemes
+        for i in sorted(range(scan.count), key=lambda i: (i % n, i // n)):
+            found[i] = scan.run(i, cached)
             if progress is not None:
-                progress(i + 1, scan.count)
+                progress(len(found), scan.count)
+        entries = [found[i] for i in range(scan.count)]
         seconds = {**scan.seconds, "trials": time.perf_counter() - t0}
         kind = scan.kind
     return SensitivityResult(
