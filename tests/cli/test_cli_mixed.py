@@ -158,7 +158,7 @@ def test_ray_equals_local(folder: Path, scan_file: Path) -> None:
 
     from lowbit.checkpoints import open_checkpoint
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-    from lowbit.evaluation.calibration import scan_samples
+    from lowbit.evaluation.scan_samples import scan_samples
     from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
 
     local = SensitivityResult.from_dict(json.loads(scan_file.read_text()))

@@ -16,7 +16,7 @@ from lowbit.checkpoints._outputs import check_not_input
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
-from lowbit.evaluation.calibration import is_causal, scan_samples
+from lowbit.evaluation.scan_samples import is_causal, scan_samples
 from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.scheme_text import parse_scheme

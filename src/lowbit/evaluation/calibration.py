@@ -30,16 +30,12 @@ blocks before it), so the peak memory is about
 
 for ``N`` samples of ``L`` tokens and hidden size ``d``: SmolLM2-135M (d = 576, inputs of 576
 and 1,536) with 128 x 512 takes 0.54 GB + 151 MB + 3 x 2.7 MB + 19 MB + tens of MB.
-
-**A sensitivity scan's samples** (:func:`scan_samples`): the same rules, its own sizes
-(:data:`SCAN_SAMPLES`: 8 windows of 512 tokens, or 128 sentences drawn with seed 1).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,27 +44,17 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
-from lowbit.evaluation._compare import DEFAULT_SENTENCES
-from lowbit.evaluation.perplexity import (
-    candidate_sentences,
-    load_text,
-    sentences_from_text,
-    tokenize,
-)
+from lowbit.evaluation.perplexity import candidate_sentences, load_text, tokenize
 
 __all__ = [
     "DEFAULT_LENGTH",
     "DEFAULT_SAMPLES_DECODER",
     "DEFAULT_SAMPLES_ENCODER",
     "DEFAULT_START",
-    "SCAN_SAMPLES",
     "Calibration",
-    "CalibrationSamples",
     "HessianCollector",
     "decoder_windows",
     "encoder_texts",
-    "is_causal",
-    "scan_samples",
 ]
 
 #: First token of the default text that calibration uses (evaluation scores tokens before it).
@@ -76,7 +62,6 @@ DEFAULT_START = 32_768
 DEFAULT_SAMPLES_DECODER = 128
 DEFAULT_SAMPLES_ENCODER = 256
 DEFAULT_LENGTH = 512
-SCAN_SAMPLES = {"causal": 8, "encoder": 128}  # a sensitivity scan's windows or sentences
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,95 +247,6 @@ def encoder_texts(calib: Calibration, *, exclude: Collection[str] = ()) -> list[
         )
     pick = np.sort(np.random.default_rng(calib.seed).choice(len(pool), size=n, replace=False))
     return [pool[i] for i in pick]
-
-
-# ---------------------------------------------------------------------------------------
-# Samples for a sensitivity scan
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CalibrationSamples:
-    """The data a sensitivity scan's trials run on: token windows (causal LMs) or sentences
-    (encoders). (:class:`Calibration` says where data comes from; this is the data.)
-
-    Attributes:
-        label: where it came from, for reports (text, slice).
-        windows: token id windows, each the same length (causal LMs).
-        sentences: texts (encoders).
-    """
-
-    label: str
-    windows: tuple[tuple[int, ...], ...] = ()
-    sentences: tuple[str, ...] = ()
-
-
-def is_causal(checkpoint: Any) -> bool:
-    """Whether a checkpoint is a causal LM (a GGUF file, or a ``*ForCausalLM`` /
-    ``*LMHeadModel`` architecture in its config)."""
-    if checkpoint.format == "gguf":
-        return True
-    archs = (checkpoint.config or {}).get("architectures") or ()
-    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
-
-
-def scan_samples(
-    kind: str,
-    tokenizer: Any,
-    source: str | Path | None = None,
-    *,
-    samples: int | None = None,
-    length: int = DEFAULT_LENGTH,
-    seed: int = 1,
-) -> CalibrationSamples:
-    """Calibration windows (:func:`decoder_windows`) or sentences (:func:`encoder_texts`,
-    outside eval's 256 of seed 0) for a sensitivity scan, disjoint from what eval measures.
-
-    Args:
-        kind: ``causal`` or ``encoder``.
-        tokenizer: the model's tokenizer (causal LMs).
-        source: ``None``/``"default"`` for the default text, or a UTF-8 text file.
-        samples: windows or sentences (default :data:`SCAN_SAMPLES`).
-        length: tokens per window.
-        seed: the draw of encoder sentences.
-
-    Raises:
-        LowbitError: bad sizes, a text too short for the windows or sentences asked for.
-    """
-    if kind not in SCAN_SAMPLES:
-        raise LowbitError(f"kind must be 'causal' or 'encoder', got {kind!r}")
-    n = SCAN_SAMPLES[kind] if samples is None else samples
-    if n < 1 or length < 2:
-        raise LowbitError(f"calibration needs samples >= 1 and length >= 2, got {n}, {length}")
-    default = source is None or str(source).strip().lower() == "default"
-    if not default and Path(source).suffix.lower() != ".txt":  # type: ignore[arg-type]
-        raise LowbitError(f"calibration text {str(source)!r}: use 'default' or a .txt file")
-    calib = Calibration(source="default" if default else str(source), samples=n,
-                        length=length, seed=seed)  # fmt: skip
-    label = calib.text()[0]
-    if kind == "causal":
-        with warnings.catch_warnings():  # too few windows is an error here, not a warning
-            warnings.simplefilter("ignore", UserWarning)
-            try:
-                windows = decoder_windows(tokenizer, calib)
-            except LowbitError:
-                windows = []
-        if len(windows) < n:
-            raise LowbitError(
-                f"calibration: {label} has too few tokens for {n} windows of {length} from "
-                f"token {calib.first_token:,}"
-            )
-        return CalibrationSamples(
-            f"{n} x {length} tokens of {label} from token {calib.first_token:,}",
-            windows=tuple(tuple(int(t) for t in w) for w in windows),
-        )
-    text = calib.text()[1]
-    measured = sentences_from_text(text, DEFAULT_SENTENCES, seed=0) if default else ()
-    what = "outside the evaluation's" if default else "of the text"
-    return CalibrationSamples(
-        f"{n} sentences {what} of {label} (seed {seed})",
-        sentences=tuple(encoder_texts(calib, exclude=measured)),
-    )
 
 
 # ---------------------------------------------------------------------------------------

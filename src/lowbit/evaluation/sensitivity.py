@@ -38,8 +38,8 @@ from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
 from lowbit.evaluation._sensitivity_workers import distributed_scan
-from lowbit.evaluation.calibration import CalibrationSamples
 from lowbit.evaluation.models import build_model
+from lowbit.evaluation.scan_samples import CalibrationSamples
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.tensor import quantize
 
@@ -363,7 +363,7 @@ def sensitivity(
         schemes: candidate scheme strings (``int4:g128``, ``nf4``, ``int8:ch`` ...).
         calibration: token windows (causal LMs) or sentences (encoders); keep them disjoint
             from the data the result will be evaluated on
-            (:func:`lowbit.evaluation.calibration.scan_samples` does).
+            (:func:`lowbit.evaluation.scan_samples.scan_samples` does).
         tokenizer: the model's tokenizer (encoders).
         measure: ``exact`` (the measured damage, and the proxy beside it) or ``proxy`` only.
         cached: reuse the cached block inputs (``False`` runs the whole model per trial: for
