@@ -41,7 +41,7 @@ from lowbit.evaluation.calibration import (
 )
 from lowbit.evaluation.models import _prefix_fix, build_model
 from lowbit.evaluation.perplexity import sentences_from_text
-from lowbit.quant.gptq import GPTQ, layer_error
+from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.tensor import quantize
 
@@ -62,8 +62,10 @@ class GPTQRun:
         seconds: per phase: ``load`` (model, tokenizer, data), ``capture`` (up to the first
             block), ``collect`` (hooked forward passes), ``solve`` (GPTQ), ``report`` (the
             errors in ``layers``), ``propagate`` (quantized forward passes), ``rtn`` (the other
-            tensors), ``total``.
+            tensors), ``total``: wall-clock seconds.
         calibration: what the calibration data was (samples, tokens, source).
+        cpu_seconds: the same phases in CPU seconds of this process (all its threads): what
+            a time means on a shared machine.
     """
 
     weights: dict[str, Any]
@@ -71,6 +73,32 @@ class GPTQRun:
     layers: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class _Clock:
+    """Wall and CPU seconds per phase (``start`` then ``stop(phase)``)."""
+
+    PHASES = ("load", "capture", "collect", "solve", "report", "propagate", "rtn")
+
+    def __init__(self) -> None:
+        self.wall = dict.fromkeys(self.PHASES, 0.0)
+        self.cpu = dict.fromkeys(self.PHASES, 0.0)
+        self._t = (0.0, 0.0)
+
+    def start(self) -> None:
+        self._t = (time.perf_counter(), time.process_time())
+
+    def stop(self, phase: str) -> None:
+        self.wall[phase] += time.perf_counter() - self._t[0]
+        self.cpu[phase] += time.process_time() - self._t[1]
+        self.start()
+
+    def totals(self) -> dict[str, float]:
+        return {**self.wall, "total": sum(self.wall.values())}
+
+    def cpu_totals(self) -> dict[str, float]:
+        return {**self.cpu, "total": sum(self.cpu.values())}
 
 
 class _Captured(Exception):
@@ -116,9 +144,8 @@ def gptq_weights(
     """
     import torch
 
-    t0 = time.perf_counter()
-    phases = ("load", "capture", "collect", "solve", "report", "propagate", "rtn")
-    seconds = dict.fromkeys(phases, 0.0)
+    clock = _Clock()
+    clock.start()
     method = GPTQ() if method is None else method
     if not isinstance(method, GPTQ):
         raise LowbitError(f"method must be a lowbit.quant.gptq.GPTQ, got {type(method).__name__}")
@@ -134,28 +161,28 @@ def gptq_weights(
     per_block = _locate(net, ckpt, todo, prefix)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
-    seconds["load"] = time.perf_counter() - t0
+    clock.stop("load")
 
     weights: dict[str, Any] = {}
     methods: dict[str, str] = {}
     layers: dict[str, dict[str, float]] = {}
     with _threads(threads), torch.inference_mode():
-        t = time.perf_counter()
+        clock.start()
         states = _capture(net, blocks[0], samples, causal)
-        seconds["capture"] = time.perf_counter() - t
+        clock.stop("capture")
         bar = progress_bar(len(blocks), progress, "gptq", "block")
         with bar:
             for i, block in enumerate(blocks):
                 mine = per_block.get(i, {})
                 if mine:
-                    t = time.perf_counter()
+                    clock.start()
                     linears = {m: net.get_submodule(m) for m in mine}
                     with HessianCollector(linears) as col:
                         for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
                             col.next_sample(mask)
-                            block(hidden, *args, **kwargs)
-                    seconds["collect"] += time.perf_counter() - t
-                    t = time.perf_counter()
+                            col.run(block, hidden, *args, **kwargs)
+                    clock.stop("collect")
+                    clock.start()
                     for group in col.groups().values():
                         H = col.hessian(group[0])
                         ws = {
@@ -163,30 +190,32 @@ def gptq_weights(
                         }
                         schemes = {mine[m]: todo[mine[m]].scheme for m in group}
                         qts = method.quantize_shared(ws, H, schemes)
-                        seconds["solve"] += time.perf_counter() - t
-                        t = time.perf_counter()
+                        clock.stop("solve")
+                        clock.start()
+                        H32 = H.astype(np.float32)
                         for m in group:
                             name = mine[m]
                             deq = qts[name].dequantize(np.float64)
-                            layers[name] = _errors(ws[name], deq, H, schemes[name], col.tokens(m))
+                            layers[name] = _errors(ws[name], deq, H32, schemes[name], col.tokens(m))
                             _set_weight(linears[m], _model_layout(ckpt, name, deq, net))
                             weights[name] = qts[name]
                             methods[name] = "gptq"
-                        seconds["report"] += time.perf_counter() - t
-                        t = time.perf_counter()
-                t = time.perf_counter()
+                        clock.stop("report")
+                        clock.start()
+                clock.start()
                 if i + 1 < len(blocks):
-                    states = [(_out(block(h, *a, **k)), a, k) for h, a, k in states]
-                seconds["propagate"] += time.perf_counter() - t
+                    for j, (h, a, k) in enumerate(states):  # in place: one sample's copy extra
+                        states[j] = (_out(block(h, *a, **k)), a, k)
+                        del h
+                clock.stop("propagate")
                 bar.update(1)
     del net, states
-    t = time.perf_counter()
+    clock.start()
     for name, tp in todo.items():
         if name not in weights:
             weights[name] = qw.read_quantized(ckpt, tp)
             methods[name] = "rtn"
-    seconds["rtn"] = time.perf_counter() - t
-    seconds["total"] = time.perf_counter() - t0
+    clock.stop("rtn")
     calib_facts = {
         **calib.to_dict(),
         "kind": "causal-lm" if causal else "encoder",
@@ -196,7 +225,7 @@ def gptq_weights(
         if causal
         else sum(int(m.sum()) for _, m in samples),
     }
-    return GPTQRun(weights, methods, layers, seconds, calib_facts)
+    return GPTQRun(weights, methods, layers, clock.totals(), calib_facts, clock.cpu_totals())
 
 
 # ---------------------------------------------------------------------------------------
@@ -336,14 +365,18 @@ def _capture(net: Any, first: Any, samples: Any, causal: bool) -> list[tuple[Any
 def _errors(
     W: np.ndarray, deq: np.ndarray, H: np.ndarray, scheme: Any, tokens: int
 ) -> dict[str, float]:
-    """Relative layer-output errors of round-to-nearest and of GPTQ on the calibration inputs."""
+    """Relative layer-output errors ``tr(D H D^T) / tr(W H W^T)`` of round-to-nearest and of
+    GPTQ on the calibration inputs (a report: float32 products with the float32 ``H``)."""
 
-    rtn = quantize(W.astype(np.float32), scheme).dequantize(np.float64)
-    base = layer_error(W, np.zeros_like(W), H)
+    W32 = W.astype(np.float32)
+    rtn = quantize(W32, scheme).dequantize(np.float32)
+    D = np.stack([W32, W32 - rtn, W32 - deq.astype(np.float32)])  # [3, out, in]
+    e = np.einsum("kij,kij->k", D @ H, D, dtype=np.float64)
+    base = float(e[0])
     return {
         "tokens": tokens,
-        "rtn": layer_error(W, rtn, H) / base if base else 0.0,
-        "gptq": layer_error(W, deq, H) / base if base else 0.0,
+        "rtn": float(e[1]) / base if base else 0.0,
+        "gptq": float(e[2]) / base if base else 0.0,
     }
 
 

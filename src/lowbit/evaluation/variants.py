@@ -420,6 +420,7 @@ def gptq_variant(
             "gptq_tensors": sum(m == "gptq" for m in run.methods.values()),
             "calibration": run.calibration,
             "phase_seconds": run.seconds,
+            "phase_cpu_seconds": run.cpu_seconds,
             "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
             "layer_error_gptq": float(np.mean([e["gptq"] for e in errs])) if errs else None,
         },

@@ -163,12 +163,34 @@ class GPTQ:
         H64 = next(iter(checked.values()))[1]
         factor = _factor(H64, self)
         out = {}
-        for name, (W64, _, scheme) in checked.items():
+        for names in _stacks(checked):
             try:
-                out[name] = _solve(W64, factor, scheme, self)
+                if len(names) == 1:
+                    out[names[0]] = _solve(checked[names[0]][0], factor, checked[names[0]][2], self)
+                    continue
+                # rows are independent: one loop over the stacked rows, then split
+                W = np.concatenate([checked[n][0] for n in names])
+                codes, quant = _solve_codes(W, factor, checked[names[0]][2], self)
+                r = 0
+                for n in names:
+                    rows = checked[n][0].shape[0]
+                    part = quant.rows(r, r + rows)
+                    out[n] = part.result(codes[r : r + rows], (rows, W.shape[1]))
+                    r += rows
             except LowbitError as exc:
-                raise LowbitError(f"{name}: {exc}") from None
-        return out
+                raise LowbitError(f"{', '.join(names)}: {exc}") from None
+        return {n: out[n] for n in checked}
+
+
+def _stacks(checked: Mapping[str, tuple[Any, Any, Scheme]]) -> list[list[str]]:
+    """Names whose weights one loop can quantize together: the same scheme with scales per row
+    (channels, groups, blocks; a per-tensor scale spans rows, so it stays alone)."""
+    stacks: dict[Any, list[str]] = {}
+    for name, (_, _, scheme) in checked.items():
+        per_row = scheme.granularity in (Granularity.CHANNEL, Granularity.GROUP, Granularity.BLOCK)
+        key = scheme if per_row else ("alone", name)
+        stacks.setdefault(key, []).append(name)
+    return list(stacks.values())
 
 
 # ---- checks and the inverse Hessian ------------------------------------------------------
@@ -333,6 +355,15 @@ class _Quantizer:
             q = q - Z[:, 0]
         return codes, q * S[:, 0].astype(np.float64)
 
+    def rows(self, a: int, b: int) -> _Quantizer:
+        """The same quantizer for rows ``a..b`` only (scales per row: channel, group, block)."""
+        part = object.__new__(_Quantizer)
+        part.__dict__.update(self.__dict__)
+        part.scale = self.scale[a:b]
+        part.zero = None if self.zero is None else self.zero[a:b]
+        part.thresh = None if self.thresh is None else self.thresh[a:b]
+        return part
+
     def result(self, codes: np.ndarray, shape: tuple[int, int]) -> Any:
         """The :class:`QuantizedTensor` of ``codes [out, in]`` with these scales."""
 
@@ -419,7 +450,14 @@ def gptq_quantize(
 
 
 def _solve(W: np.ndarray, f: _Factor, scheme: Scheme, cfg: GPTQ) -> Any:
-    """GPTQ's loop over the columns of ``W`` (float64, modified) with a factored Hessian."""
+    """GPTQ of ``W`` (float64, modified) with a factored Hessian: a QuantizedTensor."""
+    codes, quant = _solve_codes(W, f, scheme, cfg)
+    return quant.result(codes, W.shape)
+
+
+def _solve_codes(W: np.ndarray, f: _Factor, scheme: Scheme, cfg: GPTQ) -> tuple[Any, Any]:
+    """GPTQ's loop over the columns of ``W`` (float64, modified): codes ``[out, in]`` and the
+    quantizer holding the scales."""
     rows, cols = W.shape
     quant = _Quantizer(scheme, (rows, cols))
     W[:, f.dead] = 0.0
@@ -453,7 +491,7 @@ def _solve(W: np.ndarray, f: _Factor, scheme: Scheme, cfg: GPTQ) -> Any:
             E1[i] = err
         if i2 < cols:
             Wt[i2:] -= U[i1:i2, i2:].T @ E1
-    return quant.result(np.ascontiguousarray(codes.T), (rows, cols))
+    return np.ascontiguousarray(codes.T), quant
 
 
 def _current(
