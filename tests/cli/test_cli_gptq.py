@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -49,9 +50,73 @@ def test_quantize_method_gptq(
     for name, qt in run.weights.items():
         assert ckpt.entry(name)["method"] == "gptq"
         np.testing.assert_array_equal(ckpt.get(name), qt.dequantize())
-    bad = [*argv[:-3], "--out", str(tmp_path / "ct"), "--out-format", "compressed-tensors"]
+    bad = [*argv[:-3], "--out", str(tmp_path / "q.gguf"), "--out-format", "gguf"]
     assert main(bad) == 2
-    assert "--method gptq writes lowbit checkpoints" in capsys.readouterr().err
+    assert "gguf" in capsys.readouterr().err.lower()
+
+
+def _ct_dequantize(folder: Path) -> dict[str, np.ndarray]:
+    """compressed-tensors' own model-free decompression of every tensor of a folder."""
+    from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import (
+        CompressedTensorsDequantizer,
+    )
+    from safetensors import safe_open
+
+    raw = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as sf:
+            raw.update({k: sf.get_tensor(k) for k in sf.keys()})
+    res = CompressedTensorsDequantizer(folder, dtype=torch.float32).process(raw)
+    return {k: v.numpy() for k, v in res.items()}
+
+
+@pytest.mark.parametrize("source", ["folder", "gguf"])
+@pytest.mark.parametrize("spec", ["int4:g32", "int4:g32:asym"])
+def test_gptq_to_compressed_tensors(
+    setup: tuple[Path, Path], tmp_path: Path, source: str, spec: str
+) -> None:
+    """--method gptq --out-format compressed-tensors: compressed-tensors' own decompressor and
+    transformers give exactly GPTQ's dequantized weights (a GGUF source's q/k rows put back in
+    the transformers order), which differ from round-to-nearest's."""
+    pytest.importorskip("compressed_tensors")
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+    from lowbit.quant.scheme_text import parse_scheme
+    from lowbit.quant.tensor import quantize
+    from tiny_models import save_gguf
+
+    folder, text = setup
+    model = folder if source == "folder" else save_gguf(tiny_llama(), tmp_path / "tiny.gguf")
+    out = tmp_path / "ct"
+    argv = ["quantize", str(model), "--to", spec, "--method", "gptq", "--calib", str(text),
+            "--calib-samples", "3", "--calib-len", "50", "--out", str(out), "--no-progress",
+            "--out-format", "compressed-tensors", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    calib = Calibration(source=str(text), samples=3, length=50)
+    run = gptq_weights(model, spec, calib, progress=False)
+    assert sum(m == "gptq" for m in run.methods.values()) == 14
+    got = _ct_dequantize(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers: "You passed quantization_config ..."
+        sd = transformers.AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True)
+        ).state_dict()
+    heads = {"q_proj": 4, "k_proj": 2}
+    original = open_checkpoint(str(folder))
+    moved = 0
+    for name, qt in run.weights.items():
+        hf = name if source == "folder" else gguf_to_hf_name(name)
+        want = qt.dequantize()
+        kind = hf.split(".")[-2]
+        if source == "gguf" and kind in heads:
+            want = unpermute_qk(want, heads[kind])
+        np.testing.assert_array_equal(got[hf], want, err_msg=hf)
+        np.testing.assert_array_equal(sd[hf].numpy(), want, err_msg=hf)
+        rtn = quantize(np.asarray(original.get(hf), np.float32), parse_scheme(spec)).dequantize()
+        moved += not np.array_equal(want, rtn)
+    assert moved == 14  # GPTQ's weights, not round-to-nearest's
 
 
 def test_eval_methods_side_by_side(

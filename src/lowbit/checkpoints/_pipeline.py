@@ -23,11 +23,12 @@ from lowbit.checkpoints.compressed_tensors import from_quantized, write_compress
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.gguf_writer import GGUFTensor
 from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+from lowbit.codecs.packing import _pack_unchecked, unpack
 from lowbit.errors import LowbitError
 from lowbit.quant import gguf_q
 from lowbit.quant.plan import AppliedPlan, TensorPlan
 from lowbit.quant.scheme import Granularity
-from lowbit.quant.tensor import quantize
+from lowbit.quant.tensor import QuantizedTensor, quantize
 
 GGUF_Q = {4: "Q4_0", 8: "Q8_0"}
 
@@ -364,8 +365,12 @@ def write_ct(
     max_shard_size: int | None,
     progress: bool | None,
     model_files: ModelFiles,
+    done: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:
-    """Write a compressed-tensors folder; returns the files copied and those left out."""
+    """Write a compressed-tensors folder; returns the files copied and those left out.
+
+    Tensors in ``done`` (name -> QuantizedTensor, e.g. GPTQ's) are written as they are (a GGUF
+    source's q/k rows put back in the transformers order, codes and scales alike)."""
     import tempfile
 
     is_gguf = ckpt.format == "gguf"
@@ -393,6 +398,11 @@ def write_ct(
     def make(hf: str) -> Any:
         t = by_out[hf]
         ckpt.close()
+        if t.action == "quantize" and done is not None and t.name in done:
+            qt = done[t.name]
+            if is_gguf and (".q_proj." in hf or ".k_proj." in hf):
+                qt = _rows_permuted(qt, lambda a: unpermute(hf, a))
+            return from_quantized(qt, activations=acts[t.activations])
         if t.action == "quantize":
             arr = unpermute(hf, ckpt.get(t.name))
             qt = quantize(arr, t.scheme)
@@ -432,6 +442,27 @@ def write_ct(
             progress=progress,
         )
     return names, left
+
+
+def _rows_permuted(qt: Any, permute: Any) -> Any:
+    """A 2-D QuantizedTensor with its rows reordered by ``permute`` (a function on arrays
+    with rows first): codes, scales and zero points; a per-tensor scale stays."""
+    rows, cols = qt.shape
+    raw = unpack(qt.codes, qt.format.bits, qt.numel).reshape(rows, cols)
+    order = np.asarray(permute(np.arange(rows)))
+
+    def move(a: Any) -> Any:
+        return a if a is None or a.shape[0] != rows else np.ascontiguousarray(a[order])
+
+    if qt._dq is not None:
+        raise LowbitError("double-quantized scales cannot be reordered; write a lowbit checkpoint")
+    return QuantizedTensor(
+        codes=_pack_unchecked(np.ascontiguousarray(raw[order]).reshape(-1), qt.format.bits),
+        scale=move(qt.scale),
+        zero_point=move(qt.zero_point),
+        shape=qt.shape,
+        scheme=qt.scheme,
+    )
 
 
 def write_gguf(

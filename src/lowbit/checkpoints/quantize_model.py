@@ -193,7 +193,8 @@ def quantize_model(
         progress: tqdm bars (``None``: only on a terminal; ``False``: never).
         weights: tensors already quantized as the plan says (name -> QuantizedTensor, e.g.
             ``lowbit.evaluation.gptq_model.gptq_weights(...).weights``), written as they are
-            (lowbit output only); the plan's other tensors are rounded to nearest.
+            (lowbit and compressed-tensors output); the plan's other tensors are rounded to
+            nearest.
         method: how ``weights`` were made (e.g. ``GPTQ().to_dict()`` plus the calibration),
             recorded in the manifest and, per tensor, as ``method``.
 
@@ -218,9 +219,9 @@ def quantize_model(
     if not str(out):
         raise LowbitError("the output path is empty")
     out = Path(out)
-    if weights is not None and out_format != "lowbit":
+    if weights is not None and out_format == "gguf":
         raise LowbitError(
-            f"precomputed weights (GPTQ) are written to lowbit checkpoints, not {out_format}"
+            "precomputed weights (GPTQ) are written to lowbit or compressed-tensors, not gguf"
         )
     files = model_files(ckpt, copy_code=copy_code)
     inputs = {Path(ckpt.path)} | {f for f, _ in files.copied}
@@ -234,7 +235,9 @@ def quantize_model(
             done=weights, method=None if method is None else dict(method),
         )  # fmt: skip
     elif out_format == "compressed-tensors":
-        copied, left = qw.write_ct(ckpt, applied, out, overwrite, max_shard_size, progress, files)
+        copied, left = qw.write_ct(
+            ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights
+        )
     else:
         qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding)
     ckpt.close()

@@ -99,7 +99,7 @@ def register(sub: Any) -> None:
         "--method",
         choices=["rtn", "gptq", "awq"],
         default="rtn",
-        help="rtn: round to nearest (default); gptq, awq: calibrated (lowbit output only)",
+        help="rtn: round to nearest (default); gptq, awq: calibrated (awq: lowbit output only)",
     )
     p.add_argument(
         "--smooth",
@@ -200,13 +200,13 @@ def _gptq(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """GPTQ's weights and what to record about them (``--method gptq``)."""
 
-    if args.out_format != "lowbit":
-        raise LowbitError("--method gptq writes lowbit checkpoints: use --out-format lowbit")
+    if args.out_format == "gguf":
+        raise LowbitError("--method gptq writes lowbit or compressed-tensors, not gguf (yet)")
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     cfg = GPTQ(damp=args.damp, act_order=args.act_order)
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
-    run = gptq_weights(ckpt, plan, calib, cfg, progress=progress)
+    run = gptq_weights(ckpt, plan, calib, cfg, progress=progress, default_method=args.method)
     done = {n: qt for n, qt in run.weights.items() if run.methods[n] == "gptq"}
     method = {
         **cfg.to_dict(),
@@ -270,7 +270,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
     done = method = None
     source = ckpt
-    if args.method == "gptq":
+    named = args.method == "rtn" and any(t.method == "gptq" for t in applied.quantized)
+    if args.method == "gptq" or named:
         if args.smooth is not None:
             raise LowbitError("--smooth rounds to nearest after its folds: drop --method gptq")
         done, method = _gptq(args, ckpt, plan, out, progress)

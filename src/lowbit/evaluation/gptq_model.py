@@ -43,6 +43,7 @@ from lowbit.evaluation.models import _prefix_fix, build_model
 from lowbit.evaluation.perplexity import sentences_from_text
 from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.rules import method_name
 from lowbit.quant.tensor import quantize
 
 __all__ = ["GPTQRun", "gptq_weights"]
@@ -115,6 +116,7 @@ def gptq_weights(
     exclude: Collection[str] | None = None,
     threads: int | None = None,
     progress: bool | None = None,
+    default_method: str = "gptq",
 ) -> GPTQRun:
     """Quantize a model's weights with GPTQ on calibration data.
 
@@ -134,6 +136,9 @@ def gptq_weights(
         threads: torch threads (default: the usable cores, see
             ``lowbit.evaluation.perplexity.default_threads``).
         progress: tqdm bars (``None``: only on a terminal).
+        default_method: how the tensors whose plan rule names no ``method`` are quantized:
+            ``gptq`` (default) or ``rtn`` (then only the rules saying ``method: gptq`` use
+            GPTQ); a rule's ``method`` always wins.
 
     Returns:
         A :class:`GPTQRun`.
@@ -153,12 +158,14 @@ def gptq_weights(
     ckpt = open_model(model)
     plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
     applied = plan_model(ckpt, plan)
+    default_method = method_name(default_method) or "gptq"
     todo = {t.name: t for t in applied.quantized}
+    wanted = {n for n, t in todo.items() if (t.method or default_method) == "gptq"}
     tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)
     causal = net.get_output_embeddings() is not None
     prefix, blocks = _find_blocks(net)
-    per_block = _locate(net, ckpt, todo, prefix)
+    per_block = _locate(net, ckpt, {n: t for n, t in todo.items() if n in wanted}, prefix)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
     clock.stop("load")
@@ -166,13 +173,16 @@ def gptq_weights(
     weights: dict[str, Any] = {}
     methods: dict[str, str] = {}
     layers: dict[str, dict[str, float]] = {}
+    last = max(per_block, default=-1)  # no block after the last one GPTQ quantizes is run
+    states: list[Any] = []
     with _threads(threads), torch.inference_mode():
         clock.start()
-        states = _capture(net, blocks[0], samples, causal)
+        if last >= 0:
+            states = _capture(net, blocks[0], samples, causal)
         clock.stop("capture")
-        bar = progress_bar(len(blocks), progress, "gptq", "block")
+        bar = progress_bar(last + 1, progress, "gptq", "block")
         with bar:
-            for i, block in enumerate(blocks):
+            for i, block in enumerate(blocks[: last + 1]):
                 mine = per_block.get(i, {})
                 if mine:
                     clock.start()
@@ -203,7 +213,7 @@ def gptq_weights(
                         clock.stop("report")
                         clock.start()
                 clock.start()
-                if i + 1 < len(blocks):
+                if i < last:
                     for j, (h, a, k) in enumerate(states):  # in place: one sample's copy extra
                         states[j] = (_out(block(h, *a, **k)), a, k)
                         del h

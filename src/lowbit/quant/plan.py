@@ -111,6 +111,8 @@ class TensorPlan:
         rule: index of the rule that decided (None: the defaults).
         reason: why, in words (``rule 2: match '*mlp*'``, ``default: 2-D linear weight``).
         source_nbytes: bytes the tensor takes in the source file.
+        method: how a quantized tensor is quantized when its rule names it (``rtn``,
+            ``gptq``: :data:`~lowbit.quant.rules.METHODS`), else None (the caller's method).
     """
 
     name: str
@@ -123,6 +125,7 @@ class TensorPlan:
     rule: int | None
     reason: str
     source_nbytes: int
+    method: str | None = None
 
     @property
     def numel(self) -> int:
@@ -165,6 +168,7 @@ class TensorPlan:
             "format": self.label,
             "scheme": self.scheme.to_dict() if self.scheme is not None else None,
             "activations": self.activations,
+            **({"method": self.method} if self.method else {}),
             "rule": self.rule,
             "reason": self.reason,
             "bits": self.bits,
@@ -322,7 +326,7 @@ class PrecisionPlan:
             if rule.matches(name, shape, alias):
                 return self._plan(
                     name, shape, dtype, nbytes, rule.action, rule.activations, i,
-                    f"rule {i + 1}: {rule.describe()}",
+                    f"rule {i + 1}: {rule.describe()}", rule.method,
                 )  # fmt: skip
         component = classify(name, len(shape))
         if (
@@ -360,6 +364,7 @@ class PrecisionPlan:
         activations: str | None,
         rule: int | None,
         reason: str,
+        method: str | None = None,
     ) -> TensorPlan:
         if action is None:
             return TensorPlan(name, shape, dtype, "keep", None, None, None, rule, reason, nbytes)
@@ -368,7 +373,9 @@ class PrecisionPlan:
                 name, shape, dtype, "cast", None, action.dtype, None, rule, reason, nbytes
             )
         acts = activations or self.activations
-        return TensorPlan(name, shape, dtype, "quantize", action, None, acts, rule, reason, nbytes)
+        return TensorPlan(
+            name, shape, dtype, "quantize", action, None, acts, rule, reason, nbytes, method
+        )
 
     def apply(
         self, tensors: Iterable[tuple[str, Sequence[int], str, int]], *, source: str = "the model"

@@ -15,6 +15,10 @@ all read plan files with :func:`load_plan_file`::
       - {regex: 'model\\.layers\\.0\\..*', format: "int8:ch", scale_method: mse}
       - {component: mlp, ndim: 2, format: "nf4:g64:dq", activations: fp8_e4m3}
       - {match: lm_head.weight, format: bf16}
+      - {component: attention, ndim: 2, format: int4:g128, method: gptq}
+
+A rule's ``method`` (:data:`METHODS`: ``rtn`` round to nearest, ``gptq`` calibrated) says how its
+tensors are quantized; a rule without one follows the command's ``--method``.
 
 Formats are scheme strings (:func:`lowbit.quant.scheme_text.parse_scheme`), ``keep``, or
 ``Scheme.to_dict()`` dicts; ``scale_method`` and ``pad`` set those Scheme fields.
@@ -38,6 +42,7 @@ from lowbit.quant.scheme_text import _field_names, parse_scheme
 
 __all__ = [
     "KEEP",
+    "METHODS",
     "PLAN_VERSION",
     "Action",
     "Rule",
@@ -45,6 +50,7 @@ __all__ = [
     "action_label",
     "activation_format",
     "load_plan_file",
+    "method_name",
     "parse_action",
     "parse_plan",
     "parse_rule",
@@ -53,7 +59,10 @@ __all__ = [
 KEEP = "keep"
 PLAN_VERSION = 1
 _RULE_KEYS = {"match", "regex", "component", "ndim", "format", "scheme", "scale_method",
-              "activations", "pad"}  # fmt: skip
+              "activations", "pad", "method"}  # fmt: skip
+#: How a rule's tensors may be quantized: ``rtn`` (round to nearest, from the weights alone),
+#: ``gptq`` (calibrated, ``lowbit.quant.gptq``). A new method is one more entry here.
+METHODS = ("rtn", "gptq")
 _PLAN_KEYS = {"version", "default", "activations", "rules"}
 
 Action = Scheme | Cast | None  # None: keep as stored
@@ -72,6 +81,20 @@ def parse_action(spec: Any, **overrides: Any) -> Action:
             raise LowbitError(f"'keep' takes no scheme options (got {', '.join(given)})")
         return None
     return parse_scheme(spec, **overrides)
+
+
+def method_name(value: Any) -> str | None:
+    """A rule's ``method`` (one of :data:`METHODS`), or None when not given.
+
+    Raises:
+        LowbitError: a value that is not one of :data:`METHODS`.
+    """
+    if value is None:
+        return None
+    name = value.strip().lower() if isinstance(value, str) else value
+    if name not in METHODS:
+        raise LowbitError(f"unknown method {value!r}; allowed: {', '.join(METHODS)}")
+    return name
 
 
 def action_label(action: Action) -> str:
@@ -130,9 +153,11 @@ class Rule:
         component: component name(s) (:data:`~lowbit.quant.components.COMPONENTS`).
         ndim: tensor rank (1 selects norms and biases).
         activations: per-token activation format for the layers this rule quantizes.
+        method: how they are quantized (:data:`METHODS`), or None (the caller's choice).
 
     Raises:
-        LowbitError: no condition, a regex that does not compile, an unknown component.
+        LowbitError: no condition, a regex that does not compile, an unknown component, an
+            unknown method or a method on a rule that does not quantize.
     """
 
     action: Action
@@ -141,10 +166,16 @@ class Rule:
     component: tuple[str, ...] = ()
     ndim: int | None = None
     activations: str | None = None
+    method: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("match", "regex", "component"):
             object.__setattr__(self, name, _as_tuple(getattr(self, name)))
+        object.__setattr__(self, "method", method_name(self.method))
+        if self.method is not None and not isinstance(self.action, Scheme):
+            raise LowbitError(
+                f"method {self.method!r} needs a quantization format, not {action_label(self.action)}"
+            )
         if not (self.match or self.regex or self.component or self.ndim is not None):
             raise LowbitError("a plan rule needs match, regex, component or ndim")
         for r in self.regex:
@@ -188,8 +219,10 @@ class Rule:
         return self.ndim is None or len(shape) == self.ndim
 
     def describe(self) -> str:
-        """``match '*mlp*' -> int4:g128`` (for messages and tables)."""
-        return f"{self.selector()} -> {action_label(self.action)}"
+        """``match '*mlp*' -> int4:g128`` (for messages and tables; ``by gptq`` when the rule
+        names a method)."""
+        by = f" by {self.method}" if self.method else ""
+        return f"{self.selector()} -> {action_label(self.action)}{by}"
 
     def selector(self) -> str:
         """What the rule selects, in words: ``match '*mlp*' ndim 2``."""
@@ -218,6 +251,8 @@ class Rule:
         out.update(action_dict(self.action))
         if self.activations:
             out["activations"] = self.activations
+        if self.method:
+            out["method"] = self.method
         return out
 
 
@@ -266,6 +301,7 @@ def parse_rule(d: Any) -> Rule:
             component=_as_tuple(d.get("component")),
             ndim=d.get("ndim"),
             activations=activation_format(d.get("activations")),
+            method=d.get("method"),
         )
     except LowbitError as exc:
         raise LowbitError(f"plan rule {_rule_text(d)}: {exc}") from None
