@@ -132,3 +132,38 @@ def test_eval_methods_side_by_side(
     assert list(rows) == ["original", "int4:g32", "int4:g32 gptq"]
     assert rows["int4:g32 gptq"]["kl_mean"] < rows["int4:g32"]["kl_mean"]
     assert rows["int4:g32 gptq"]["calibration"]["samples_used"] == 3
+
+
+@pytest.mark.parametrize("spec", ["q4_0", "q8_0"])
+def test_gptq_to_gguf(setup: tuple[Path, Path], tmp_path: Path, spec: str) -> None:
+    """--method gptq --out-format gguf: llama.cpp's block types with GPTQ's codes; the gguf
+    package's reader and lowbit.load give exactly GPTQ's dequantized weights (llama.cpp's
+    grid and rounding rule inside the loop), not llama.cpp's own rounding."""
+    gguf = pytest.importorskip("gguf")
+    import lowbit
+    from lowbit.quant.gguf_q import quantize as ggml_quantize
+    from tiny_models import save_gguf
+
+    _, text = setup
+    src = save_gguf(tiny_llama(), tmp_path / "tiny.gguf")
+    out = tmp_path / f"tiny.{spec}.gguf"
+    argv = ["quantize", str(src), "--to", spec, "--method", "gptq", "--calib", str(text),
+            "--calib-samples", "3", "--calib-len", "50", "--out", str(out), "--no-progress",
+            "--out-format", "gguf", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    run = gptq_weights(
+        src, spec, Calibration(source=str(text), samples=3, length=50), progress=False
+    )
+    assert sum(m == "gptq" for m in run.methods.values()) == 14
+    reader = gguf.GGUFReader(str(out))
+    stored = {t.name: t for t in reader.tensors}
+    source = lowbit.open_checkpoint(str(src))
+    back = lowbit.open_checkpoint(str(out))
+    for name, qt in run.weights.items():
+        t = stored[name]
+        assert t.tensor_type.name == spec.upper()
+        deq = gguf.quants.dequantize(t.data, t.tensor_type).reshape(qt.shape)
+        np.testing.assert_array_equal(deq, qt.dequantize(), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(back.get(name)), qt.dequantize(), err_msg=name)
+        own = ggml_quantize(np.asarray(source.get(name), np.float32), spec.upper())
+        assert not np.array_equal(np.asarray(t.data).reshape(own.shape), own), name

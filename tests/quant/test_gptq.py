@@ -287,3 +287,85 @@ def test_bad_input(W: Any, H: Any, spec: Any, match: str) -> None:
     """Shapes, values and layouts GPTQ cannot take are named in a LowbitError."""
     with pytest.raises(LowbitError, match=match):
         gptq_quantize(W, H, spec)
+
+
+# ---- llama.cpp's Q4_0 / Q8_0 grids inside the loop ------------------------------------------
+
+
+def _ggml_fit(bits: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(unrounded float32 d, stored float16 d) per row of a block ``w [out, 32]``, as ggml's
+    quantize_row_q4_0_ref / q8_0_ref choose them."""
+    w32 = w.astype(np.float32)
+    if bits == 8:
+        d = (np.abs(w32).max(axis=1) / np.float32(127)).astype(np.float32)
+    else:
+        m = w32[np.arange(len(w32)), np.abs(w32).argmax(axis=1)]  # first largest, sign kept
+        d = (m / np.float32(-8)).astype(np.float32)
+    return d, d.astype(np.float16).astype(np.float64)
+
+
+def _ggml_round(bits: int, w: np.ndarray, d: np.ndarray, d16: np.ndarray) -> tuple[Any, Any]:
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    x = w.astype(np.float32) * inv
+    if bits == 8:  # roundf: half away from zero
+        q = np.clip(np.sign(x) * np.floor(np.abs(x) + np.float32(0.5)), -128, 127)
+    else:
+        q = np.clip(np.trunc(x + np.float32(8.5)), 0, 15) - 8
+    return q.astype(np.int64), q * d16
+
+
+def _ggml_algorithm1(W: np.ndarray, H: np.ndarray, bits: int, static: bool) -> np.ndarray:
+    """Algorithm 1 with llama.cpp's block scales (fixed up front when static) and rounding."""
+    W = W.astype(np.float64).copy()
+    out, n = W.shape
+    H = H + 0.01 * np.mean(np.diag(H)) * np.eye(n)
+    order = np.argsort(-np.diag(H), kind="stable") if static else np.arange(n)
+    U = np.linalg.cholesky(np.linalg.inv(H[order][:, order])).T
+    params = {k // 32: _ggml_fit(bits, W[:, k : k + 32]) for k in range(0, n, 32)} if static else {}
+    Wp = W[:, order]
+    codes = np.zeros((out, n), dtype=np.int64)
+    for j in range(n):
+        col = order[j]
+        if not static and col % 32 == 0:
+            params[col // 32] = _ggml_fit(bits, Wp[:, j : j + 32])
+        c, q = _ggml_round(bits, Wp[:, j], *params[col // 32])
+        codes[:, col] = c
+        Wp[:, j:] -= np.outer((Wp[:, j] - q) / U[j, j], U[j, j:])
+    return codes
+
+
+@pytest.mark.parametrize("spec", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("static", [False, True])
+def test_ggml_grids_equal_algorithm1(spec: str, static: bool) -> None:
+    """GPTQ to llama.cpp's Q4_0/Q8_0: the codes of the transcription with ggml's block scale
+    and rounding rule, float16 scales, and a lower output error than llama.cpp's rounding."""
+    rng = np.random.default_rng(11)
+    W = rng.normal(size=(16, 128))
+    H = _hessian(_correlated(rng, 500, 128, 6, 0.3))
+    qt = gptq_quantize(W, H, spec, act_order="static" if static else "none", block_size=48)
+    assert qt.scheme.label == spec
+    np.testing.assert_array_equal(qt.unpack(), _ggml_algorithm1(W, H, int(spec[1]), static))
+    np.testing.assert_array_equal(qt.scale, qt.scale.astype(np.float16).astype(np.float32))
+    rtn = lowbit.quantize(W.astype(np.float32), qt.scheme)  # llama.cpp's own rounding
+    assert layer_error(W, qt.dequantize(), H) < 0.8 * layer_error(W, rtn.dequantize(), H)
+
+
+@pytest.mark.parametrize("spec", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("order", ["none", "static"])
+def test_ggml_grids_without_correlation_are_llama_cpp(spec: str, order: str) -> None:
+    """H = c·I: exactly llama.cpp's codes and float16 scales (gguf_q.ggml_block_codes, which
+    equals the gguf package's reference quantizer byte for byte)."""
+    from lowbit.quant.gguf_q import ggml_block_codes
+
+    rng = np.random.default_rng(12)
+    W = rng.normal(size=(12, 96)).astype(np.float32)
+    qt = gptq_quantize(W, 2.0 * np.eye(96), spec, act_order=order)
+    scale, codes = ggml_block_codes(W, int(spec[1]))
+    np.testing.assert_array_equal(qt.unpack(), codes)
+    np.testing.assert_array_equal(qt.scale, scale)
+
+
+def test_ggml_grids_need_rows_of_32() -> None:
+    with pytest.raises(LowbitError, match="multiple of 32"):
+        gptq_quantize(np.ones((4, 40)), np.eye(40), "q4_0")

@@ -472,7 +472,10 @@ def write_gguf(
     overwrite: bool,
     progress: bool | None,
     rounding: str,
+    done: Mapping[str, Any] | None = None,
 ) -> None:
+    """Write a GGUF file; tensors in ``done`` (QuantizedTensors in a Q4_0/Q8_0 layout, e.g.
+    GPTQ's) are stored as they are."""
     by_name = {t.name: t for t in applied.tensors}
     planned: set[str] = set()
 
@@ -495,6 +498,10 @@ def write_gguf(
             return GGUFTensor(read_cast(ckpt, t), gtype)
         s = t.scheme
         assert s is not None
+        if done is not None and name in done:
+            if not _gguf_exact(done[name].scheme):
+                raise LowbitError(f"{name}: {done[name].scheme.label} is not a GGUF block type")
+            return done[name]
         if rounding == "auto" and _gguf_exact(s):
             return quantize(ckpt.get(name), s)
         return GGUFTensor(np.asarray(ckpt.get(name), dtype=np.float32), gtype)

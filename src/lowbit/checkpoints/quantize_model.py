@@ -193,8 +193,7 @@ def quantize_model(
         progress: tqdm bars (``None``: only on a terminal; ``False``: never).
         weights: tensors already quantized as the plan says (name -> QuantizedTensor, e.g.
             ``lowbit.evaluation.gptq_model.gptq_weights(...).weights``), written as they are
-            (lowbit and compressed-tensors output); the plan's other tensors are rounded to
-            nearest.
+            (GGUF: in Q4_0/Q8_0 layouts); the plan's other tensors are rounded to nearest.
         method: how ``weights`` were made (e.g. ``GPTQ().to_dict()`` plus the calibration),
             recorded in the manifest and, per tensor, as ``method``.
 
@@ -219,10 +218,6 @@ def quantize_model(
     if not str(out):
         raise LowbitError("the output path is empty")
     out = Path(out)
-    if weights is not None and out_format == "gguf":
-        raise LowbitError(
-            "precomputed weights (GPTQ) are written to lowbit or compressed-tensors, not gguf"
-        )
     files = model_files(ckpt, copy_code=copy_code)
     inputs = {Path(ckpt.path)} | {f for f, _ in files.copied}
     inputs |= {Path(ckpt.info(n).file) for n in ckpt.names() if ckpt.info(n).file is not None}
@@ -239,7 +234,7 @@ def quantize_model(
             ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights
         )
     else:
-        qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding)
+        qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights)
     ckpt.close()
     return {
         "out": str(out),

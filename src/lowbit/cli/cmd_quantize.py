@@ -200,8 +200,6 @@ def _gptq(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """GPTQ's weights and what to record about them (``--method gptq``)."""
 
-    if args.out_format == "gguf":
-        raise LowbitError("--method gptq writes lowbit or compressed-tensors, not gguf (yet)")
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     cfg = GPTQ(damp=args.damp, act_order=args.act_order)

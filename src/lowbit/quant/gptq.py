@@ -48,10 +48,11 @@ from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
 from lowbit.quant._elements import encode_chunk
 from lowbit.quant._engine import _scales_for, value_table
+from lowbit.quant.gguf_q import _F16_MAX, _inverse, _round_half_away
 from lowbit.quant.layout import make_layout
 from lowbit.quant.nf4 import double_dequantize, double_quantize
 from lowbit.quant.rules import parse_action
-from lowbit.quant.scheme import Granularity, Scheme
+from lowbit.quant.scheme import Granularity, ScaleMethod, Scheme
 from lowbit.quant.tensor import QuantizedTensor
 
 __all__ = ["GPTQ", "ActOrder", "gptq_quantize", "layer_error"]
@@ -238,6 +239,13 @@ def _check(W: Any, H: Any, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
             "GPTQ takes groups along the input axis (axis=-1) of a [out, in] weight, the axis "
             f"it walks; got axis={axis}"
         )
+    if scheme.scale_method is ScaleMethod.GGML and (
+        g is not Granularity.GROUP or scheme.group_size != 32 or n % 32
+    ):
+        raise LowbitError(
+            f"{scheme.label} (llama.cpp's block type) takes rows that are a multiple of 32 "
+            f"values in groups of 32; got {n} columns"
+        )
     if as_rounding(scheme.rounding) is Rounding.STOCHASTIC:
         raise LowbitError("GPTQ rounds deterministically: use a rounding other than stochastic")
     return W64, H64
@@ -301,6 +309,9 @@ class _Quantizer:
         self.scale = np.ones((rows, self.n_groups), dtype=np.float32)
         self.zero = None if scheme.symmetric else np.zeros((rows, self.n_groups), dtype=np.int32)
         self.thresh: np.ndarray | None = None
+        # llama.cpp's Q4_0/Q5_0/Q8_0 rule: codes from the unrounded float32 block scale d
+        self.ggml = scheme.scale_method is ScaleMethod.GGML
+        self.d_raw = np.zeros((rows, self.n_groups), dtype=np.float32) if self.ggml else None
 
     def span(self, k: int) -> tuple[int, int]:
         """Columns of group ``k``."""
@@ -308,6 +319,9 @@ class _Quantizer:
 
     def fit_group(self, k: int, values: np.ndarray) -> None:
         """Choose group ``k``'s scales from its current values ``[out, columns]``."""
+        if self.ggml:
+            self._fit_ggml(k, values)
+            return
         s, z, t = self._params(np.ascontiguousarray(values).reshape(values.shape[0], 1, -1, 1))
         self.scale[:, k] = s.reshape(-1)
         if self.zero is not None:
@@ -342,8 +356,43 @@ class _Quantizer:
         s32, zp, thresh, _, _ = _scales_for(V, axes, self.scheme, self.fmt, "raise")
         return s32, zp, thresh
 
+    def _fit_ggml(self, k: int, values: np.ndarray) -> None:
+        """llama.cpp's block scale (``lowbit.quant.gguf_q``): ``d = max|x| / 127`` (Q8_0) or
+        ``m / -2^(bits-1)`` with ``m`` the first value of largest magnitude (Q4_0, Q5_0), in
+        float32; stored rounded to float16."""
+        x = np.asarray(values, dtype=np.float32)
+        if self.fmt.bits == 8:
+            d = np.abs(x).max(axis=1) / np.float32(127)
+        else:
+            m = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)[:, 0]
+            d = m / -np.float32(1 << (self.fmt.bits - 1))
+        d = d.astype(np.float32)
+        if np.any(np.abs(d) > _F16_MAX):
+            raise LowbitError(f"{self.scheme.label}: a block scale overflows float16")
+        self.d_raw[:, k] = d  # type: ignore[index]
+        self.scale[:, k] = d.astype(np.float16).astype(np.float32)
+
+    def _round_ggml(self, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """llama.cpp's rounding of one column with the unrounded scale: Q8_0
+        ``round_half_away(x / d)``, Q4_0/Q5_0 ``trunc(x / d + 2^(bits-1) + 0.5)``; clipped to the
+        codes the block type stores (GPTQ's updates can carry a value past the block's
+        original largest one)."""
+        bits = self.fmt.bits
+        x = w.astype(np.float32) * _inverse(self.d_raw[:, k])  # type: ignore[index]
+        if bits == 8:
+            q = np.clip(_round_half_away(x), -128, 127)
+        else:
+            half = np.float32(1 << (bits - 1))
+            u = np.trunc((x + (half + np.float32(0.5))).astype(np.float32))
+            q = np.clip(u, 0, (1 << bits) - 1) - half
+        q = q.astype(np.int16)
+        codes = (q & np.int16((1 << bits) - 1)).astype(self.fmt.code_dtype)
+        return codes, q.astype(np.float64) * self.scale[:, k].astype(np.float64)
+
     def round(self, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(codes, dequantized float64 values) of one column ``w [out]`` in group ``k``."""
+        if self.ggml:
+            return self._round_ggml(w, k)
 
         S = self.scale[:, k : k + 1]
         Z = None if self.zero is None else self.zero[:, k : k + 1].astype(np.float64)
@@ -362,6 +411,7 @@ class _Quantizer:
         part.scale = self.scale[a:b]
         part.zero = None if self.zero is None else self.zero[a:b]
         part.thresh = None if self.thresh is None else self.thresh[a:b]
+        part.d_raw = None if self.d_raw is None else self.d_raw[a:b]
         return part
 
     def result(self, codes: np.ndarray, shape: tuple[int, int]) -> Any:
