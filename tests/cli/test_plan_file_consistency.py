@@ -73,7 +73,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_the_docs_show_every_rule_field() -> None:
     """The examples cover regex, scale_method, activations, component, ndim, match, keep."""
     allowed = "\n".join(body for _, _, body in EXAMPLES)
-    for field in ("regex", "scale_method", "activations", "component", "ndim", "match", "keep"):
+    for field in ("regex", "scale_method", "activations", "component", "ndim", "match", "keep",
+                  "method"):  # fmt: skip
         assert field in allowed, field
 
 
@@ -101,19 +102,19 @@ def test_one_plan_file_one_decision_per_tensor(
 
     # lowbit quantize --plan FILE --dry-run
     doc = _cli("quantize", str(model), "--plan", str(f), *to, "--dry-run")
-    quantize = {t["name"]: (t["rule"], t["format"]) for t in doc["tensors"]}
+    quantize = {t["name"]: (t["rule"], t["format"], t.get("method")) for t in doc["tensors"]}
 
     # PrecisionPlan.from_file
     api = {}
     for n, shape, dtype, nbytes, alias in checkpoint_tensors(open_model(str(model))):
         d = plan.decide(n, shape, dtype, nbytes, alias)
-        api[n] = (d.rule, d.label)
+        api[n] = (d.rule, d.label, d.method)
     assert api == quantize
 
     # lowbit plan --plan-file FILE: the same decisions, and the bytes lowbit quantize plans
     spec = load_spec(str(model))
-    planner = {
-        t.name: (rule, action_label(action))
+    planner = {  # the planner's rule index names the same rule, so the same method
+        t.name: (rule, action_label(action), None if rule is None else plan.rules[rule].method)
         for t, rule, action in tensor_decisions(spec, default, plan_file=plan)
     }
     assert planner == {n: quantize[n] for n in planner}

@@ -200,3 +200,28 @@ def test_block_by_block_forward_equals_the_model(kind: str) -> None:
             got, ref = (h, want[i]) if mask is None else (h[mask], want[i][mask])
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
             h = _out(block(h, *a, **k))
+
+
+def test_plan_rules_name_the_method(llama_dir: Path, calib: Calibration) -> None:
+    """A rule's method wins: `rtn` tensors get round-to-nearest's exact codes inside a GPTQ
+    run, and with default_method="rtn" only the rules saying `gptq` use GPTQ (the later blocks
+    are then not run at all)."""
+    from lowbit.checkpoints import open_checkpoint as open_ckpt
+
+    rules = [{"match": "*mlp*", "format": "int4:g32", "method": "rtn"}]
+    plan = PrecisionPlan.from_dict({"default": "int4:g32", "rules": rules})
+    run = gptq_weights(llama_dir, plan, calib, progress=False)
+    src = open_ckpt(str(llama_dir))
+    for name, qt in run.weights.items():
+        want = "rtn" if ".mlp." in name else "gptq"
+        assert run.methods[name] == want, name
+        rtn = lowbit.quantize(np.asarray(src.get(name), np.float32), qt.scheme)
+        assert np.array_equal(qt.unpack(), rtn.unpack()) == (want == "rtn"), name
+    assert set(run.layers) == {n for n, m in run.methods.items() if m == "gptq"}
+
+    only = [{"regex": r"model\.layers\.0\.self_attn\..*", "format": "int4:g32", "method": "gptq"}]
+    plan = PrecisionPlan.from_dict({"default": "int4:g32", "rules": only})
+    run = gptq_weights(llama_dir, plan, calib, progress=False, default_method="rtn")
+    gptq = sorted(n for n, m in run.methods.items() if m == "gptq")
+    assert gptq == sorted(f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo")
+    assert len(run.methods) == 14

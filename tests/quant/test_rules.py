@@ -95,6 +95,8 @@ def test_parse_rule_fields() -> None:
         Rule(parse_scheme("int4:g32", scale_method="percentile", pad=False), match=("a",)),
         Rule(parse_scheme("int4:g32", percentile=99.0, scale_method="percentile"), match=("a",)),
         Rule(parse_scheme("mxfp4"), match=("*",), component=("mlp",)),
+        Rule(parse_scheme("int4:g128"), component=("attention",), method="gptq"),
+        Rule(INT8, match=("*down*",), method="rtn"),
     ],
 )
 def test_rule_dict_round_trip(rule: Rule) -> None:
@@ -130,6 +132,14 @@ def test_action_helpers() -> None:
         ({"match": "*", "format": "int8", "activations": "nf4"}, "activations 'nf4'"),
         ({"match": "*", "format": "nvfp4"}, "nvfp4 is not supported"),
         ({"match": "*", "format": "fp8_e4m3", "scale_method": "meanabs"}, None),
+        ({"match": "*", "format": "int4", "method": "awq2"}, "unknown method 'awq2'; allowed: rtn"),
+        ({"match": "*", "format": "int4", "method": 1}, "unknown method 1"),
+        (
+            {"match": "*", "format": "keep", "method": "gptq"},
+            "needs a quantization format, not keep",
+        ),
+        ({"match": "*", "format": "bf16", "method": "gptq"}, "not bf16"),
+        ({"match": "*", "format": "int4", "method": " GPTQ "}, None),
     ],
 )
 def test_bad_rules(entry: dict, fragment: str | None) -> None:
@@ -185,3 +195,34 @@ def test_bad_plans(doc: object, fragment: str, tmp_path: Path) -> None:
     assert fragment in str(info.value) and str(p) in str(info.value)
     with pytest.raises(LowbitError, match="does not exist"):
         load_plan_file(tmp_path / "missing.json")
+
+
+def test_rule_methods_reach_the_plan() -> None:
+    """A rule's method is each tensor's TensorPlan.method (None where no rule names one, and
+    for the defaults); METHODS lists what a rule may say."""
+    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.quant.rules import METHODS, method_name
+
+    assert METHODS == ("rtn", "gptq") and method_name(" Gptq") == "gptq"
+    assert method_name(None) is None
+    plan = PrecisionPlan.from_dict(
+        {
+            "default": "int4:g128",
+            "rules": [
+                {"match": "*down*", "format": "int4:g128", "method": "rtn"},
+                {"component": "attention", "ndim": 2, "format": "int8:ch", "method": "gptq"},
+                {"match": "*up*", "format": "int4:g64"},
+            ],
+        }
+    )
+    decide = {
+        n: plan.decide(n, (64, 64))
+        for n in ("model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.q_proj.weight",
+                  "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.gate_proj.weight")
+    }  # fmt: skip
+    assert [d.method for d in decide.values()] == ["rtn", "gptq", None, None]
+    assert [d.rule for d in decide.values()] == [0, 1, 2, None]
+    assert decide["model.layers.0.self_attn.q_proj.weight"].to_dict()["method"] == "gptq"
+    assert "method" not in decide["model.layers.0.mlp.up_proj.weight"].to_dict()
+    assert "by gptq" in decide["model.layers.0.self_attn.q_proj.weight"].reason
+    assert plan.to_dict()["rules"][1]["method"] == "gptq"
