@@ -13,6 +13,11 @@ runs) and print each row with GPTQ's seconds per phase. Integer grids: lowbit's 
 is -7..7 with scale absmax/7; asymmetric is 0..15 around a zero point (codes -8..7 stored).
 
 Usage: ``python benchmarks/bench_gptq.py [minilm|smollm2 ...] [--tokens N] [--calib-samples N]``.
+
+``--speed N`` instead times ``gptq_weights`` alone on SmolLM2 int4 g128 with N x 512
+calibration tokens on one thread (seconds per phase, wall and CPU, and the peak resident
+memory of the process); ``make bench`` (benchmarks/run.py) calls :func:`run`, which does that in
+a fresh process for its section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 from typing import Any
 
 
-def run(model: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
     from lowbit.evaluation.calibration import Calibration
     from lowbit.evaluation.variants import evaluate_variants
     from lowbit.quant.gptq import GPTQ
@@ -47,6 +52,54 @@ def run(model: str, args: argparse.Namespace) -> dict[str, Any]:
     res["cpu_seconds"] = time.process_time() - c0
     res["load_average"] = os.getloadavg()
     return res
+
+
+def speed(samples: int, scheme: str = "int4:g128", threads: int = 1) -> dict[str, Any]:
+    """gptq_weights on SmolLM2 alone: seconds per phase (wall, CPU) and peak memory."""
+    import resource
+
+    from lowbit.evaluation.calibration import Calibration
+    from lowbit.evaluation.gptq_model import gptq_weights
+
+    run_ = gptq_weights(
+        "smollm2", scheme, Calibration(samples=samples), threads=threads, progress=False
+    )
+    return {
+        "scheme": scheme,
+        "calibration": run_.calibration["described"],
+        "tokens": run_.calibration["tokens"],
+        "threads": threads,
+        "seconds": run_.seconds,
+        "cpu_seconds": run_.cpu_seconds,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load_average": os.getloadavg(),
+    }
+
+
+def run(quick: bool = False) -> str:
+    """The docs/benchmarks.md section (benchmarks/run.py): GPTQ's phases on SmolLM2, timed in
+    a fresh process so the peak memory is GPTQ's own."""
+    import subprocess
+    import tempfile
+
+    samples = 8 if quick else 128
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "speed.json")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        subprocess.run(
+            [sys.executable, __file__, "--speed", str(samples), "--json", out],
+            check=True, env=env, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        with open(out) as f:
+            r = json.load(f)
+    w, c = r["seconds"], r["cpu_seconds"]
+    rows = "\n".join(f"| {k} | {w[k]:.1f} | {c[k]:.1f} |" for k in w)
+    return (
+        "## GPTQ (SmolLM2-135M, all 210 linears, int4 g128)\n\n"
+        f"`gptq_weights` on {r['calibration']} ({r['tokens']:,} tokens), one thread, static "
+        f"act-order; peak resident memory {r['peak_rss_mb']:,.0f} MB; load average at the end "
+        f"{r['load_average'][0]:.1f}.\n\n| phase | wall s | CPU s |\n|---|---|---|\n{rows}\n"
+    )
 
 
 def show(model: str, res: dict[str, Any]) -> None:
@@ -87,10 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--act-order", default="static")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--speed", type=int, metavar="N", help="time gptq_weights alone (N windows)")
     args = p.parse_args(argv)
+    if args.speed:
+        res = speed(args.speed, args.schemes.split(",")[0], args.threads)
+        print(json.dumps(res, indent=1))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     out = {}
     for m in args.models:
-        out[m] = run(m, args)
+        out[m] = measure(m, args)
         show(m, out[m])
         sys.stdout.flush()
     if args.json:
