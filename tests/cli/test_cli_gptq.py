@@ -137,7 +137,8 @@ def test_eval_methods_side_by_side(
 @pytest.mark.parametrize("spec", ["q4_0", "q8_0"])
 def test_gptq_to_gguf(setup: tuple[Path, Path], tmp_path: Path, spec: str) -> None:
     """--method gptq --out-format gguf: llama.cpp's block types with GPTQ's codes; the gguf
-    package's reader and lowbit.load give exactly GPTQ's dequantized weights (llama.cpp's
+    package's reader, lowbit.open_checkpoint and lowbit.load give exactly GPTQ's dequantized
+    weights (llama.cpp's
     grid and rounding rule inside the loop), not llama.cpp's own rounding."""
     gguf = pytest.importorskip("gguf")
     import lowbit
@@ -159,11 +160,13 @@ def test_gptq_to_gguf(setup: tuple[Path, Path], tmp_path: Path, spec: str) -> No
     stored = {t.name: t for t in reader.tensors}
     source = lowbit.open_checkpoint(str(src))
     back = lowbit.open_checkpoint(str(out))
+    loaded = lowbit.load(str(out))
     for name, qt in run.weights.items():
         t = stored[name]
         assert t.tensor_type.name == spec.upper()
         deq = gguf.quants.dequantize(t.data, t.tensor_type).reshape(qt.shape)
         np.testing.assert_array_equal(deq, qt.dequantize(), err_msg=name)
         np.testing.assert_array_equal(np.asarray(back.get(name)), qt.dequantize(), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(loaded[name]), qt.dequantize(), err_msg=name)
         own = ggml_quantize(np.asarray(source.get(name), np.float32), spec.upper())
         assert not np.array_equal(np.asarray(t.data).reshape(own.shape), own), name
