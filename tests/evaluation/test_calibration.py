@@ -21,10 +21,10 @@ from lowbit.checkpoints.gguf_tokenizer import build_tokenizer  # noqa: E402
 from lowbit.evaluation.calibration import (  # noqa: E402
     DEFAULT_START,
     Calibration,
-    HessianCollector,
     decoder_windows,
     encoder_texts,
 )
+from lowbit.evaluation.hessians import HessianCollector  # noqa: E402
 from lowbit.evaluation.perplexity import (  # noqa: E402
     _tokens_and_windows,
     default_text,

@@ -43,7 +43,7 @@ from lowbit.errors import LowbitError
 from lowbit.evaluation._awq_block import do_block
 from lowbit.evaluation._compare import Variant
 from lowbit.evaluation._threads import _threads
-from lowbit.evaluation.calibration import Calibration, HessianCollector
+from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.gptq_model import (
     _calibration,
     _capture,
@@ -52,6 +52,7 @@ from lowbit.evaluation.gptq_model import (
     _out,
     _samples,
 )
+from lowbit.evaluation.hessians import HessianCollector
 from lowbit.evaluation.models import _prefix_fix, build_model
 from lowbit.quant.awq import AWQ
 from lowbit.quant.folds import FOLDS, fold_family

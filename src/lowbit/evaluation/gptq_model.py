@@ -35,10 +35,10 @@ from lowbit.evaluation._compare import DEFAULT_SENTENCES
 from lowbit.evaluation._threads import _threads
 from lowbit.evaluation.calibration import (
     Calibration,
-    HessianCollector,
     decoder_windows,
     encoder_texts,
 )
+from lowbit.evaluation.hessians import HessianCollector
 from lowbit.evaluation.models import _prefix_fix, build_model
 from lowbit.evaluation.perplexity import sentences_from_text
 from lowbit.quant.gptq import GPTQ

@@ -479,7 +479,7 @@ def gptq_quantize(
     Args:
         W: the weight ``[out, in]`` (numpy or torch; any float dtype; not modified).
         H: the Hessian of the layer's output error, ``2 X^T X / n`` for inputs ``X [n, in]``
-            (see :class:`lowbit.evaluation.calibration.HessianCollector`), ``[in, in]``.
+            (see :class:`lowbit.evaluation.hessians.HessianCollector`), ``[in, in]``.
         scheme: a :class:`~lowbit.quant.scheme.Scheme` or scheme string (``int4:g128``):
             per tensor, per output channel, or groups/MX blocks along the input axis.
         damp: diagonal dampening as a fraction of ``mean(diag H)``.
