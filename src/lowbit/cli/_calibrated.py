@@ -13,7 +13,36 @@ from lowbit.evaluation.calibration import Calibration
 from lowbit.quant.awq import AWQ
 from lowbit.quant.smoothquant import SmoothQuant
 
-__all__ = ["awq_run", "method_summary", "parse_alpha"]
+__all__ = ["add_calibration_options", "awq_run", "method_summary", "parse_alpha"]
+
+
+def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
+    """The options every calibrated method shares, the same in ``quantize`` and ``eval``:
+    ``--smooth``, ``--no-clip``, ``--calib``, ``--calib-samples``, ``--calib-len``,
+    ``--act-order``. ``needs`` names the option ``--smooth`` goes with."""
+    p.add_argument(
+        "--smooth",
+        nargs="?",
+        const="search",
+        metavar="ALPHA",
+        help=f"with {needs} (W8A8): SmoothQuant's folds before rounding (ALPHA in [0, 1]; "
+        "default: chosen per layer group on the calibration data)",
+    )
+    p.add_argument("--no-clip", action="store_true", help="awq: no clipping search")
+    p.add_argument(
+        "--calib",
+        metavar="SRC",
+        default="default",
+        help="gptq/awq/--smooth calibration data: default (the default text from token "
+        "32,768, disjoint from what lowbit eval scores), FILE.txt or FILE.jsonl",
+    )
+    p.add_argument(
+        "--calib-samples", type=int, help="calibration windows (default 128) or texts (256)"
+    )
+    p.add_argument("--calib-len", type=int, help="calibration tokens per window (default 512)")
+    p.add_argument(
+        "--act-order", choices=("static", "none"), default="static", help="gptq column order"
+    )
 
 
 def awq_run(

@@ -8,7 +8,7 @@ from typing import Any
 
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.cli import _common
-from lowbit.cli._calibrated import parse_alpha
+from lowbit.cli._calibrated import add_calibration_options, parse_alpha
 from lowbit.errors import LowbitError
 from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.variants import evaluate_variants
@@ -71,27 +71,7 @@ def register(sub: Any) -> None:
         help="how each scheme is quantized: rtn (round to nearest, default), gptq, awq "
         "(calibrated); 'rtn,gptq,awq' gives their rows side by side",
     )
-    p.add_argument(
-        "--smooth",
-        nargs="?",
-        const="search",
-        metavar="ALPHA",
-        help="with --w8a8: also each scheme after SmoothQuant's folds (ALPHA in [0, 1]; "
-        "default: chosen per layer group on the calibration data)",
-    )
-    p.add_argument("--no-clip", action="store_true", help="awq: no clipping search")
-    p.add_argument(
-        "--calib",
-        metavar="SRC",
-        default="default",
-        help="GPTQ/AWQ/SmoothQuant calibration data: default (the default text from token 32,768, disjoint from "
-        "what is evaluated), FILE.txt or FILE.jsonl",
-    )
-    p.add_argument("--calib-samples", type=int, help="windows (default 128) or texts (256)")
-    p.add_argument("--calib-len", type=int, help="tokens per calibration window (default 512)")
-    p.add_argument(
-        "--act-order", choices=("static", "none"), default="static", help="GPTQ column order"
-    )
+    add_calibration_options(p, needs="--w8a8")
     p.add_argument("--tokens", type=int, default=4096, help="tokens of the text (default 4096)")
     p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
     p.add_argument("--stride", type=int, help="tokens between windows (default: the window)")

@@ -12,7 +12,7 @@ from typing import Any
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.cli import _budget, _common
-from lowbit.cli._calibrated import awq_run, method_summary
+from lowbit.cli._calibrated import add_calibration_options, awq_run, method_summary
 from lowbit.errors import LowbitError
 from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.gptq_model import gptq_weights
@@ -101,28 +101,7 @@ def register(sub: Any) -> None:
         default="rtn",
         help="rtn: round to nearest (default); gptq, awq: calibrated (awq: lowbit output only)",
     )
-    p.add_argument(
-        "--smooth",
-        nargs="?",
-        const="search",
-        metavar="ALPHA",
-        help="with --activations (W8A8): SmoothQuant's folds before rounding (ALPHA in [0, 1]; "
-        "default: chosen per layer group on the calibration data)",
-    )
-    p.add_argument("--no-clip", action="store_true", help="awq: no clipping search")
-    p.add_argument(
-        "--calib",
-        metavar="SRC",
-        default="default",
-        help="gptq/awq/--smooth calibration data: default (the default text from token 32,768), "
-        "FILE.txt, "
-        "FILE.jsonl",
-    )
-    p.add_argument(
-        "--calib-samples", type=int, help="calibration windows (default 128) or texts (256)"
-    )
-    p.add_argument("--calib-len", type=int, help="calibration tokens per window (default 512)")
-    p.add_argument("--act-order", choices=("static", "none"), default="static", help="gptq")
+    add_calibration_options(p, needs="--activations")
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
     p.add_argument("--out", metavar="PATH", help="output folder (or .gguf file)")
     p.add_argument(
