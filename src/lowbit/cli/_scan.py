@@ -112,16 +112,18 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
         parse_scheme(s)
     if args.workers < 1:
         raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
-    tokenizer = build_tokenizer(ckpt)
-    kind = "causal" if is_causal(ckpt) else "encoder"
-    calib = scan_samples(
-        kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len or 512
-    )
     measure, proxy = args.measure, args.proxy or "input"
     if measure == "fisher":
         if args.proxy == "input":
             raise LowbitError("--measure fisher reports the fisher proxy; drop --proxy input")
         measure, proxy = "proxy", "fisher"
+    tokenizer = build_tokenizer(ckpt)
+    kind = "causal" if is_causal(ckpt) else "encoder"
+    if proxy == "fisher" and kind != "causal":
+        raise LowbitError("the fisher proxy needs a causal LM (its loss is next-token); use proxy")
+    calib = scan_samples(
+        kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len or 512
+    )
     with progress_bar(None, progress, f"sensitivity ({args.measure})", "trial") as bar:
 
         def tick(done: int, total: int) -> None:
