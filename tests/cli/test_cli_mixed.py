@@ -65,6 +65,26 @@ def test_sensitivity_json_and_table(
     assert "proxy int4:g32" in out and "down_proj" in out and "damage int4" not in out
 
 
+def test_fisher_measure(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--measure fisher scans with the Fisher proxy only and says so in the JSON; --proxy
+    fisher gives it beside the exact damage; plan --budget runs it; contradictions fail."""
+    doc = _json(capsys, ["sensitivity", str(folder), *SCAN, "--measure", "fisher",
+                         "--no-progress", "--json"])  # fmt: skip
+    assert doc["measure"] == "proxy" and doc["proxy"] == "fisher"
+    assert "E[g_i^2]" in doc["proxy_formula"] and "gradient_pass" in doc["seconds"]
+    assert all(e["damage"] is None and e["proxy"] > 0 for e in doc["entries"])
+    assert main(["sensitivity", str(folder), "--schemes", "int4:g32", "--proxy", "fisher",
+                 "--calib-samples", "2", "--calib-len", "32", "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "damage int4:g32" in out and "proxy (fisher): sum_ij E[g_i^2]" in out
+    shown = _json(capsys, ["plan", str(folder), "--budget", "4.5", *SCAN, "--measure",
+                           "fisher", "--json"])  # fmt: skip
+    assert shown["bits_per_weight"] <= 4.5 and "E[g_i^2]" in shown["metric"]
+    assert main(["sensitivity", str(folder), *SCAN, "--measure", "fisher", "--proxy",
+                 "input"]) == 2  # fmt: skip
+    assert "drop --proxy input" in capsys.readouterr().err
+
+
 def test_budget_plan_file_reproduces_checkpoint(
     folder: Path, scan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -46,7 +46,11 @@ def plot_sensitivity(result: Any, out: Path, overwrite: bool = False) -> None:
                              squeeze=False, sharey=True)  # fmt: skip
     unit = "mean KL, nats" if result.kind == "causal" else "1 - cosine"
     what = "damage" if result.measure == "exact" else "proxy"
-    ylabel = f"{what} ({unit})" if result.measure == "exact" else "proxy (weighted sq. error)"
+    ylabel = (
+        f"{what} ({unit})"
+        if result.measure == "exact"
+        else f"{result.proxy} proxy (weighted sq. error)"
+    )
     for ax, kind in zip(axes.flat, kinds, strict=False):
         for scheme in result.schemes:
             pts = sorted(

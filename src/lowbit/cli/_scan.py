@@ -60,10 +60,19 @@ def _calib_options(p: argparse.ArgumentParser) -> None:
 def _trial_options(p: argparse.ArgumentParser, measure: str) -> None:
     p.add_argument(
         "--measure",
-        choices=["exact", "proxy"],
+        choices=["exact", "proxy", "fisher"],
         default=measure,
-        help="exact: run the model per trial; proxy: weighted weight error only (default "
-        f"{measure})",
+        help="exact: run the model per trial; proxy: input-weighted weight error only; "
+        "fisher: output-gradient- and input-weighted weight error only (one backward pass, "
+        f"causal LMs; ranks like exact far better than proxy) (default {measure})",
+    )
+    p.add_argument(
+        "--proxy",
+        choices=["input", "fisher"],
+        default=None,
+        help="the proxy reported beside each trial: input (sum_j E[x_j^2] ||W_j - Q(W)_j||^2) "
+        "or fisher (sum_ij E[g_i^2] E[x_j^2] (W - Q(W))_ij^2) (default input; fisher with "
+        "--measure fisher)",
     )
     p.add_argument(
         "--exact-schemes",
@@ -103,8 +112,15 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
         parse_scheme(s)
     if args.workers < 1:
         raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
+    measure, proxy = args.measure, args.proxy or "input"
+    if measure == "fisher":
+        if args.proxy == "input":
+            raise LowbitError("--measure fisher reports the fisher proxy; drop --proxy input")
+        measure, proxy = "proxy", "fisher"
     tokenizer = build_tokenizer(ckpt)
     kind = "causal" if is_causal(ckpt) else "encoder"
+    if proxy == "fisher" and kind != "causal":
+        raise LowbitError("the fisher proxy needs a causal LM (its loss is next-token); use proxy")
     calib = scan_samples(
         kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len or 512
     )
@@ -119,7 +135,8 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
             schemes,
             calib,
             tokenizer=tokenizer if kind == "encoder" else None,
-            measure=args.measure,
+            measure=measure,
+            proxy=proxy,
             progress=tick,
             workers=args.workers,
             ray=args.ray,

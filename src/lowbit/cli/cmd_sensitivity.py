@@ -22,6 +22,10 @@ MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped mo
          calibration tokens; encoders: 1 - mean cosine of the sentence embeddings;
   proxy  sum_j E[x_j^2] ||W_j - Q(W)_j||^2: the weight error weighted by the mean square of
          each input feature (one forward pass for all tensors; also given with exact).
+  fisher sum_ij E[g_i^2] E[x_j^2] (W - Q(W))_ij^2, g the gradient of the model's loss on its
+         own sampled next tokens w.r.t. the layer's output (a diagonal-Fisher, second-order
+         estimate; one forward+backward pass; causal LMs). With exact, --proxy fisher gives it
+         as the proxy beside the damage.
 --exact-schemes runs the model for some schemes only; the budget scores the others by their
 proxy times the tensor's measured damage/proxy ratio.
 Calibration data never overlaps what lowbit eval measures: windows of the default text from
@@ -31,6 +35,7 @@ The result (--out FILE or --json) feeds lowbit quantize --budget / --size --sens
 
 examples:
   lowbit sensitivity smollm2 --schemes int4:g128,int8:ch --measure proxy     seconds
+  lowbit sensitivity smollm2 --schemes int4:g128,int8:ch --measure fisher    a minute or two
   lowbit sensitivity smollm2 --schemes int3:g128,int4:g128,int6:g128 --out sens.json
   lowbit sensitivity smollm2 --schemes int4:g64:fp16:asym,int4:g32:fp16:asym,int8:ch \
       --exact-schemes int4:g64:fp16:asym --workers 2 --out sens.json
@@ -105,9 +110,9 @@ def print_result(result: Any) -> None:
     _common.print_table(rows, headers, align="rl" + "r" * (len(headers) - 2))
     print(f"\n{result.model}: {len(table)} tensors x {len(schemes)} schemes, {result.kind}")
     if exact:
-        print(f"  damage: {result.metric}; proxy: sum_j E[x_j^2] ||W_j - Q(W)_j||^2")
+        print(f"  damage: {result.metric}; proxy ({result.proxy}): {result.proxy_formula}")
     else:
-        print("  proxy: sum_j E[x_j^2] ||W_j - Q(W)_j||^2 (no trial run: --measure proxy)")
+        print(f"  proxy ({result.proxy}): {result.proxy_formula} (no trial run)")
     print(f"  calibration: {result.calibration}")
     rho = result.rank_correlation()
     if rho is not None:

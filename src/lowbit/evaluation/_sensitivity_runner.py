@@ -20,6 +20,10 @@
   back to the model's own logits against stored log-probabilities.
 - **Input moments** (the proxy's ``E[x_j^2]``) come from one pass of the original that stops
   as soon as every hooked layer has seen its input (before the output head of a causal LM).
+- **Output-gradient moments** (the Fisher proxy's ``E[g_i^2]``, :meth:`Runner.output_moments`)
+  come from one forward and backward pass of the original per batch: the loss is the
+  cross-entropy of next tokens *sampled from the model's own distribution*, and a hook on each
+  scanned linear's output keeps the square of the gradient reaching it.
 
 Memory: the model, plus ``blocks x tokens x hidden x 4`` bytes of cached inputs, plus
 ``tokens x (hidden + 1) x 4`` bytes of reference (the shortcut) or ``tokens x vocab x 4``
@@ -38,10 +42,20 @@ from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 
-__all__ = ["Runner", "TensorWeights", "block_of"]
+__all__ = ["Runner", "TensorWeights", "block_of", "sample_next"]
 
 # Positions per chunk of trial logits (chunk x vocab x 4 bytes: 100 MB for a 49,152 vocab).
 _CHUNK = 512
+
+
+def sample_next(logits: Any, generator: Any) -> Any:
+    """One next token per position drawn from the model's own distribution ``softmax(logits)``
+    (float64 probabilities; ``logits`` is ``batch x positions x vocab``), with ``generator``
+    (a seeded ``torch.Generator``): ``batch x positions`` token ids."""
+    import torch
+
+    probs = torch.softmax(logits.detach().double(), dim=-1).reshape(-1, logits.shape[-1])
+    return torch.multinomial(probs, 1, generator=generator).reshape(logits.shape[:-1])
 
 
 class _Stop(Exception):
@@ -390,3 +404,73 @@ class Runner:
             for h in hooks:
                 h.remove()
         return {m: (sums[m] / counts[m]).numpy() for m in modules if m in sums}
+
+    def output_moments(self, modules: Sequence[str], seed: int = 0) -> dict[str, np.ndarray]:
+        """E[g_i^2] of every named linear layer's output gradient over the calibration tokens.
+
+        ``g`` is the gradient, with respect to the layer's output at one position, of the summed
+        cross-entropy ``-sum_t log q(y_t | x_<=t)`` of next tokens ``y_t`` drawn from the model's
+        own next-token distribution (:func:`sample_next`, a ``torch.Generator`` seeded with
+        ``seed``, batches in order). Why sampled tokens: at the original weights the expected
+        outer product of this gradient over ``y ~ p`` is the Fisher information, which is the
+        Hessian of ``KL(p || q)`` (the exact measure) at ``q = p``; the gradient of KL to a
+        detached copy of the model's own output is zero there, and the argmax token would give
+        a biased, smaller estimate. With independent draws the cross terms between positions
+        (one backward pass for the sum of all positions' losses) vanish in expectation.
+
+        Only causal LMs (an encoder's exact measure has no such likelihood). Parameters get
+        no gradients: the backward pass computes activations' gradients only.
+
+        Raises:
+            LowbitError: an encoder, or a named layer that did not run.
+        """
+        torch = self.torch
+        if self.kind != "causal":
+            raise LowbitError("the fisher proxy needs a causal LM (its loss is next-token)")
+        sums: dict[str, Any] = {}
+        counts: dict[str, int] = {}
+        named = dict(self.model.named_modules())
+        wanted = [m for m in modules if m in named]
+        hooks = []
+        for m in wanted:
+
+            def keep(_mod: Any, _args: Any, out: Any, name: str = m) -> None:
+                if not out.requires_grad:
+                    return
+
+                def grad(g: Any) -> None:
+                    g = g.detach().double().reshape(-1, g.shape[-1])
+                    sums[name] = sums.get(name, 0) + (g * g).sum(0)
+                    counts[name] = counts.get(name, 0) + g.shape[0]
+
+                out.register_hook(grad)
+
+            hooks.append(named[m].register_forward_hook(keep))
+
+        def leaf(_mod: Any, _args: Any, out: Any) -> Any:
+            return out.detach().requires_grad_(True)
+
+        hooks.append(self.model.get_input_embeddings().register_forward_hook(leaf))
+        flags = [(p, p.requires_grad) for p in self.model.parameters()]
+        gen = torch.Generator().manual_seed(seed)
+        try:
+            for p, _ in flags:
+                p.requires_grad_(False)
+            with torch.enable_grad():
+                for inputs in self.batches:
+                    logits = self.model(**inputs).logits[:, :-1].float()
+                    labels = sample_next(logits, gen)
+                    loss = torch.nn.functional.cross_entropy(
+                        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum"
+                    )
+                    loss.backward()
+                    del logits, loss
+        finally:
+            for h in hooks:
+                h.remove()
+            for p, flag in flags:
+                p.requires_grad_(flag)
+        missing = [m for m in wanted if m not in sums]
+        if missing:
+            raise LowbitError(f"no output gradient reached {', '.join(missing[:3])}")
+        return {m: (sums[m] / counts[m]).numpy() for m in wanted}

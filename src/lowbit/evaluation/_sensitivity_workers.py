@@ -87,6 +87,7 @@ def distributed_scan(
     ray: bool | str,
     select: tuple[str, ...] = (),
     exact_schemes: tuple[str, ...] = (),
+    proxy: str = "input",
     scan_type: Any,
     plans: Any,
 ) -> tuple[str, list[Any], dict[str, float]]:
@@ -108,7 +109,7 @@ def distributed_scan(
     count = len(applied) * len(names)
     exact = {i for i, s in enumerate(schemes) if not exact_schemes or s in exact_schemes}
     costs = _costs(count, len(names), measure, exact)
-    args = (schemes, calibration, tokenizer, measure, batch, select, exact_schemes)
+    args = (schemes, calibration, tokenizer, measure, batch, select, exact_schemes, proxy)
     t0 = time.perf_counter()
     if ray is not False:
         kind, results, worker_seconds, used = _ray_scan(
