@@ -1,0 +1,182 @@
+"""A sensitivity scan's result: one entry per tensor and scheme, its JSON form, and Spearman's
+rank correlation between the proxy and the measured damage (:mod:`lowbit.evaluation.sensitivity`
+runs the scan)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+__all__ = ["SensitivityEntry", "SensitivityResult", "spearman"]
+
+# What each proxy is (the ``proxy`` of a result names one).
+_PROXIES = {
+    "input": "sum_j E[x_j^2] * ||W_j - Q(W)_j||^2",
+    "fisher": "sum_ij E[g_i^2] * E[x_j^2] * (W - Q(W))_ij^2, g = d loss / d output",
+}
+
+
+def _check_proxy(proxy: str) -> str:
+    if proxy not in _PROXIES:
+        raise LowbitError(f"proxy must be one of {', '.join(_PROXIES)}, got {proxy!r}")
+    return proxy
+
+
+@dataclass(frozen=True)
+class SensitivityEntry:
+    """One (tensor, scheme) trial."""
+
+    tensor: str
+    scheme: str
+    numel: int
+    bits: int  # stored bits of codes, scales and zero points
+    proxy: float
+    damage: float | None  # exact measure; None when only the proxy was asked for
+
+    @property
+    def bits_per_weight(self) -> float:
+        return self.bits / self.numel
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tensor": self.tensor,
+            "scheme": self.scheme,
+            "numel": self.numel,
+            "bits": self.bits,
+            "bits_per_weight": self.bits_per_weight,
+            "proxy": self.proxy,
+            "damage": self.damage,
+        }
+
+
+@dataclass(frozen=True)
+class SensitivityResult:
+    """Every trial, what was measured, and on what."""
+
+    model: str
+    kind: str  # "causal" or "encoder"
+    measure: str  # "exact" or "proxy"
+    metric: str  # what ``damage`` is
+    calibration: str
+    schemes: tuple[str, ...]
+    entries: tuple[SensitivityEntry, ...]
+    seconds: dict[str, float] = field(default_factory=dict)
+    proxy: str = "input"  # which proxy the entries' ``proxy`` is: "input" or "fisher"
+
+    @property
+    def proxy_formula(self) -> str:
+        """What the entries' ``proxy`` numbers are, as a formula."""
+        return _PROXIES[self.proxy]
+
+    def tensors(self) -> list[str]:
+        """Tensor names in model order."""
+        seen: dict[str, None] = {}
+        for e in self.entries:
+            seen.setdefault(e.tensor, None)
+        return list(seen)
+
+    def table(self, key: str | None = None) -> dict[str, dict[str, SensitivityEntry]]:
+        """``{tensor: {scheme: entry}}``."""
+        out: dict[str, dict[str, SensitivityEntry]] = {}
+        for e in self.entries:
+            out.setdefault(e.tensor, {})[e.scheme] = e
+        return out
+
+    def score(self, e: SensitivityEntry) -> float:
+        """The number the budget solver minimises: the exact damage; for a trial that only has
+        the proxy, the proxy times its tensor's ratio of summed damage to summed proxy over
+        the tensor's measured trials (a scan with ``exact_schemes``); else the proxy."""
+        if e.damage is not None:
+            return e.damage
+        ratio = self._ratios.get(e.tensor)
+        return e.proxy * ratio if ratio is not None else e.proxy
+
+    @functools.cached_property
+    def _ratios(self) -> dict[str, float]:
+        sums: dict[str, list[float]] = {}
+        for e in self.entries:
+            if e.damage is not None:
+                acc = sums.setdefault(e.tensor, [0.0, 0.0])
+                acc[0] += e.damage
+                acc[1] += e.proxy
+        return {t: d / p for t, (d, p) in sums.items() if p > 0 and math.isfinite(d / p)}
+
+    def rank_correlation(self) -> float | None:
+        """Spearman correlation between proxy and exact damage over all trials (None: proxy only)."""
+        pairs = [(e.proxy, e.damage) for e in self.entries if e.damage is not None]
+        if len(pairs) < 3:
+            return None
+        a, b = zip(*pairs, strict=True)
+        return spearman(a, b)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "model": self.model,
+            "kind": self.kind,
+            "measure": self.measure,
+            "metric": self.metric,
+            "proxy": self.proxy,
+            "proxy_formula": self.proxy_formula,
+            "calibration": self.calibration,
+            "schemes": list(self.schemes),
+            "rank_correlation": self.rank_correlation(),
+            "seconds": dict(self.seconds),
+            "entries": [e.to_dict() for e in self.entries],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SensitivityResult:
+        """Read back :meth:`to_dict` (a ``lowbit sensitivity --json`` file)."""
+        try:
+            entries = tuple(
+                SensitivityEntry(
+                    tensor=str(e["tensor"]),
+                    scheme=str(e["scheme"]),
+                    numel=int(e["numel"]),
+                    bits=int(e["bits"]),
+                    proxy=float(e["proxy"]),
+                    damage=None if e["damage"] is None else float(e["damage"]),
+                )
+                for e in d["entries"]
+            )
+            return cls(
+                model=str(d["model"]),
+                kind=str(d["kind"]),
+                measure=str(d["measure"]),
+                metric=str(d["metric"]),
+                calibration=str(d["calibration"]),
+                schemes=tuple(str(s) for s in d["schemes"]),
+                entries=entries,
+                seconds={str(k): float(v) for k, v in d.get("seconds", {}).items()},
+                proxy=_check_proxy(str(d.get("proxy", "input"))),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise LowbitError(f"not a lowbit sensitivity result: {type(e).__name__}: {e}") from None
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(x: Sequence[float]) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=np.float64)
+        for v in np.unique(x):  # ties share their mean rank
+            tie = x == v
+            if tie.sum() > 1:
+                r[tie] = r[tie].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum() / denom) if denom else 0.0
