@@ -181,3 +181,51 @@ def test_q4_0_scheme_equals_q4_0_gguf_file(tmp_path: Path) -> None:
         assert disk[key] == mem[key], key
     assert disk["kl_mean"] > 0
     assert own["kl_mean"] != mem["kl_mean"]
+
+
+def test_one_variant_model_alive_at_a_time(tmp_path: Path, monkeypatch: Any) -> None:
+    """evaluate_variants builds each variant's model when it measures it and frees it before
+    building the next (W8A8 twins share it): the original and one variant are alive at most."""
+    import weakref
+
+    import lowbit.evaluation.variants as variants_module
+
+    built: list[Any] = []
+    alive: list[int] = []  # variant models still alive when the next model is built
+    real = variants_module.build_model
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        alive.append(sum(ref() is not None for ref in built[1:]))
+        model = real(*args, **kwargs)
+        built.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(variants_module, "build_model", spy)
+    src = save_hf_folder(tiny_llama(), tmp_path / "src")
+    (tmp_path / "text.txt").write_text(_text())
+    kw = {"tokens": 120, "window": 40, "text": tmp_path / "text.txt", "threads": 1}
+    res = evaluate_variants(src, [], ["int8:ch", "int4:g32", "nf4"], w8a8="int8", **kw)
+    assert len(built) == 4 and alive == [0, 0, 0, 0]
+    assert all(ref() is None for ref in built)  # the result holds no model
+    assert [r["name"] for r in res["rows"]][4:] == [
+        "original + int8 act", "int8:ch + int8 act", "int4:g32 + int8 act", "nf4 + int8 act",
+    ]  # fmt: skip
+    # the same numbers as the models measured side by side, all alive at once
+    monkeypatch.setattr(variants_module, "build_model", real)
+    ref_model = real(variants_module.open_model(src))
+    models = [ref_model] + [
+        variants_module._scheme_variant(variants_module.open_model(src), s, False).model
+        for s in ("int8:ch", "int4:g32", "nf4")
+    ]
+    names = [r["name"] for r in res["rows"]]
+    together = [Variant(n, "", m) for n, m in zip(names[:4], models, strict=True)]
+    together += [
+        Variant(n, "", m, activations="int8") for n, m in zip(names[4:], models, strict=True)
+    ]
+    tok = variants_module.build_tokenizer(variants_module.open_model(src))
+    _, rows = compare_causal(
+        together, ref_model, tok, _text(), max_tokens=120, window=40, threads=1, progress=False
+    )
+    for got, want in zip(res["rows"], rows, strict=True):
+        for key in ("perplexity", "nll", "kl_mean", "kl_max", "top1_agreement"):
+            assert got[key] == want[key], (got["name"], key)

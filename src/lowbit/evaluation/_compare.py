@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,10 @@ def compare_causal(
     scored tokens. A variant whose model *is* the reference (with no activation simulation)
     reuses the reference's log-probabilities.
 
+    The reference runs once per window; its float32 log-probabilities go to an anonymous
+    temporary file (``scored × vocabulary × 4`` bytes of disk, not memory) and are read back
+    window by window for each variant, so memory does not grow with ``max_tokens``.
+
     Returns:
         ``(measured, rows)``: what was measured (text, text_tokens, tokens, scored, window,
         stride, windows, bos, dtype, threads, seconds), and per variant a dict with
@@ -112,52 +117,68 @@ def compare_causal(
         LowbitError: as ``lowbit.evaluation.perplexity.perplexity`` (window, stride, too few tokens,
             vocabularies that differ).
     """
+    groups = [(lambda v=v: [v]) for v in variants]
+    measured, pairs = _compare_causal_groups(
+        groups, len(variants), reference, tokenizer, text, label=label, window=window,
+        stride=stride, max_tokens=max_tokens, threads=threads, progress=progress,
+    )  # fmt: skip
+    return measured, [row for _, row in pairs]
+
+
+def _compare_causal_groups(
+    groups: Sequence[Callable[[], Sequence[Variant]]],
+    count: int,
+    reference: Any,
+    tokenizer: Any,
+    text: str | None,
+    *,
+    label: str | None,
+    window: int,
+    stride: int | None,
+    max_tokens: int | None,
+    threads: int | None,
+    progress: bool | None,
+) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """:func:`compare_causal` over variants built one group at a time.
+
+    Each group is a callable that builds variants sharing one model (a scheme's model and its
+    W8A8 twin); the group is measured over every window and released before the next one is
+    built, so at most the reference and one variant model are alive (``lowbit eval``'s
+    memory). ``count`` is the number of variants in all groups (for the progress bar).
+
+    Returns:
+        ``(measured, [(variant.row(), row), ...])`` in group order (no variant is kept, so
+        its model is freed once its group is measured).
+    """
     import torch
 
     label, stride, ids, text_tokens, spans = _tokens_and_windows(
         tokenizer, text, label, window, stride, max_tokens
     )
     tokens = torch.tensor(ids, dtype=torch.long)
-    n = len(variants)
-    nll = [0.0] * n
-    kl = [0.0] * n
-    kl_max = [0.0] * n
-    agree = [0] * n
-    secs = [0.0] * n
+    scored = sum(end - first for _, end, first in spans)
     ref_secs = 0.0
-    scored = 0
+    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
     start = time.perf_counter()
-    bar = progress_bar(len(ids) * (n + 1), progress, "evaluating", "tok")
-    with _threads(threads) as used_threads, torch.inference_mode(), bar:
-        for begin, end, first in spans:
-            inp = tokens[begin:end].unsqueeze(0)
-            target = tokens[first:end].unsqueeze(1)
-            t0 = time.perf_counter()
-            ref = _log_probs(reference, inp, first - begin)
-            ref_secs += time.perf_counter() - t0
-            ref_argmax = ref.argmax(-1)
-            ref_p = ref.exp()
-            bar.update(end - begin)
-            for i, v in enumerate(variants):
+    bar = progress_bar(len(ids) * (count + 1), progress, "evaluating", "tok")
+    with bar, tempfile.TemporaryFile() as cache:
+        shapes = []
+        with _threads(threads) as used_threads, torch.inference_mode():
+            for begin, end, first in spans:
                 t0 = time.perf_counter()
-                if v.model is reference and v.activations is None:
-                    logp = ref
-                else:
-                    with _act_context(v.model, v.activations):
-                        logp = _log_probs(v.model, inp, first - begin)
-                if logp.shape != ref.shape:
-                    raise LowbitError(
-                        f"{v.name}: vocabulary ({logp.shape[-1]}) differs from the original's "
-                        f"({ref.shape[-1]})"
-                    )
-                nll[i] += float(-logp.gather(1, target).squeeze(1).double().sum())
-                k = (ref_p * (ref - logp)).sum(dim=-1)
-                kl[i] += float(k.double().sum())
-                kl_max[i] = max(kl_max[i], float(k.max()))
-                agree[i] += int((ref_argmax == logp.argmax(-1)).sum())
-                secs[i] += time.perf_counter() - t0
+                ref = _log_probs(reference, tokens[begin:end].unsqueeze(0), first - begin)
+                ref_secs += time.perf_counter() - t0
+                cache.write(ref.contiguous().numpy().data)
+                shapes.append(tuple(ref.shape))
                 bar.update(end - begin)
-            scored += end - first
+            del ref
+        for make in groups:
+            # built outside the measuring contexts, as when every variant was built up front
+            for v in make():
+                with _threads(threads), torch.inference_mode():
+                    row = _measure_causal(v, reference, tokens, spans, shapes, cache, bar)
+                out.append((v.row(), row))
+                del v
     measured = {
         "kind": "causal-lm",
         **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, reference),
@@ -165,19 +186,59 @@ def compare_causal(
         "seconds": time.perf_counter() - start,
         "reference_seconds": ref_secs,
     }
-    rows = []
-    for i in range(n):
-        rows.append(
-            {
-                "perplexity": math.exp(nll[i] / scored),
-                "nll": nll[i] / scored,
-                "kl_mean": kl[i] / scored,
-                "kl_max": kl_max[i],
-                "top1_agreement": agree[i] / scored,
-                "seconds": secs[i],
-            }
-        )
-    return measured, rows
+    return measured, out
+
+
+def _measure_causal(
+    v: Variant,
+    reference: Any,
+    tokens: Any,
+    spans: Sequence[tuple[int, int, int]],
+    shapes: Sequence[tuple[int, ...]],
+    cache: Any,
+    bar: Any,
+) -> dict[str, Any]:
+    """One variant over every window, against the reference log-probabilities in ``cache``
+    (float32, window after window). The sums run window by window in the same order as
+    ``perplexity``'s, so the numbers are the same bit for bit."""
+    import torch
+
+    nll = kl = kl_max = 0.0
+    agree = scored = 0
+    secs = 0.0
+    cache.seek(0)
+    for (begin, end, first), shape in zip(spans, shapes, strict=True):
+        ref = torch.empty(shape, dtype=torch.float32)
+        if cache.readinto(ref.numpy().data) != ref.numel() * 4:  # internal invariant
+            raise AssertionError("short read of the reference log-probabilities")
+        target = tokens[first:end].unsqueeze(1)
+        t0 = time.perf_counter()
+        if v.model is reference and v.activations is None:
+            logp = ref
+        else:
+            with _act_context(v.model, v.activations):
+                logp = _log_probs(v.model, tokens[begin:end].unsqueeze(0), first - begin)
+        if logp.shape != ref.shape:
+            raise LowbitError(
+                f"{v.name}: vocabulary ({logp.shape[-1]}) differs from the original's "
+                f"({ref.shape[-1]})"
+            )
+        nll += float(-logp.gather(1, target).squeeze(1).double().sum())
+        k = (ref.exp() * (ref - logp)).sum(dim=-1)
+        kl += float(k.double().sum())
+        kl_max = max(kl_max, float(k.max()))
+        agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+        secs += time.perf_counter() - t0
+        scored += end - first
+        bar.update(end - begin)
+    return {
+        "perplexity": math.exp(nll / scored),
+        "nll": nll / scored,
+        "kl_mean": kl / scored,
+        "kl_max": kl_max,
+        "top1_agreement": agree / scored,
+        "seconds": secs,
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -208,28 +269,53 @@ def compare_encoder(
     Returns:
         ``(measured, rows)``; rows hold mean_cosine, min_cosine, nn_agreement, seconds.
     """
+    groups = [(lambda v=v: [v]) for v in variants]
+    measured, pairs = _compare_encoder_groups(
+        groups, reference, tokenizer, sentences, n=n, seed=seed, text=text, label=label,
+        batch_size=batch_size, threads=threads, progress=progress,
+    )  # fmt: skip
+    return measured, [row for _, row in pairs]
+
+
+def _compare_encoder_groups(
+    groups: Sequence[Callable[[], Sequence[Variant]]],
+    reference: Any,
+    tokenizer: Any,
+    sentences: Sequence[str] | None,
+    *,
+    n: int,
+    seed: int,
+    text: str | None,
+    label: str | None,
+    batch_size: int,
+    threads: int | None,
+    progress: bool | None,
+) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """:func:`compare_encoder` over variants built one group at a time (each group released
+    before the next is built, as in :func:`_compare_causal_groups`)."""
     start = time.perf_counter()
     sentences, label = _fidelity_sentences(sentences, text, label, n, seed)
     kw = {"batch_size": batch_size, "threads": threads, "progress": progress}
     ref = embed(reference, tokenizer, sentences, **kw)
     ref_nn = _nearest(ref)
-    rows = []
-    for v in variants:
-        t0 = time.perf_counter()
-        if v.model is reference and v.activations is None:
-            a = ref
-        else:
-            with _act_context(v.model, v.activations):
-                a = embed(v.model, tokenizer, sentences, **kw)
-        cos = np.sum(a.astype(np.float64) * ref, axis=1)
-        rows.append(
-            {
+    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for make in groups:
+        for v in make():
+            t0 = time.perf_counter()
+            if v.model is reference and v.activations is None:
+                a = ref
+            else:
+                with _act_context(v.model, v.activations):
+                    a = embed(v.model, tokenizer, sentences, **kw)
+            cos = np.sum(a.astype(np.float64) * ref, axis=1)
+            row = {
                 "mean_cosine": float(cos.mean()),
                 "min_cosine": float(cos.min()),
                 "nn_agreement": float(np.mean(_nearest(a) == ref_nn)),
                 "seconds": time.perf_counter() - t0,
             }
-        )
+            out.append((v.row(), row))
+            del v
     measured = {
         "kind": "encoder",
         "text": label or ("sentences" if text is None else "text"),
@@ -238,4 +324,4 @@ def compare_encoder(
         "pooling": "mean over the attention mask, L2-normalised (max 256 tokens)",
         "seconds": time.perf_counter() - start,
     }
-    return measured, rows
+    return measured, out

@@ -22,8 +22,9 @@ Measuring lives in :mod:`lowbit.evaluation._compare` (:class:`Variant`, :func:`c
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ from lowbit.evaluation._compare import (
     DEFAULT_SENTENCES,
     DEFAULT_TOKENS,
     Variant,
+    _compare_causal_groups,
+    _compare_encoder_groups,
     compare_causal,
     compare_encoder,
 )
@@ -218,6 +221,24 @@ def _gptq_variant(
     )  # fmt: skip
 
 
+def _with_activations(make: Callable[[], Variant], act: str | None) -> list[Variant]:
+    """The variant ``make`` builds, and with ``act`` its twin measured with simulated
+    per-token activations (the same model)."""
+    v = make()
+    if act is None:
+        return [v]
+    twin = Variant(
+        name=f"{v.name} + {act} act",
+        format=f"{v.format}, {act} per-token activations",
+        model=v.model,
+        activations=act,
+        bits_per_weight=v.bits_per_weight,
+        nbytes=v.nbytes,
+        source=v.source,
+    )
+    return [v, twin]
+
+
 def evaluate_variants(
     model: Any = None,
     quantized: Sequence[str | Path] = (),
@@ -298,74 +319,55 @@ def evaluate_variants(
     tokenizer = build_tokenizer(ckpt)
     reference = build_model(ckpt, progress=progress)
     names = _default_quantized(ckpt)
-    variants = [
-        Variant(
-            name="original",
-            format=f"{_dominant_dtype(ckpt, names)} {ckpt.format}",
-            model=reference,
-            bits_per_weight=_stored_bits(ckpt, names),
-            nbytes=ckpt.nbytes,
-            source="disk",
-        )
-    ]
+    original = Variant(
+        name="original",
+        format=f"{_dominant_dtype(ckpt, names)} {ckpt.format}",
+        model=reference,
+        bits_per_weight=_stored_bits(ckpt, names),
+        nbytes=ckpt.nbytes,
+        source="disk",
+    )
+    # variants are built when measured and released after (one variant model alive at a time)
+    makers: list[Callable[[], Variant]] = [lambda: original]
     for q in quantized:
-        variants.append(_disk_variant(Path(q), ckpt, progress))
+        makers.append(lambda q=q: _disk_variant(Path(q), ckpt, progress))
     causal = reference.get_output_embeddings() is not None
     for spec in schemes:
         if "rtn" in methods:
-            variants.append(_scheme_variant(ckpt, spec, progress))
+            makers.append(lambda spec=spec: _scheme_variant(ckpt, spec, progress))
         for how, cfg in (("gptq", gptq), ("awq", awq or AWQ()), ("smooth", smooth)):
             if how in methods or (how == "smooth" and smooth is not None):
-                variants.append(
-                    _gptq_variant(ckpt, spec, calibration, cfg, text, tokens, body, label,
-                                  causal, sentences, seed, threads, progress)
+                makers.append(
+                    lambda spec=spec, cfg=cfg: _gptq_variant(
+                        ckpt, spec, calibration, cfg, text, tokens, body, label, causal,
+                        sentences, seed, threads, progress,
+                    )
                 )  # fmt: skip
-    if act is not None:
-        for v in list(variants):
-            variants.append(
-                Variant(
-                    name=f"{v.name} + {act} act",
-                    format=f"{v.format}, {act} per-token activations",
-                    model=v.model,
-                    activations=act,
-                    bits_per_weight=v.bits_per_weight,
-                    nbytes=v.nbytes,
-                    source=v.source,
-                )
-            )
+    per_group = 1 if act is None else 2
+    groups = [functools.partial(_with_activations, make, act) for make in makers]
     if causal:
-        measured, rows = compare_causal(
-            variants,
-            reference,
-            tokenizer,
-            body,
-            label=label,
-            window=window,
-            stride=stride,
-            max_tokens=tokens,
-            threads=threads,
+        measured, pairs = _compare_causal_groups(
+            groups, len(groups) * per_group, reference, tokenizer, body, label=label,
+            window=window, stride=stride, max_tokens=tokens, threads=threads,
             progress=progress,
-        )
+        )  # fmt: skip
+    else:
+        measured, pairs = _compare_encoder_groups(
+            groups, reference, tokenizer, None, n=sentences, seed=seed, text=body,
+            label=label, batch_size=32, threads=threads, progress=progress,
+        )  # fmt: skip
+    # rows: every model, then every model with simulated activations
+    pairs = [pairs[i] for j in range(per_group) for i in range(j, len(pairs), per_group)]
+    rows = [{**meta, **r} for meta, r in pairs]
+    if causal:
         base = rows[0]["perplexity"]
         for r in rows:
             r["change"] = r["perplexity"] / base - 1.0
-    else:
-        measured, rows = compare_encoder(
-            variants,
-            reference,
-            tokenizer,
-            n=sentences,
-            seed=seed,
-            text=body,
-            label=label,
-            threads=threads,
-            progress=progress,
-        )
     return {
         "model": str(ckpt.path),
         "kind": measured["kind"],
         "measured": measured,
-        "rows": [{**v.row(), **r} for v, r in zip(variants, rows, strict=True)],
+        "rows": rows,
     }
 
 
