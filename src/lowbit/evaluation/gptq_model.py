@@ -18,6 +18,9 @@ that are not linear layers are rounded to nearest as ``lowbit quantize`` does. M
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -183,6 +186,7 @@ def gptq_weights(
         bar = progress_bar(last + 1, progress, "gptq", "block")
         with bar:
             for i, block in enumerate(blocks[: last + 1]):
+                _release_heap()
                 mine = per_block.get(i, {})
                 if mine:
                     clock.start()
@@ -406,6 +410,31 @@ def _model_layout(ckpt: Any, name: str, arr: np.ndarray, net: Any) -> np.ndarray
     if hf.endswith("k_proj.weight"):
         return unpermute_qk(arr, cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
     return arr
+
+
+def _release_heap() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``; a no-op
+    where there is none). Between blocks the allocator keeps what the last block's temporaries
+    freed; measured on SmolLM2 (32 samples) the resident memory grew 220 MB over the 30 blocks
+    without this and 54 MB with it (the quantized tensors kept). Computes nothing.
+
+    Returns:
+        Whether anything could be asked (glibc found).
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+        return None
 
 
 def _set_weight(linear: Any, arr: np.ndarray) -> None:
