@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
 from lowbit.checkpoints.quantize_model import quantize_model  # noqa: E402
+from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.evaluation import perplexity as evaluate  # noqa: E402
 from lowbit.evaluation.variants import Variant, compare_causal, compare_encoder, evaluate_variants  # noqa: E402
 from lowbit.quant.plan import PrecisionPlan  # noqa: E402
@@ -229,3 +230,38 @@ def test_one_variant_model_alive_at_a_time(tmp_path: Path, monkeypatch: Any) -> 
     for got, want in zip(res["rows"], rows, strict=True):
         for key in ("perplexity", "nll", "kl_mean", "kl_max", "top1_agreement"):
             assert got[key] == want[key], (got["name"], key)
+
+
+def test_bad_quantized_path_fails_before_any_model_is_built(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A QUANTIZED path that is missing, or a lowbit checkpoint of another model, is one
+    LowbitError before the original is built or measured (variants are built later, when
+    measured, so the paths are opened first)."""
+    import lowbit.evaluation.variants as variants_module
+
+    built: list[Any] = []
+    real = variants_module.build_model
+    monkeypatch.setattr(
+        variants_module, "build_model", lambda *a, **k: built.append(1) or real(*a, **k)
+    )
+    measured: list[Any] = []  # the measuring loop, which would open the paths too late
+    real_loop = variants_module._compare_causal_groups
+    monkeypatch.setattr(
+        variants_module,
+        "_compare_causal_groups",
+        lambda *a, **k: measured.append(1) or real_loop(*a, **k),
+    )
+    src = save_hf_folder(tiny_llama(), tmp_path / "src")
+    (tmp_path / "text.txt").write_text(_text())
+    kw = {"tokens": 120, "window": 40, "text": tmp_path / "text.txt", "threads": 1}
+    with pytest.raises(LowbitError, match="no such file or folder"):
+        evaluate_variants(src, [tmp_path / "missing"], None, **kw)
+    assert built == [1] and not measured  # the original only; nothing measured
+    other = save_hf_folder(tiny_llama(tie=True), tmp_path / "other")  # no lm_head.weight
+    q = tmp_path / "other-int8"
+    quantize_model(other, PrecisionPlan.uniform("int8:ch"), q, progress=False)
+    built.clear()
+    with pytest.raises(LowbitError, match="tensors differ"):
+        evaluate_variants(src, [q], None, **kw)
+    assert built == [1] and not measured

@@ -141,14 +141,23 @@ def _scheme_variant(checkpoint: Checkpoint, spec: str, progress: bool | None) ->
     )
 
 
+def _open_disk_variant(path: Path, original: Any) -> Any:
+    """A QUANTIZED path opened from its headers, checked against the original: called for
+    every path before the reference pass, so a wrong path fails at once, not minutes later."""
+    if not is_lowbit_checkpoint(path):
+        return open_checkpoint(path)
+    ckpt = LowbitCheckpoint(path)
+    if set(ckpt.names()) != set(original.names()):
+        raise LowbitError(
+            f"{path} was quantized from {ckpt.manifest.get('source', {}).get('path')}, whose "
+            f"tensors differ from {original.path}"
+        )
+    return ckpt
+
+
 def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
     if is_lowbit_checkpoint(path):
-        ckpt = LowbitCheckpoint(path)
-        if set(ckpt.names()) != set(original.names()):
-            raise LowbitError(
-                f"{path} was quantized from {ckpt.manifest.get('source', {}).get('path')}, whose "
-                f"tensors differ from {original.path}"
-            )
+        ckpt = _open_disk_variant(path, original)
         totals = ckpt.manifest.get("totals") or {}
         labels = sorted(
             {
@@ -330,6 +339,7 @@ def evaluate_variants(
     # variants are built when measured and released after (one variant model alive at a time)
     makers: list[Callable[[], Variant]] = [lambda: original]
     for q in quantized:
+        _open_disk_variant(Path(q), ckpt)  # fails now, before the reference pass
         makers.append(lambda q=q: _disk_variant(Path(q), ckpt, progress))
     causal = reference.get_output_embeddings() is not None
     for spec in schemes:
