@@ -29,8 +29,12 @@ _LAZY = {
     "load": "lowbit.checkpoints",
     "load_model": "lowbit.evaluation.models",
     "open_checkpoint": "lowbit.checkpoints",
-    "quantize_model": "lowbit.checkpoints.quantize_model",
+    "quantize_model": "lowbit.evaluation.calibrated",
     "PrecisionPlan": "lowbit.quant.plan",
+    "GPTQ": "lowbit.quant.gptq",
+    "AWQ": "lowbit.quant.awq",
+    "SmoothQuant": "lowbit.quant.smoothquant",
+    "Calibration": "lowbit.evaluation.calibration",
 }
 
 

@@ -9,6 +9,8 @@
   and the per-layer Hessians collected on it.
 - :mod:`~lowbit.evaluation.gptq_model`: GPTQ of a whole model, block by block.
 - :mod:`~lowbit.evaluation.awq_model`: AWQ and SmoothQuant of a whole model, block by block.
+- :mod:`~lowbit.evaluation.calibrated`: ``lowbit.quantize_model``: any method (round to
+  nearest, GPTQ, AWQ, SmoothQuant), then the checkpoint written.
 """
 
 from __future__ import annotations
