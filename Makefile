@@ -60,8 +60,11 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks fuzz
 	$(BIN)/ruff format src tests benchmarks fuzz
 
+# The suite twice: with the compiled kernels (numba, the `fast` extra) and with them off
+# (LOWBIT_NUMBA=0: what an install without numba runs; both paths must give the same bits).
 test: lint
 	$(BIN)/python -m pytest -q
+	LOWBIT_NUMBA=0 $(BIN)/python -m pytest -q
 
 # Coverage-guided fuzzing (atheris/libFuzzer) of each parser of a user's file for FUZZ_SECONDS
 # each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*.

@@ -5,6 +5,7 @@ and midpoint of each format, every rounding mode and both overflow settings."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import zlib
@@ -289,6 +290,27 @@ def test_works_without_numba() -> None:
         "assert f.decode(c).tolist() == [0.40625, -448.0]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_lowbit_numba_0_turns_the_kernels_off() -> None:
+    """LOWBIT_NUMBA=0 (make test's second pass): no kernel runs and numba is never imported,
+    even for arrays large enough for the kernels; the codes are the kernels' own."""
+    code = (
+        "import sys, numpy as np, lowbit\n"
+        "from lowbit.codecs import _numba as _fast\n"
+        "assert not _fast.HAVE_NUMBA and not _fast.enabled()\n"
+        "x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32)\n"
+        "c = lowbit.format('float8_e4m3fn').encode(x)\n"
+        "q = lowbit.quantize(x.reshape(512, 512), 'int4', group_size=128)\n"
+        "assert 'numba' not in sys.modules\n"
+        "sys.stdout.buffer.write(c.tobytes() + np.asarray(q.codes).tobytes())\n"
+    )
+    env = {**os.environ, "LOWBIT_NUMBA": "0"}
+    off = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
+    x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32)
+    on = lowbit.format("float8_e4m3fn").encode(x).tobytes()
+    on += np.asarray(lowbit.quantize(x.reshape(512, 512), "int4", group_size=128).codes).tobytes()
+    assert off.stdout == on
 
 
 # ---- decode ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from functools import cache, lru_cache
 from typing import Any
 
@@ -42,7 +43,14 @@ from lowbit.errors import NaNPolicyError
 
 # numba is the optional extra ``lowbit[fast]``. Importing it costs a good part of a second, so
 # it is only looked for here; the kernels (and numba) load when the first one is used.
-HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+# ``LOWBIT_NUMBA=0`` in the environment turns the kernels off for the whole process, as if
+# numba were not installed (what ``pip install lowbit`` without the extra runs; `make test`
+# runs the suite once that way).
+_OFF = ("0", "off", "false", "no")
+HAVE_NUMBA = (
+    importlib.util.find_spec("numba") is not None
+    and os.environ.get("LOWBIT_NUMBA", "").strip().lower() not in _OFF
+)
 
 
 @cache
