@@ -1,4 +1,4 @@
-"""``import lowbit`` stays light: numpy and ml_dtypes only."""
+"""``import lowbit`` stays light: numpy only, ml_dtypes when first needed."""
 
 from __future__ import annotations
 
@@ -44,6 +44,33 @@ def test_small_inputs_do_not_load_numba() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_light_commands_do_not_import_ml_dtypes() -> None:
+    """ml_dtypes 0.7's import takes 0.7-0.8 s of CPU (0.1 s for 0.6), more than a whole
+    ``lowbit show``: it loads when a bfloat16 cast of a large array, an ml_dtypes input or a
+    checkpoint needs it, so import, small encodes and the light commands stay without it."""
+    light = (
+        ["show", "0.3952"], ["decode", "e4m3", "0x7e"], ["values", "fp4"], ["formats"],
+        ["plan", "--params", "7B"], ["hardware"], ["--help"],
+    )  # fmt: skip
+    for argv in light:
+        code = (
+            "import sys, io, contextlib, numpy as np, lowbit\n"
+            "from lowbit.cli import main\n"
+            "x = np.linspace(-3, 3, 8192, dtype=np.float32)\n"
+            "lowbit.format('bf16').decode(lowbit.format('bf16').encode(x))\n"
+            "lowbit.format('e4m3').describe()\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n"
+            f"        main({argv!r})\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print('ml_dtypes' in sys.modules)"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, (argv, out.stderr[-2000:])
+        assert out.stdout.strip() == "False", argv
 
 
 def test_cli_imports_only_the_command_it_runs() -> None:

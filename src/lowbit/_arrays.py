@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from lowbit.errors import CodeRangeError, LowbitError
@@ -36,8 +36,30 @@ def as_float64(x: Any) -> np.ndarray:
     raise LowbitError(f"input must be numeric (float, int or bool), got dtype {arr.dtype}")
 
 
+def bfloat16() -> np.dtype:
+    """ml_dtypes' bfloat16 dtype, importing ml_dtypes on first use.
+
+    ml_dtypes is imported only where it is needed (bfloat16 casts of large arrays, checkpoint
+    readers and writers): its import is most of a cold start (0.1 s of CPU with 0.6, 0.7-0.8 s
+    with 0.7), so ``lowbit show`` or a scalar's encode never pays it.
+    """
+    import ml_dtypes  # lazy: see the docstring
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16, without importing ml_dtypes (an array of
+    that type can exist only once ml_dtypes is imported)."""
+    ml = sys.modules.get("ml_dtypes")
+    return ml is not None and dtype == ml.bfloat16
+
+
 def _is_ml_float(dtype: np.dtype) -> bool:
     if dtype.kind == "c":  # ml_dtypes.finfo accepts complex types; lowbit does not
+        return False
+    ml_dtypes = sys.modules.get("ml_dtypes")
+    if ml_dtypes is None:  # no ml_dtypes type exists before ml_dtypes is imported
         return False
     try:
         ml_dtypes.finfo(dtype)

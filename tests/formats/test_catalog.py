@@ -145,6 +145,14 @@ def test_storage(name: str, bits: int, container: int, packed: int) -> None:
     assert (fmt.bits, fmt.container_bytes, fmt.packed_bits) == (bits, container, packed)
 
 
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_ml_dtype_name_without_importing_ml_dtypes(name: str) -> None:
+    """``ml_dtype_name`` (what describe() and `lowbit formats` show, read without importing
+    ml_dtypes) is the name of ``ml_dtype`` (which imports it) for every catalog format."""
+    fmt = FORMATS[name]
+    assert fmt.ml_dtype_name == (None if fmt.ml_dtype is None else str(fmt.ml_dtype))
+
+
 @pytest.mark.parametrize("name", sorted(n for n, f in FORMATS.items() if f.ml_dtype is not None))
 def test_properties_match_ml_dtypes(name: str) -> None:
     """Where numpy or ml_dtypes has the type, its finfo/iinfo agrees with lowbit's properties."""

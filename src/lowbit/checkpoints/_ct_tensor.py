@@ -9,9 +9,9 @@ The files these end up in are described in :mod:`lowbit.checkpoints.compressed_t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from lowbit.checkpoints._write_arrays import as_numpy
@@ -22,7 +22,14 @@ __all__ = ["CTTensor", "from_quantized", "pack_int32"]
 _KINDS = ("int", "float")
 _STRATEGIES = ("tensor", "channel", "group")
 _ACTIVATIONS = ("int8", "fp8")
-_FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+@cache
+def _fp8() -> np.dtype:
+    """ml_dtypes' float8_e4m3fn (imported on first use: its import is most of a cold start)."""
+    import ml_dtypes  # lazy: see the docstring
+
+    return np.dtype(ml_dtypes.float8_e4m3fn)
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +90,7 @@ class CTTensor:
         """float32 values, computed as compressed-tensors does with float32 scales."""
         codes, scale, zp = _checked(self, "<tensor>")
         if self.kind == "float":
-            values = codes.view(_FP8).astype(np.float32)
+            values = codes.view(_fp8()).astype(np.float32)
         else:
             values = codes.astype(np.float32)
         if zp is not None:
@@ -160,7 +167,7 @@ def _checked(t: CTTensor, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
             raise bad("float weights are symmetric: no zero point")
         if strategy == "group":
             raise bad("fp8 weights take tensor or channel scales here")
-        if codes.dtype == _FP8:
+        if codes.dtype.kind == "V" and codes.dtype == _fp8():
             codes = codes.view(np.uint8)
         elif codes.dtype != np.uint8:
             raise bad(f"fp8 codes must be float8_e4m3fn values or uint8 bits, got {codes.dtype}")

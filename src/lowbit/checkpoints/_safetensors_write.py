@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from lowbit.errors import LowbitError
@@ -37,15 +37,19 @@ _CODES: dict[np.dtype, str] = {
     np.dtype(np.float16): "F16",
     np.dtype(np.float32): "F32",
     np.dtype(np.float64): "F64",
-    np.dtype(ml_dtypes.bfloat16): "BF16",
-    np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3",
-    np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2",
 }
+# ml_dtypes' types by dtype name: an array of one exists only once ml_dtypes is imported, so
+# this module does not import it (its import is most of a cold start)
+_ML_CODES = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
 
 
 def dtype_code(dtype: np.dtype) -> str:
     """The safetensors name of a numpy dtype (``F32``, ``BF16``, ``F8_E4M3``, ...)."""
-    code = _CODES.get(np.dtype(dtype).newbyteorder("="))
+    dt = np.dtype(dtype).newbyteorder("=")
+    code = _CODES.get(dt)
+    ml = sys.modules.get("ml_dtypes")
+    if code is None and ml is not None and dt.name in _ML_CODES and dt == getattr(ml, dt.name):
+        code = _ML_CODES[dt.name]
     if code is None:
         raise LowbitError(f"safetensors cannot store dtype {dtype}")
     return code

@@ -39,9 +39,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from lowbit._arrays import bfloat16
 from lowbit._progress import progress_bar
 from lowbit.checkpoints import _safetensors_write as _safetensors
 from lowbit.checkpoints._atomic import atomic_dir
@@ -51,7 +51,7 @@ from lowbit.checkpoints._ct_config import (
     _scheme_key,
     quantization_config,
 )
-from lowbit.checkpoints._ct_tensor import _FP8, CTTensor, _checked, from_quantized, pack_int32
+from lowbit.checkpoints._ct_tensor import CTTensor, _checked, _fp8, from_quantized, pack_int32
 from lowbit.checkpoints._outputs import writer_metadata
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
@@ -65,7 +65,7 @@ __all__ = [
     "write_compressed_tensors",
 ]
 
-_SCALE_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+_SCALE_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": None}  # None: bfloat16()
 
 
 class _Parts:
@@ -139,7 +139,7 @@ def _entries(name: str, t: CTTensor, scale_dtype: Any) -> list[_safetensors.Entr
                 E(f"{module}.weight_zero_point", np.dtype(np.int8), sshape, lambda: p.get()[2])
             )
     else:
-        wdtype = np.dtype(np.int8) if t.kind == "int" else _FP8
+        wdtype = np.dtype(np.int8) if t.kind == "int" else _fp8()
         entries = [
             E(f"{module}.weight", wdtype, (out, cols), lambda: p.get()[0].view(wdtype)),
             E(f"{module}.weight_scale", np.dtype(scale_dtype), sshape, scale_),
@@ -260,7 +260,7 @@ def write_compressed_tensors(
         raise LowbitError(f"scale_dtype must be one of {list(_SCALE_DTYPES)}, got {scale_dtype!r}")
     if max_shard_size <= 0:
         raise LowbitError(f"max_shard_size must be positive, got {max_shard_size}")
-    sdtype = _SCALE_DTYPES[scale_dtype]
+    sdtype = _SCALE_DTYPES[scale_dtype] or bfloat16()
     files = [Path(f) for f in copy_files]
     for f in files:
         if not f.is_file():

@@ -37,13 +37,14 @@ pieces of whole chunks (threads never change a result).
 
 from __future__ import annotations
 
+import sys
 import threading
 from functools import lru_cache
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from lowbit._arrays import bfloat16, is_bfloat16
 from lowbit._parallel import map_chunks, threads
 from lowbit.codecs import _general
 from lowbit.codecs._common import FloatFields, nan_error, negative_error
@@ -56,13 +57,12 @@ _TABLE_BYTES = 64 << 20  # all tables together, the oldest dropped first
 _MAX_PREFIX = 20  # keys of at most 21 bits: tables of at most 2M codes (4 MB)
 
 _F16 = np.dtype(np.float16)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _KEYED = {_F32: np.dtype(np.uint32), _F64: np.dtype(np.uint64)}  # and their bit views
 _CAST_LAYOUTS = {
-    (8, 7, 127): _BF16,  # ml_dtypes' bfloat16 cast
-    (5, 10, 15): _F16,  # numpy's float16 cast
+    (8, 7, 127): "bfloat16",  # ml_dtypes' bfloat16 cast (ml_dtypes imported when first used)
+    (5, 10, 15): "float16",  # numpy's float16 cast
 }
 
 _tables: dict[tuple[Any, ...], np.ndarray] = {}
@@ -259,8 +259,9 @@ def _cast_encode(
     return False, False
 
 
-def _cast_peer(fmt: FloatFields, mode: Rounding) -> np.dtype | None:
-    """The dtype whose float32 cast is lowbit's encode of ``fmt``, or None."""
+def _cast_peer(fmt: FloatFields, mode: Rounding) -> str | None:
+    """The name of the dtype (``bfloat16``, ``float16``) whose float32 cast is lowbit's
+    encode of ``fmt``, or None."""
     ieee = fmt.signed and fmt.subnormals and fmt.inf is Inf.IEEE and fmt.nan is NaN.IEEE
     if mode is not Rounding.NEAREST_EVEN or not ieee:
         return None
@@ -292,18 +293,22 @@ def encode(
     Raises:
         NaNPolicyError, LowbitError: as ``vectorised.encode_float`` does.
     """
-    if mode is Rounding.STOCHASTIC or x.dtype not in (_F64, _F32, _F16, _BF16):
+    if mode is Rounding.STOCHASTIC or (
+        x.dtype not in (_F64, _F32, _F16) and not is_bfloat16(x.dtype)
+    ):
         return None
     if np.dtype(fmt.code_dtype) not in (np.uint8, np.uint16) or fmt.bits > 16:
         return None
     out = np.empty(x.size, dtype=fmt.code_dtype)
     key = (fmt, mode, bool(saturate), x.dtype)
     peer = _cast_peer(fmt, mode) if x.dtype == _F32 and not neg_check else None
+    if peer == "bfloat16" and x.size < _CHUNK and "ml_dtypes" not in sys.modules:
+        peer = None  # a small array does not import ml_dtypes (most of a cold start)
     prefix = key_prefix(fmt, x.dtype) if x.dtype in _KEYED else 15  # 16-bit input: 65,536
-    if peer == _BF16 and not saturate:  # ml_dtypes' cast runs at memory speed: one call
+    if peer == "bfloat16" and not saturate:  # ml_dtypes' cast runs at memory speed: one call
         with np.errstate(over="ignore", invalid="ignore"):
-            return x.astype(_BF16).view(fmt.code_dtype)
-    if peer == _BF16:
+            return x.astype(bfloat16()).view(fmt.code_dtype)
+    if peer == "bfloat16":
         table = None
     elif prefix is not None and _worth_a_table(key, x.size, 2 << prefix):
         table = _cached(key, lambda: _table(fmt, mode, saturate, x.dtype, prefix))
@@ -312,7 +317,8 @@ def encode(
     else:
         table = None
     if table is None:
-        flags = _run(lambda a, b: _cast_encode(fmt, peer, saturate, x[a:b], out[a:b]), x.size)
+        cast = bfloat16() if peer == "bfloat16" else _F16
+        flags = _run(lambda a, b: _cast_encode(fmt, cast, saturate, x[a:b], out[a:b]), x.size)
     elif x.dtype in _KEYED:
         flags = _run(
             lambda a, b: _keyed_encode(table, prefix, x[a:b], out[a:b], nan_check, neg_check),
@@ -336,14 +342,15 @@ def decode(fmt: FloatFields, codes: np.ndarray, table: np.ndarray) -> np.ndarray
         return np.take(table, codes)
     flat = np.ascontiguousarray(codes).reshape(-1)
     out = np.empty(flat.size, dtype=table.dtype)
-    bf16 = flat.dtype == np.uint16 and _cast_peer(fmt, Rounding.NEAREST_EVEN) == _BF16
+    bf16 = flat.dtype == np.uint16 and _cast_peer(fmt, Rounding.NEAREST_EVEN) == "bfloat16"
     if table.dtype == _F32 and bf16:
+        bf16_dtype = bfloat16()
         nan_bits = table.view(np.uint32)[fmt.nan_code]  # the table's quiet NaN
 
         def cast(a: int, b: int) -> None:
             for c in range(a, b, _STEP):
                 part = out[c : min(c + _STEP, b)]
-                np.copyto(part, flat[c : c + part.size].view(_BF16), casting="unsafe")
+                np.copyto(part, flat[c : c + part.size].view(bf16_dtype), casting="unsafe")
                 if np.isnan(part.min()):  # ml_dtypes keeps NaN payloads: drop them
                     bits = part.view(np.uint32)
                     nan = np.isnan(part)

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from lowbit._arrays import _from_torch, as_float64, check_random_bits, random_bits
+from lowbit._arrays import _from_torch, as_float64, check_random_bits, is_bfloat16, random_bits
 from lowbit.codecs import _general, _numpy_fast
 from lowbit.codecs import _numba as _fast
 from lowbit.codecs._common import FloatFields, value_table
@@ -25,8 +24,7 @@ from lowbit.errors import LowbitError
 
 _U = np.uint64
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_NATIVE_INPUTS = (np.dtype(np.float16), _BF16, np.dtype(np.float32), np.dtype(np.float64))
+_NATIVE_INPUTS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))  # + bfloat16
 
 _MODE_INDEX = {
     Rounding.NEAREST_EVEN: 0,
@@ -60,7 +58,7 @@ def as_float_input(x: Any) -> np.ndarray:
     are (every value widens to float64 exactly, in a register or per chunk), anything
     else converted by ``as_float64``."""
     arr = _from_torch(x)
-    if isinstance(arr, np.ndarray) and arr.dtype in _NATIVE_INPUTS:
+    if isinstance(arr, np.ndarray) and (arr.dtype in _NATIVE_INPUTS or is_bfloat16(arr.dtype)):
         return arr
     return as_float64(arr)
 
@@ -90,7 +88,7 @@ def encode_float(
         return wide.view(_U).reshape(shape).copy()  # float64 itself: exact
     rbits = prepare_random(mode, shape, seed, random_bits)
     out = np.empty(flat.size, dtype=fmt.code_dtype)
-    kernel_input = flat if flat.dtype != np.float16 and flat.dtype != _BF16 else None
+    kernel_input = flat if flat.dtype != np.float16 and not is_bfloat16(flat.dtype) else None
     if kernel_input is None and _fast.use_kernels(flat.size):
         kernel_input = flat.astype(np.float32)  # exact; the kernel reads float32
     # the kernel checks NaN and sign on the fly (raising the same errors)

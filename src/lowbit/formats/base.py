@@ -121,6 +121,12 @@ class Format(ABC):
         return None
 
     @property
+    def ml_dtype_name(self) -> str | None:
+        """The name of :attr:`ml_dtype` (``str(self.ml_dtype)``), or None, without importing
+        ml_dtypes (whose import is most of a cold start)."""
+        return None
+
+    @property
     def torch_dtype_name(self) -> str | None:
         """Name of the matching ``torch`` dtype (``getattr(torch, name)``), or None."""
         return None
@@ -165,7 +171,7 @@ class Format(ABC):
             "has_negative_zero": self.has_negative_zero,
             "container_bytes": self.container_bytes,
             "packed_bits": self.packed_bits,
-            "ml_dtypes": None if self.ml_dtype is None else str(self.ml_dtype),
+            "ml_dtypes": self.ml_dtype_name,
             "torch": self.torch_dtype_name,
         }
 

@@ -272,6 +272,11 @@ class FloatFormat(Format):
         return None
 
     @property
+    def ml_dtype_name(self) -> str | None:
+        # every name in _ML_DTYPES_NAMES is in ml_dtypes >= 0.5, the floor lowbit requires
+        return self.name if self.name in _NUMPY_NAMES | _ML_DTYPES_NAMES else None
+
+    @property
     def torch_dtype_name(self) -> str | None:
         return self.name if self.name in _TORCH_NAMES else None
 

@@ -77,6 +77,11 @@ class IntFormat(Format):
         return None
 
     @property
+    def ml_dtype_name(self) -> str | None:
+        # int2/uint2/int4/uint4 are in ml_dtypes >= 0.5, the floor lowbit requires
+        return self.name if self.name in _NUMPY_INTS | _ML_INTS else None
+
+    @property
     def torch_dtype_name(self) -> str | None:
         return self.name if self.name in ("int8", "uint8", "int16", "int32") else None
 
