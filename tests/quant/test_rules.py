@@ -203,7 +203,7 @@ def test_rule_methods_reach_the_plan() -> None:
     from lowbit.quant.plan import PrecisionPlan
     from lowbit.quant.rules import METHODS, method_name
 
-    assert METHODS == ("rtn", "gptq") and method_name(" Gptq") == "gptq"
+    assert METHODS == ("rtn", "gptq", "awq") and method_name(" Gptq") == "gptq"
     assert method_name(None) is None
     plan = PrecisionPlan.from_dict(
         {
@@ -226,3 +226,18 @@ def test_rule_methods_reach_the_plan() -> None:
     assert "method" not in decide["model.layers.0.mlp.up_proj.weight"].to_dict()
     assert "by gptq" in decide["model.layers.0.self_attn.q_proj.weight"].reason
     assert plan.to_dict()["rules"][1]["method"] == "gptq"
+
+
+def test_calibrated_method_is_one_per_run() -> None:
+    """calibrated_method: the one calibrated method the rules' methods (None: the default)
+    need, rtn when none; gptq beside awq is one error naming both."""
+    from lowbit.quant.rules import calibrated_method
+
+    assert calibrated_method([None, "rtn"]) == "rtn"
+    assert calibrated_method(["awq", None, "rtn"]) == "awq"
+    assert calibrated_method([None], "gptq") == "gptq"
+    assert calibrated_method(["rtn"], "awq") == "rtn"
+    with pytest.raises(LowbitError, match="asks for awq and gptq"):
+        calibrated_method(["awq", None], "gptq")
+    with pytest.raises(LowbitError, match="unknown method"):
+        calibrated_method(["smoothquant"])

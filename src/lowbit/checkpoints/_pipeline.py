@@ -23,6 +23,7 @@ from lowbit.checkpoints.compressed_tensors import from_quantized, write_compress
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.gguf_writer import GGUFTensor
 from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.readers import ReplacedCheckpoint
 from lowbit.codecs.packing import _pack_unchecked, unpack
 from lowbit.errors import LowbitError
 from lowbit.quant import gguf_q
@@ -478,10 +479,22 @@ def write_gguf(
     GPTQ's) are stored as they are."""
     by_name = {t.name: t for t in applied.tensors}
     planned: set[str] = set()
+    replaced = ckpt.replaced if isinstance(ckpt, ReplacedCheckpoint) else {}
+    for name in replaced:
+        stored = ckpt.base.info(name).dtype
+        if by_name[name].action == "keep" and stored not in ("F32", "F16", "BF16"):
+            raise LowbitError(
+                f"{name}: changed in memory (e.g. by AWQ's folds) but kept, and the source "
+                f"stores it as {stored}: GGUF keeps a tensor as stored, so the file would hold "
+                f"the unchanged values; quantize it too (a plan rule), or write --out-format "
+                f"lowbit or compressed-tensors"
+            )
 
     def make(name: str) -> Any:
         t = by_name[name]
         ckpt.close()
+        if t.action == "keep" and name in replaced:  # float32: exact, whatever was stored
+            return GGUFTensor(replaced[name], "F32")
         if t.action == "keep":
             return GGUFTensor(raw_bytes(ckpt, name), t.dtype, raw=True)
         gtype = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}.get(t.cast or "")

@@ -398,3 +398,44 @@ class GGUFFile(_Indexed):
 
 
 # --------------------------------------------------------------------------------- entry
+
+
+class ReplacedCheckpoint(Checkpoint):
+    """A checkpoint with some tensors replaced by float32 arrays held in memory (e.g. AWQ's
+    folded norms, ``lowbit.evaluation.awq_model.AWQRun.checkpoint``); every other tensor is
+    read from ``base``. A replaced tensor's :meth:`info` says ``F32`` and the float32 bytes;
+    its ``file`` and ``offset`` still point at the original, so writers that copy stored
+    bytes must look at :attr:`replaced` first (``lowbit.checkpoints._pipeline`` does).
+
+    Attributes:
+        base: the checkpoint read for everything not replaced.
+        replaced: name -> the float32 array that replaces it.
+    """
+
+    def __init__(self, base: Checkpoint, replaced: dict[str, np.ndarray]) -> None:
+        super().__init__()
+        self.base = base
+        self.replaced = {n: np.asarray(a, dtype=np.float32) for n, a in replaced.items()}
+        self.path, self.format = base.path, base.format
+        self.metadata, self.config = base.metadata, base.config
+
+    def names(self) -> list[str]:
+        return self.base.names()
+
+    def info(self, name: str) -> TensorInfo:
+        info = self.base.info(name)
+        if name in self.replaced:
+            return TensorInfo(
+                name, info.shape, "F32", int(self.replaced[name].nbytes), info.file, info.offset
+            )
+        return info
+
+    def get(self, name: str, dtype: Any = None) -> np.ndarray:
+        if name not in self.replaced:
+            return self.base.get(name, dtype)
+        arr = self.replaced[name]
+        return arr if dtype is None else arr.astype(dtype)
+
+    def close(self) -> None:
+        self.base.close()
+        super().close()

@@ -49,17 +49,18 @@ def awq_run(
     args: argparse.Namespace, ckpt: Any, plan: Any, applied: Any, out: Path,
     progress: bool | None,
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:  # fmt: skip
-    """AWQ's or SmoothQuant's folded checkpoint, weights and record (``--method awq``,
-    ``--smooth``)."""
+    """AWQ's or SmoothQuant's folded checkpoint, weights and record (``--method awq``, plan
+    rules naming ``method: awq``, ``--smooth``): written from the folded checkpoint, whatever
+    the output format, so the folded norms and biases replace the originals."""
 
     if args.smooth is not None and args.method != "rtn":
         raise LowbitError(
             f"--smooth rounds to nearest after its folds: drop --method {args.method}"
         )
-    if args.out_format != "lowbit":
+    if args.smooth is not None and args.out_format == "gguf":
         raise LowbitError(
-            f"--{'smooth' if args.smooth is not None else 'method awq'} writes lowbit "
-            "checkpoints: use --out-format lowbit"
+            "--smooth prepares W8A8 models (per-token activations), which GGUF cannot declare: "
+            "write --out-format compressed-tensors (vLLM) or lowbit"
         )
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
@@ -67,14 +68,15 @@ def awq_run(
         acts = {t.activations for t in applied.quantized if t.activations}
         if len(acts) != 1:
             raise LowbitError(
-                "--smooth prepares activations for W8A8: give one --activations format (int8, "
-                f"fp8){'' if not acts else f', not several ({sorted(acts)})'}"
+                "--smooth prepares activations for W8A8: give --w8a8 int8|fp8 (or one "
+                f"--activations format){'' if not acts else f', not several ({sorted(acts)})'}"
             )
         cfg: Any = SmoothQuant(alpha=parse_alpha(args.smooth), activations=acts.pop())
     else:
         cfg = AWQ(clip=not args.no_clip)
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
-    run = awq_weights(ckpt, plan, calib, cfg, progress=progress)
+    default = "rtn" if args.smooth is None and args.method == "rtn" else "awq"
+    run = awq_weights(ckpt, plan, calib, cfg, progress=progress, default_method=default)
     done = {n: qt for n, qt in run.weights.items() if run.methods[n] == cfg.name}
     method = {
         **cfg.to_dict(),

@@ -18,7 +18,7 @@ from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.gptq_model import gptq_weights
 from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import AppliedPlan, PrecisionPlan
-from lowbit.quant.rules import activation_format, parse_action
+from lowbit.quant.rules import action_label, activation_format, calibrated_method, parse_action
 
 _EPILOG = """\
 MODEL is a .safetensors file, a Hugging Face folder, a .gguf file, or a shipped model:
@@ -43,7 +43,8 @@ examples:
   lowbit quantize smollm2 --budget 4.5 --sensitivity sens.json --eval --out smol-mixed
   lowbit quantize smollm2 --plan-preset q4_k_m_like --out smol-q4km-like
   lowbit quantize smollm2 --to int4:g128 --method awq --out smol-awq
-  lowbit quantize smollm2 --to int8:ch --activations int8 --smooth --out smol-w8a8-sq
+  lowbit quantize minilm --to int4:g32 --method awq --out-format compressed-tensors --out m-awq
+  lowbit quantize smollm2 --w8a8 int8 --smooth --out-format compressed-tensors --out smol-w8a8
 
 Mixed precision: --budget BPW (stored bits per quantized weight, scales included) or --size
 BYTES chooses one scheme per tensor from a sensitivity scan (lowbit sensitivity) so that the
@@ -54,6 +55,9 @@ and printed with its predicted damage and the solver's optimality gap.
 Output formats: lowbit (any scheme; lowbit.load / lowbit.load_model read it back),
 compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8_0/Q4_0
 from a GGUF source; llama.cpp runs it; --to q4_0 / q8_0 use llama.cpp's own rounding).
+GPTQ, AWQ and SmoothQuant write all three (--smooth: not gguf), AWQ's and SmoothQuant's
+folded norms and biases in place of the originals. Plan rules may say method: gptq or
+method: awq (not both in one plan); such rules calibrate without --method.
 """
 
 
@@ -94,14 +98,24 @@ def register(sub: Any) -> None:
         metavar="FMT",
         help="declare per-token activation quantization (int8, fp8) for the quantized layers",
     )
+    p.add_argument(
+        "--w8a8",
+        nargs="?",
+        const="int8",
+        choices=("int8", "fp8"),
+        metavar="FMT",
+        help="W8A8 (int8 or fp8, default int8): --activations FMT and, without --to or --plan, "
+        "weights int8:ch or fp8_e4m3:ch; 8-bit --to schemes only",
+    )
     p.add_argument("--plan", metavar="FILE", help="plan file (JSON/YAML) of ordered rules")
     p.add_argument(
         "--method",
         choices=["rtn", "gptq", "awq"],
         default="rtn",
-        help="rtn: round to nearest (default); gptq, awq: calibrated (awq: lowbit output only)",
+        help="rtn: round to nearest (default); gptq, awq: calibrated (plan rules may name "
+        "their own method)",
     )
-    add_calibration_options(p, needs="--activations")
+    add_calibration_options(p, needs="--w8a8 or --activations")
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
     p.add_argument("--out", metavar="PATH", help="output folder (or .gguf file)")
     p.add_argument(
@@ -138,6 +152,7 @@ def register(sub: Any) -> None:
 def build_plan(args: argparse.Namespace) -> Any:
     """The precision plan the options describe (schemes through the one scheme parser);
     None when it is chosen from measurements or a preset (:mod:`lowbit.cli._budget`)."""
+    _w8a8(args)
     _budget.check(args)
     if _budget.wanted(args) or args.plan_preset:
         return None
@@ -172,6 +187,38 @@ def build_plan(args: argparse.Namespace) -> Any:
     if args.activations:
         plan = plan.with_default(plan.default, activation_format(args.activations))
     return plan
+
+
+_W8A8 = {"int8": ("int8", "int8:ch"), "fp8": ("float8_e4m3fn", "fp8_e4m3:ch")}
+
+
+def _w8a8(args: argparse.Namespace) -> None:
+    """``--w8a8 FMT``: the same as ``--activations FMT`` and, when neither ``--to`` nor
+    ``--plan`` says what the weights become, ``--to int8:ch`` / ``fp8_e4m3:ch``.
+
+    Raises:
+        LowbitError: ``--activations`` of another format, or a ``--to`` that is not 8-bit.
+    """
+    if args.w8a8 is None:
+        return
+    act, weights = _W8A8[args.w8a8]
+    if args.activations is not None and activation_format(args.activations) != act:
+        raise LowbitError(
+            f"--w8a8 {args.w8a8} declares {act} activations, --activations {args.activations} "
+            "contradicts it: give one of them"
+        )
+    if args.to is not None:
+        to = parse_action(args.to, group_size=args.group)
+        bits = getattr(getattr(to, "element_format", None), "bits", None)
+        if bits != 8:
+            raise LowbitError(
+                f"--w8a8 means 8-bit weights, but --to {args.to} is {action_label(to)}: drop "
+                f"--to (W8A8 weights are {weights}) or give --activations {args.w8a8} for "
+                f"{action_label(to)} weights with {args.w8a8} activations"
+            )
+    elif args.plan is None and not args.plan_preset and not _budget.wanted(args):
+        args.to = weights
+    args.activations = args.w8a8
 
 
 def _gptq(
@@ -247,13 +294,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
     done = method = None
     source = ckpt
-    named = args.method == "rtn" and any(t.method == "gptq" for t in applied.quantized)
-    if args.method == "gptq" or named:
-        if args.smooth is not None:
-            raise LowbitError("--smooth rounds to nearest after its folds: drop --method gptq")
-        done, method = _gptq(args, ckpt, plan, out, progress)
-    elif args.method == "awq" or args.smooth is not None:
+    # rule methods run their method without --method; gptq and awq never mix (one run)
+    named = calibrated_method([t.method for t in applied.quantized], args.method)
+    if args.smooth is not None or "awq" in (args.method, named):
         source, done, method = awq_run(args, ckpt, plan, applied, out, progress)
+    elif "gptq" in (args.method, named):
+        done, method = _gptq(args, ckpt, plan, out, progress)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = quantize_model(

@@ -91,12 +91,16 @@ def _fold(
     if any(p + ".weight" not in inv for p in paths):
         return "its linear layers are not all in the checkpoint"
     if not any(p in mine for p in paths):
-        return "the plan quantizes none of its linear layers"
+        return f"the plan quantizes none of its linear layers by {method.name}"
     if len({col.group_of.get(p) for p in paths}) != 1 or col.tokens(paths[0]) == 0:
         return "its linear layers do not read one input"
     prev_w = inv.get(lead + f.prev + ".weight")
     if prev_w is None:
         return "the operation before is not in the checkpoint"
+    touched = [prev_w, *(inv[p + ".weight"] for p in paths)]
+    other = [n for n in touched if n in todo and n not in mine.values()]
+    if other:  # rounded to nearest as stored (method: rtn), so its weights must not change
+        return f"it would change {other[0]}, which the plan rounds to nearest"
     prev = {"weight": blk.get(prev_w)}
     prev_b = inv.get(lead + f.prev + ".bias")
     if prev_b is not None:

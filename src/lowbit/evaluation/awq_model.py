@@ -24,7 +24,6 @@ quantizes outside the blocks are rounded to nearest. Memory: as GPTQ's, plus Smo
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Collection
@@ -38,7 +37,7 @@ from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.checkpoints.quantize_model import open_model, plan_model
-from lowbit.checkpoints.readers import Checkpoint, TensorInfo
+from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._awq_block import do_block
 from lowbit.evaluation._compare import Variant
@@ -57,7 +56,7 @@ from lowbit.evaluation.models import _prefix_fix, build_model
 from lowbit.quant.awq import AWQ
 from lowbit.quant.folds import FOLDS, fold_family
 from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import action_label
+from lowbit.quant.rules import action_label, calibrated_method, method_name
 from lowbit.quant.smoothquant import SmoothQuant
 
 __all__ = ["AWQRun", "awq_variant", "awq_weights"]
@@ -107,37 +106,7 @@ class AWQRun:
         """The source checkpoint with the folded tensors of :attr:`replaced` in place of its own
         (float32, ``F32``): what ``lowbit.checkpoints.quantize_model.quantize_model`` writes
         from, with ``weights=`` the quantized tensors."""
-        return _Folded(open_model(source), self.replaced)
-
-
-class _Folded(Checkpoint):
-    """A checkpoint with some tensors replaced (float32), everything else read from the base."""
-
-    def __init__(self, base: Checkpoint, replaced: dict[str, np.ndarray]) -> None:
-        super().__init__()
-        self._base = base
-        self._new = {n: np.asarray(a, dtype=np.float32) for n, a in replaced.items()}
-        self.path, self.format = base.path, base.format
-        self.metadata, self.config = base.metadata, base.config
-
-    def names(self) -> list[str]:
-        return self._base.names()
-
-    def info(self, name: str) -> TensorInfo:
-        info = self._base.info(name)
-        if name in self._new:
-            return dataclasses.replace(info, dtype="F32", nbytes=int(self._new[name].nbytes))
-        return info
-
-    def get(self, name: str, dtype: Any = None) -> np.ndarray:
-        if name not in self._new:
-            return self._base.get(name, dtype)
-        arr = self._new[name]
-        return arr if dtype is None else arr.astype(dtype)
-
-    def close(self) -> None:
-        self._base.close()
-        super().close()
+        return ReplacedCheckpoint(open_model(source), self.replaced)
 
 
 def awq_weights(
@@ -150,6 +119,7 @@ def awq_weights(
     exclude: Collection[str] | None = None,
     threads: int | None = None,
     progress: bool | None = None,
+    default_method: str = "awq",
 ) -> AWQRun:
     """Quantize a model's weights with AWQ, or round them after SmoothQuant's folds.
 
@@ -163,13 +133,20 @@ def awq_weights(
             :class:`~lowbit.quant.smoothquant.SmoothQuant`.
         avoid_tokens, exclude, threads, progress: as
             :func:`lowbit.evaluation.gptq_model.gptq_weights`.
+        default_method: how the tensors whose plan rule names no ``method`` are quantized:
+            ``awq`` (default: by ``method``, AWQ or SmoothQuant) or ``rtn`` (then only the
+            rules saying ``method: awq`` use AWQ). A rule's ``method`` always wins: a
+            ``method: rtn`` tensor is rounded to nearest as stored, and a fold that would
+            change it is skipped (``folds`` says so).
 
     Returns:
         An :class:`AWQRun`.
 
     Raises:
         LowbitError: a model lowbit cannot build, a plan that cannot apply, calibration data
-            that is missing or too short, a method that is neither AWQ nor SmoothQuant.
+            that is missing or too short, a method that is neither AWQ nor SmoothQuant, a
+            plan whose rules name ``gptq`` (one calibrated method per run), SmoothQuant with
+            rules naming ``awq``.
     """
     import torch
 
@@ -183,11 +160,12 @@ def awq_weights(
     ckpt = open_model(model)
     plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
     todo = {t.name: t for t in plan_model(ckpt, plan).quantized}
+    wanted = _wanted(todo, default_method, isinstance(method, SmoothQuant))
     tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)
     causal = net.get_output_embeddings() is not None
     prefix, blocks = _find_blocks(net)
-    per_block = _locate(net, ckpt, todo, prefix)
+    per_block = _locate(net, ckpt, {n: t for n, t in todo.items() if n in wanted}, prefix)
     names = _param_names(net, ckpt)
     folds = FOLDS.get(fold_family((ckpt.config or {}).get("model_type")) or "", ())
     cfg = net.config
@@ -247,6 +225,30 @@ def awq_weights(
         else sum(int(m.sum()) for _, m in samples),
     }
     return run
+
+
+def _wanted(todo: dict[str, Any], default: str, smooth: bool) -> set[str]:
+    """The planned tensors AWQ (or SmoothQuant) quantizes; the others are rounded to nearest.
+
+    Raises:
+        LowbitError: rules naming ``gptq``; SmoothQuant with rules naming ``awq``; a
+            ``default`` that is neither ``awq`` nor ``rtn``.
+    """
+    default = method_name(default) or "awq"
+    if default == "gptq":
+        raise LowbitError("awq_weights runs AWQ: default_method is awq or rtn, not gptq")
+    named = [t.method for t in todo.values()]
+    if smooth and "awq" in named:
+        raise LowbitError(
+            "SmoothQuant rounds to nearest after its folds: the plan's rules name method: awq"
+        )
+    calibrated_method(named, default)  # refuses gptq beside awq
+    if "gptq" in named:
+        raise LowbitError(
+            "the plan's rules name method: gptq; AWQ runs do not run GPTQ (one calibrated "
+            "method per run): give those rules method: rtn or awq"
+        )
+    return {n for n, t in todo.items() if (t.method or default) == "awq"}
 
 
 def _linear(net: Any, path: str) -> Any:

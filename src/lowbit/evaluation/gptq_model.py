@@ -46,7 +46,7 @@ from lowbit.evaluation.models import _prefix_fix, build_model
 from lowbit.evaluation.perplexity import sentences_from_text
 from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import method_name
+from lowbit.quant.rules import calibrated_method, method_name
 from lowbit.quant.tensor import quantize
 
 __all__ = ["GPTQRun", "gptq_weights"]
@@ -162,7 +162,16 @@ def gptq_weights(
     plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
     applied = plan_model(ckpt, plan)
     default_method = method_name(default_method) or "gptq"
+    if default_method == "awq":
+        raise LowbitError("gptq_weights runs GPTQ: default_method is gptq or rtn, not awq")
     todo = {t.name: t for t in applied.quantized}
+    named = [t.method for t in todo.values()]
+    calibrated_method(named, default_method)  # refuses awq beside gptq
+    if "awq" in named:
+        raise LowbitError(
+            "the plan's rules name method: awq; GPTQ runs do not run AWQ (one calibrated "
+            "method per run): give those rules method: rtn or gptq"
+        )
     wanted = {n for n, t in todo.items() if (t.method or default_method) == "gptq"}
     tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)

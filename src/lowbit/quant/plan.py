@@ -112,7 +112,7 @@ class TensorPlan:
         reason: why, in words (``rule 2: match '*mlp*'``, ``default: 2-D linear weight``).
         source_nbytes: bytes the tensor takes in the source file.
         method: how a quantized tensor is quantized when its rule names it (``rtn``,
-            ``gptq``: :data:`~lowbit.quant.rules.METHODS`), else None (the caller's method).
+            ``gptq``, ``awq``: :data:`~lowbit.quant.rules.METHODS`), else None (the caller's method).
     """
 
     name: str

@@ -17,8 +17,10 @@ all read plan files with :func:`load_plan_file`::
       - {match: lm_head.weight, format: bf16}
       - {component: attention, ndim: 2, format: int4:g128, method: gptq}
 
-A rule's ``method`` (:data:`METHODS`: ``rtn`` round to nearest, ``gptq`` calibrated) says how its
-tensors are quantized; a rule without one follows the command's ``--method``.
+A rule's ``method`` (:data:`METHODS`: ``rtn`` round to nearest, ``gptq`` or ``awq`` calibrated)
+says how its tensors are quantized; a rule without one follows the command's ``--method``. One
+run calibrates with one method: a plan naming both ``gptq`` and ``awq`` is refused
+(:func:`calibrated_method`).
 
 Formats are scheme strings (:func:`lowbit.quant.scheme_text.parse_scheme`), ``keep``, or
 ``Scheme.to_dict()`` dicts; ``scale_method`` and ``pad`` set those Scheme fields.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ __all__ = [
     "action_dict",
     "action_label",
     "activation_format",
+    "calibrated_method",
     "load_plan_file",
     "method_name",
     "parse_action",
@@ -61,8 +64,9 @@ PLAN_VERSION = 1
 _RULE_KEYS = {"match", "regex", "component", "ndim", "format", "scheme", "scale_method",
               "activations", "pad", "method"}  # fmt: skip
 #: How a rule's tensors may be quantized: ``rtn`` (round to nearest, from the weights alone),
-#: ``gptq`` (calibrated, ``lowbit.quant.gptq``). A new method is one more entry here.
-METHODS = ("rtn", "gptq")
+#: ``gptq`` (calibrated, ``lowbit.quant.gptq``), ``awq`` (calibrated scales folded into the
+#: operation before, ``lowbit.quant.awq``). A new method is one more entry here.
+METHODS = ("rtn", "gptq", "awq")
 _PLAN_KEYS = {"version", "default", "activations", "rules"}
 
 Action = Scheme | Cast | None  # None: keep as stored
@@ -95,6 +99,24 @@ def method_name(value: Any) -> str | None:
     if name not in METHODS:
         raise LowbitError(f"unknown method {value!r}; allowed: {', '.join(METHODS)}")
     return name
+
+
+def calibrated_method(methods: Iterable[str | None], default: str = "rtn") -> str:
+    """The one calibrated method (``gptq`` or ``awq``) a run needs for tensors whose rules name
+    ``methods`` (None: the rule names none, so ``default`` applies), or ``rtn`` when none is.
+
+    Raises:
+        LowbitError: an unknown method, or both ``gptq`` and ``awq`` (a run calibrates with
+            one: AWQ's folds change the weights GPTQ would solve for, so the two do not mix).
+    """
+    default = method_name(default) or "rtn"
+    used = {method_name(m) or default for m in methods} - {"rtn"}
+    if len(used) > 1:
+        raise LowbitError(
+            f"the plan asks for {' and '.join(sorted(used))} (rule methods or --method): one "
+            "run calibrates with one method; give the tensors of one of them method: rtn"
+        )
+    return used.pop() if used else "rtn"
 
 
 def action_label(action: Action) -> str:
