@@ -350,7 +350,7 @@ def test_gptq_and_awq_do_not_mix(
     assert main([*argv[:3], str(one), *argv[4:], "--method", "gptq"]) == 2
     assert "asks for awq and gptq" in capsys.readouterr().err
     assert not (tmp_path / "q").exists()
-    with pytest.raises(LowbitError, match="GPTQ runs do not run AWQ"):
+    with pytest.raises(LowbitError, match="calibrates with gptq, but the plan asks for awq"):
         gptq_weights(src, PrecisionPlan.from_file(one), _calib(setup), default_method="rtn")
     with pytest.raises(LowbitError, match="asks for awq and gptq"):
         awq_weights(src, PrecisionPlan.from_file(plan), _calib(setup))
@@ -388,3 +388,23 @@ def test_w8a8_shorthand(setup: dict[str, Path], capsys: pytest.CaptureFixture[st
     ):
         assert main(["quantize", src, "--dry-run", *bad]) == 2
         assert why in capsys.readouterr().err
+
+
+def test_eval_of_the_written_folder_is_awqs_row(
+    setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """lowbit eval of the compressed-tensors folder AWQ wrote reports the numbers of lowbit
+    eval's in-memory AWQ row (same calibration), not round-to-nearest's."""
+    pytest.importorskip("compressed_tensors")
+    src, out = setup["folder"], tmp_path / "ct"
+    cal = ["--calib", str(setup["text"]), "--calib-samples", "3", "--calib-len", "50"]
+    assert main(["quantize", str(src), "--to", "int4:g32", "--method", "awq", *cal,
+                 "--no-progress", "--out-format", "compressed-tensors", "--out", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["eval", str(src), str(out), "--schemes", "int4:g32", "--methods", "rtn,awq",
+                 *cal, "--tokens", "256", "--window", "64", "--threads", "1", "--json"]) == 0  # fmt: skip
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    disk, awq, rtn = rows["ct"], rows["int4:g32 awq"], rows["int4:g32"]
+    for key in ("perplexity", "kl_mean"):
+        assert disk[key] == pytest.approx(awq[key], rel=1e-5), key
+    assert abs(disk["kl_mean"] - rtn["kl_mean"]) > 1e-3 * rtn["kl_mean"]

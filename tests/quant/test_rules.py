@@ -241,3 +241,7 @@ def test_calibrated_method_is_one_per_run() -> None:
         calibrated_method(["awq", None], "gptq")
     with pytest.raises(LowbitError, match="unknown method"):
         calibrated_method(["smoothquant"])
+    assert calibrated_method(["gptq", "rtn"], run="gptq") == "gptq"
+    assert calibrated_method([None], "rtn", run="awq") == "rtn"
+    with pytest.raises(LowbitError, match="calibrates with awq, but the plan asks for gptq"):
+        calibrated_method([None, "gptq"], "rtn", run="awq")

@@ -231,23 +231,16 @@ def _wanted(todo: dict[str, Any], default: str, smooth: bool) -> set[str]:
     """The planned tensors AWQ (or SmoothQuant) quantizes; the others are rounded to nearest.
 
     Raises:
-        LowbitError: rules naming ``gptq``; SmoothQuant with rules naming ``awq``; a
-            ``default`` that is neither ``awq`` nor ``rtn``.
+        LowbitError: rules naming ``gptq`` (or ``default`` gptq); SmoothQuant with rules
+            naming ``awq``.
     """
-    default = method_name(default) or "awq"
-    if default == "gptq":
-        raise LowbitError("awq_weights runs AWQ: default_method is awq or rtn, not gptq")
     named = [t.method for t in todo.values()]
     if smooth and "awq" in named:
         raise LowbitError(
             "SmoothQuant rounds to nearest after its folds: the plan's rules name method: awq"
         )
-    calibrated_method(named, default)  # refuses gptq beside awq
-    if "gptq" in named:
-        raise LowbitError(
-            "the plan's rules name method: gptq; AWQ runs do not run GPTQ (one calibrated "
-            "method per run): give those rules method: rtn or awq"
-        )
+    calibrated_method(named, default, run="awq")
+    default = method_name(default) or "awq"
     return {n for n, t in todo.items() if (t.method or default) == "awq"}
 
 

@@ -162,16 +162,8 @@ def gptq_weights(
     plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
     applied = plan_model(ckpt, plan)
     default_method = method_name(default_method) or "gptq"
-    if default_method == "awq":
-        raise LowbitError("gptq_weights runs GPTQ: default_method is gptq or rtn, not awq")
     todo = {t.name: t for t in applied.quantized}
-    named = [t.method for t in todo.values()]
-    calibrated_method(named, default_method)  # refuses awq beside gptq
-    if "awq" in named:
-        raise LowbitError(
-            "the plan's rules name method: awq; GPTQ runs do not run AWQ (one calibrated "
-            "method per run): give those rules method: rtn or gptq"
-        )
+    calibrated_method([t.method for t in todo.values()], default_method, run="gptq")
     wanted = {n for n, t in todo.items() if (t.method or default_method) == "gptq"}
     tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)

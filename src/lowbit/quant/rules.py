@@ -101,13 +101,21 @@ def method_name(value: Any) -> str | None:
     return name
 
 
-def calibrated_method(methods: Iterable[str | None], default: str = "rtn") -> str:
+def calibrated_method(
+    methods: Iterable[str | None], default: str = "rtn", *, run: str | None = None
+) -> str:
     """The one calibrated method (``gptq`` or ``awq``) a run needs for tensors whose rules name
     ``methods`` (None: the rule names none, so ``default`` applies), or ``rtn`` when none is.
 
+    Args:
+        methods: each quantized tensor's rule method (``TensorPlan.method``).
+        default: the method of tensors whose rule names none (``--method``).
+        run: the calibrated method the caller runs, or None; given, a plan needing the other
+            one is an error too.
+
     Raises:
-        LowbitError: an unknown method, or both ``gptq`` and ``awq`` (a run calibrates with
-            one: AWQ's folds change the weights GPTQ would solve for, so the two do not mix).
+        LowbitError: an unknown method, both ``gptq`` and ``awq`` (a run calibrates with one:
+            AWQ's folds change the weights GPTQ would solve for), or not ``run``'s method.
     """
     default = method_name(default) or "rtn"
     used = {method_name(m) or default for m in methods} - {"rtn"}
@@ -116,7 +124,13 @@ def calibrated_method(methods: Iterable[str | None], default: str = "rtn") -> st
             f"the plan asks for {' and '.join(sorted(used))} (rule methods or --method): one "
             "run calibrates with one method; give the tensors of one of them method: rtn"
         )
-    return used.pop() if used else "rtn"
+    got = used.pop() if used else "rtn"
+    if run is not None and got not in ("rtn", method_name(run)):
+        raise LowbitError(
+            f"this run calibrates with {run}, but the plan asks for {got} (rule methods or the "
+            f"default method): one method per run; give those rules method: rtn or {run}"
+        )
+    return got
 
 
 def action_label(action: Action) -> str:
