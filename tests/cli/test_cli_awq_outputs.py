@@ -131,8 +131,9 @@ def test_awq_and_smoothquant_to_compressed_tensors(
 ) -> None:
     """AWQ (int4) and SmoothQuant (W8A8) as compressed-tensors: its own decompressor gives
     exactly lowbit's dequantized weights, the folded norms/biases are written folded (not the
-    originals), W8A8 declares dynamic per-token activations, and transformers loads a model
-    whose outputs are those of lowbit eval's AWQ / SmoothQuant variant."""
+    originals), W8A8 declares dynamic per-token activations, lowbit verify passes, and
+    transformers loads a model whose outputs are those of lowbit eval's AWQ / SmoothQuant
+    variant."""
     pytest.importorskip("compressed_tensors")
     src, bert = setup[source], source == "bert"
     out = tmp_path / "ct"
@@ -146,6 +147,7 @@ def test_awq_and_smoothquant_to_compressed_tensors(
             str(cal.samples), "--calib-len", "50", "--no-progress", "--out", str(out),
             "--out-format", "compressed-tensors", "--json"]  # fmt: skip
     assert main(argv) == 0
+    assert main(["verify", str(out)]) == 0
     run = awq_weights(src, spec, cal, method, progress=False)
     name = "awq" if how == "awq" else "smoothquant"
     assert sum(m == name for m in run.methods.values()) == (12 if bert else 14)
