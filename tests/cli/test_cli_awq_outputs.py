@@ -356,8 +356,16 @@ def test_gptq_and_awq_do_not_mix(
         gptq_weights(src, PrecisionPlan.from_file(one), _calib(setup), default_method="rtn")
     with pytest.raises(LowbitError, match="asks for awq and gptq"):
         awq_weights(src, PrecisionPlan.from_file(plan), _calib(setup))
-    with pytest.raises(LowbitError, match="SmoothQuant rounds to nearest"):
+    with pytest.raises(LowbitError, match=r"SmoothQuant rounds to nearest.*method: awq"):
         awq_weights(src, PrecisionPlan.from_file(one), _calib(setup), SmoothQuant())
+    gptq = tmp_path / "gptq.yaml"
+    gptq.write_text(
+        "default: int8:ch\nrules:\n  - {match: '*q_proj*', format: int8:ch, method: gptq}\n"
+    )
+    assert main(["quantize", str(src), "--plan", str(gptq), "--w8a8", "--smooth", *argv[4:]]) == 2
+    assert "SmoothQuant rounds to nearest after its folds: the plan's rules name method: gptq" in (
+        capsys.readouterr().err
+    )
     assert parse_rule({"match": "*", "format": "int4", "method": "AWQ"}).method == "awq"
 
 

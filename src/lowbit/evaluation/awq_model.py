@@ -146,7 +146,7 @@ def awq_weights(
         LowbitError: a model lowbit cannot build, a plan that cannot apply, calibration data
             that is missing or too short, a method that is neither AWQ nor SmoothQuant, a
             plan whose rules name ``gptq`` (one calibrated method per run), SmoothQuant with
-            rules naming ``awq``.
+            rules naming ``gptq`` or ``awq``.
     """
     import torch
 
@@ -232,12 +232,14 @@ def _wanted(todo: dict[str, Any], default: str, smooth: bool) -> set[str]:
 
     Raises:
         LowbitError: rules naming ``gptq`` (or ``default`` gptq); SmoothQuant with rules
-            naming ``awq``.
+            naming a calibrated method.
     """
     named = [t.method for t in todo.values()]
-    if smooth and "awq" in named:
+    ruled = sorted({m for m in named if m not in (None, "rtn")})
+    if smooth and ruled:
         raise LowbitError(
-            "SmoothQuant rounds to nearest after its folds: the plan's rules name method: awq"
+            "SmoothQuant rounds to nearest after its folds: the plan's rules name method: "
+            f"{ruled[0]}; give them method: rtn or none"
         )
     calibrated_method(named, default, run="awq")
     default = method_name(default) or "awq"
