@@ -285,3 +285,18 @@ def test_resolve_model(tmp_path: Path) -> None:
         assert resolve_model("all-MiniLM-L6-v2").name == "model"
     except ImportError:  # the model packages are not installed here
         pass
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_rule_methods_need_calibrated_weights(tmp_path: Path, hf_folder: Path, method: str) -> None:
+    """A rule naming a calibrated method is not silently rounded to nearest: without weights=
+    the writer refuses, naming the tensor and the method; method: rtn writes."""
+    rules = [{"component": "attention", "ndim": 2, "format": "int4:g32", "method": method}]
+    plan = PrecisionPlan.from_dict({"default": "int4:g32", "rules": rules})
+    with pytest.raises(LowbitError, match=f"self_attn.*method: {method}, and nothing"):
+        quantize_model(hf_folder, plan, tmp_path / "q", progress=False)
+    assert not (tmp_path / "q").exists()
+    rtn = PrecisionPlan.from_dict({"default": "int4:g32", "rules": [{**rules[0], "method": "rtn"}]})
+    assert (
+        quantize_model(hf_folder, rtn, tmp_path / "r", progress=False)["totals"]["quantized"] == 14
+    )

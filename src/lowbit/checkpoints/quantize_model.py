@@ -204,7 +204,8 @@ def quantize_model(
 
     Raises:
         LowbitError: an unreadable source, an unquantizable tensor, a scheme the output format
-            lacks, an output that is, contains or lies inside the source, an existing output
+            lacks, a plan rule naming a calibrated method (``gptq``, ``awq``) without
+            ``weights``, an output that is, contains or lies inside the source, an existing output
             without ``overwrite`` (or not written by lowbit), another run writing the same
             output, a write error (disk full, read-only). Nothing is left half-written: the
             output is swapped in complete (``lowbit.checkpoints._outputs``).
@@ -215,6 +216,13 @@ def quantize_model(
     start = time.perf_counter()
     ckpt = open_model(model)
     applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)
+    ruled = [t for t in applied.quantized if t.method not in (None, "rtn")]
+    if weights is None and ruled:  # rounding them to nearest would ignore what the rule says
+        raise LowbitError(
+            f"tensor {ruled[0].name!r}: its plan rule says method: {ruled[0].method}, and "
+            "nothing here calibrates (no weights= given): run lowbit quantize --plan, which "
+            "runs the rules' methods, or give the rule no method"
+        )
     if not str(out):
         raise LowbitError("the output path is empty")
     out = Path(out)
