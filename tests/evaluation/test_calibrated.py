@@ -221,17 +221,13 @@ REFUSALS = [
     ({"method": "smoothquant"}, "int8:ch", "the plan must give its quantized tensors one"),
     ({"method": lowbit.SmoothQuant()}, "int8:ch", "it has none"),
     ({"method": lowbit.SmoothQuant(activations="fp8")}, "int8:ch+int8", "plan's activations"),
-    ({"method": "awq", "out_format": "compressed-tensors"}, "int4:g32", "writes lowbit"),
-    (
-        {"method": "smoothquant", "out_format": "compressed-tensors"},
-        "int8:ch+int8",
-        "writes lowbit",
-    ),
     ({"method": "gptq", "weights": {}}, "int4:g32", "makes its own"),
     ({"method": "gptq", "out_format": "gguf"}, "int4:g32", "GGUF output copies a GGUF source"),
-    ({"method": "awq", "rules": "gptq"}, "int4:g32", "awq cannot honour it"),
-    ({"method": "awq", "rules": "rtn"}, "int4:g32", "awq cannot honour it"),
-    ({"method": "smoothquant", "rules": "gptq"}, "int8:ch+int8", "smoothquant cannot honour"),
+    ({"method": "awq", "rules": "gptq"}, "int4:g32", "one run calibrates with one method"),
+    ({"method": "gptq", "rules": "awq"}, "int4:g32", "one run calibrates with one method"),
+    ({"method": lowbit.GPTQ(), "rules": "awq"}, "int4:g32", "one run calibrates with one"),
+    ({"method": "smoothquant", "rules": "gptq"}, "int8:ch+int8", "SmoothQuant rounds to"),
+    ({"method": "smoothquant", "rules": "awq"}, "int8:ch+int8", "SmoothQuant rounds to"),
     ({"method": "gptq", "exists": True}, "int4:g32", "pass overwrite=True"),
 ]
 
@@ -303,3 +299,36 @@ def test_the_docs_example_calls_what_exists() -> None:
         target = getattr(lowbit, call.func.attr)  # type: ignore[attr-defined]
         sig = inspect.signature(target)
         sig.bind(*[None] * len(call.args), **{k.arg: None for k in call.keywords if k.arg})
+
+
+@pytest.mark.parametrize(
+    ("rule", "cli", "method"),
+    [("awq", [], "rtn"), ("rtn", ["--method", "awq"], "awq")],
+    ids=["rules-name-awq", "awq-but-rules-say-rtn"],
+)
+def test_rule_methods_as_the_cli(
+    models: dict[str, Any], tmp_path: Path, rule: str, cli: list[str], method: str
+) -> None:
+    """A plan whose MLP rule names ``method: awq`` (AWQ there alone) or ``method: rtn`` under
+    ``method='awq'`` (AWQ elsewhere, its folds into those tensors skipped) writes what
+    ``lowbit quantize --plan`` writes, tensor for tensor."""
+    folder, text, (samples, length) = models["llama"]
+    doc = {"default": "int4:g32", "rules": [{"component": "mlp", "format": "int4:g32",
+                                             "method": rule}]}  # fmt: skip
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(doc))
+    calib = ["--calib", str(text), "--calib-samples", samples, "--calib-len", length]
+    _cli("quantize", str(folder), "--plan", str(plan_file), *cli, *calib,
+         "--out", str(tmp_path / "cli"))  # fmt: skip
+    res = lowbit.quantize_model(
+        folder, lowbit.PrecisionPlan.from_dict(doc), tmp_path / "api", method=method,
+        calibration=lowbit.Calibration(source=str(text), samples=int(samples),
+                                       length=int(length)),
+        progress=False,
+    )  # fmt: skip
+    _same_checkpoint(tmp_path / "cli", tmp_path / "api")
+    assert res["method"]["method"] == "awq"
+    manifest = LowbitCheckpoint(tmp_path / "api").manifest
+    by_method = {n: e.get("method") for n, e in manifest["tensors"].items()}
+    mlp = {n: m for n, m in by_method.items() if ".mlp." in n and n.endswith("proj.weight")}
+    assert mlp and set(mlp.values()) == ({"awq"} if rule == "awq" else {"rtn"})

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.errors import LowbitError
-from lowbit.evaluation.awq_model import awq_weights
+from lowbit.evaluation.calibrated import calibrated_weights
 from lowbit.evaluation.calibration import Calibration
 from lowbit.quant.awq import AWQ
 from lowbit.quant.smoothquant import SmoothQuant
@@ -75,19 +75,8 @@ def awq_run(
     else:
         cfg = AWQ(clip=not args.no_clip)
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
-    default = "rtn" if args.smooth is None and args.method == "rtn" else "awq"
-    run = awq_weights(ckpt, plan, calib, cfg, progress=progress, default_method=default)
-    done = {n: qt for n, qt in run.weights.items() if run.methods[n] == cfg.name}
-    method = {
-        **cfg.to_dict(),
-        "calibration": run.calibration,
-        "seconds": run.seconds,
-        "method_tensors": len(done),
-        "folded_tensors": sorted(run.replaced),
-        "folds": run.folds,
-        "layers": run.layers,  # per layer: output error of RTN and of the method
-    }
-    return run.checkpoint(ckpt), done, method
+    run = calibrated_weights(ckpt, plan, cfg, calib, default_method=args.method, progress=progress)
+    return run.checkpoint, run.weights, run.record
 
 
 def method_summary(method: dict[str, Any]) -> str:

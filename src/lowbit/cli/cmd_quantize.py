@@ -14,8 +14,8 @@ from lowbit.checkpoints.readers import Checkpoint
 from lowbit.cli import _budget, _common
 from lowbit.cli._calibrated import add_calibration_options, awq_run, method_summary
 from lowbit.errors import LowbitError
+from lowbit.evaluation.calibrated import calibrated_weights
 from lowbit.evaluation.calibration import Calibration
-from lowbit.evaluation.gptq_model import gptq_weights
 from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import AppliedPlan, PrecisionPlan
 from lowbit.quant.rules import action_label, activation_format, calibrated_method, parse_action
@@ -230,16 +230,8 @@ def _gptq(
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     cfg = GPTQ(damp=args.damp, act_order=args.act_order)
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
-    run = gptq_weights(ckpt, plan, calib, cfg, progress=progress, default_method=args.method)
-    done = {n: qt for n, qt in run.weights.items() if run.methods[n] == "gptq"}
-    method = {
-        **cfg.to_dict(),
-        "calibration": run.calibration,
-        "seconds": run.seconds,
-        "gptq_tensors": len(done),
-        "layers": run.layers,  # per layer: output error of RTN and of GPTQ on the calibration
-    }
-    return done, method
+    run = calibrated_weights(ckpt, plan, cfg, calib, default_method=args.method, progress=progress)
+    return run.weights, run.record
 
 
 def _default_out(source: Path, args: argparse.Namespace) -> Path:

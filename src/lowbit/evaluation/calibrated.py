@@ -34,7 +34,7 @@ from lowbit.evaluation.gptq_model import gptq_weights
 from lowbit.quant.awq import AWQ
 from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import AppliedPlan, PrecisionPlan
-from lowbit.quant.rules import activation_format
+from lowbit.quant.rules import activation_format, calibrated_method
 from lowbit.quant.smoothquant import SmoothQuant
 
 __all__ = ["METHODS", "CalibratedWeights", "calibrated_weights", "method_config", "quantize_model"]
@@ -79,10 +79,11 @@ def method_config(method: Any, applied: AppliedPlan) -> Method | None:
 
     Raises:
         LowbitError: an unknown method, a SmoothQuant whose activation format is not the
-            plan's one activation format (or a plan without one), AWQ with plan rules naming
-            a method, SmoothQuant with plan rules naming ``method: gptq``.
+            plan's one activation format (or a plan without one), plan rules naming both
+            gptq and awq or another calibrated method than the one given, SmoothQuant with
+            plan rules naming ``method: gptq`` or ``awq``.
     """
-    named = [t.name for t in applied.quantized if t.method == "gptq"]
+    methods = [t.method for t in applied.quantized]
     if method is None or isinstance(method, str):
         name = "rtn" if method is None else method.strip().lower()
         if name not in METHODS:
@@ -90,12 +91,13 @@ def method_config(method: Any, applied: AppliedPlan) -> Method | None:
                 f"unknown method {method!r}; allowed: {', '.join(METHODS)}, or a "
                 "GPTQ, AWQ or SmoothQuant object"
             )
-        if name == "rtn":
-            return GPTQ() if named else None
+        if name == "rtn":  # only the tensors whose rules name gptq or awq are calibrated
+            used = calibrated_method(methods, "rtn")
+            return None if used == "rtn" else GPTQ() if used == "gptq" else AWQ()
         if name == "gptq":
-            return GPTQ()
-        if name == "awq":
-            cfg: Method = AWQ()
+            cfg: Method = GPTQ()
+        elif name == "awq":
+            cfg = AWQ()
         else:
             cfg = SmoothQuant(activations=_activations(applied, None))
     elif isinstance(method, GPTQ | AWQ | SmoothQuant):
@@ -107,17 +109,15 @@ def method_config(method: Any, applied: AppliedPlan) -> Method | None:
         )
     if isinstance(cfg, SmoothQuant):
         _activations(applied, cfg)
-    # AWQ quantizes every planned linear of a block (a rule's method cannot be honoured);
-    # SmoothQuant rounds to nearest after its folds (a rule's rtn is what it does).
-    ruled = [(t.name, t.method) for t in applied.quantized if t.method]
-    if not isinstance(cfg, AWQ):
-        ruled = [(n, m) for n, m in ruled if m == "gptq"]
-    if ruled and not isinstance(cfg, GPTQ):
-        raise LowbitError(
-            f"the plan's rules name a method for {len(ruled)} tensors (e.g. {ruled[0][0]}: "
-            f"{ruled[0][1]}); {cfg.name} cannot honour it: drop those rules' method, or use "
-            "method='gptq'"
-        )
+        ruled = [(t.name, t.method) for t in applied.quantized if t.method in ("gptq", "awq")]
+        if ruled:  # SmoothQuant rounds to nearest after its folds (a rule's rtn is what it does)
+            raise LowbitError(
+                f"the plan's rules name a method for {len(ruled)} tensors (e.g. "
+                f"{ruled[0][0]}: {ruled[0][1]}); SmoothQuant rounds to nearest after its "
+                "folds: drop those rules' method"
+            )
+    else:
+        calibrated_method(methods, cfg.name, run=cfg.name)  # one calibrated method per run
     return cfg
 
 
@@ -140,8 +140,9 @@ def calibrated_weights(
             :class:`~lowbit.quant.smoothquant.SmoothQuant` (see :func:`method_config`).
         calibration: a :class:`~lowbit.evaluation.calibration.Calibration`, a source
             (``"default"``, a ``.txt`` or ``.jsonl`` path) or None (the default data).
-        default_method: GPTQ: how tensors whose plan rule names no method are quantized
-            (``gptq``, or ``rtn`` when only the rules saying ``method: gptq`` use GPTQ).
+        default_method: how tensors whose plan rule names no method are quantized: the
+            method's own name (``gptq``, ``awq``) or ``rtn`` (only the rules naming the method
+            use it). SmoothQuant folds and rounds every planned tensor.
         threads: torch threads (default: the usable cores).
         progress: tqdm bars (``None``: only on a terminal; ``False``: never).
 
@@ -170,7 +171,10 @@ def calibrated_weights(
         return CalibratedWeights(ckpt, done, record)
     if not isinstance(method, AWQ | SmoothQuant):
         raise LowbitError(f"method must be GPTQ, AWQ or SmoothQuant, got {type(method).__name__}")
-    awq = awq_weights(ckpt, plan, calib, method, threads=threads, progress=progress)
+    awq = awq_weights(
+        ckpt, plan, calib, method, threads=threads, progress=progress,
+        default_method="rtn" if default_method == "rtn" and isinstance(method, AWQ) else "awq",
+    )  # fmt: skip
     done = {n: qt for n, qt in awq.weights.items() if awq.methods[n] == method.name}
     record = {
         **method.to_dict(),
@@ -217,8 +221,10 @@ def quantize_model(
             (its activation format: the plan's), a :class:`~lowbit.quant.gptq.GPTQ`,
             :class:`~lowbit.quant.awq.AWQ` or :class:`~lowbit.quant.smoothquant.SmoothQuant`
             (its ``activations`` must be the plan's), or, with ``weights``, a record (Mapping)
-            of how ``weights`` were made, written as it is. AWQ and SmoothQuant write lowbit
-            checkpoints only.
+            of how ``weights`` were made, written as it is. With ``"rtn"``, tensors whose plan
+            rule says ``method: gptq`` or ``method: awq`` get ``GPTQ()`` or ``AWQ()``. AWQ and
+            SmoothQuant write from the folded model (its norms and biases replace the source's
+            in every output format); SmoothQuant does not write GGUF.
         calibration: for a calibrated method: a
             :class:`~lowbit.evaluation.calibration.Calibration`, a source (``"default"``, a
             ``.txt`` or ``.jsonl`` path) or None (default: 128 x 512 tokens of the default
@@ -242,11 +248,10 @@ def quantize_model(
 
     Raises:
         LowbitError: an unknown method or one of the wrong type; calibration given to round
-            to nearest or to a record; ``weights`` given to a calibrated method; AWQ or
-            SmoothQuant to an output other than ``lowbit``; SmoothQuant without exactly one
-            activation format in the plan, or with another than the plan's; AWQ with plan
-            rules naming a method, SmoothQuant with rules naming ``method: gptq``; an existing
-            output without
+            to nearest or to a record; ``weights`` given to a calibrated method; SmoothQuant to
+            GGUF, without exactly one activation format in the plan, with another than the
+            plan's, or with rules naming ``method: gptq`` or ``awq``; rules naming both gptq and
+            awq, or another calibrated method than the one given; an existing output without
             ``overwrite`` (all these before any calibration); then anything
             ``lowbit.checkpoints.quantize_model.quantize_model`` or the method refuses (an
             unreadable source, an unquantizable tensor, a scheme the output format lacks, an
@@ -284,10 +289,10 @@ def quantize_model(
                 f"weights= are tensors already quantized; {cfg.name} makes its own: pass "
                 "either a method to run or weights= with a record (Mapping) of how they were made"
             )
-        if isinstance(cfg, AWQ | SmoothQuant) and out_format != "lowbit":
+        if isinstance(cfg, SmoothQuant) and out_format == "gguf":
             raise LowbitError(
-                f"{cfg.name} writes lowbit checkpoints (its folded norms and biases are stored "
-                f"as float32 tensors): use out_format='lowbit', not {out_format!r}"
+                "SmoothQuant prepares W8A8 models (per-token activations), which GGUF cannot "
+                "declare: write out_format='compressed-tensors' (vLLM) or 'lowbit'"
             )
         if not str(out):
             raise LowbitError("the output path is empty")
@@ -298,7 +303,7 @@ def quantize_model(
         record = None
         if cfg is not None:
             rtn = method is None or (isinstance(method, str) and method.strip().lower() == "rtn")
-            default = "rtn" if rtn else "gptq"  # rtn: only the rules saying gptq use it
+            default = "rtn" if rtn else cfg.name  # rtn: only the rules naming a method use it
             run = calibrated_weights(
                 ckpt, plan, cfg, calib, default_method=default, threads=threads,
                 progress=progress,
