@@ -272,9 +272,10 @@ class _Scan:
         w_hat = qt.dequantize(np.float32)
         w = np.asarray(arr, dtype=np.float32)
         module = self.weights.module(t.name)
-        # (w - w_hat)^2 in float64: the same subtraction and square as
-        # (w.astype(float64) - w_hat) ** 2, in one array instead of three
-        err2 = np.subtract(w, w_hat, dtype=np.float64)
+        # (w - w_hat)^2 in float64, the operations of (w.astype(float64) - w_hat) ** 2 in
+        # place (one temporary instead of two; a mixed-dtype ufunc would be slower)
+        err2 = w.astype(np.float64)
+        err2 -= w_hat
         np.square(err2, out=err2)
         proxy = _proxy_score(
             err2,
