@@ -368,7 +368,8 @@ def sensitivity(
         batch: windows or sentences per forward pass.
         progress: called as ``progress(done, total)`` after each trial (each chunk of trials
             when they run on workers).
-        workers: processes that run trials (1: this process). Each opens the checkpoint from
+        workers: processes that run trials (1: this process, where the trials that compute
+            only the proxy run on ``lowbit._parallel``'s threads). Each opens the checkpoint from
             its path, builds the model and its cache, and runs a share of the trials
             (:mod:`lowbit.evaluation._sensitivity_workers`); the result is the same.
         ray: run the trials on a Ray cluster: ``True`` connects as ``ray.init()`` does (a
