@@ -162,20 +162,54 @@ def test_proxy_pass_stops_early_with_the_same_moments(
     )
 
 
-def test_proxy_values_unchanged(llama_dir: Path, windows: Calibration) -> None:
-    """The proxy of every trial is the weight error weighted by whole-pass input moments."""
+def test_proxy_values_unchanged(
+    llama_dir: Path, windows: Calibration, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy of every trial is the weight error weighted by whole-pass input moments, bit
+    for bit, with the trials on threads (three, whatever the machine has)."""
+    from lowbit.evaluation import sensitivity as module
     from lowbit.evaluation.sensitivity import _Scan
 
+    monkeypatch.setattr(module, "threads", lambda: 3)
+    schemes = ("int4:g32", "int2:g32", "nf4", "int8:ch")
     ckpt = open_checkpoint(llama_dir)
-    res = sensitivity(ckpt, ("int4:g32",), windows, measure="proxy")
-    scan = _Scan(ckpt, ("int4:g32",), windows, None, "proxy", 4)
+    res = sensitivity(ckpt, schemes, windows, measure="proxy")
+    scan = _Scan(ckpt, schemes, windows, None, "proxy", 4)
     want = _full_pass_moments(scan.runner, [scan.weights.module(n) for n in scan.names])
     from lowbit.checkpoints._pipeline import read_quantized
 
-    for e, t in zip(res.entries, scan.plans[0].quantized, strict=True):
+    plans = [t for a in scan.plans for t in a.quantized]  # scheme-major, as the entries
+    for e, t in zip(res.entries, plans, strict=True):
+        assert (e.tensor, e.scheme) == (t.name, t.scheme.label)
         w = np.asarray(ckpt.get(t.name), dtype=np.float64)
         err2 = ((w - read_quantized(ckpt, t).dequantize(np.float32)) ** 2).sum(0)
         assert e.proxy == float(err2 @ want[scan.weights.module(t.name)])
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_threaded_trials_equal_one_by_one(
+    llama_dir: Path, windows: Calibration, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """The local scan (proxy-only trials on threads while the next tensor is read and the
+    exact trials run the model) gives the entries of one trial at a time, bit for bit, in
+    scan order, with one progress tick per trial; tensors above the threads' size limit are
+    quantized in the scan's own thread, with the same numbers."""
+    from lowbit.evaluation import sensitivity as module
+    from lowbit.evaluation.sensitivity import _Scan
+
+    monkeypatch.setattr(module, "threads", lambda: workers)
+    schemes = ("int8:ch", "int4:g32", "int2:g32", "nf4")
+    ckpt = open_checkpoint(llama_dir)
+    scan = _Scan(ckpt, schemes, windows, None, "exact", 4, exact_schemes=("int4:g32",))
+    one = [scan.run(i) for i in range(scan.count)]
+    assert sum(e.damage is not None for e in one) == len(scan.names)
+    ticks: list[tuple[int, int]] = []
+    got = scan.run_all(progress=lambda done, total: ticks.append((done, total)))
+    assert got == one
+    assert ticks == [(i + 1, scan.count) for i in range(scan.count)]
+    sizes = sorted({ckpt.info(n).numel for n in scan.names})
+    monkeypatch.setattr(module, "_PARALLEL_NUMEL", sizes[len(sizes) // 2])  # some of each
+    assert scan.run_all() == one
 
 
 def test_head_shortcut_equals_logits(llama_dir: Path, windows: Calibration) -> None:

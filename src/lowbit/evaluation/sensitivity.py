@@ -36,10 +36,12 @@ import fnmatch
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from lowbit._parallel import threads
 from lowbit.checkpoints.quantize_model import plan_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
@@ -68,6 +70,13 @@ __all__ = [
 # ---------------------------------------------------------------------------------------
 # The scan
 # ---------------------------------------------------------------------------------------
+
+# Tensors up to this many elements have the proxy-only trials of their schemes run on
+# separate threads (with the compiled kernels their quantization is one chunk of
+# lowbit.quant._engine, so one thread); larger ones are quantized one scheme at a time, each
+# spread over the threads by quantize itself, which also bounds the memory of a scan of a
+# large model to one trial's arrays.
+_PARALLEL_NUMEL = 1 << 20
 
 _METRICS = {
     "causal": "mean KL(original || trial) of next-token distributions, nats",
@@ -178,49 +187,130 @@ class _Scan:
 
     def run(self, trial: int, cached: bool = True) -> SensitivityEntry:
         """One trial: quantize tensor ``trial % tensors`` with scheme ``trial // tensors``."""
-        import torch
-
         scheme = trial // len(self.names)
         t = self.plans[scheme].quantized[trial % len(self.names)]
-        weights = self.weights
-        if self._source[0] != t.name:  # read once for all schemes of a tensor in a row
+        qt, w_hat, proxy = self._quantized(t, self._read(t.name))
+        damage = self._damage(t, w_hat, cached) if scheme in self.exact else None
+        return _entry(t, qt, proxy, damage)
+
+    def run_all(
+        self, cached: bool = True, progress: Callable[[int, int], None] | None = None
+    ) -> list[SensitivityEntry]:
+        """Every trial, in scan order: what :meth:`run` gives for each, computed tensor by
+        tensor (each read once for all its schemes).
+
+        The trials that only compute the proxy (quantize, dequantize, weighted error) of a
+        tensor small enough that its quantization is one chunk run on ``lowbit._parallel``'s
+        threads, while this thread reads the next tensor and runs the model for the exact
+        trials; a large tensor's quantization is spread over those threads by
+        :func:`~lowbit.quant.tensor.quantize` itself. Threads change no number: each trial
+        computes what it computes alone.
+        """
+        n = len(self.names)
+        found: dict[int, SensitivityEntry] = {}
+        workers = threads()
+        pool = (
+            ThreadPoolExecutor(workers, thread_name_prefix="lowbit-scan") if workers > 1 else None
+        )
+
+        def finish(k: int, arr: Any, jobs: dict[int, Future[Any]]) -> None:
+            for s, applied in enumerate(self.plans):
+                t = applied.quantized[k]
+                if s in jobs:
+                    qt, _, proxy = jobs[s].result()
+                    found[s * n + k] = _entry(t, qt, proxy, None)
+                else:  # exact trials (their quantized weight goes into the model) and those
+                    # of large tensors, in this thread
+                    exact = s in self.exact
+                    qt, w_hat, proxy = self._quantized(t, arr, keep=exact)
+                    damage = self._damage(t, w_hat, cached) if exact else None
+                    found[s * n + k] = _entry(t, qt, proxy, damage)
+                    del w_hat
+                if progress is not None:
+                    progress(len(found), self.count)
+
+        pending: tuple[int, Any, dict[int, Future[Any]]] | None = None
+        try:
+            for k, name in enumerate(self.names):
+                arr = self._read(name)
+                jobs: dict[int, Future[Any]] = {}
+                if pool is not None and arr.size <= _PARALLEL_NUMEL:
+                    jobs = {
+                        s: pool.submit(self._quantized, applied.quantized[k], arr, keep=False)
+                        for s, applied in enumerate(self.plans)
+                        if s not in self.exact
+                    }
+                if pending is not None:
+                    finish(*pending)
+                    pending = None
+                if jobs:  # finished after the next tensor is read and its jobs started
+                    pending = (k, arr, jobs)
+                else:
+                    finish(k, arr, jobs)
+            if pending is not None:
+                finish(*pending)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        return [found[i] for i in range(self.count)]
+
+    def _read(self, name: str) -> Any:
+        """A tensor in source layout, read once for all schemes of it in a row."""
+        if self._source[0] != name:
             self._source = ("", None)
             self.checkpoint.close()  # unmap the previous tensor's pages
-            self._source = (t.name, self.checkpoint.get(t.name))
-        arr = self._source[1]
+            self._source = (name, self.checkpoint.get(name))
+        return self._source[1]
+
+    def _quantized(self, t: Any, arr: Any, keep: bool = True) -> tuple[Any, Any, float]:
+        """``(quantized tensor, its dequantized float32 values or None without keep, proxy)``
+        of a plan's tensor ``t`` read as ``arr``."""
         try:
             qt = quantize(arr, t.scheme)
         except LowbitError as exc:
             raise LowbitError(f"tensor {t.name!r}: {exc}") from None
         w_hat = qt.dequantize(np.float32)
         w = np.asarray(arr, dtype=np.float32)
-        mom = self.moments.get(weights.module(t.name))
+        module = self.weights.module(t.name)
+        # (w - w_hat)^2 in float64, the operations of (w.astype(float64) - w_hat) ** 2 in
+        # place (one temporary instead of two; a mixed-dtype ufunc would be slower)
+        err2 = w.astype(np.float64)
+        err2 -= w_hat
+        np.square(err2, out=err2)
         proxy = _proxy_score(
-            (w.astype(np.float64) - w_hat) ** 2,
-            mom,
-            self.grads.get(weights.module(t.name)) if self.proxy == "fisher" else None,
-            lambda a: weights.model_layout(t.name, a),
+            err2,
+            self.moments.get(module),
+            self.grads.get(module) if self.proxy == "fisher" else None,
+            lambda a: self.weights.model_layout(t.name, a),
             self.proxy,
         )
-        damage = None
-        if scheme in self.exact:
-            p = weights.param(t.name)
-            saved = p.detach().clone()
+        return qt, (w_hat if keep else None), proxy
+
+    def _damage(self, t: Any, w_hat: np.ndarray, cached: bool) -> float:
+        """The exact damage: the model with ``t``'s parameter set to ``w_hat``, run from the
+        block holding it (``cached``) or whole; the parameter is restored after."""
+        import torch
+
+        p = self.weights.param(t.name)
+        saved = p.detach().clone()
+        with torch.no_grad():
+            p.copy_(torch.from_numpy(self.weights.model_layout(t.name, w_hat).copy()))
+        try:
+            return self.runner.trial(self.start_of[t.name] if cached else -1)
+        finally:
             with torch.no_grad():
-                p.copy_(torch.from_numpy(weights.model_layout(t.name, w_hat).copy()))
-            try:
-                damage = self.runner.trial(self.start_of[t.name] if cached else -1)
-            finally:
-                with torch.no_grad():
-                    p.copy_(saved)
-        return SensitivityEntry(
-            tensor=t.name,
-            scheme=t.scheme.label,
-            numel=qt.numel,
-            bits=qt.nbytes * 8,
-            proxy=proxy,
-            damage=damage,
-        )
+                p.copy_(saved)
+
+
+def _entry(t: Any, qt: Any, proxy: float, damage: float | None) -> SensitivityEntry:
+    return SensitivityEntry(
+        tensor=t.name,
+        scheme=t.scheme.label,
+        numel=qt.numel,
+        bits=qt.nbytes * 8,
+        proxy=proxy,
+        damage=damage,
+    )
 
 
 def _proxy_score(
@@ -278,7 +368,8 @@ def sensitivity(
         batch: windows or sentences per forward pass.
         progress: called as ``progress(done, total)`` after each trial (each chunk of trials
             when they run on workers).
-        workers: processes that run trials (1: this process). Each opens the checkpoint from
+        workers: processes that run trials (1: this process, where the trials that compute
+            only the proxy run on ``lowbit._parallel``'s threads). Each opens the checkpoint from
             its path, builds the model and its cache, and runs a share of the trials
             (:mod:`lowbit.evaluation._sensitivity_workers`); the result is the same.
         ray: run the trials on a Ray cluster: ``True`` connects as ``ray.init()`` does (a
@@ -341,14 +432,8 @@ def sensitivity(
             proxy,
         )
         labels = [a.quantized[0].scheme.label for a in scan.plans]
-        found: dict[int, SensitivityEntry] = {}
         t0 = time.perf_counter()
-        n = len(scan.names)  # tensor by tensor: each is read once for all its schemes
-        for i in sorted(range(scan.count), key=lambda i: (i % n, i // n)):
-            found[i] = scan.run(i, cached)
-            if progress is not None:
-                progress(len(found), scan.count)
-        entries = [found[i] for i in range(scan.count)]
+        entries = scan.run_all(cached, progress)
         seconds = {**scan.seconds, "trials": time.perf_counter() - t0}
         kind = scan.kind
     return SensitivityResult(
