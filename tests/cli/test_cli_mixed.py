@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model
 from lowbit.cli import main
+from lowbit.quant.plan import PrecisionPlan
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -114,6 +116,51 @@ def test_budget_plan_file_reproduces_checkpoint(
     assert main(["plan", str(folder), "--budget", "4.5", "--sensitivity", str(scan_file)]) == 0
     out = capsys.readouterr().out
     assert "optimality" in out and "predicted damage" in out and "q_proj" in out
+
+
+def test_budget_with_gptq_plan_file_reproduces_checkpoint(
+    folder: Path, scan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """quantize --budget --method gptq writes a plan whose every rule says method: gptq, so
+    quantize --plan of it (no --method) writes the same tensor bytes; the same plan without
+    the methods rounds to nearest (other bytes), and with --method gptq gives them back."""
+    calib = ["--calib-samples", "2", "--calib-len", "32"]
+    a = tmp_path / "a"
+    doc = _json(capsys, ["quantize", str(folder), "--budget", "4.5", "--sensitivity",
+                         str(scan_file), "--method", "gptq", *calib, "--out", str(a),
+                         "--no-progress", "--json"])  # fmt: skip
+    assert doc["method"]["method"] == "gptq" and doc["method"]["gptq_tensors"] == 14
+    assert doc["totals"]["bits_per_weight"] <= 4.5
+    assert len({t["scheme"] for t in doc["mixed"]["tensors"]}) > 1
+    plan = json.loads(Path(doc["plan_file"]).read_text())
+    assert plan == doc["mixed"]["plan"]
+    assert plan["rules"] and all(r["method"] == "gptq" for r in plan["rules"])
+    assert doc["replay"][3:] == ["--plan", doc["plan_file"], *calib]
+
+    def quantize(name: str, plan_doc: dict[str, Any], *more: str) -> dict[str, str]:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(plan_doc))
+        out = tmp_path / name
+        assert main(["quantize", str(folder), "--plan", str(path), *calib, *more, "--out",
+                     str(out), "--no-progress", "--json"]) == 0  # fmt: skip
+        capsys.readouterr()
+        return _digests(out)
+
+    assert _digests(a) and quantize("b", plan) == _digests(a)
+    bare = {**plan, "rules": [{k: v for k, v in r.items() if k != "method"}
+                              for r in plan["rules"]]}  # fmt: skip
+    assert quantize("c", bare) != _digests(a)  # without the methods: round to nearest
+    assert quantize("d", bare, "--method", "gptq") == _digests(a)
+    # the same choice as the round-to-nearest plan (the scan decides, not the method)
+    rtn = _json(capsys, ["plan", str(folder), "--budget", "4.5", "--sensitivity",
+                         str(scan_file), "--json"])  # fmt: skip
+    tensors = checkpoint_tensors(open_model(str(folder)))
+
+    def labels(plan_doc: dict[str, Any]) -> dict[str, str]:
+        applied = PrecisionPlan.from_dict(plan_doc).apply(tensors)
+        return {t.name: t.label for t in applied.quantized}
+
+    assert labels(rtn["plan"]) == labels(bare)
 
 
 def test_budget_never_exceeded(

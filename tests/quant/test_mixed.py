@@ -126,6 +126,29 @@ def test_constraints_pin_and_restrict() -> None:
         plan_for_budget(result, tensors)
 
 
+def test_method_is_written_on_every_rule() -> None:
+    """method="gptq" puts the method on every quantized tensor of the written plan (the
+    commonest scheme too) and on the user's rules that name none; a rule's own method stays;
+    without it the plan names no method."""
+    tensors = _tensors()
+    result = _scan(tensors, [float(i) for i in range(18, 0, -1)])
+    base = PrecisionPlan.from_dict({"rules": [
+        {"match": "model.layers.0.self_attn.v_proj.weight", "format": "int8:ch"},
+        {"match": "model.layers.1.self_attn.v_proj.weight", "format": "int8:ch", "method": "rtn"},
+        {"match": "*embed*", "format": "keep"},
+    ]})  # fmt: skip
+    plain = plan_for_budget(result, tensors, bits_per_weight=5.0, base=base)
+    mixed = plan_for_budget(result, tensors, bits_per_weight=5.0, base=base, method="gptq")
+    methods = {t.name: t.method for t in mixed.plan.apply(tensors).quantized}
+    assert methods.pop("model.layers.1.self_attn.v_proj.weight") == "rtn"
+    assert len(methods) == 5 and set(methods.values()) == {"gptq"}
+    assert [r.scheme for r in mixed.rows] == [r.scheme for r in plain.rows]
+    assert {t.method for t in plain.plan.apply(tensors).quantized} == {None, "rtn"}
+    assert PrecisionPlan.from_dict(mixed.plan.to_dict()) == mixed.plan
+    with pytest.raises(LowbitError, match="unknown method"):
+        plan_for_budget(result, tensors, bits_per_weight=5.0, method="awq")
+
+
 def test_scan_of_another_model_or_missing_tensors_is_refused() -> None:
     """A scan naming tensors the model lacks, or lacking tensors the plan quantizes, is an error."""
     tensors = _tensors()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from lowbit.evaluation.sensitivity import SensitivityResult
 from lowbit.evaluation.variants import evaluate_variants
 from lowbit.quant.mixed import PRESETS, plan_for_budget, preset_plan
 from lowbit.quant.plan import PrecisionPlan
+from lowbit.quant.rules import METHODS
 
 
 def add_options(
@@ -133,8 +135,49 @@ def solve(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> tuple[A
         base=base,
         candidates=_common.parse_list(args.candidates) or None,
         min_scheme=args.min_format,
+        method=_rule_method(args),
     )
     return mixed, result
+
+
+def _rule_method(args: argparse.Namespace) -> str | None:
+    """The ``--method`` the written plan's rules record (``gptq``): a calibrated method that
+    plan rules can name, so that ``lowbit quantize --plan OUT.plan.json`` needs no ``--method``
+    to reproduce the output. None for ``rtn`` (the plan stays as before) and for ``awq``, which
+    rules cannot name (:func:`replay` then says ``--method awq``)."""
+    method = getattr(args, "method", "rtn")
+    return method if method in METHODS and method != "rtn" else None
+
+
+def replay(args: argparse.Namespace, plan_file: Path) -> list[str]:
+    """The ``lowbit quantize`` arguments that reproduce the output from its plan file: the
+    plan, and what the plan cannot record (``--method awq``, calibration and method settings
+    given on the command line, the output format)."""
+    argv = ["--plan", str(plan_file)]
+    method = getattr(args, "method", "rtn")
+    smooth = getattr(args, "smooth", None)
+    if method == "awq":
+        argv += ["--method", "awq"]
+    if smooth is not None:
+        argv += ["--smooth", smooth]
+    if method != "rtn" or smooth is not None:
+        for flag, value, default in (
+            ("--calib", args.calib, "default"),
+            ("--calib-samples", args.calib_samples, None),
+            ("--calib-len", args.calib_len, None),
+        ):
+            if value != default:
+                argv += [flag, str(value)]
+    if method == "gptq":
+        if args.act_order != "static":
+            argv += ["--act-order", args.act_order]
+        if args.damp != 0.01:
+            argv += ["--damp", f"{args.damp:g}"]
+    if method == "awq" and args.no_clip:
+        argv.append("--no-clip")
+    if args.out_format != "lowbit":
+        argv += ["--out-format", args.out_format]
+    return argv
 
 
 def plan_path(out: Path, out_format: str) -> Path:
@@ -236,6 +279,8 @@ def after_write(
         path = plan_path(out, args.out_format)
         write_json(path, mixed.plan.to_dict(), args.overwrite, "plan")
         extra["plan_file"] = str(path)
+        extra["replay"] = ["lowbit", "quantize", str(args.model or "smollm2"),
+                           *replay(args, path)]  # fmt: skip
         extra["mixed"] = mixed.to_dict()
         versus = compare_preset(mixed, scan, ckpt)
         if versus is not None:
@@ -285,7 +330,8 @@ def print_after(
     if mixed is not None:
         print()
         print_mixed(mixed, scan, extra["mixed"].get("preset_on_same_scan"))
-        print(f"plan file: {extra['plan_file']} (lowbit quantize --plan reproduces this output)")
+        print(f"plan file: {extra['plan_file']} (reproduce: {shlex.join(extra['replay'])} "
+              "--out ...)")  # fmt: skip
     if "plot" in extra:
         print(f"plot written to {extra['plot']}")
     if "eval" in extra:

@@ -21,6 +21,10 @@ Constraints, applied before solving:
 - ``candidates``: only these of the scanned schemes may be chosen;
 - ``min_scheme``: no tensor gets fewer stored bits than this scheme would give it.
 
+``method`` (``gptq``) is how the tensors will be quantized: the written plan names it on every
+rule (the commonest scheme gets a rule too), so ``lowbit quantize --plan`` of the file
+quantizes them the same way without ``--method``; a ``base`` rule naming its own method keeps it.
+
 :data:`PRESETS` (:mod:`lowbit.quant.presets`, re-exported here) are fixed rules of the
 kind people use today, to compare with at the same bits/weight (``q4_k_m_like``: llama.cpp's
 Q4_K_M rule in lowbit schemes).
@@ -28,6 +32,7 @@ Q4_K_M rule in lowbit schemes).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -39,7 +44,7 @@ from lowbit.errors import LowbitError
 from lowbit.quant.budget import Allocation, solve
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.presets import PRESETS, preset_plan, rule_selector, tensor_group, use_more_bits
-from lowbit.quant.rules import Rule
+from lowbit.quant.rules import Rule, method_name
 from lowbit.quant.scheme import Scheme
 from lowbit.quant.scheme_text import parse_scheme
 
@@ -215,6 +220,7 @@ def plan_for_budget(
     candidates: Sequence[str] | None = None,
     min_scheme: str | None = None,
     resolution: int = 8192,
+    method: str | None = None,
 ) -> MixedPlan:
     """The least-damage choice of one scanned scheme per tensor within a budget.
 
@@ -229,14 +235,20 @@ def plan_for_budget(
         candidates: schemes that may be chosen (default: every scanned scheme).
         min_scheme: no tensor gets fewer stored bits than this scheme gives it.
         resolution: the solver's budget units (:func:`lowbit.quant.budget.solve`).
+        method: how the plan's tensors are quantized (``gptq``, ``rtn``:
+            :data:`~lowbit.quant.rules.METHODS`), written on every rule of the plan that
+            quantizes and names no method; None: the plan names none (``lowbit quantize``'s
+            ``--method`` decides when the plan is used).
 
     Returns:
         A :class:`MixedPlan`.
 
     Raises:
         LowbitError: not exactly one budget, a scan of another model, a candidate that was
-            not scanned, a tensor left with no option, a budget below the cheapest plan.
+            not scanned, a tensor left with no option, a budget below the cheapest plan, an
+            unknown method.
     """
+    method = method_name(method)
     if (bits_per_weight is None) == (size is None):
         raise LowbitError("give one budget: bits per weight (--budget) or a size (--size)")
     if bits_per_weight is not None and not (0 < bits_per_weight < 64):
@@ -329,7 +341,7 @@ def plan_for_budget(
     alloc = solve(costs, damages, free_budget, resolution=resolution)
     chosen = {name: labels[i][j] for i, (name, j) in enumerate(zip(free, alloc.choice,
                                                                       strict=True))}  # fmt: skip
-    plan = _write_plan(base, chosen)
+    plan = _write_plan(base, chosen, method)
     rows = []
     for name, *_ in items:
         if name in chosen:
@@ -339,7 +351,7 @@ def plan_for_budget(
                                      result.score(e)))  # fmt: skip
         elif name in pinned_rows:
             rows.append(pinned_rows[name])
-    _check(plan, items, chosen)
+    _check(plan, items, chosen, method)
     q_bits = fixed_q_bits + sum(e.bits for e in chosen.values())
     return MixedPlan(
         plan=plan,
@@ -359,17 +371,25 @@ def _label(spec: str) -> str:
     return s.label
 
 
-def _write_plan(base: PrecisionPlan | None, chosen: dict[str, Any]) -> PrecisionPlan:
+def _write_plan(
+    base: PrecisionPlan | None, chosen: dict[str, Any], method: str | None
+) -> PrecisionPlan:
     """The user's rules, then one rule per chosen scheme but the commonest, which becomes the
-    default (the defaults quantize exactly the scanned tensors no rule names)."""
+    default (the defaults quantize exactly the scanned tensors no rule names). With a
+    ``method``, the commonest scheme gets a rule too (a default cannot name a method) and every
+    quantizing rule without a method gets this one."""
     counts = Counter(e.scheme for e in chosen.values())
     default = counts.most_common(1)[0][0] if counts else None
     rules = list(base.rules) if base else []
+    if method is not None:
+        rules = [dataclasses.replace(r, method=method)
+                 if isinstance(r.action, Scheme) and r.method is None else r
+                 for r in rules]  # fmt: skip
     for label in sorted(counts, key=lambda lab: (-counts[lab], lab)):
-        if label == default:
+        if label == default and method is None:
             continue
         names = [n for n, e in chosen.items() if e.scheme == label]
-        rules.append(Rule(action=parse_scheme(label), **rule_selector(names)))
+        rules.append(Rule(action=parse_scheme(label), method=method, **rule_selector(names)))
     return PrecisionPlan(
         rules=tuple(rules),
         default=parse_scheme(default) if default else None,
@@ -377,12 +397,15 @@ def _write_plan(base: PrecisionPlan | None, chosen: dict[str, Any]) -> Precision
     )
 
 
-def _check(plan: PrecisionPlan, items: list[tuple[Any, ...]], chosen: dict[str, Any]) -> None:
-    """The plan file must give every chosen tensor its scheme (else the file would lie)."""
+def _check(
+    plan: PrecisionPlan, items: list[tuple[Any, ...]], chosen: dict[str, Any], method: str | None
+) -> None:
+    """The plan file must give every chosen tensor its scheme and method (else the file would
+    lie)."""
     applied = plan.apply(items, source="the model")
     for p in applied.tensors:
-        if p.name in chosen and p.label != chosen[p.name].scheme:
+        if p.name in chosen and (p.label, p.method) != (chosen[p.name].scheme, method):
             raise LowbitError(
-                f"internal: the written plan gives {p.name!r} {p.label}, the solver chose "
-                f"{chosen[p.name].scheme}"
+                f"internal: the written plan gives {p.name!r} {p.label} (method {p.method}), "
+                f"the solver chose {chosen[p.name].scheme} (method {method})"
             )
