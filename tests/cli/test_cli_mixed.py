@@ -118,23 +118,24 @@ def test_budget_plan_file_reproduces_checkpoint(
     assert "optimality" in out and "predicted damage" in out and "q_proj" in out
 
 
-def test_budget_with_gptq_plan_file_reproduces_checkpoint(
-    folder: Path, scan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_budget_with_calibrated_plan_file_reproduces_checkpoint(
+    folder: Path, scan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], method: str
 ) -> None:
-    """quantize --budget --method gptq writes a plan whose every rule says method: gptq, so
+    """quantize --budget --method gptq (awq) writes a plan whose every rule names the method, so
     quantize --plan of it (no --method) writes the same tensor bytes; the same plan without
-    the methods rounds to nearest (other bytes), and with --method gptq gives them back."""
+    the methods rounds to nearest (other bytes), and with --method gives them back."""
     calib = ["--calib-samples", "2", "--calib-len", "32"]
     a = tmp_path / "a"
     doc = _json(capsys, ["quantize", str(folder), "--budget", "4.5", "--sensitivity",
-                         str(scan_file), "--method", "gptq", *calib, "--out", str(a),
+                         str(scan_file), "--method", method, *calib, "--out", str(a),
                          "--no-progress", "--json"])  # fmt: skip
-    assert doc["method"]["method"] == "gptq" and doc["method"]["gptq_tensors"] == 14
+    assert doc["method"]["method"] == method
     assert doc["totals"]["bits_per_weight"] <= 4.5
     assert len({t["scheme"] for t in doc["mixed"]["tensors"]}) > 1
     plan = json.loads(Path(doc["plan_file"]).read_text())
     assert plan == doc["mixed"]["plan"]
-    assert plan["rules"] and all(r["method"] == "gptq" for r in plan["rules"])
+    assert plan["rules"] and all(r["method"] == method for r in plan["rules"])
     assert doc["replay"][3:] == ["--plan", doc["plan_file"], *calib]
 
     def quantize(name: str, plan_doc: dict[str, Any], *more: str) -> dict[str, str]:
@@ -150,7 +151,7 @@ def test_budget_with_gptq_plan_file_reproduces_checkpoint(
     bare = {**plan, "rules": [{k: v for k, v in r.items() if k != "method"}
                               for r in plan["rules"]]}  # fmt: skip
     assert quantize("c", bare) != _digests(a)  # without the methods: round to nearest
-    assert quantize("d", bare, "--method", "gptq") == _digests(a)
+    assert quantize("d", bare, "--method", method) == _digests(a)
     # the same choice as the round-to-nearest plan (the scan decides, not the method)
     rtn = _json(capsys, ["plan", str(folder), "--budget", "4.5", "--sensitivity",
                          str(scan_file), "--json"])  # fmt: skip

@@ -146,7 +146,7 @@ def test_method_is_written_on_every_rule() -> None:
     assert {t.method for t in plain.plan.apply(tensors).quantized} == {None, "rtn"}
     assert PrecisionPlan.from_dict(mixed.plan.to_dict()) == mixed.plan
     with pytest.raises(LowbitError, match="unknown method"):
-        plan_for_budget(result, tensors, bits_per_weight=5.0, method="awq")
+        plan_for_budget(result, tensors, bits_per_weight=5.0, method="smoothquant")
 
 
 def test_scan_of_another_model_or_missing_tensors_is_refused() -> None:

@@ -141,39 +141,31 @@ def solve(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> tuple[A
 
 
 def _rule_method(args: argparse.Namespace) -> str | None:
-    """The ``--method`` the written plan's rules record (``gptq``): a calibrated method that
-    plan rules can name, so that ``lowbit quantize --plan OUT.plan.json`` needs no ``--method``
-    to reproduce the output. None for ``rtn`` (the plan stays as before) and for ``awq``, which
-    rules cannot name (:func:`replay` then says ``--method awq``)."""
+    """The ``--method`` the written plan's rules record (``gptq``, ``awq``): a calibrated
+    method, so that ``lowbit quantize --plan OUT.plan.json`` needs no ``--method`` to reproduce
+    the output. None for ``rtn`` (the plan names no method, as before)."""
     method = getattr(args, "method", "rtn")
     return method if method in METHODS and method != "rtn" else None
 
 
 def replay(args: argparse.Namespace, plan_file: Path) -> list[str]:
     """The ``lowbit quantize`` arguments that reproduce the output from its plan file: the
-    plan, and what the plan cannot record (``--method awq``, calibration and method settings
-    given on the command line, the output format)."""
+    plan, and what the plan cannot record (``--smooth``, calibration and method settings given
+    on the command line, the output format)."""
     argv = ["--plan", str(plan_file)]
-    method = getattr(args, "method", "rtn")
     smooth = getattr(args, "smooth", None)
-    if method == "awq":
-        argv += ["--method", "awq"]
     if smooth is not None:
         argv += ["--smooth", smooth]
-    if method != "rtn" or smooth is not None:
-        for flag, value, default in (
-            ("--calib", args.calib, "default"),
-            ("--calib-samples", args.calib_samples, None),
-            ("--calib-len", args.calib_len, None),
-        ):
-            if value != default:
-                argv += [flag, str(value)]
-    if method == "gptq":
-        if args.act_order != "static":
-            argv += ["--act-order", args.act_order]
-        if args.damp != 0.01:
-            argv += ["--damp", f"{args.damp:g}"]
-    if method == "awq" and args.no_clip:
+    for flag, value, default in (  # only the options given (rule methods calibrate too)
+        ("--calib", args.calib, "default"),
+        ("--calib-samples", args.calib_samples, None),
+        ("--calib-len", args.calib_len, None),
+        ("--act-order", args.act_order, "static"),
+        ("--damp", args.damp, 0.01),
+    ):
+        if value != default:
+            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if args.no_clip:
         argv.append("--no-clip")
     if args.out_format != "lowbit":
         argv += ["--out-format", args.out_format]
