@@ -12,7 +12,10 @@ Both use ``lowbit.evaluation.variants.evaluate_variants`` (what ``lowbit eval --
 runs) and print each row with GPTQ's seconds per phase. Integer grids: lowbit's symmetric int4
 is -7..7 with scale absmax/7; asymmetric is 0..15 around a zero point (codes -8..7 stored).
 
-Usage: ``python benchmarks/bench_gptq.py [minilm|smollm2 ...] [--tokens N] [--calib-samples N]``.
+Usage: ``python benchmarks/bench_gptq.py [minilm|smollm2 ...] [--tokens N] [--calib-samples N]
+[--damp F] [--schemes S,...]``. A scheme's scale method is part of its string: ``--schemes
+int4:g128:asym:mse`` measures round-to-nearest and GPTQ with MSE-searched clipping per group
+(``lowbit.quant.scales``), GPTQ's group scales chosen by the same search.
 
 ``--speed N`` instead times ``gptq_weights`` alone on SmolLM2 int4 g128 with N x 512
 calibration tokens on one thread (seconds per phase, wall and CPU, and the peak resident
@@ -42,12 +45,13 @@ def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
         schemes=args.schemes.split(","),
         methods=args.methods.split(","),
         calibration=Calibration(samples=samples),
-        gptq=GPTQ(act_order=args.act_order),
+        gptq=GPTQ(damp=args.damp, act_order=args.act_order),
         tokens=args.tokens,
         sentences=args.sentences,
         threads=args.threads,
         progress=False,
     )
+    res["gptq_settings"] = GPTQ(damp=args.damp, act_order=args.act_order).describe()
     res["wall_seconds"] = time.perf_counter() - t0
     res["cpu_seconds"] = time.process_time() - c0
     res["load_average"] = os.getloadavg()
@@ -105,7 +109,7 @@ def run(quick: bool = False) -> str:
 def show(model: str, res: dict[str, Any]) -> None:
     print(
         f"\n## {model} ({res['wall_seconds']:.0f} s wall, {res['cpu_seconds']:.0f} s CPU; "
-        f"load average at the end {res['load_average'][0]:.1f})"
+        f"load average at the end {res['load_average'][0]:.1f}; {res['gptq_settings']})"
     )
     for r in res["rows"]:
         if res["kind"] == "encoder":
@@ -138,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-samples", type=int, default=128)
     p.add_argument("--calib-texts", type=int, default=256)
     p.add_argument("--act-order", default="static")
+    p.add_argument(
+        "--damp", type=float, default=0.01, help="GPTQ's dampening (fraction of mean diag H)"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--speed", type=int, metavar="N", help="time gptq_weights alone (N windows)")

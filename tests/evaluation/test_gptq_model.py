@@ -53,7 +53,7 @@ def _same_layout(qt: Any, rtn: Any) -> None:
     assert qt.nbytes == rtn.nbytes
 
 
-@pytest.mark.parametrize("spec", ["int4:g32", "int4:g32:asym", "nf4"])
+@pytest.mark.parametrize("spec", ["int4:g32", "int4:g32:asym", "nf4", "int4:g32:asym:mse"])
 def test_tiny_llama(llama_dir: Path, spec: str, calib: Calibration) -> None:
     """Every planned tensor of a tiny llama is GPTQ'd, in the layout round-to-nearest gives,
     and every layer's output error on the calibration data is below round-to-nearest's."""
@@ -63,6 +63,7 @@ def test_tiny_llama(llama_dir: Path, spec: str, calib: Calibration) -> None:
     for name, qt in run.weights.items():
         _same_layout(qt, lowbit.quantize(ckpt.get(name), qt.scheme))
         assert qt.dequantize().shape == ckpt.shape(name)
+        assert (qt.scheme.scale_method.value == "mse") == spec.endswith(":mse")
     assert set(run.layers) == set(run.weights)
     for name, e in run.layers.items():
         assert e["tokens"] == 4 * 64
