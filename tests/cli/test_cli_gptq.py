@@ -170,3 +170,38 @@ def test_gptq_to_gguf(setup: tuple[Path, Path], tmp_path: Path, spec: str) -> No
         np.testing.assert_array_equal(np.asarray(loaded[name]), qt.dequantize(), err_msg=name)
         own = ggml_quantize(np.asarray(source.get(name), np.float32), spec.upper())
         assert not np.array_equal(np.asarray(t.data).reshape(own.shape), own), name
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_quantize_threads(
+    setup: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, method: str,
+) -> None:  # fmt: skip
+    """``--threads N`` reaches the calibrated method (its torch thread count) and leaves the
+    result as it is; ``--threads 0`` is one error line before any work."""
+    import lowbit.evaluation.calibrated as calibrated
+
+    folder, text = setup
+    seen: list[int] = []
+    real = calibrated.calibrated_weights
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(kwargs["threads"])  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("lowbit.cli.cmd_quantize.calibrated_weights", spy)
+    monkeypatch.setattr("lowbit.cli._calibrated.calibrated_weights", spy)
+    argv = ["quantize", str(folder), "--to", "int4:g32", "--method", method, "--calib", str(text),
+            "--calib-samples", "3", "--calib-len", "50", "--no-progress"]  # fmt: skip
+    assert main([*argv, "--threads", "1", "--out", str(tmp_path / "one")]) == 0
+    assert seen[0] == 1
+    assert main([*argv, "--out", str(tmp_path / "default")]) == 0
+    assert seen[1] is None
+    one, default = LowbitCheckpoint(tmp_path / "one"), LowbitCheckpoint(tmp_path / "default")
+    for name in one.manifest["tensors"]:
+        np.testing.assert_array_equal(one.get(name), default.get(name))
+    capsys.readouterr()
+    assert main([*argv, "--threads", "0", "--out", str(tmp_path / "zero")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--threads must be >= 1" in err[0]
+    assert not (tmp_path / "zero").exists()

@@ -282,7 +282,9 @@ def after_write(
                   args.overwrite)  # fmt: skip
         extra["plot"] = args.plot
     if args.eval:
-        ev = evaluate_variants(args.model, [out], [], progress=progress)
+        ev = evaluate_variants(
+            args.model, [out], [], progress=progress, threads=getattr(args, "threads", None)
+        )
         extra["eval"] = ev
         if mixed is not None:
             extra["predicted_vs_measured"] = predicted_vs_measured(mixed, ev)

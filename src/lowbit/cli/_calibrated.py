@@ -75,7 +75,10 @@ def awq_run(
     else:
         cfg = AWQ(clip=not args.no_clip)
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
-    run = calibrated_weights(ckpt, plan, cfg, calib, default_method=args.method, progress=progress)
+    run = calibrated_weights(
+        ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
+        progress=progress,
+    )  # fmt: skip
     return run.checkpoint, run.weights, run.record
 
 

@@ -117,6 +117,12 @@ def register(sub: Any) -> None:
     )
     add_calibration_options(p, needs="--w8a8 or --activations")
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of gptq/awq/--smooth and --eval (default: the usable cores; 1 on "
+        "a machine shared with other work)",
+    )
     p.add_argument("--out", metavar="PATH", help="output folder (or .gguf file)")
     p.add_argument(
         "--out-format",
@@ -230,7 +236,10 @@ def _gptq(
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     cfg = GPTQ(damp=args.damp, act_order=args.act_order)
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
-    run = calibrated_weights(ckpt, plan, cfg, calib, default_method=args.method, progress=progress)
+    run = calibrated_weights(
+        ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
+        progress=progress,
+    )  # fmt: skip
     return run.weights, run.record
 
 
@@ -259,6 +268,8 @@ def _mb(n: int | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress or args.json else None
+    if args.threads is not None and args.threads < 1:
+        raise LowbitError(f"--threads must be >= 1, got {args.threads}")
     plan = build_plan(args)
     ckpt = open_model(args.model)
     mixed = scan = None
