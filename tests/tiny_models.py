@@ -142,18 +142,10 @@ def gguf_tensors(model: Any) -> dict[str, np.ndarray]:
     return tensors
 
 
-def save_gguf(
-    model: Any, path: Path, *, embedding: str = "Q8_0", metadata: dict[str, Any] | None = None
-) -> Path:
-    """Write a llama as llama.cpp's converter would: GGUF names, permuted q/k, F32 weights and
-    the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding);
-    ``metadata`` adds or replaces keys (e.g. ``tokenizer.ggml.pre``)."""
-    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
-
+def gguf_metadata(model: Any) -> dict[str, Any]:
+    """The llama.* and tokenizer keys save_gguf writes for a tiny llama (llama.cpp's names)."""
     cfg = model.config
-    tensors: dict[str, Any] = gguf_tensors(model)
-    tensors["token_embd.weight"] = GGUFTensor(tensors["token_embd.weight"], embedding)
-    metadata = {
+    return {
         "llama.block_count": cfg.num_hidden_layers,
         "llama.context_length": cfg.max_position_embeddings,
         "llama.embedding_length": cfg.hidden_size,
@@ -173,8 +165,20 @@ def save_gguf(
         "tokenizer.ggml.eos_token_id": 258,
         "tokenizer.ggml.unknown_token_id": 259,
         "tokenizer.ggml.padding_token_id": 260,
-        **(metadata or {}),
     }
+
+
+def save_gguf(
+    model: Any, path: Path, *, embedding: str = "Q8_0", metadata: dict[str, Any] | None = None
+) -> Path:
+    """Write a llama as llama.cpp's converter would: GGUF names, permuted q/k, F32 weights and
+    the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding);
+    ``metadata`` adds or replaces keys (e.g. ``tokenizer.ggml.pre``)."""
+    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+
+    tensors: dict[str, Any] = gguf_tensors(model)
+    tensors["token_embd.weight"] = GGUFTensor(tensors["token_embd.weight"], embedding)
+    metadata = {**gguf_metadata(model), **(metadata or {})}
     return write_gguf(path, tensors, metadata=metadata, arch="llama", progress=False)
 
 

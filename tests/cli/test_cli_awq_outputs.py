@@ -28,7 +28,14 @@ from lowbit.quant.rules import parse_rule  # noqa: E402
 from lowbit.quant.scheme_text import parse_scheme  # noqa: E402
 from lowbit.quant.smoothquant import SmoothQuant  # noqa: E402
 from lowbit.quant.tensor import quantize  # noqa: E402
-from tiny_models import gguf_tensors, save_gguf, save_hf_folder, tiny_bert, tiny_llama  # noqa: E402
+from tiny_models import (  # noqa: E402
+    gguf_metadata,
+    gguf_tensors,
+    save_gguf,
+    save_hf_folder,
+    tiny_bert,
+    tiny_llama,
+)
 
 HEADS = {"q_proj": 4, "k_proj": 2}  # tiny_llama's query and key-value heads
 
@@ -235,12 +242,10 @@ def test_awq_to_gguf_refuses_inexact_folds(
     from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
 
     model = tiny_llama()
-    src = save_gguf(model, tmp_path / "src.gguf", embedding="F32")
-    base = open_checkpoint(str(src))
     tensors: dict[str, Any] = gguf_tensors(model)
     for name in [n for n in tensors if "ffn_up" in n]:
         tensors[name] = GGUFTensor(tensors[name], "Q8_0")
-    blocky = write_gguf(tmp_path / "up-q8.gguf", tensors, metadata=_metadata(base), arch="llama",
+    blocky = write_gguf(tmp_path / "up-q8.gguf", tensors, metadata=gguf_metadata(model), arch="llama",
                         progress=False)  # fmt: skip
     plan = tmp_path / "plan.yaml"
     plan.write_text('rules:\n  - {match: "*ffn_up*", format: keep}\n')
@@ -256,38 +261,11 @@ def test_awq_to_gguf_refuses_inexact_folds(
                  "compressed-tensors"]) == 0  # fmt: skip
     assert _raw(ct)["model.layers.0.mlp.up_proj.weight"].dtype == torch.float32
     capsys.readouterr()
-    sq = ["quantize", str(src), "--to", "q8_0", "--activations", "int8", "--smooth",
+    sq = ["quantize", str(setup["gguf"]), "--to", "q8_0", "--activations", "int8", "--smooth",
           "--calib", str(setup["text"]), *CAL, "--out-format", "gguf", "--out",
           str(tmp_path / "sq.gguf")]  # fmt: skip
     assert main(sq) == 2
     assert "GGUF cannot declare" in capsys.readouterr().err
-
-
-def _metadata(ckpt: Any) -> dict[str, Any]:
-    """The tiny GGUF's llama.* and tokenizer keys, as save_gguf wrote them."""
-    import tiny_models
-
-    cfg = tiny_llama().config
-    return {
-        "llama.block_count": cfg.num_hidden_layers,
-        "llama.context_length": cfg.max_position_embeddings,
-        "llama.embedding_length": cfg.hidden_size,
-        "llama.feed_forward_length": cfg.intermediate_size,
-        "llama.attention.head_count": cfg.num_attention_heads,
-        "llama.attention.head_count_kv": cfg.num_key_value_heads,
-        "llama.attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
-        "llama.rope.freq_base": 10000.0,
-        "llama.rope.dimension_count": cfg.hidden_size // cfg.num_attention_heads,
-        "llama.vocab_size": cfg.vocab_size,
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.tokens": tiny_models.byte_vocab(),
-        "tokenizer.ggml.token_type": [1] * 257 + [3] * len(tiny_models.SPECIALS),
-        "tokenizer.ggml.merges": ["Ġ t"],
-        "tokenizer.ggml.bos_token_id": 257,
-        "tokenizer.ggml.eos_token_id": 258,
-        "tokenizer.ggml.unknown_token_id": 259,
-        "tokenizer.ggml.padding_token_id": 260,
-    }
 
 
 def test_plan_rules_name_awq(
