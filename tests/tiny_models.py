@@ -182,8 +182,10 @@ def save_gguf(
     return write_gguf(path, tensors, metadata=metadata, arch="llama", progress=False)
 
 
-def tiny_bert(seed: int = 0) -> Any:
-    """A random 2-layer BertModel (hidden 64) with its folder-ready config."""
+def tiny_bert(seed: int = 0, *, bias_std: float = 0.0) -> Any:
+    """A random 2-layer BertModel (hidden 64) with its folder-ready config; ``bias_std > 0``
+    draws every bias from N(0, bias_std) (BERT's init zeroes them, and AWQ's and SmoothQuant's
+    folds divide them)."""
     import torch
     import transformers
 
@@ -197,7 +199,13 @@ def tiny_bert(seed: int = 0) -> Any:
     )
     cfg.architectures = ["BertModel"]
     torch.manual_seed(seed)
-    return transformers.BertModel(cfg).eval()
+    model = transformers.BertModel(cfg).eval()
+    if bias_std > 0:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0.0, bias_std)
+    return model
 
 
 def shipped_path(name: str) -> Path:

@@ -50,11 +50,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     sentences.write_text(
         " ".join(f"The {w} one stays near number {i}." for i, w in enumerate(words))
     )
-    bert = tiny_bert()
-    with torch.no_grad():  # BERT's init zeroes biases; a fold divides them
-        for name, p in bert.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.05)
+    bert = tiny_bert(bias_std=0.05)  # BERT's init zeroes biases; a fold divides them
     return {
         "text": text,
         "sentences": sentences,

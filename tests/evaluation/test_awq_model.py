@@ -36,12 +36,7 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny BERT with nonzero biases (BERT's init zeroes them; a fold divides them)."""
-    model = tiny_bert()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.05)
-    return save_hf_folder(model, tmp_path_factory.mktemp("awq") / "bert")
+    return save_hf_folder(tiny_bert(bias_std=0.05), tmp_path_factory.mktemp("awq") / "bert")
 
 
 @pytest.fixture(scope="module")

@@ -44,11 +44,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     bert_text.write_text(
         " ".join(f"The {x} stays near sentence number {i}." for i, x in enumerate(words))
     )
-    bert = tiny_bert()
-    with torch.no_grad():  # BERT's init zeroes biases; a fold divides them
-        for name, p in bert.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.05)
+    bert = tiny_bert(bias_std=0.05)  # BERT's init zeroes biases; a fold divides them
     return {
         "llama": (save_hf_folder(tiny_llama(), d / "llama"), llama_text, ["3", "64"]),
         "bert": (save_hf_folder(bert, d / "bert"), bert_text, ["40", "64"]),
