@@ -36,8 +36,9 @@ def as_float64(x: Any) -> np.ndarray:
     raise LowbitError(f"input must be numeric (float, int or bool), got dtype {arr.dtype}")
 
 
-def bfloat16() -> np.dtype:
-    """ml_dtypes' bfloat16 dtype, importing ml_dtypes on first use.
+def ml_dtype(name: str) -> np.dtype:
+    """ml_dtypes' dtype ``name`` (``bfloat16``, ``float8_e4m3fn`` ...), importing ml_dtypes on
+    first use.
 
     ml_dtypes is imported only where it is needed (bfloat16 casts of large arrays, checkpoint
     readers and writers): its import is most of a cold start (0.1 s of CPU with 0.6, 0.7-0.8 s
@@ -45,7 +46,12 @@ def bfloat16() -> np.dtype:
     """
     import ml_dtypes  # lazy: see the docstring
 
-    return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def bfloat16() -> np.dtype:
+    """ml_dtypes' bfloat16 dtype (:func:`ml_dtype`)."""
+    return ml_dtype("bfloat16")
 
 
 def is_bfloat16(dtype: np.dtype) -> bool:

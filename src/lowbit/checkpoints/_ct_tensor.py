@@ -9,11 +9,11 @@ The files these end up in are described in :mod:`lowbit.checkpoints.compressed_t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
 
+from lowbit._arrays import ml_dtype
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
 
@@ -24,12 +24,9 @@ _STRATEGIES = ("tensor", "channel", "group")
 _ACTIVATIONS = ("int8", "fp8")
 
 
-@cache
 def _fp8() -> np.dtype:
     """ml_dtypes' float8_e4m3fn (imported on first use: its import is most of a cold start)."""
-    import ml_dtypes  # lazy: see the docstring
-
-    return np.dtype(ml_dtypes.float8_e4m3fn)
+    return ml_dtype("float8_e4m3fn")
 
 
 @dataclass(frozen=True, eq=False)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._arrays import bfloat16
 from lowbit._json import check_regular_file, short_repr
 from lowbit._parallel import map_chunks
 from lowbit.checkpoints._safetensors import check_overlaps, check_shape
@@ -402,9 +403,7 @@ def dequantize(buf: np.ndarray, tensor: GGUFTensor, path: Path) -> np.ndarray:
     if tensor.type_name in plain:
         return raw.view(plain[tensor.type_name]).reshape(tensor.shape)
     if tensor.type_name == "BF16":
-        import ml_dtypes
-
-        return raw.view(np.uint16).view(ml_dtypes.bfloat16).reshape(tensor.shape)
+        return raw.view(np.uint16).view(bfloat16()).reshape(tensor.shape)
     from gguf import quants
     from gguf.constants import GGMLQuantizationType
 

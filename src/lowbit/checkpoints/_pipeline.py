@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._arrays import bfloat16
 from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints import lowbit_format as lf
 from lowbit.checkpoints._model_files import ModelFiles
@@ -164,12 +165,10 @@ def kept_dense(arr: Any) -> np.ndarray:
     type's scales are float16, so its values exceed float16's range only in blocks whose
     largest value is above 65504.
     """
-    import ml_dtypes
-
     a = np.asarray(arr, dtype=np.float32)
     if a.size == 0 or float(np.abs(a).max()) <= float(np.finfo(np.float16).max):
         return a.astype(np.float16)
-    return a.astype(ml_dtypes.bfloat16)
+    return a.astype(bfloat16())
 
 
 def _plain_dtype(dtype: str) -> bool:
@@ -205,9 +204,7 @@ def read_cast(checkpoint: Any, t: TensorPlan) -> np.ndarray:
     checkpoint.close()
     arr = checkpoint.get(t.name)
     if t.cast == "bfloat16":
-        import ml_dtypes
-
-        return np.asarray(arr, dtype=np.float32).astype(ml_dtypes.bfloat16)
+        return np.asarray(arr, dtype=np.float32).astype(bfloat16())
     with np.errstate(over="ignore"):
         out = np.asarray(arr).astype(t.cast)
     if not np.isfinite(out).all() and np.isfinite(np.asarray(arr, dtype=np.float32)).all():
@@ -300,9 +297,7 @@ def _bind(fn: Any, *args: Any) -> Any:
 
 
 def _cast_dtype(name: str) -> np.dtype:
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+    return bfloat16() if name == "bfloat16" else np.dtype(name)
 
 
 def _cast_unit(ckpt: Any, t: TensorPlan) -> dict[str, np.ndarray]:

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._arrays import ml_dtype
+
 
 def as_numpy(x: Any) -> np.ndarray:
     """``x`` as a numpy array of the same dtype (torch bfloat16/float8 become ml_dtypes arrays)."""
@@ -15,10 +17,8 @@ def as_numpy(x: Any) -> np.ndarray:
         t = x.detach().cpu().contiguous()
         ml = _ML_FROM_TORCH.get(str(t.dtype))
         if ml is not None:
-            import ml_dtypes
-
             carrier = torch.int16 if t.element_size() == 2 else torch.uint8
-            return t.view(carrier).numpy().view(getattr(ml_dtypes, ml))
+            return t.view(carrier).numpy().view(ml_dtype(ml))
         return t.numpy()
     return np.asarray(x)
 

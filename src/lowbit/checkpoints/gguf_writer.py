@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit._arrays import _is_ml_float
+from lowbit._arrays import _is_ml_float, bfloat16
 from lowbit._progress import progress_bar
 from lowbit.checkpoints import _gguf
 from lowbit.checkpoints._atomic import atomic_file
@@ -184,13 +184,11 @@ def _plan(name: str, value: Any) -> _Planned:
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         return _Planned(shape, gtype, nbytes, lambda: np.ascontiguousarray(arr, dtype=dtype))
     if qname == "BF16":
-        import ml_dtypes
-
         nbytes = int(np.prod(shape, dtype=np.int64)) * 2
 
         def make_bf16() -> np.ndarray:
             # round to nearest even, as llama.cpp's converter does
-            bf = np.ascontiguousarray(arr.astype(np.float32).astype(ml_dtypes.bfloat16))
+            bf = np.ascontiguousarray(arr.astype(np.float32).astype(bfloat16()))
             return bf.view(np.uint16)
 
         return _Planned(shape, gtype, nbytes, make_bf16)

@@ -26,26 +26,20 @@ from typing import Any
 import numpy as np
 
 from lowbit import _json
+from lowbit._arrays import ml_dtype
 from lowbit._progress import progress_iter
 from lowbit.checkpoints import _gguf, _safetensors
 from lowbit.errors import LowbitError
-
-
-def _ml(name: str) -> np.dtype:
-    import ml_dtypes
-
-    return np.dtype(getattr(ml_dtypes, name))
-
 
 # safetensors dtype -> numpy dtype factory (the sub-byte F6/F4 types have none)
 _ST_DTYPES: dict[str, Any] = {
     "F64": lambda: np.dtype("<f8"),
     "F32": lambda: np.dtype("<f4"),
     "F16": lambda: np.dtype("<f2"),
-    "BF16": lambda: _ml("bfloat16"),
-    "F8_E4M3": lambda: _ml("float8_e4m3fn"),
-    "F8_E5M2": lambda: _ml("float8_e5m2"),
-    "F8_E8M0": lambda: _ml("float8_e8m0fnu"),
+    "BF16": lambda: ml_dtype("bfloat16"),
+    "F8_E4M3": lambda: ml_dtype("float8_e4m3fn"),
+    "F8_E5M2": lambda: ml_dtype("float8_e5m2"),
+    "F8_E8M0": lambda: ml_dtype("float8_e8m0fnu"),
     "I64": lambda: np.dtype("<i8"),
     "I32": lambda: np.dtype("<i4"),
     "I16": lambda: np.dtype("<i2"),

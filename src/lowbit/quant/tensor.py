@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from lowbit import _json
-from lowbit._arrays import as_float64
+from lowbit._arrays import _is_ml_float, as_float64, bfloat16
 from lowbit.codecs.packing import pack, packed_nbytes, unpack
 from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
 from lowbit.formats.base import Format
@@ -74,7 +74,7 @@ def _as_input(x: Any) -> tuple[np.ndarray, bool]:
         arr = as_float64(x)
     if arr.dtype in (np.float32, np.float64):
         return _contiguous(arr), is_torch
-    if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16",) or _is_small_ml_float(arr.dtype):
+    if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16",) or _is_ml_float(arr.dtype):
         if np.dtype(arr.dtype).itemsize <= 2:  # float16, bfloat16, float8: exact in float32
             with np.errstate(invalid="ignore"):
                 return _contiguous(arr.astype(np.float32)), is_torch
@@ -84,16 +84,6 @@ def _as_input(x: Any) -> tuple[np.ndarray, bool]:
 def _contiguous(a: np.ndarray) -> np.ndarray:
     """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
     return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
-
-
-def _is_small_ml_float(dtype: np.dtype) -> bool:
-    try:
-        import ml_dtypes
-
-        ml_dtypes.finfo(dtype)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def _kw_defaults() -> dict[str, Any]:
@@ -510,9 +500,7 @@ def _store_scale(scale: np.ndarray, scheme: Scheme) -> np.ndarray:
         codes = e8m0_codes(e.astype(np.int64) - 1 + shift)
         return np.where(nanm, np.uint8(0xFF), codes).astype(np.uint8)
     if sf == "bfloat16":
-        import ml_dtypes
-
-        return scale.astype(ml_dtypes.bfloat16).view(np.uint16)
+        return scale.astype(bfloat16()).view(np.uint16)
     return scale.astype(_STORE_DTYPE[sf])
 
 
@@ -529,9 +517,7 @@ def _load_scale(stored: np.ndarray, scheme: Scheme, prefix: str) -> np.ndarray:
         out = np.ldexp(np.float32(1.0), e).astype(np.float32)
         return np.where(stored == 0xFF, np.float32(np.nan), out)
     if sf == "bfloat16":
-        import ml_dtypes
-
-        return stored.view(ml_dtypes.bfloat16).astype(np.float32)
+        return stored.view(bfloat16()).astype(np.float32)
     return stored.astype(np.float32)
 
 
