@@ -45,31 +45,42 @@ def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
         schemes=args.schemes.split(","),
         methods=args.methods.split(","),
         calibration=Calibration(samples=samples),
-        gptq=GPTQ(damp=args.damp, act_order=args.act_order),
+        gptq=GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential),
         tokens=args.tokens,
         sentences=args.sentences,
         threads=args.threads,
         progress=False,
     )
-    res["gptq_settings"] = GPTQ(damp=args.damp, act_order=args.act_order).describe()
+    res["gptq_settings"] = GPTQ(
+        damp=args.damp, act_order=args.act_order, sequential=args.sequential
+    ).describe()
     res["wall_seconds"] = time.perf_counter() - t0
     res["cpu_seconds"] = time.process_time() - c0
     res["load_average"] = os.getloadavg()
     return res
 
 
-def speed(samples: int, scheme: str = "int4:g128", threads: int = 1) -> dict[str, Any]:
+def speed(
+    samples: int, scheme: str = "int4:g128", threads: int = 1, sequential: str = "layers"
+) -> dict[str, Any]:
     """gptq_weights on SmolLM2 alone: seconds per phase (wall, CPU) and peak memory."""
     import resource
 
     from lowbit.evaluation.calibration import Calibration
     from lowbit.evaluation.gptq_model import gptq_weights
+    from lowbit.quant.gptq import GPTQ
 
     run_ = gptq_weights(
-        "smollm2", scheme, Calibration(samples=samples), threads=threads, progress=False
+        "smollm2",
+        scheme,
+        Calibration(samples=samples),
+        GPTQ(sequential=sequential),
+        threads=threads,
+        progress=False,
     )
     return {
         "scheme": scheme,
+        "sequential": run_.sequential,
         "calibration": run_.calibration["described"],
         "tokens": run_.calibration["tokens"],
         "threads": threads,
@@ -101,7 +112,7 @@ def run(quick: bool = False) -> str:
     return (
         "## GPTQ (SmolLM2-135M, all 210 linears, int4 g128)\n\n"
         f"`gptq_weights` on {r['calibration']} ({r['tokens']:,} tokens), one thread, static "
-        f"act-order; peak resident memory {r['peak_rss_mb']:,.0f} MB; load average at the end "
+        f"act-order, sequential {r['sequential']}; peak resident memory {r['peak_rss_mb']:,.0f} MB; load average at the end "
         f"{r['load_average'][0]:.1f}.\n\n| phase | wall s | CPU s |\n|---|---|---|\n{rows}\n"
     )
 
@@ -142,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-samples", type=int, default=128)
     p.add_argument("--calib-texts", type=int, default=256)
     p.add_argument("--act-order", default="static")
+    p.add_argument("--sequential", default="layers", help="GPTQ's order: layers or blocks")
     p.add_argument(
         "--damp", type=float, default=0.01, help="GPTQ's dampening (fraction of mean diag H)"
     )
@@ -150,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed", type=int, metavar="N", help="time gptq_weights alone (N windows)")
     args = p.parse_args(argv)
     if args.speed:
-        res = speed(args.speed, args.schemes.split(",")[0], args.threads)
+        res = speed(args.speed, args.schemes.split(",")[0], args.threads, args.sequential)
         print(json.dumps(res, indent=1))
         if args.json:
             with open(args.json, "w") as f:

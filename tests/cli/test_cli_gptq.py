@@ -38,10 +38,12 @@ def test_quantize_method_gptq(
     argv = ["quantize", str(folder), "--to", "int4:g32", "--method", "gptq", "--calib", str(text),
             "--calib-samples", "3", "--calib-len", "50", "--out", str(out), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
-    assert "GPTQ (static act-order, damp 0.01) of 14 tensors" in capsys.readouterr().out
+    said = "GPTQ (static act-order, damp 0.01, layers-sequential) of 14 tensors"
+    assert said in capsys.readouterr().out
     ckpt = LowbitCheckpoint(out)
     method = ckpt.manifest["method"]
     assert method["method"] == "gptq" and method["calibration"]["tokens"] == 150
+    assert method["sequential"] == "layers"
     assert len(method["layers"]) == 14
     assert all(e["gptq"] < e["rtn"] for e in method["layers"].values())
     run = gptq_weights(
@@ -53,6 +55,13 @@ def test_quantize_method_gptq(
     bad = [*argv[:-3], "--out", str(tmp_path / "q.gguf"), "--out-format", "gguf"]
     assert main(bad) == 2
     assert "gguf" in capsys.readouterr().err.lower()
+    # --sequential blocks: the two-pass order, recorded, and other codes than layers'
+    two = tmp_path / "blocks"
+    assert main([*argv[:-3], "--out", str(two), "--no-progress", "--sequential", "blocks"]) == 0
+    assert "blocks-sequential" in capsys.readouterr().out
+    blocks = LowbitCheckpoint(two)
+    assert blocks.manifest["method"]["sequential"] == "blocks"
+    assert any(not np.array_equal(blocks.get(n), ckpt.get(n)) for n in run.weights)
 
 
 def _ct_dequantize(folder: Path) -> dict[str, np.ndarray]:

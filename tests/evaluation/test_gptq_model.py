@@ -246,3 +246,75 @@ def test_heap_released_before_every_block(
     for name, qt in plain.weights.items():
         assert np.array_equal(qt.codes, run.weights[name].codes), name
         assert np.array_equal(qt.scale, run.weights[name].scale), name
+
+
+@pytest.mark.parametrize("block", [0, 1])
+def test_layers_order_sees_earlier_groups_quantized(
+    llama_dir: Path, tmp_path: Path, calib: Calibration, block: int
+) -> None:
+    """sequential="layers" (the default): inside a block, o_proj is calibrated on the already
+    quantized q/k/v, gate/up on the quantized attention, down_proj on the quantized gate/up.
+    Reference: ``blocks`` GPTQ of one group alone, on a copy of the model holding the run's
+    weights for every group before it (and every earlier block), gives the run's codes."""
+    run = gptq_weights(llama_dir, "int4:g32", calib, progress=False)
+    assert run.sequential == "layers"
+    ckpt = open_checkpoint(llama_dir)
+    pre = f"model.layers.{block}."
+    order = [
+        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        ("self_attn.o_proj",),
+        ("mlp.gate_proj", "mlp.up_proj"),
+        ("mlp.down_proj",),
+    ]
+    earlier = {
+        n: qt.dequantize()
+        for n, qt in run.weights.items()
+        if any(f"model.layers.{b}." in n for b in range(block))
+    }
+    blocks = GPTQ(sequential="blocks")
+    for g, group in enumerate(order):
+        done = {n: earlier[n] for n in earlier}
+        for prev in order[:g]:
+            done |= {
+                pre + m + ".weight": run.weights[pre + m + ".weight"].dequantize() for m in prev
+            }
+        folder = save_hf_folder(build_model(ckpt, weights=done), tmp_path / f"b{block}g{g}")
+        only = PrecisionPlan.uniform(
+            "keep", rules=[{"match": pre + m + ".weight", "format": "int4:g32"} for m in group]
+        )
+        ref = gptq_weights(folder, only, calib, blocks, progress=False)
+        assert ref.sequential == "blocks" and set(ref.weights) == {
+            pre + m + ".weight" for m in group
+        }
+        for name, qt in ref.weights.items():
+            np.testing.assert_array_equal(qt.codes, run.weights[name].codes, err_msg=name)
+            np.testing.assert_array_equal(qt.scale, run.weights[name].scale, err_msg=name)
+    # and the order matters: the blocks order gives other codes for a later group
+    other = gptq_weights(llama_dir, "int4:g32", calib, blocks, progress=False)
+    assert other.sequential == "blocks"
+    assert not np.array_equal(
+        other.weights[pre + "mlp.down_proj.weight"].codes,
+        run.weights[pre + "mlp.down_proj.weight"].codes,
+    )
+
+
+def test_layer_walk_only_where_the_block_decomposes() -> None:
+    """The llama block decomposes into norm + sublayer residual steps (the walk is used); a
+    BERT layer (post-norm) does not: ``blocks`` runs there."""
+    from lowbit.evaluation.gptq_model import _capture, _find_blocks, _LayerWalk
+
+    for model, want in ((tiny_llama(), ("self_attn.o_proj", "mlp.down_proj")), (tiny_bert(), None)):
+        ids = torch.randint(0, 250, (1, 16), generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            _, blocks = _find_blocks(model)
+            states = _capture(model, blocks[0], [({"input_ids": ids}, None)], want is not None)
+            walk = _LayerWalk.of(blocks[0], states, GPTQ())
+            assert (walk.lasts if walk else None) == want
+            assert _LayerWalk.of(blocks[0], states, GPTQ(sequential="blocks")) is None
+
+
+def test_sequential_setting() -> None:
+    assert GPTQ().to_dict()["sequential"] == "layers"
+    assert GPTQ(sequential="BLOCKS").sequential.value == "blocks"
+    with pytest.raises(lowbit.LowbitError, match="sequential"):
+        GPTQ(sequential="rows")

@@ -262,7 +262,13 @@ def test_config() -> None:
     """GPTQ is a frozen config with a str enum; bad settings are LowbitErrors."""
     cfg = GPTQ(damp=0.05, act_order="NONE")
     assert cfg.act_order is ActOrder.NONE
-    assert cfg.to_dict() == {"method": "gptq", "damp": 0.05, "block_size": 128, "act_order": "none"}
+    assert cfg.to_dict() == {
+        "method": "gptq",
+        "damp": 0.05,
+        "block_size": 128,
+        "act_order": "none",
+        "sequential": "layers",
+    }
     assert GPTQ().act_order is ActOrder.STATIC
     for bad in ({"damp": -1}, {"damp": float("nan")}, {"block_size": 0}, {"act_order": "dyn"}):
         with pytest.raises(LowbitError):

@@ -161,6 +161,7 @@ def replay(args: argparse.Namespace, plan_file: Path) -> list[str]:
         ("--calib-samples", args.calib_samples, None),
         ("--calib-len", args.calib_len, None),
         ("--act-order", args.act_order, "static"),
+        ("--sequential", args.sequential, "layers"),
         ("--damp", args.damp, 0.01),
     ):
         if value != default:

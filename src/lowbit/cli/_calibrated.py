@@ -19,7 +19,7 @@ __all__ = ["add_calibration_options", "awq_run", "method_summary", "parse_alpha"
 def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
     """The options every calibrated method shares, the same in ``quantize`` and ``eval``:
     ``--smooth``, ``--no-clip``, ``--calib``, ``--calib-samples``, ``--calib-len``,
-    ``--act-order``. ``needs`` names the option ``--smooth`` goes with."""
+    ``--act-order``, ``--sequential``. ``needs`` names the option ``--smooth`` goes with."""
     p.add_argument(
         "--smooth",
         nargs="?",
@@ -42,6 +42,14 @@ def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
     p.add_argument("--calib-len", type=int, help="calibration tokens per window (default 512)")
     p.add_argument(
         "--act-order", choices=("static", "none"), default="static", help="gptq column order"
+    )
+    p.add_argument(
+        "--sequential",
+        choices=("layers", "blocks"),
+        default="layers",
+        help="gptq: layers (default: inside a block each layer group sees the groups before "
+        "it quantized; one pass per block) or blocks (the whole block on float weights, then "
+        "run again; two passes)",
     )
 
 
@@ -87,7 +95,8 @@ def method_summary(method: dict[str, Any]) -> str:
     sec, data = method["seconds"], method["calibration"]["described"]
     if method["method"] == "gptq":
         return (
-            f"GPTQ ({method['act_order']} act-order, damp {method['damp']:g}) of "
+            f"GPTQ ({method['act_order']} act-order, damp {method['damp']:g}, "
+            f"{method.get('sequential', 'blocks')}-sequential) of "
             f"{method['gptq_tensors']} tensors on {data}: {sec['total']:.0f} s (collect "
             f"{sec['collect']:.0f} s, solve {sec['solve']:.0f} s)"
         )

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         calibration = Calibration(
             source=args.calib, samples=args.calib_samples, length=args.calib_len
         )
-        gptq = GPTQ(act_order=args.act_order)
+        gptq = GPTQ(act_order=args.act_order, sequential=args.sequential)
         awq = AWQ(clip=not args.no_clip)
     result = evaluate_variants(
         model,
@@ -233,7 +233,8 @@ def _method_line(r: dict[str, Any]) -> str:
     data = f"on {c['described']} ({c['tokens']:,} tokens)"
     if m["method"] == "gptq":
         return (
-            f"{r['name']}: GPTQ ({m['act_order']} act-order, damp {m['damp']:g}) {data}; "
+            f"{r['name']}: GPTQ ({m['act_order']} act-order, damp {m['damp']:g}, "
+            f"{m.get('sequential', 'blocks')}-sequential) {data}; "
             f"{r['gptq_tensors']} tensors; {t['total']:.0f} s (collect {t['collect']:.0f} s, "
             f"solve {t['solve']:.0f} s); mean layer-output error {r['layer_error_gptq']:.4g} "
             f"vs {r['layer_error_rtn']:.4g} rounding to nearest."

@@ -234,7 +234,7 @@ def _gptq(
 
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
-    cfg = GPTQ(damp=args.damp, act_order=args.act_order)
+    cfg = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,

@@ -2,14 +2,23 @@
 
 :func:`gptq_weights` is what ``lowbit eval --methods gptq`` runs. It builds the model in
 float32, runs the calibration data (``lowbit.evaluation.calibration``) up to the first block
-of its stack of identical blocks (decoder layers, encoder layers), and then for each block:
+of its stack of identical blocks (decoder layers, encoder layers), and then for each block
+(GPTQ's sequential mode: block ``i`` is calibrated on the outputs of the quantized blocks
+before it), in one of two orders (:class:`lowbit.quant.gptq.Sequential`):
 
-1. collect ``H = 2 X^T X / n`` of every linear layer the plan quantizes, from the block's
-   inputs, with forward hooks (layers that read the same tensor share one ``H``);
+``layers`` (default; pre-norm residual blocks, the llama family): group by group of layers
+that read one input (q/k/v, then o_proj, gate/up, down_proj), collect ``H = 2 X^T X / n`` with
+forward hooks on the outputs of the groups already quantized, quantize the group, go on; the
+block's outputs come from the same pass (:class:`_LayerWalk`).
+
+``blocks`` (and every block ``layers`` cannot walk, e.g. BERT's post-norm layers):
+
+1. collect ``H`` of every linear layer the plan quantizes, from the block's inputs, with
+   forward hooks (layers that read the same tensor share one ``H``);
 2. quantize those layers with :func:`lowbit.quant.gptq.gptq_quantize` (the weights as the
    checkpoint stores them: GPTQ treats rows independently, so GGUF's permuted q/k rows need no
    undoing) and put the dequantized weights into the model;
-3. run the block again, now quantized, to get the next block's inputs (GPTQ's sequential mode).
+3. run the block again, now quantized, to get the next block's inputs.
 
 Tensors the plan quantizes outside the blocks (MiniLM's pooler, an untied LM head) and those
 that are not linear layers are rounded to nearest as ``lowbit quantize`` does. Memory: see
@@ -21,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import tempfile
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -44,7 +54,7 @@ from lowbit.evaluation.calibration import (
 from lowbit.evaluation.hessians import HessianCollector
 from lowbit.evaluation.models import _prefix_fix, build_model
 from lowbit.evaluation.perplexity import sentences_from_text
-from lowbit.quant.gptq import GPTQ
+from lowbit.quant.gptq import GPTQ, Sequential
 from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import calibrated_method, method_name
 from lowbit.quant.tensor import quantize
@@ -70,6 +80,9 @@ class GPTQRun:
         calibration: what the calibration data was (samples, tokens, source).
         cpu_seconds: the same phases in CPU seconds of this process (all its threads): what
             a time means on a shared machine.
+        sequential: the order the layers were calibrated in, ``layers`` or ``blocks``
+            (:class:`~lowbit.quant.gptq.Sequential`; ``blocks`` where the model's blocks are
+            not pre-norm residual blocks, whatever the method asked).
     """
 
     weights: dict[str, Any]
@@ -78,6 +91,7 @@ class GPTQRun:
     seconds: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
     cpu_seconds: dict[str, float] = field(default_factory=dict)
+    sequential: str = "layers"
 
 
 class _Clock:
@@ -185,39 +199,49 @@ def gptq_weights(
             states = _capture(net, blocks[0], samples, causal)
         clock.stop("capture")
         bar = progress_bar(last + 1, progress, "gptq", "block")
+        walk = _LayerWalk.of(blocks[0], states, method) if last >= 0 else None
+        sequential = "layers" if walk is not None else "blocks"
+
+        def solve(
+            col: HessianCollector, mine: dict[str, str], linears: dict[str, Any], model: Any = net
+        ) -> None:
+            clock.stop("collect")
+            for group in col.groups().values():
+                H = col.hessian(group[0])
+                ws = {mine[m]: np.asarray(ckpt.get(mine[m]), dtype=np.float64) for m in group}
+                schemes = {mine[m]: todo[mine[m]].scheme for m in group}
+                qts = method.quantize_shared(ws, H, schemes)
+                clock.stop("solve")
+                H32 = H.astype(np.float32)
+                for m in group:
+                    name = mine[m]
+                    deq = qts[name].dequantize(np.float64)
+                    layers[name] = _errors(ws[name], deq, H32, schemes[name], col.tokens(m))
+                    _set_weight(linears[m], _model_layout(ckpt, name, deq, model))
+                    weights[name] = qts[name]
+                    methods[name] = "gptq"
+                clock.stop("report")
+
         with bar:
             for i, block in enumerate(blocks[: last + 1]):
                 _release_heap()
                 mine = per_block.get(i, {})
+                linears = {m: net.get_submodule(m) for m in mine}
+                clock.start()
+                if walk is not None:  # one pass: collect, solve, propagate, layer group by group
+                    walk.run(
+                        block, states, samples, linears,
+                        lambda c, m=mine, ls=linears: solve(c, m, ls), outputs=i < last,
+                    )  # fmt: skip
+                    clock.stop("propagate")
+                    bar.update(1)
+                    continue
                 if mine:
-                    clock.start()
-                    linears = {m: net.get_submodule(m) for m in mine}
                     with HessianCollector(linears) as col:
                         for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
                             col.next_sample(mask)
                             col.run(block, hidden, *args, **kwargs)
-                    clock.stop("collect")
-                    clock.start()
-                    for group in col.groups().values():
-                        H = col.hessian(group[0])
-                        ws = {
-                            mine[m]: np.asarray(ckpt.get(mine[m]), dtype=np.float64) for m in group
-                        }
-                        schemes = {mine[m]: todo[mine[m]].scheme for m in group}
-                        qts = method.quantize_shared(ws, H, schemes)
-                        clock.stop("solve")
-                        clock.start()
-                        H32 = H.astype(np.float32)
-                        for m in group:
-                            name = mine[m]
-                            deq = qts[name].dequantize(np.float64)
-                            layers[name] = _errors(ws[name], deq, H32, schemes[name], col.tokens(m))
-                            _set_weight(linears[m], _model_layout(ckpt, name, deq, net))
-                            weights[name] = qts[name]
-                            methods[name] = "gptq"
-                        clock.stop("report")
-                        clock.start()
-                clock.start()
+                    solve(col, mine, linears)
                 if i < last:
                     for j, (h, a, k) in enumerate(states):  # in place: one sample's copy extra
                         states[j] = (_out(block(h, *a, **k)), a, k)
@@ -240,12 +264,175 @@ def gptq_weights(
         if causal
         else sum(int(m.sum()) for _, m in samples),
     }
-    return GPTQRun(weights, methods, layers, clock.totals(), calib_facts, clock.cpu_totals())
+    return GPTQRun(
+        weights, methods, layers, clock.totals(), calib_facts, clock.cpu_totals(), sequential
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _LayerWalk:
+    """GPTQ's ``layers`` order (:class:`~lowbit.quant.gptq.Sequential`) through pre-norm
+    residual blocks (the llama family: llama, mistral, qwen2 ...)::
+
+        h' = h + attn(input_layernorm(h))        out = h' + mlp(post_attention_layernorm(h'))
+
+    where each sublayer's output is its last linear layer (o_proj, down_proj) applied to what
+    that layer reads. Per sublayer, over all samples: collect ``H`` of the layers that read
+    the sublayer's input (q/k/v, gate/up) and quantize them; run the sublayer again, now with
+    those quantized, keeping the last layer's inputs and collecting its ``H``; quantize it;
+    add its outputs to the residual. So every group sees the groups before it quantized, and
+    a block costs one forward pass (plus the cheap norms and the matmuls before the last
+    layer once more) where ``blocks`` costs two. The last layer's inputs of every sample,
+    ``N * L * width * 4`` bytes (SmolLM2, 128 x 512 tokens: 403 MB for down_proj's 1,536
+    inputs), wait in a temporary file (:class:`_Spill`), not in memory.
+
+    :meth:`of` checks the decomposition on the first sample of the first block (the staged
+    float computation equals the block's own output, and each sublayer's output its last
+    layer of its input) and returns None where it does not hold: then ``blocks`` runs.
+    """
+
+    parts: tuple[tuple[str, str, bool], ...]  # (norm, sublayer, takes the block's kwargs)
+    lasts: tuple[str, ...] = ()  # each sublayer's last linear layer, its path in the block
+
+    CANDIDATE = (("input_layernorm", "self_attn", True), ("post_attention_layernorm", "mlp", False))
+
+    @classmethod
+    def of(cls, block: Any, states: list[Any], method: GPTQ) -> _LayerWalk | None:
+        """The walk for blocks shaped like ``block`` (checked on ``states[0]``), or None."""
+        import torch
+
+        if method.sequential is not Sequential.LAYERS or not states:
+            return None
+        h, a, k = states[0]
+        if a or any(getattr(block, n, None) is None for p in cls.CANDIDATE for n in p[:2]):
+            return None
+        walk = cls(cls.CANDIDATE)
+        paths = {id(m): n for n, m in block.named_modules()}
+        lasts: list[str] = []
+        inside = {id(m) for _, sub, _ in walk.parts for m in getattr(block, sub).modules()}
+        if any(isinstance(m, torch.nn.Linear) and id(m) not in inside for m in block.modules()):
+            return None  # a linear layer outside both sublayers: not this structure
+        want = _out(block(h, *a, **k))
+        x = h
+        for norm, sub, takes in walk.parts:
+            inputs: list[tuple[Any, Any]] = []
+            mod = getattr(block, sub)
+            handles = [
+                m.register_forward_pre_hook(lambda m, args, got=inputs: got.append((m, args[0])))
+                for m in mod.modules()
+                if isinstance(m, torch.nn.Linear)
+            ]
+            try:
+                y = walk._call(block, norm, sub, takes, x, k)
+            finally:
+                for hd in handles:
+                    hd.remove()
+            if not inputs:
+                return None
+            last, z = inputs[-1]
+            if not torch.allclose(last(z), y, rtol=1e-5, atol=1e-6):
+                return None
+            lasts.append(paths[id(last)])
+            x = x + y
+        if x.shape != want.shape or not torch.allclose(x, want, rtol=1e-5, atol=1e-5):
+            return None
+        return cls(walk.parts, tuple(lasts))
+
+    @staticmethod
+    def _call(block: Any, norm: str, sub: str, takes: bool, h: Any, kwargs: dict[str, Any]) -> Any:
+        x = getattr(block, norm)(h)
+        return _out(
+            getattr(block, sub)(hidden_states=x, **kwargs) if takes else getattr(block, sub)(x)
+        )
+
+    def run(
+        self,
+        block: Any,
+        states: list[Any],
+        samples: list[Any],
+        linears: dict[str, Any],
+        solve: Any,
+        outputs: bool = True,
+    ) -> None:
+        """Quantize ``linears`` (module path -> linear of this block) in layer order; with
+        ``outputs``, replace ``states`` by the quantized block's outputs."""
+        for p, (norm, sub, takes) in enumerate(self.parts):
+            inner_ids = {id(m) for m in getattr(block, sub).modules()}
+            mine = {n: m for n, m in linears.items() if id(m) in inner_ids}
+            last = block.get_submodule(self.lasts[p])
+            final = {n: m for n, m in mine.items() if m is last}
+            inner = {n: m for n, m in mine.items() if m is not last}
+            if inner:
+                with HessianCollector(inner) as col:
+                    for (h, _, k), (_, mask) in zip(states, samples, strict=True):
+                        col.next_sample(mask)
+                        col.run(self._call, block, norm, sub, takes, h, k)
+                solve(col)
+            if not outputs and p == len(self.parts) - 1 and not final:
+                return
+            if not final:
+                for j, (h, a, k) in enumerate(states):
+                    states[j] = (h + self._call(block, norm, sub, takes, h, k), a, k)
+                continue
+            with _Spill() as zs:
+                cap = last.register_forward_pre_hook(lambda m, args, keep=zs: keep.add(args[0]))
+                try:
+                    with HessianCollector(final) as col:
+                        for (h, _, k), (_, mask) in zip(states, samples, strict=True):
+                            col.next_sample(mask)
+                            col.run(self._call, block, norm, sub, takes, h, k)
+                finally:
+                    cap.remove()
+                solve(col)
+                if not outputs and p == len(self.parts) - 1:
+                    return
+                for j, z in enumerate(zs):  # the residual plus the quantized last layer
+                    h, a, k = states[j]
+                    states[j] = (h + last(z), a, k)
+
+
+class _Spill:
+    """Tensors written to an anonymous temporary file and read back in the order written.
+
+    The last layer's inputs of every calibration sample (SmolLM2, 128 x 512 tokens: 403 MB
+    for down_proj) wait there while the layer is quantized, so the process's memory does not
+    grow by them (the page cache holds them; measured on SmolLM2's block 0: 2.07 GB peak kept
+    in memory). Use as a context manager: the file is gone after it.
+    """
+
+    def __init__(self) -> None:
+        self._file: Any = tempfile.TemporaryFile()  # closed by __exit__
+        self._kept: list[tuple[tuple[int, ...], Any]] = []
+
+    def __enter__(self) -> _Spill:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._file.close()
+
+    def add(self, t: Any) -> None:
+        """Write one tensor (any dtype; copied only if not contiguous)."""
+        import torch
+
+        t = t.detach().contiguous()
+        self._kept.append((tuple(t.shape), t.dtype))
+        self._file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+
+    def __iter__(self) -> Any:
+        import torch
+
+        self._file.seek(0)
+        for shape, dtype in self._kept:
+            t = torch.empty(shape, dtype=dtype)
+            buf = t.reshape(-1).view(torch.uint8).numpy()
+            if self._file.readinto(memoryview(buf)) != buf.nbytes:  # pragma: no cover - disk
+                raise LowbitError("a temporary file of GPTQ's calibration inputs came back short")
+            yield t
 
 
 def _calibration(calibration: Any, cls: Any) -> Any:

@@ -427,7 +427,7 @@ def gptq_variant(
         nbytes=totals["bytes"],
         source="memory",
         extra={
-            "method": method.to_dict(),
+            "method": {**method.to_dict(), "sequential": run.sequential},
             "quantized_tensors": totals["quantized"],
             "gptq_tensors": sum(m == "gptq" for m in run.methods.values()),
             "calibration": run.calibration,

@@ -55,7 +55,7 @@ from lowbit.quant.rules import parse_action
 from lowbit.quant.scheme import Granularity, ScaleMethod, Scheme
 from lowbit.quant.tensor import QuantizedTensor
 
-__all__ = ["GPTQ", "ActOrder", "gptq_quantize", "layer_error"]
+__all__ = ["GPTQ", "ActOrder", "Sequential", "gptq_quantize", "layer_error"]
 
 
 class ActOrder(str, Enum):
@@ -68,6 +68,22 @@ class ActOrder(str, Enum):
 
     NONE = "none"
     STATIC = "static"
+
+
+class Sequential(str, Enum):
+    """What a model's layers are calibrated on (GPTQ's sequential mode, block by block).
+
+    ``layers`` (default): inside a block, each group of layers that reads one input (q/k/v,
+    o, gate/up, down) sees the outputs of the groups before it already quantized, as
+    AutoGPTQ's and GPTQModel's ``true_sequential``; one forward pass per block computes the
+    statistics and the next block's inputs. ``blocks``: every layer of a block sees the block's
+    float weights, then the quantized block is run again for the next block's inputs (two
+    passes per block; llm-compressor's order). Blocks whose structure ``layers`` cannot walk
+    (not a pre-norm residual block: BERT's post-norm encoder layers) use ``blocks``.
+    """
+
+    LAYERS = "layers"
+    BLOCKS = "blocks"
 
 
 def _act_order(value: Any) -> ActOrder:
@@ -90,15 +106,18 @@ class GPTQ:
         block_size: columns per lazy batch (128 as in the paper; changes speed, not results
             beyond float64 rounding).
         act_order: ``static`` (default; decreasing ``diag(H)``, static groups) or ``none``.
+        sequential: ``layers`` (default) or ``blocks``: see :class:`Sequential` (a whole-model
+            setting; :meth:`quantize` of one layer ignores it).
 
     Raises:
         LowbitError: a negative or non-finite ``damp``, ``block_size`` < 1, an unknown
-            ``act_order``.
+            ``act_order`` or ``sequential``.
     """
 
     damp: float = 0.01
     block_size: int = 128
     act_order: ActOrder = ActOrder.STATIC
+    sequential: Sequential = Sequential.LAYERS
 
     def __post_init__(self) -> None:
         damp = float(self.damp)
@@ -110,6 +129,14 @@ class GPTQ:
             raise LowbitError(f"block_size must be >= 1, got {self.block_size}")
         object.__setattr__(self, "damp", damp)
         object.__setattr__(self, "act_order", _act_order(self.act_order))
+        try:
+            seq = Sequential(str(getattr(self.sequential, "value", self.sequential)).lower())
+        except ValueError:
+            allowed = ", ".join(m.value for m in Sequential)
+            raise LowbitError(
+                f"unknown sequential {self.sequential!r}; allowed: {allowed}"
+            ) from None
+        object.__setattr__(self, "sequential", seq)
 
     @property
     def name(self) -> str:
@@ -127,6 +154,7 @@ class GPTQ:
             "damp": self.damp,
             "block_size": self.block_size,
             "act_order": self.act_order.value,
+            "sequential": self.sequential.value,
         }
 
     def quantize(self, W: Any, H: Any, scheme: Scheme | str) -> Any:
