@@ -399,13 +399,14 @@ def _ieee_decode(codes, out, P):  # type: ignore[no-untyped-def]
     scale = _f32_of(_U(scale_bits))
     mant_mask = _U(_U(_U(1) << mu) - _U(1))
     mag_mask = _U(_U(_U(1) << _U(mb)) - _U(1))
+    to_place = _U(23 - m)
     for i in range(codes.size):
         c = _U(codes[i])
-        sign = _U(_U(c >> _U(mb)) << _U(31))
+        sign = _U(_shr32(c, _U(mb)) << _U(31))
         mag = _U(c & mag_mask)
-        e = _U(mag >> mu)
+        e = _shr32(mag, mu)
         mant = _U(mag & mant_mask)
-        v = _U(_U(mag << _U(23 - m)) + _U(rebias))
+        v = _U(_shl32(mag, to_place) + _U(rebias))
         if e == _U(0):
             v = _bits32(np.float32(mant) * scale)
         if e == _U(emax):
@@ -432,7 +433,7 @@ def _wide_decode(codes, out, d):  # type: ignore[no-untyped-def]
     """float32 bits of bfloat16/TF32 codes: shift left by ``d``; NaN -> +-quiet NaN."""
     du = _U(d)
     for i in range(codes.size):
-        v = _U(_U(codes[i]) << du)
+        v = _shl32(_U(codes[i]), du)
         f = _f32_of(v)
         if f != f:  # the table's NaN: quiet, no payload, the code's sign
             v = _U(_U(v & _U(0x80000000)) | _U(0x7FC00000))
