@@ -248,7 +248,12 @@ def test_nan_and_negative_errors_as_the_general_loop(dtype: np.dtype) -> None:
     y[0], y[-1] = -1.0, np.nan
     with pytest.raises(NaNPolicyError):
         unsigned.encode(y)
-    y[0] = 1.0
+    y[0], y[-2] = 1.0, -1.0  # the only negative beside a NaN, NaN allowed: it counts
+    with pytest.raises(LowbitError, match="negative input") as info:
+        unsigned.encode(y, nan="zero")
+    assert not isinstance(info.value, NaNPolicyError)
+    y[-2] = 1.0
+    unsigned.encode(y, nan="zero")  # NaN alone: no error
     codes = fp4.encode(y, nan="zero")
     assert codes[-1] == 0 and np.array_equal(codes[:-1], fp4.encode(y[:-1]))
 

@@ -203,26 +203,39 @@ def _keyed_encode(
     neg_check: bool,
 ) -> tuple[bool, bool]:
     """Codes of float32/float64 ``x`` into ``out``: the table entry of each input's key,
-    its top ``prefix + 1`` bits rounded to odd (``(bits >> s) | (bits below s != 0)``)."""
+    its top ``prefix + 1`` bits rounded to odd (``(bits >> s) | (bits below s != 0)``).
+
+    The key takes four in-place passes over one buffer: ``(bits & mask) + mask`` carries
+    into bit ``s`` exactly when a bit below ``s`` is set, and stays below ``2**(s + 1)``,
+    so OR-ing it into the bits and shifting leaves that "sticky" bit in the key's lowest
+    place. One buffer and no ``minimum`` pass take about a fifth less time than shift,
+    and, minimum and or on two buffers did.
+    """
     uint = _KEYED[x.dtype]
     s = 8 * uint.itemsize - prefix - 1
     u = x.view(uint)
-    shift, mask, one = uint.type(s), uint.type((1 << s) - 1), uint.type(1)
+    shift, mask = uint.type(s), uint.type((1 << s) - 1)
     key = np.empty(min(_CHUNK, u.size), dtype=uint)
-    sticky = np.empty_like(key)
-    seen_nan = seen_neg = False
-    for a in range(0, u.size, _CHUNK):
+    # The checks take each chunk's minimum while it is in cache and judge them all at
+    # the end (judging per chunk cost more than the minimum). NaN propagates through
+    # ``minimum``, so a chunk whose minimum is not NaN holds none; without the NaN check,
+    # ``fmin`` skips NaNs and finds the negatives.
+    low = np.minimum.reduce if nan_check else np.fmin.reduce if neg_check else None
+    lows = np.empty(-(-u.size // _CHUNK), dtype=x.dtype)
+    for i, a in enumerate(range(0, u.size, _CHUNK)):
         uc = u[a : a + _CHUNK]
-        k, st = key[: uc.size], sticky[: uc.size]
-        np.right_shift(uc, shift, out=k)
-        np.bitwise_and(uc, mask, out=st)
-        np.minimum(st, one, out=st)
-        np.bitwise_or(k, st, out=k)
+        k = key[: uc.size]
+        np.bitwise_and(uc, mask, out=k)
+        np.add(k, mask, out=k)
+        np.bitwise_or(k, uc, out=k)
+        np.right_shift(k, shift, out=k)
         np.take(table, k, out=out[a : a + uc.size], mode="clip")  # keys are < table.size
-        has_nan, has_neg = _flags(x[a : a + _CHUNK], nan_check, neg_check)
-        seen_nan |= has_nan
-        seen_neg |= has_neg
-    return seen_nan, seen_neg
+        if low is not None:
+            lows[i] = low(x[a : a + _CHUNK])
+    if low is None:
+        return False, False
+    with np.errstate(invalid="ignore"):
+        return nan_check and bool(np.isnan(lows).any()), bool((lows < 0).any())
 
 
 def _lookup_encode(
