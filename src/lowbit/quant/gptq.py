@@ -144,8 +144,11 @@ class GPTQ:
         return "gptq"
 
     def describe(self) -> str:
-        """A short label, e.g. ``gptq (damp 0.01, act-order static)``."""
-        return f"gptq (damp {self.damp:g}, act-order {self.act_order.value})"
+        """A short label, e.g. ``gptq (damp 0.01, act-order static, layers-sequential)``."""
+        return (
+            f"gptq (damp {self.damp:g}, act-order {self.act_order.value}, "
+            f"{self.sequential.value}-sequential)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able settings with the method's name."""
