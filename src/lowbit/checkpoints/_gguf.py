@@ -29,6 +29,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -569,7 +570,7 @@ def _fits(value: Any, kind: str) -> bool:
         return isinstance(value, str) and _utf8(value)
     if kind == _INTS:
         return isinstance(value, list) and all(map(_is_int, value))
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)  # _STRS
+    return isinstance(value, list) and all(map(isinstance, value, repeat(str)))  # _STRS
 
 
 def _kind_of(value: Any) -> str:
@@ -602,7 +603,10 @@ def check_metadata(metadata: dict[str, Any], path: Path | str) -> None:
             )
     if metadata.get("tokenizer.ggml.model") == "gpt2":
         for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-            bad = next((i for i, t in enumerate(metadata.get(key, ())) if not _utf8(t)), None)
+            items = metadata.get(key, ())
+            if _utf8("".join(items)):  # a surrogate escape in any item fails the whole
+                continue
+            bad = next((i for i, t in enumerate(items) if not _utf8(t)), None)
             if bad is not None:
                 raise LowbitError(
                     f"{path}: metadata {key!r} item {bad} is not valid UTF-8 (a byte-level BPE "
