@@ -542,7 +542,7 @@ def test_ggml_decode_kernel_matches_numpy(qtype: str, monkeypatch: pytest.Monkey
     if qtype == "Q4_1":
         raw[:, 2:4] = scales[:, 1:].view(np.uint8)
     values = np.empty((raw.shape[0], 32), dtype=np.float32)
-    assert _fastquant.ggml_decode(raw, values, qtype)  # the kernel takes every block
+    assert _fastquant.ggml_decode(raw, values, qtype, values.size)  # every block: the kernel
     with np.errstate(all="ignore"):
         want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, qtype))
     assert np.array_equal(values.view(np.uint32), want.reshape(values.shape).view(np.uint32))
@@ -557,4 +557,23 @@ def test_ggml_decode_kernel_matches_numpy(qtype: str, monkeypatch: pytest.Monkey
             with _fast.numpy_only():
                 slow = _gguf._dequantize_rows(kind, raw.reshape(64, -1), want.size)
             assert np.array_equal(slow.view(np.uint32), want.reshape(-1).view(np.uint32))
-    assert not _fastquant.ggml_decode(raw, values, qtype)  # the NaN block: numpy's
+    assert not _fastquant.ggml_decode(raw, values, qtype, values.size)  # NaN: numpy's
+
+
+def test_ggml_kernels_wait_for_a_large_tensor_or_a_loaded_numba(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GGML tensors below GGML_ALONE values take the kernels only once numba is loaded
+    (its start costs more than they save); larger ones, or kernels_always(), take them."""
+    import sys
+
+    monkeypatch.setattr(_fast._kernels_always, "on", False)
+    small, large = _fastquant.GGML_ALONE - 32, _fastquant.GGML_ALONE
+    assert _fastquant._ggml_kernels(small) and _fastquant._ggml_kernels(large)
+    monkeypatch.delitem(sys.modules, "numba")
+    assert not _fastquant._ggml_kernels(small) and _fastquant._ggml_kernels(large)
+    assert _fastquant.ggml_encode(np.zeros((small // 32, 32), np.float32), 4) is None
+    with _fast.kernels_always():
+        assert _fastquant._ggml_kernels(small)
+    with _fast.numpy_only():
+        assert not _fastquant._ggml_kernels(large)

@@ -479,7 +479,7 @@ def _dequantize_rows(kind: Any, rows: np.ndarray, numel: int) -> np.ndarray:
         part = rows[a : a + step]
         dst = out[a * per_row : (a + part.shape[0]) * per_row]
         blocks, values = part.reshape(-1, kind.type_size), dst.reshape(-1, kind.block_size)
-        if compiled and _numba.ggml_decode(blocks, values, name):
+        if compiled and _numba.ggml_decode(blocks, values, name, numel):
             return
         if decode is not None:
             decode(blocks, values)

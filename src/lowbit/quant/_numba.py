@@ -28,6 +28,7 @@ How each keeps the numpy path's codes:
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -348,14 +349,30 @@ def _half_table() -> np.ndarray:
     return np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-def ggml_decode(blocks: np.ndarray, out: np.ndarray, qtype: str) -> bool:
-    """Decode ``blocks`` (uint8 rows of one ``qtype`` block each) into ``out`` (float32 rows
-    of 32 values), the bits of ``gguf.quants``' decoder; False (``out`` unusable: the
-    caller's numpy path) when numba is missing or off, the band is small, a layout does not
-    fit, or a block has a scale or minimum that is not finite."""
+#: Values of one GGML tensor that pay numba's start alone (importing it, loading the first
+#: kernel and its exit: about 0.6 s of CPU, which decoding and encoding SmolLM2-135M's
+#: 106 M values saves no more than; 1.7 B values save seconds). Below it the GGML kernels
+#: run only where numba is loaded already (lowbit's quantizers load it for their kernels).
+GGML_ALONE = 1 << 21
+
+
+def _ggml_kernels(numel: int) -> bool:
+    """Whether a GGML block tensor of ``numel`` values takes the compiled kernels."""
+    if not _fast.use_kernels(numel):
+        return False
+    forced = _fast.use_kernels(0)  # kernels_always(): any size
+    return forced or numel >= GGML_ALONE or "numba" in sys.modules
+
+
+def ggml_decode(blocks: np.ndarray, out: np.ndarray, qtype: str, numel: int) -> bool:
+    """Decode ``blocks`` (uint8 rows of one ``qtype`` block each; a band of a tensor of
+    ``numel`` values) into ``out`` (float32 rows of 32 values), the bits of
+    ``gguf.quants``' decoder; False (``out`` unusable: the caller's numpy path) when numba
+    is missing or off, the tensor is small (:data:`GGML_ALONE`), a layout does not fit, or
+    a block has a scale or minimum that is not finite."""
     code, size = GGML_DECODED[qtype]
     if (
-        not _fast.use_kernels(out.size)
+        not _ggml_kernels(numel)
         or blocks.shape[-1] != size
         or out.shape != (blocks.shape[0], 32)
         or out.dtype != np.float32
@@ -374,9 +391,10 @@ def ggml_encode(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, int] 
     C-contiguous) by a compiled loop: ``(blocks, d, bad)``, the block bytes but their first
     two (the float16 scale, left for the caller), the unrounded float32 scales and the index
     of the first block holding a NaN or an infinity (-1: none); or None when numba is
-    missing or off, ``x`` is small, or its layout does not fit (the caller's numpy path)."""
+    missing or off, ``x`` is small (:data:`GGML_ALONE`), or its layout does not fit (the
+    caller's numpy path)."""
     if (
-        not _fast.use_kernels(x.size)
+        not _ggml_kernels(x.size)
         or x.dtype != np.float32
         or x.ndim != 2
         or x.shape[1] != 32
