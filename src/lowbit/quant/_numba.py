@@ -24,6 +24,10 @@ How each keeps the numpy path's codes:
   than the gaps between midpoints gives the code of every bin with no midpoint within
   ``tol`` of it; rows holding a value in another bin compare its float64 quotient with
   the midpoints, and exact ties go back to the caller for the exact codec.
+
+llama.cpp's Q4_0/Q4_1/Q8_0 blocks (``ggml_decode``, ``ggml_encode``: GGUF reading and
+``lowbit.quant.gguf_q``) repeat the numpy paths' float32 operations element by element;
+blocks with a non-finite scale go back to numpy, whose NaN bits depend on operand order.
 """
 
 from __future__ import annotations
