@@ -127,6 +127,17 @@ def test_pack_int32_in_row_chunks(
     np.testing.assert_array_equal(whole, pack_to_int32(torch.from_numpy(codes), 4).numpy())
 
 
+def test_pack_int32_codes_outside_their_bits() -> None:
+    """Codes outside the width (a caller's error) pack as shift-and-add always did: the
+    word is the sum of the shifted offsets, modulo 2**32."""
+    codes = np.array([[9, -8, 7, 0, -9, 3, 1, 2, 5]], dtype=np.int8)  # 9 and -9: not int4
+    u = (codes.astype(np.int64) + 8).reshape(-1)
+    u = np.concatenate([u, np.zeros(7, dtype=np.int64)])
+    want = [int(sum(int(v) << (4 * i) for i, v in enumerate(u[w * 8 : w * 8 + 8])) % 2**32)
+            for w in range(2)]  # fmt: skip
+    assert pack_int32(codes, 4).view(np.uint32).tolist() == [want]
+
+
 def test_pack_int32_golden_int4() -> None:
     """int4 codes -8, -7, 0, 7 (nibbles 0, 1, 8, 15) fill word 0 from its lowest bits up."""
     codes = np.zeros((1, 8), np.int8)
@@ -353,6 +364,34 @@ def test_lowbit_quantized_decompress_exactly(tmp_path: Path, lowbit_weights: dic
         np.testing.assert_array_equal(
             _bits(got[f"m.{k}.weight"]), _bits(qt.dequantize()), err_msg=k
         )
+
+
+@pytest.mark.parametrize(
+    ("fmt", "kw"),
+    [
+        ("int2", {"axis": -1, "group_size": 64}),
+        ("int3", {"axis": -1, "group_size": 64, "symmetric": False}),
+        ("int4", {"axis": 0}),
+        ("int8", {"axis": -1, "group_size": 128, "symmetric": False}),
+        ("uint4", {"axis": -1, "group_size": 64, "symmetric": False}),
+        ("uint8", {"axis": 0, "symmetric": False}),
+    ],
+)
+def test_from_quantized_codes_are_the_unpacked_ones(fmt: str, kw: dict) -> None:
+    """from_quantized's signed int8 codes and zero points are unpack()'s, shifted to the
+    signed range for unsigned formats (what compressed-tensors stores)."""
+    quant = pytest.importorskip("lowbit.quant.tensor")
+    w = np.random.default_rng(11).standard_normal((OUT, IN)).astype(np.float32) * 3
+    qt = quant.quantize(w, fmt, **kw)
+    t = from_quantized(qt)
+    shift = 0 if qt.format.signed else 1 << (qt.format.bits - 1)
+    want = qt.unpack().astype(np.int16) - shift
+    assert t.codes.dtype == np.int8 and np.array_equal(t.codes, want)
+    if qt.zero_point is None:
+        assert t.zero_point is None
+    else:
+        zp = np.asarray(qt.zero_point).astype(np.int16) - shift
+        assert np.array_equal(t.zero_point.reshape(-1), zp.reshape(-1))
 
 
 def test_from_quantized_refuses_other_schemes(rng: np.random.Generator) -> None:

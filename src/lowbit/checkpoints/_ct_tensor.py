@@ -15,7 +15,9 @@ import numpy as np
 
 from lowbit._arrays import ml_dtype
 from lowbit.checkpoints._write_arrays import as_numpy
+from lowbit.codecs.packing import unpack
 from lowbit.errors import LowbitError
+from lowbit.quant.tensor import QuantizedTensor
 
 __all__ = ["CTTensor", "from_quantized", "pack_int32"]
 
@@ -219,8 +221,19 @@ _PACK_CHUNK = 1 << 21  # codes per packing step
 
 
 def _pack_rows(codes: np.ndarray, num_bits: int, words: int) -> np.ndarray:
-    u = (codes.astype(np.int16) + (1 << (num_bits - 1))).astype(np.uint32)
-    rows, cols = u.shape
+    wide = codes.astype(np.int16) + (1 << (num_bits - 1))
+    rows, cols = wide.shape
+    if 8 % num_bits == 0 and (not wide.size or (wide.min() >= 0 and wide.max() >> num_bits == 0)):
+        # whole elements per byte (1, 2, 4, 8 bits), each within its bits: the stream's
+        # bytes, element i at bits i*b % 8 of byte i*b // 8, and its words little-endian
+        per = 8 // num_bits
+        padded = np.zeros((rows, words * 4 * per), dtype=np.uint8)
+        padded[:, :cols] = wide
+        stream = padded[:, 0::per].copy()
+        for k in range(1, per):
+            stream |= padded[:, k::per] << np.uint8(k * num_bits)
+        return stream.view("<i4")
+    u = wide.astype(np.uint32)
     if 32 % num_bits == 0:  # whole elements per word (1, 2, 4, 8 bits): shift and add
         per = 32 // num_bits
         padded = np.zeros((rows, words * per), dtype=np.uint32)
@@ -268,9 +281,40 @@ def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
             f"compressed-tensors scales weights per tensor, per output channel (axis 0) or in "
             f"groups along the input axis (axis -1); got granularity {granularity} on axis {axis}"
         )
-    codes = np.asarray(qt.unpack()).reshape(shape)
     scale = np.asarray(qt.scale, dtype=np.float32)
     zp = getattr(qt, "zero_point", None)
+    if kind == "int" and getattr(fmt, "bits", 99) <= 8 and isinstance(qt, QuantizedTensor):
+        # the stored codes as signed int8 in one uint8 pass: what unpack() and the shift
+        # below give (two's complement c - 2**b for c >= 2**(b-1), less 2**(b-1) unsigned)
+        bits = int(fmt.bits)
+        c = unpack(qt.codes, bits, qt.numel).reshape(shape)
+        half = np.uint8(1 << (bits - 1))
+        if fmt.signed and bits < 8:
+            c = (c ^ half) - half
+        elif not fmt.signed:
+            c = c - half
+        codes = c.view(np.int8)
+        if zp is not None:
+            zpa = np.asarray(zp)
+            if not np.array_equal(zpa, np.round(zpa)):
+                raise LowbitError(
+                    "compressed-tensors zero points are integers; got fractional ones"
+                )
+            zp = zpa.astype(np.int16)
+            zp = zp if fmt.signed else zp - (1 << (bits - 1))
+        t = CTTensor(
+            codes=codes,
+            scale=scale,
+            kind="int",
+            num_bits=bits,
+            zero_point=None if zp is None else np.asarray(zp).astype(np.int8),
+            group_size=group_size,
+            strategy=strategy,
+            activations=activations,
+        )
+        _checked(t, "<QuantizedTensor>")
+        return t
+    codes = np.asarray(qt.unpack()).reshape(shape)
     if kind == "int" and getattr(fmt, "bits", 99) <= 8:
         bits = int(fmt.bits)
         codes = codes.astype(np.int16)

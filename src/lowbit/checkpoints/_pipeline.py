@@ -28,6 +28,7 @@ from lowbit.checkpoints.readers import ReplacedCheckpoint
 from lowbit.codecs.packing import _pack_unchecked, unpack
 from lowbit.errors import LowbitError
 from lowbit.quant import gguf_q
+from lowbit.quant.layout import quantized_arrays
 from lowbit.quant.plan import AppliedPlan, TensorPlan
 from lowbit.quant.scheme import Granularity
 from lowbit.quant.tensor import QuantizedTensor, quantize
@@ -166,9 +167,16 @@ def kept_dense(arr: Any) -> np.ndarray:
     largest value is above 65504.
     """
     a = np.asarray(arr, dtype=np.float32)
-    if a.size == 0 or float(np.abs(a).max()) <= float(np.finfo(np.float16).max):
-        return a.astype(np.float16)
-    return a.astype(bfloat16())
+    return a.astype(_dense_dtype(a))
+
+
+def _dense_dtype(a: np.ndarray) -> np.dtype:
+    """kept_dense's choice for float32 ``a``: float16 when every value is within its range
+    (a NaN is not), else bfloat16. Two reductions, no temporary of ``a``'s size."""
+    top = np.float32(np.finfo(np.float16).max)
+    if a.size == 0 or (a.max() <= top and a.min() >= -top):
+        return np.dtype(np.float16)
+    return bfloat16()
 
 
 def _plain_dtype(dtype: str) -> bool:
@@ -390,15 +398,24 @@ def write_ct(
         return arr
 
     acts = {"int8": "int8", "float8_e4m3fn": "fp8", None: None}
+    planned: set[str] = set()
 
     def make(hf: str) -> Any:
         t = by_out[hf]
+        # The writer's first look plans the files from shapes and types alone (it checks
+        # that its second look, whose data it writes, agrees): quantized weights and
+        # GGUF-kept tensors get a stand-in of their layout, so each is read, decoded and
+        # quantized once, not twice.
+        first = hf not in planned
+        planned.add(hf)
         ckpt.close()
         if t.action == "quantize" and done is not None and t.name in done:
             qt = done[t.name]
             if is_gguf and (".q_proj." in hf or ".k_proj." in hf):
                 qt = _rows_permuted(qt, lambda a: unpermute(hf, a))
             return from_quantized(qt, activations=acts[t.activations])
+        if t.action == "quantize" and first:
+            return from_quantized(_layout_of(t), activations=acts[t.activations])
         if t.action == "quantize":
             arr = unpermute(hf, ckpt.get(t.name))
             qt = quantize(arr, t.scheme)
@@ -406,6 +423,8 @@ def write_ct(
             return from_quantized(qt, activations=acts[t.activations])
         if t.action == "cast":
             return unpermute(hf, read_cast(ckpt, t))
+        if is_gguf and not _plain_dtype(t.dtype) and first:  # the dtype kept_dense chooses
+            return np.broadcast_to(np.zeros((), _dense_dtype(ckpt.get(t.name))), t.shape)
         if is_gguf and not _plain_dtype(t.dtype):  # kept in a block type: 16 bits, not 32
             return unpermute(hf, kept_dense(ckpt.get(t.name)))
         return unpermute(hf, ckpt.get(t.name))
@@ -438,6 +457,21 @@ def write_ct(
             progress=progress,
         )
     return names, left
+
+
+def _layout_of(t: TensorPlan) -> QuantizedTensor:
+    """A QuantizedTensor of ``t``'s shape and scheme holding zero codes and unit scales:
+    the layout ``quantize(..., t.scheme)`` gives (``quantized_arrays``), none of its work."""
+    assert t.scheme is not None
+    arrays = {a.suffix: a for a in quantized_arrays(t.shape, t.scheme)}
+    scale = arrays["scale"]  # compressed-tensors output has no double-quantized scales
+    return QuantizedTensor(
+        codes=np.zeros(arrays["codes"].shape, dtype=np.uint8),
+        scale=np.ones(scale.shape, dtype=scale.dtype),
+        zero_point=np.zeros(scale.shape, dtype=np.uint8) if "zero_point" in arrays else None,
+        shape=t.shape,
+        scheme=t.scheme,
+    )
 
 
 def _rows_permuted(qt: Any, permute: Any) -> Any:

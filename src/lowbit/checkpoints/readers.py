@@ -182,7 +182,9 @@ class Checkpoint(ABC):
     def _map(self, file: Path) -> np.ndarray:
         m = self._maps.get(file)
         if m is None:
-            m = np.memmap(file, dtype=np.uint8, mode="r")
+            # a plain ndarray over the map: every slice or result of an np.memmap is another
+            # np.memmap, whose __array_finalize__ costs more than small numpy operations
+            m = np.asarray(np.memmap(file, dtype=np.uint8, mode="r"))
             self._maps[file] = m
         return m
 

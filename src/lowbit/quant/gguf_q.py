@@ -31,6 +31,7 @@ import numpy as np
 
 from lowbit._arrays import _is_ml_float
 from lowbit.errors import LowbitError
+from lowbit.quant import _numba
 
 __all__ = [
     "BLOCK",
@@ -90,6 +91,10 @@ def _blockwise(x: Any, qtype: str, encode: Any) -> np.ndarray:
     shape = arr.shape
     flat = arr.reshape(-1, BLOCK)
     size = _BLOCK_BYTES[qtype]
+    fast = _numba.ggml_encode(flat, 8 if qtype == "Q8_0" else 4)
+    if fast is not None:
+        out = _finish_compiled(*fast, qtype)
+        return out.reshape(*shape[:-1], shape[-1] // BLOCK * size)
     out = np.empty((flat.shape[0], size), dtype=np.uint8)
     for start in range(0, flat.shape[0], _CHUNK):
         blocks = flat[start : start + _CHUNK].astype(np.float32)
@@ -97,6 +102,17 @@ def _blockwise(x: Any, qtype: str, encode: Any) -> np.ndarray:
             raise LowbitError(f"{qtype} cannot hold NaN or infinity; the input has some")
         out[start : start + _CHUNK] = encode(blocks)
     return out.reshape(*shape[:-1], shape[-1] // BLOCK * size)
+
+
+def _finish_compiled(out: np.ndarray, d: np.ndarray, bad: int, qtype: str) -> np.ndarray:
+    """The compiled kernel's blocks with their float16 scales, or the error the chunk loop
+    above raises first: a scale overflow in a chunk before the first chunk holding a NaN
+    or an infinity, else that NaN."""
+    _check_scales(d if bad < 0 else d[: bad // _CHUNK * _CHUNK], qtype)
+    if bad >= 0:
+        raise LowbitError(f"{qtype} cannot hold NaN or infinity; the input has some")
+    out.view(np.uint16)[:, 0] = d.astype(np.float16).view(np.uint16)
+    return out
 
 
 def _inverse(d: np.ndarray) -> np.ndarray:
@@ -110,12 +126,16 @@ def _inverse(d: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(inv), inv, np.float32(0)).astype(np.float32)
 
 
-def _scale_bytes(d: np.ndarray, qtype: str) -> np.ndarray:
+def _check_scales(d: np.ndarray, qtype: str) -> None:
     if np.any(np.abs(d) > _F16_MAX):
         raise LowbitError(
             f"{qtype} block scale overflows float16 (a block's largest |value| exceeds "
             f"{_F16_MAX * (127 if qtype == 'Q8_0' else 8):.6g})"
         )
+
+
+def _scale_bytes(d: np.ndarray, qtype: str) -> np.ndarray:
+    _check_scales(d, qtype)
     return d.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
