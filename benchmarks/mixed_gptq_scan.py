@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,30 +68,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gptq {label}: {run.cpu_seconds.get('total', 0):.0f} CPU s", file=sys.stderr)
     gptq_cpu = time.process_time() - c0
 
-    current = [""]
-    run_trial = sens._Scan.run
+    # the tensor whose trial is being quantized, per thread (the scan quantizes a tensor's
+    # proxy-only trials on a thread pool while this thread runs the exact ones)
+    current = threading.local()
+    quantized = sens._Scan._quantized
 
-    def run(self: Any, trial: int, cached: bool = True) -> Any:
-        current[0] = self.plans[trial // len(self.names)].quantized[trial % len(self.names)].name
-        return run_trial(self, trial, cached)
+    def named(self: Any, t: Any, arr: Any, keep: bool = True) -> Any:
+        current.name = t.name
+        return quantized(self, t, arr, keep)
 
     def from_gptq(arr: Any, scheme: Any) -> Any:
-        return gptq[(current[0], scheme.label)]
+        return gptq[(current.name, scheme.label)]
 
-    sens._Scan.run = run  # type: ignore[method-assign]
-    sens.quantize = from_gptq  # type: ignore[assignment]
     kind = "causal" if is_causal(ckpt) else "encoder"
     tokenizer = build_tokenizer(ckpt)
     calib = scan_samples(kind, tokenizer, "default", samples=args.calib_samples,
                          length=args.calib_len)  # fmt: skip
     c1 = time.process_time()
-    result = sens.sensitivity(
-        ckpt,
-        schemes,
-        calib,
-        tokenizer=tokenizer if kind == "encoder" else None,
-        exact_schemes=[s for s in args.exact_schemes.split(",") if s],
-    )
+    plain = sens.quantize
+    sens._Scan._quantized = named  # type: ignore[method-assign]
+    sens.quantize = from_gptq  # type: ignore[assignment]
+    try:
+        result = sens.sensitivity(
+            ckpt,
+            schemes,
+            calib,
+            tokenizer=tokenizer if kind == "encoder" else None,
+            exact_schemes=[s for s in args.exact_schemes.split(",") if s],
+        )
+    finally:  # the scan is the ordinary one again (a caller in the same process)
+        sens._Scan._quantized = quantized  # type: ignore[method-assign]
+        sens.quantize = plain  # type: ignore[assignment]
     doc = result.to_dict()
     doc["calibration"] += f"; trials use GPTQ's weights ({args.gptq_samples or 'default'} samples)"
     doc["seconds"]["gptq_cpu"] = gptq_cpu
