@@ -201,6 +201,14 @@ def test_preset_and_errors(
         (["--budget", "4.5", "--size", "1MB"], "not both"),
         (["--budget", "lots", "--sensitivity", str(scan_file)], "a number of bits"),
         (["--budget", "1", "--sensitivity", str(scan_file)], "below the cheapest plan"),
+        (
+            ["--budget", "4.5", "--sensitivity", str(scan_file), "--scale-method", "mse"],
+            "--scale-method: write it into the candidate schemes",
+        ),
+        (
+            ["--plan-preset", "q4_k_m_like", "--to", "int4", "--group", "64", "--asym"],
+            "--group, --asym: write it into --to",
+        ),
     ):
         assert main(["quantize", str(folder), *argv, "--out", str(tmp_path / "x")]) == 2
         assert msg in capsys.readouterr().err

@@ -161,6 +161,23 @@ def build_plan(args: argparse.Namespace) -> Any:
     _w8a8(args)
     _budget.check(args)
     if _budget.wanted(args) or args.plan_preset:
+        given = [
+            flag
+            for flag, value in (
+                ("--group", args.group),
+                ("--scale-method", args.scale_method),
+                ("--asym", True if args.asym else None),
+                ("--scale-format", args.scale_format),
+            )
+            if value is not None
+        ]
+        if given:  # they modify --to, which neither takes whole (they were ignored before)
+            where = (
+                "the candidate schemes (e.g. --schemes int4:g128:asym:mse,int8:ch)"
+                if _budget.wanted(args)
+                else "--to (e.g. --to int4:g64:asym)"
+            )
+            raise LowbitError(f"{', '.join(given)}: write it into {where}")
         return None
     if args.to is None and args.plan is None:
         raise LowbitError(

@@ -30,7 +30,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import tempfile
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import DEFAULT_SENTENCES
-from lowbit.evaluation._threads import _threads
+from lowbit.evaluation._threads import _numpy_blas_threads, _threads
 from lowbit.evaluation.calibration import (
     Calibration,
     decoder_windows,
@@ -193,13 +192,17 @@ def gptq_weights(
     layers: dict[str, dict[str, float]] = {}
     last = max(per_block, default=-1)  # no block after the last one GPTQ quantizes is run
     states: list[Any] = []
-    with _threads(threads), torch.inference_mode():
+    # numpy's BLAS on one thread: its idle threads spin on the cores torch's are about to use
+    with _threads(threads), _numpy_blas_threads(1), torch.inference_mode():
         clock.start()
         if last >= 0:
             states = _capture(net, blocks[0], samples, causal)
+        inside = {id(p) for p in blocks.parameters()}
+        _drop(p for p in net.parameters() if id(p) not in inside)  # embeddings, head: done
         clock.stop("capture")
         bar = progress_bar(last + 1, progress, "gptq", "block")
         walk = _LayerWalk.of(blocks[0], states, method) if last >= 0 else None
+        parked = _Parked(blocks, range(1, last + 1))  # each block's weights come back in turn
         sequential = "layers" if walk is not None else "blocks"
 
         def solve(
@@ -224,6 +227,7 @@ def gptq_weights(
 
         with bar:
             for i, block in enumerate(blocks[: last + 1]):
+                parked.restore(block)
                 _release_heap()
                 mine = per_block.get(i, {})
                 linears = {m: net.get_submodule(m) for m in mine}
@@ -233,6 +237,7 @@ def gptq_weights(
                         block, states, samples, linears,
                         lambda c, m=mine, ls=linears: solve(c, m, ls), outputs=i < last,
                     )  # fmt: skip
+                    _drop(_own(blocks, block))  # never run again
                     clock.stop("propagate")
                     bar.update(1)
                     continue
@@ -246,8 +251,10 @@ def gptq_weights(
                     for j, (h, a, k) in enumerate(states):  # in place: one sample's copy extra
                         states[j] = (_out(block(h, *a, **k)), a, k)
                         del h
+                _drop(_own(blocks, block))  # never run again
                 clock.stop("propagate")
                 bar.update(1)
+    parked.close()
     del net, states
     clock.start()
     for name, tp in todo.items():
@@ -287,9 +294,9 @@ class _LayerWalk:
     those quantized, keeping the last layer's inputs and collecting its ``H``; quantize it;
     add its outputs to the residual. So every group sees the groups before it quantized, and
     a block costs one forward pass (plus the cheap norms and the matmuls before the last
-    layer once more) where ``blocks`` costs two. The last layer's inputs of every sample,
-    ``N * L * width * 4`` bytes (SmolLM2, 128 x 512 tokens: 403 MB for down_proj's 1,536
-    inputs), wait in a temporary file (:class:`_Spill`), not in memory.
+    layer once more) where ``blocks`` costs two. The last layer's inputs of every sample wait
+    in one reused buffer (:class:`_Stash`), ``N * L * width * 4`` bytes (SmolLM2, 128 x 512
+    tokens: 403 MB for down_proj's 1,536 inputs).
 
     :meth:`of` checks the decomposition on the first sample of the first block (the staged
     float computation equals the block's own output, and each sublayer's output its last
@@ -298,6 +305,7 @@ class _LayerWalk:
 
     parts: tuple[tuple[str, str, bool], ...]  # (norm, sublayer, takes the block's kwargs)
     lasts: tuple[str, ...] = ()  # each sublayer's last linear layer, its path in the block
+    stash: _Stash = field(default_factory=lambda: _Stash())
 
     CANDIDATE = (("input_layernorm", "self_attn", True), ("post_attention_layernorm", "mlp", False))
 
@@ -379,60 +387,65 @@ class _LayerWalk:
                 for j, (h, a, k) in enumerate(states):
                     states[j] = (h + self._call(block, norm, sub, takes, h, k), a, k)
                 continue
-            with _Spill() as zs:
-                cap = last.register_forward_pre_hook(lambda m, args, keep=zs: keep.add(args[0]))
-                try:
-                    with HessianCollector(final) as col:
-                        for (h, _, k), (_, mask) in zip(states, samples, strict=True):
-                            col.next_sample(mask)
-                            col.run(self._call, block, norm, sub, takes, h, k)
-                finally:
-                    cap.remove()
-                solve(col)
-                if not outputs and p == len(self.parts) - 1:
-                    return
-                for j, z in enumerate(zs):  # the residual plus the quantized last layer
-                    h, a, k = states[j]
-                    states[j] = (h + last(z), a, k)
+            zs = self.stash.start(len(states))
+            cap = last.register_forward_pre_hook(lambda m, args, keep=zs: keep.add(args[0]))
+            try:
+                with HessianCollector(final) as col:
+                    for (h, _, k), (_, mask) in zip(states, samples, strict=True):
+                        col.next_sample(mask)
+                        col.run(self._call, block, norm, sub, takes, h, k)
+            finally:
+                cap.remove()
+            solve(col)
+            if not outputs and p == len(self.parts) - 1:
+                return
+            for j, z in enumerate(zs.kept()):  # the residual plus the quantized last layer
+                h, a, k = states[j]
+                states[j] = (h + last(z), a, k)
 
 
-class _Spill:
-    """Tensors written to an anonymous temporary file and read back in the order written.
+class _Stash:
+    """The last layer's inputs of every calibration sample, copied into one float buffer that
+    every sublayer of every block reuses (allocated once, at the largest size asked).
 
-    The last layer's inputs of every calibration sample (SmolLM2, 128 x 512 tokens: 403 MB
-    for down_proj) wait there while the layer is quantized, so the process's memory does not
-    grow by them (the page cache holds them; measured on SmolLM2's block 0: 2.07 GB peak kept
-    in memory). Use as a context manager: the file is gone after it.
+    SmolLM2 with 128 x 512 tokens: 403 MB for down_proj's 1,536 inputs, the o_proj's 576 in
+    the same memory (one buffer, not a tensor per sample, so the allocator keeps no freed
+    pages between sublayers). Written to a temporary file instead, they cost about 2.5 s of
+    page-cache copies per block on 2 cores, a fifth of a block's time.
     """
 
     def __init__(self) -> None:
-        self._file: Any = tempfile.TemporaryFile()  # closed by __exit__
-        self._kept: list[tuple[tuple[int, ...], Any]] = []
+        self._buf: Any = None
+        self._views: list[Any] = []
+        self._used = 0
+        self._count = 0
 
-    def __enter__(self) -> _Spill:
+    def start(self, count: int) -> _Stash:
+        """Forget what was kept (the buffer stays); ``count`` tensors of one shape follow."""
+        self._views, self._used, self._count = [], 0, int(count)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._file.close()
-
     def add(self, t: Any) -> None:
-        """Write one tensor (any dtype; copied only if not contiguous)."""
+        """Copy one tensor in (a tensor that does not fit gets its own copy)."""
         import torch
 
-        t = t.detach().contiguous()
-        self._kept.append((tuple(t.shape), t.dtype))
-        self._file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        n = t.numel()
+        if self._used == 0 and (
+            self._buf is None or self._buf.dtype != t.dtype or self._buf.numel() < n * self._count
+        ):
+            self._buf = None  # free the smaller one first
+            self._buf = torch.empty(n * max(1, self._count), dtype=t.dtype)
+        if self._buf.dtype == t.dtype and self._used + n <= self._buf.numel():
+            view = self._buf[self._used : self._used + n].view(t.shape)
+            view.copy_(t)
+            self._used += n
+        else:  # another shape or dtype than the first: rare, kept apart
+            view = t.detach().clone()
+        self._views.append(view)
 
-    def __iter__(self) -> Any:
-        import torch
-
-        self._file.seek(0)
-        for shape, dtype in self._kept:
-            t = torch.empty(shape, dtype=dtype)
-            buf = t.reshape(-1).view(torch.uint8).numpy()
-            if self._file.readinto(memoryview(buf)) != buf.nbytes:  # pragma: no cover - disk
-                raise LowbitError("a temporary file of GPTQ's calibration inputs came back short")
-            yield t
+    def kept(self) -> list[Any]:
+        """The tensors added since :meth:`start`, in order (views into the buffer)."""
+        return list(self._views)
 
 
 def _calibration(calibration: Any, cls: Any) -> Any:
@@ -623,6 +636,67 @@ def _malloc_trim() -> Any:
         return ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
         return None
+
+
+def _own(blocks: Any, block: Any) -> list[Any]:
+    """The parameters of ``block`` that no other block of the stack shares."""
+    elsewhere = {id(p) for other in blocks if other is not block for p in other.parameters()}
+    return [p for p in block.parameters() if id(p) not in elsewhere]
+
+
+class _Parked:
+    """Blocks' float32 parameters in an anonymous temporary file until their block's turn.
+
+    GPTQ runs one block at a time, so the blocks after it need not be in memory: SmolLM2's
+    30 blocks hold 427 MB of float32 weights, and parking them (written once, read back once:
+    about a second) is what keeps the run under 2 GB with the calibration data beside it.
+    Parameters shared with another block stay where they are.
+    """
+
+    def __init__(self, blocks: Any, which: range) -> None:
+        import tempfile
+
+        import torch
+
+        self._file: Any = tempfile.TemporaryFile()  # closed by close()
+        self._where: dict[int, tuple[int, Any, Any]] = {}
+        for i in which:
+            mine = _own(blocks, blocks[i])
+            for prm in mine:
+                t = prm.detach().contiguous()
+                self._where[id(prm)] = (self._file.tell(), tuple(t.shape), t.dtype)
+                self._file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            _drop(mine)
+
+    def restore(self, block: Any) -> None:
+        """Put ``block``'s parked parameters back (a block never parked: nothing to do)."""
+        import torch
+
+        for prm in block.parameters():
+            got = self._where.pop(id(prm), None)
+            if got is None:
+                continue
+            offset, shape, dtype = got
+            t = torch.empty(shape, dtype=dtype)
+            buf = t.reshape(-1).view(torch.uint8).numpy()
+            self._file.seek(offset)
+            if self._file.readinto(memoryview(buf)) != buf.nbytes:  # pragma: no cover - disk
+                raise LowbitError("GPTQ's temporary file of parked weights came back short")
+            with torch.inference_mode(False), torch.no_grad():
+                prm.data = t
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _drop(params: Any) -> None:
+    """Free parameters the run needs no more (the model is the run's own and then discarded):
+    the embeddings once the first block's inputs are captured, each block once it is done."""
+    import torch
+
+    with torch.inference_mode(False), torch.no_grad():
+        for p in params:
+            p.data = torch.empty(0, dtype=p.dtype)
 
 
 def _set_weight(linear: Any, arr: np.ndarray) -> None:
