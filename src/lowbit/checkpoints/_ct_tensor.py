@@ -248,6 +248,18 @@ def _pack_rows(codes: np.ndarray, num_bits: int, words: int) -> np.ndarray:
     return np.packbits(stream, axis=1, bitorder="little").view("<u4").view(np.int32)
 
 
+def _int_zero_point(zp: Any, bits: int, signed: bool) -> np.ndarray | None:
+    """compressed-tensors' int8 zero points from lowbit's (integers; unsigned codes are
+    stored shifted by ``2**(bits-1)``, their zero points too)."""
+    if zp is None:
+        return None
+    zpa = np.asarray(zp)
+    if not np.array_equal(zpa, np.round(zpa)):
+        raise LowbitError("compressed-tensors zero points are integers; got fractional ones")
+    z = zpa.astype(np.int16)
+    return (z if signed else z - (1 << (bits - 1))).astype(np.int8)
+
+
 def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
     """Map a lowbit ``QuantizedTensor`` of a 2-D weight ``[out, in]`` to a :class:`CTTensor`.
 
@@ -293,21 +305,12 @@ def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
             c = (c ^ half) - half
         elif not fmt.signed:
             c = c - half
-        codes = c.view(np.int8)
-        if zp is not None:
-            zpa = np.asarray(zp)
-            if not np.array_equal(zpa, np.round(zpa)):
-                raise LowbitError(
-                    "compressed-tensors zero points are integers; got fractional ones"
-                )
-            zp = zpa.astype(np.int16)
-            zp = zp if fmt.signed else zp - (1 << (bits - 1))
         t = CTTensor(
-            codes=codes,
+            codes=c.view(np.int8),
             scale=scale,
             kind="int",
             num_bits=bits,
-            zero_point=None if zp is None else np.asarray(zp).astype(np.int8),
+            zero_point=_int_zero_point(zp, bits, fmt.signed),
             group_size=group_size,
             strategy=strategy,
             activations=activations,
@@ -317,23 +320,16 @@ def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
     codes = np.asarray(qt.unpack()).reshape(shape)
     if kind == "int" and getattr(fmt, "bits", 99) <= 8:
         bits = int(fmt.bits)
+        signed = getattr(fmt, "signed", True)
         codes = codes.astype(np.int16)
-        if zp is not None:
-            zpa = np.asarray(zp)
-            if not np.array_equal(zpa, np.round(zpa)):
-                raise LowbitError(
-                    "compressed-tensors zero points are integers; got fractional ones"
-                )
-            zp = zpa.astype(np.int16)
-        if not getattr(fmt, "signed", True):
+        if not signed:
             codes = codes - (1 << (bits - 1))
-            zp = None if zp is None else zp - (1 << (bits - 1))
         t = CTTensor(
             codes=codes.astype(np.int8),
             scale=scale,
             kind="int",
             num_bits=bits,
-            zero_point=None if zp is None else np.asarray(zp).astype(np.int8),
+            zero_point=_int_zero_point(zp, bits, signed),
             group_size=group_size,
             strategy=strategy,
             activations=activations,
