@@ -318,3 +318,22 @@ def test_sequential_setting() -> None:
     assert GPTQ(sequential="BLOCKS").sequential.value == "blocks"
     with pytest.raises(lowbit.LowbitError, match="sequential"):
         GPTQ(sequential="rows")
+
+
+def test_parked_blocks_come_back_exactly() -> None:
+    """Blocks parked in the temporary file hold no weights until restored, then exactly their
+    own; a parameter two blocks share is never parked or freed."""
+    from lowbit.evaluation.gptq_model import _find_blocks, _own, _Parked
+
+    model = tiny_llama()
+    _, blocks = _find_blocks(model)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.inference_mode(), _Parked(blocks, range(1, len(blocks))) as parked:
+        assert all(p.numel() == 0 for p in blocks[1].parameters())
+        assert all(p.numel() > 0 for p in blocks[0].parameters())
+        parked.restore(blocks[1])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    shared = blocks[0].mlp.down_proj.weight
+    blocks[1].mlp.down_proj.weight = shared  # a tied parameter (as ALBERT ties whole layers)
+    assert all(p is not shared for b in blocks for p in _own(blocks, b))

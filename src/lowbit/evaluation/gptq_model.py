@@ -225,7 +225,7 @@ def gptq_weights(
                     methods[name] = "gptq"
                 clock.stop("report")
 
-        with bar:
+        with bar, parked:  # the file of parked weights is gone after the loop, whatever happens
             for i, block in enumerate(blocks[: last + 1]):
                 parked.restore(block)
                 _release_heap()
@@ -254,7 +254,6 @@ def gptq_weights(
                 _drop(_own(blocks, block))  # never run again
                 clock.stop("propagate")
                 bar.update(1)
-    parked.close()
     del net, states
     clock.start()
     for name, tp in todo.items():
@@ -658,7 +657,7 @@ class _Parked:
 
         import torch
 
-        self._file: Any = tempfile.TemporaryFile()  # closed by close()
+        self._file: Any = tempfile.TemporaryFile()  # closed by __exit__
         self._where: dict[int, tuple[int, Any, Any]] = {}
         for i in which:
             mine = _own(blocks, blocks[i])
@@ -685,7 +684,10 @@ class _Parked:
             with torch.inference_mode(False), torch.no_grad():
                 prm.data = t
 
-    def close(self) -> None:
+    def __enter__(self) -> _Parked:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
         self._file.close()
 
 
