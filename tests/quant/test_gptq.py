@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import lowbit
+from layer_inputs import hessian, loud_inputs
 from lowbit import LowbitError
 from lowbit.formats.catalog import format as lookup
 from lowbit.quant.gptq import GPTQ, ActOrder, gptq_quantize, layer_error
@@ -91,10 +92,6 @@ def _correlated(rng: np.random.Generator, n: int, d: int, rank: int, noise: floa
     return X
 
 
-def _hessian(X: np.ndarray) -> np.ndarray:
-    return 2.0 * X.T @ X / X.shape[0]
-
-
 SCHEMES = {
     "int4": Scheme(format="int4", group_size=16),
     "int4-asym": Scheme(format="int4", group_size=16, symmetric=False),
@@ -119,7 +116,7 @@ def test_equals_algorithm1(kind: str, static: bool, block_size: int) -> None:
     7 and 24 cut groups of 16 in the middle, so pending updates must reach the group)."""
     rng = np.random.default_rng(1)
     W = rng.normal(size=(24, 64))
-    H = _hessian(_correlated(rng, 400, 64, 6, 0.3))
+    H = hessian(_correlated(rng, 400, 64, 6, 0.3))
     qt = gptq_quantize(
         W, H, SCHEMES[kind], block_size=block_size, act_order="static" if static else "none"
     )
@@ -136,19 +133,14 @@ def test_lower_output_error_than_rtn(kind: str) -> None:
     mix = rng.normal(size=(8, d))
     loud = rng.choice(d, 3, replace=False)
 
-    def inputs(n: int) -> np.ndarray:
-        X = rng.normal(size=(n, 8)) @ mix + 0.5 * rng.normal(size=(n, d))
-        X[:, loud] *= 4.0
-        return X
-
     W = rng.normal(size=(48, d)) * 0.05
-    X, Xtest = inputs(2048), inputs(2048)
+    X, Xtest = loud_inputs(rng, 2048, mix, loud), loud_inputs(rng, 2048, mix, loud)
     scheme = SCHEMES[kind]
     rtn = lowbit.quantize(W, scheme).dequantize(np.float64)
     for order in ("none", "static"):
-        g = gptq_quantize(W, _hessian(X), scheme, act_order=order).dequantize(np.float64)
+        g = gptq_quantize(W, hessian(X), scheme, act_order=order).dequantize(np.float64)
         for data in (X, Xtest):
-            H = _hessian(data)
+            H = hessian(data)
             ratio = layer_error(W, g, H) / layer_error(W, rtn, H)
             assert ratio < 0.25, (order, ratio)  # measured 0.05-0.07
 
@@ -162,7 +154,7 @@ def test_static_act_order_keeps_the_layout(spec: str) -> None:
     zero-point shapes, codes of the same size; it dequantizes with lowbit's usual code."""
     rng = np.random.default_rng(3)
     W = rng.normal(size=(16, 96)).astype(np.float32)
-    H = _hessian(_correlated(rng, 300, 96, 5, 0.2))
+    H = hessian(_correlated(rng, 300, 96, 5, 0.2))
     plain = gptq_quantize(W, H, spec, act_order="none")
     static = gptq_quantize(W, H, spec, act_order="static")
     rtn = lowbit.quantize(W, plain.scheme)
@@ -208,7 +200,7 @@ def test_dead_input(order: str) -> None:
     W = rng.normal(size=(10, 48))
     X = _correlated(rng, 300, 48, 4, 0.3)
     X[:, 13] = 0.0
-    H = _hessian(X)
+    H = hessian(X)
     scheme = Scheme(format="int4", axis=0)  # per output channel: the dead column's value
     W[:, 13] = 100.0  # would dominate every scale if it were not zeroed first
     qt = gptq_quantize(W, H, scheme, damp=0.0, act_order=order)
@@ -230,7 +222,7 @@ def test_torch_and_float32_inputs_agree() -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(6)
     W = rng.normal(size=(8, 32)).astype(np.float32)
-    H = _hessian(_correlated(rng, 100, 32, 3, 0.2)).astype(np.float32)
+    H = hessian(_correlated(rng, 100, 32, 3, 0.2)).astype(np.float32)
     a = gptq_quantize(W, H, "int4:g16")
     b = gptq_quantize(torch.from_numpy(W), torch.from_numpy(H), "int4:g16")
     np.testing.assert_array_equal(a.codes, b.codes)
@@ -239,7 +231,7 @@ def test_torch_and_float32_inputs_agree() -> None:
 def test_shared_hessian_equals_one_by_one() -> None:
     """quantize_shared (one factorisation for q/k/v) gives each weight's own result."""
     rng = np.random.default_rng(7)
-    H = _hessian(_correlated(rng, 200, 32, 4, 0.2))
+    H = hessian(_correlated(rng, 200, 32, 4, 0.2))
     ws = {n: rng.normal(size=(r, 32)) for n, r in (("q", 8), ("k", 4), ("v", 4))}
     cfg = GPTQ(act_order="static")
     shared = cfg.quantize_shared(ws, H, dict.fromkeys(ws, "int4:g16"))
@@ -252,7 +244,7 @@ def test_layer_error_is_the_output_error() -> None:
     rng = np.random.default_rng(8)
     X, W, Wq = rng.normal(size=(50, 6)), rng.normal(size=(3, 6)), rng.normal(size=(3, 6))
     direct = 2 / 50 * np.sum((X @ W.T - X @ Wq.T) ** 2)
-    assert layer_error(W, Wq, _hessian(X)) == pytest.approx(direct, rel=1e-12)
+    assert layer_error(W, Wq, hessian(X)) == pytest.approx(direct, rel=1e-12)
 
 
 # ---- settings and bad input ---------------------------------------------------------------
@@ -348,7 +340,7 @@ def test_ggml_grids_equal_algorithm1(spec: str, static: bool) -> None:
     and rounding rule, float16 scales, and a lower output error than llama.cpp's rounding."""
     rng = np.random.default_rng(11)
     W = rng.normal(size=(16, 128))
-    H = _hessian(_correlated(rng, 500, 128, 6, 0.3))
+    H = hessian(_correlated(rng, 500, 128, 6, 0.3))
     qt = gptq_quantize(W, H, spec, act_order="static" if static else "none", block_size=48)
     assert qt.scheme.label == spec
     np.testing.assert_array_equal(qt.unpack(), _ggml_algorithm1(W, H, int(spec[1]), static))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import lowbit
+from layer_inputs import hessian, loud_inputs
 from lowbit.quant.gptq import gptq_quantize, layer_error
 from lowbit.quant.rules import parse_action
 from lowbit.quant.scheme import ScaleMethod
@@ -134,13 +135,8 @@ def test_mse_gptq_lowers_output_error(spec: str) -> None:
     mix = rng.normal(size=(8, d))
     loud = rng.choice(d, 3, replace=False)
 
-    def hessian(n: int) -> np.ndarray:
-        X = rng.normal(size=(n, 8)) @ mix + 0.5 * rng.normal(size=(n, d))
-        X[:, loud] *= 4.0
-        return 2.0 * X.T @ X / n
-
     W = _weights(rng, 48, d) * 0.05
-    H, Htest = hessian(2048), hessian(2048)
+    H, Htest = (hessian(loud_inputs(rng, 2048, mix, loud)) for _ in range(2))
     scheme = parse_action(spec)
     rtn = lowbit.quantize(W, scheme).dequantize(np.float64)
     for order in ("none", "static"):
