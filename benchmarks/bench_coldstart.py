@@ -10,9 +10,11 @@ process; the machine's load average is printed beside them, since wall time on a
 machine is mostly other people's work. "numba" says whether the process imported numba.
 
 The CLI cases run ``lowbit.cli.main`` (what the ``lowbit`` script calls); the
-``lowbit.quantize`` cases quantize a 64x128 float32 tensor (below the size at which the
-compiled kernels are worth loading, ``lowbit.codecs._numba.MIN_KERNEL_SIZE``) and a
-1024x1024 one (above it) to int4 in groups of 128, and dequantize it.
+``lowbit.quantize`` cases quantize a 64x128 float32 tensor (below
+``lowbit.codecs._numba.MIN_KERNEL_SIZE``), a 1024x1024 one (above it, but far below
+``KERNEL_WORTH``, the values a process sends down the numpy path before the compiled kernels
+are worth loading) and a 65536x1024 one (``KERNEL_WORTH`` values: it loads them) to int4 in
+groups of 128, and dequantize it.
 
 Target (issue 13): ``show``, ``decode``, ``values`` and ``formats`` under 0.5 s cold.
 """
@@ -76,6 +78,7 @@ def _cases(tmp: Path, quick: bool) -> list[tuple[str, list[str]]]:
     return [(name, ["-c", _CLI, *argv]) for name, argv in cli] + [
         ("lowbit.quantize 64x128 int4 g128", ["-c", _API, "64"]),
         ("lowbit.quantize 1024x1024 int4 g128", ["-c", _API, "1024"]),
+        ("lowbit.quantize 65536x1024 int4 g128", ["-c", _API, "65536"]),
         ("python -c 'import lowbit'", ["-c", "import lowbit"]),
         ("python -c 'import lowbit.cli'", ["-c", "import lowbit.cli"]),
         ("python -c 'import numpy' (the floor)", ["-c", "import numpy"]),
@@ -141,8 +144,11 @@ def run(quick: bool = False) -> str:
         "",
         "Arrays below `MIN_KERNEL_SIZE` (65,536 values) take the numpy path, bit for bit the "
         "kernels' results, so a scalar, a value table or a small tensor never imports numba; "
-        "the CLI imports only the module of the command it runs. The 1024x1024 case shows "
-        "what a first compiled kernel costs (numba's import plus compiling, cold, or "
+        "larger ones take it too until the process has sent `KERNEL_WORTH` (2^26, 67 M) "
+        "values down it, the ski-rental rule of `lowbit.codecs._numba` (a one-off job of "
+        "fewer values finishes sooner without numba's start), and the kernels from then on. "
+        "The CLI imports only the module of the command it runs. The 65536x1024 case shows "
+        "what loading the compiled kernels costs (numba's import plus compiling, cold, or "
         "loading from the cache, warm).",
     ]
     return "\n".join(lines)

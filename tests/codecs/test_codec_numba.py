@@ -19,6 +19,7 @@ import lowbit
 from lowbit import CodeRangeError, FloatFormat, LowbitError, NaNPolicyError
 from lowbit.codecs import _general
 from lowbit.codecs import _numba as _fast
+from lowbit.quant.scheme_text import parse_scheme
 from strategies import CATALOG_FLOATS, ROUNDINGS
 
 pytestmark = pytest.mark.skipif(not _fast.HAVE_NUMBA, reason="numba is not installed")
@@ -251,6 +252,49 @@ def test_small_arrays_take_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> No
     assert np.array_equal(large, ref) and np.array_equal(small, ref[: n - 1])
     assert np.array_equal(forced, ref[: n - 1])
     assert np.array_equal(values.view(np.uint32), fmt.decode(ref[: n - 1]).view(np.uint32))
+
+
+def test_the_kernels_are_bought_once_the_numpy_path_has_cost_their_price() -> None:
+    """The ski-rental rule: below the worth the numpy path takes each array and counts it;
+    the array that makes the count reach the worth buys the kernels, which then take every
+    array of at least MIN_KERNEL_SIZE; numba loaded by anyone buys them at once."""
+    loaded = [False]
+    r = _fast._Rental(10 * _fast.MIN_KERNEL_SIZE, lambda: loaded[0])
+    n = _fast.MIN_KERNEL_SIZE
+    assert [r.take(3 * n) for _ in range(3)] == [False, False, False]
+    assert r.rented == 9 * n and not r.bought
+    assert r.take(n)  # 9n + n reaches the worth
+    assert r.bought and r.rented == 9 * n
+    assert r.take(n)
+    alone = _fast._Rental(10 * n, lambda: False)
+    assert alone.take(10 * n) and alone.bought  # one array worth the price
+    other = _fast._Rental(10 * n, lambda: loaded[0])
+    assert not other.take(n)
+    loaded[0] = True
+    assert other.take(n) and other.bought
+
+
+def test_a_small_job_never_imports_numba() -> None:
+    """A fresh process quantizing a 1024 x 1024 array (far under KERNEL_WORTH) stays on the
+    numpy path and never imports numba; its codes are the kernels' (checked here, in a
+    process where the kernels run)."""
+    code = (
+        "import sys, numpy as np, lowbit\n"
+        "from lowbit.quant.scheme_text import parse_scheme\n"
+        "x = np.random.default_rng(5).standard_normal((1024, 1024)).astype(np.float32)\n"
+        "q = lowbit.quantize(x, parse_scheme('int4:g128'))\n"
+        "sys.stdout.write(str('numba' in sys.modules) + ' ' + q.codes.tobytes().hex()[:4096])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LOWBIT_NUMBA"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    imported, codes = out.split()
+    assert imported == "False"
+    x = np.random.default_rng(5).standard_normal((1024, 1024)).astype(np.float32)
+    assert _fast.use_kernels(x.size)  # this process: the kernels
+    ours = lowbit.quantize(x, parse_scheme("int4:g128"))
+    assert ours.codes.tobytes().hex()[:4096] == codes
 
 
 def test_numpy_only_nests_and_restores() -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
 from functools import cache, lru_cache
 from typing import Any
 
@@ -67,8 +68,50 @@ _kernels_always = Switch()
 # Arrays smaller than this take the numpy path: the same bits, in well under a millisecond
 # per thousand values, where the first kernel costs importing numba (about half a second)
 # and compiling or loading it from the cache (a second or more). A scalar or a value table
-# never pays that; a process that quantizes real tensors does, once.
+# never pays that.
 MIN_KERNEL_SIZE = 1 << 16
+
+#: Values a process sends down the numpy path before the kernels are worth loading. The
+#: first kernel costs about 0.6 s of CPU (numba's import and loading the kernel from the
+#: cache; more when it compiles), and the numpy path costs 1.5-6 ns per value more than a
+#: kernel (one thread, int4 g128 4.2 against 1.2 ns, NF4 8.0 against 2.1, int8 per channel
+#: 2.4 against 1.0, 16 M values on the AMD EPYC of docs/benchmarks.md): a one-off job on
+#: fewer values (all-MiniLM-L6-v2's 10.6 M linear weights, a 1024 x 1024 array) finishes
+#: sooner without numba, a long one pays the start once. The rule is the ski-rental one:
+#: keep "renting" (the numpy path) until the rent paid is a fair share of the price, then
+#: "buy" (load the kernels) and keep them; an array that alone crosses the line buys at once.
+KERNEL_WORTH = 1 << 26
+
+
+class _Rental:
+    """The ski-rental choice between the numpy path and the kernels, for one process.
+
+    ``take(n)`` says whether an array of ``n`` values goes to a kernel: once the kernels are
+    bought (``loaded()`` true: numba imported, by lowbit or anyone, so a kernel costs only
+    its load) always; otherwise when the values already sent down the numpy path plus ``n``
+    reach ``worth``, which buys them. Counting is approximate under threads (a lost update
+    only delays the purchase); both paths give the same bits, so the choice never changes a
+    result.
+    """
+
+    def __init__(self, worth: int, loaded: Any) -> None:
+        self.worth = worth
+        self.loaded = loaded
+        self.rented = 0
+        self.bought = False
+
+    def take(self, n: int) -> bool:
+        if self.bought or self.loaded():
+            self.bought = True
+            return True
+        if self.rented + n >= self.worth:
+            self.bought = True
+            return True
+        self.rented += n
+        return False
+
+
+_rental = _Rental(KERNEL_WORTH, lambda: "numba" in sys.modules)
 
 
 def numpy_only() -> contextlib.AbstractContextManager[None]:
@@ -88,9 +131,15 @@ def enabled() -> bool:
 
 
 def use_kernels(n: int) -> bool:
-    """Whether ``n`` elements go to a compiled kernel: ``enabled()`` and ``n`` at least
-    ``MIN_KERNEL_SIZE`` (or ``kernels_always()`` on). Both paths give the same bits."""
-    return enabled() and (n >= MIN_KERNEL_SIZE or _kernels_always.on)
+    """Whether ``n`` elements go to a compiled kernel: ``enabled()``, and ``kernels_always()``
+    on or ``n`` at least ``MIN_KERNEL_SIZE`` once the kernels are worth loading
+    (:data:`KERNEL_WORTH`: numba already imported, or this process's numpy-path values plus
+    ``n`` reach it). Both paths give the same bits."""
+    if not enabled():
+        return False
+    if _kernels_always.on:
+        return True
+    return n >= MIN_KERNEL_SIZE and _rental.take(n)
 
 
 _PIECE = 1 << 19  # elements per thread's piece of a large array (smaller: one thread)

@@ -362,10 +362,14 @@ GGML_ALONE = 1 << 21
 
 def _ggml_kernels(numel: int) -> bool:
     """Whether a GGML block tensor of ``numel`` values takes the compiled kernels."""
-    if not _fast.use_kernels(numel):
-        return False
-    forced = _fast.use_kernels(0)  # kernels_always(): any size
-    return forced or numel >= GGML_ALONE or "numba" in sys.modules
+    if _fast.use_kernels(0):  # kernels_always(): any size
+        return True
+    # its own rule, not the codecs' running count (a tensor's bands ask once each)
+    return (
+        _fast.enabled()
+        and numel >= _fast.MIN_KERNEL_SIZE
+        and (numel >= GGML_ALONE or "numba" in sys.modules)
+    )
 
 
 def ggml_decode(blocks: np.ndarray, out: np.ndarray, qtype: str, numel: int) -> bool:
