@@ -1,0 +1,109 @@
+"""GPTQ's ``layers`` order through any block (``lowbit.evaluation.gptq_model``): its linear
+layers grouped by the input they read, found by one forward pass, then calibrated group by
+group with the groups before already quantized."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lowbit.evaluation.hessians import HessianCollector, _same_tensor
+
+__all__ = ["linear_groups", "walk_groups"]
+
+
+class _Seen(Exception):
+    """Raised by the discovery hooks once every layer asked about has been called."""
+
+
+def linear_groups(
+    block: Any, state: tuple[Any, Any, Any], linears: dict[str, Any]
+) -> list[list[str]]:
+    """The groups of ``linears`` that read one input tensor, in the order the block first
+    calls them.
+
+    One forward pass of ``block`` on ``state`` (hidden states, other args, kwargs) with forward
+    pre-hooks on ``linears``: a layer whose input is the very tensor an earlier layer read
+    (same storage, shape and strides, as :class:`~lowbit.evaluation.hessians.HessianCollector`
+    shares a Hessian) joins that layer's group. Only each layer's first call counts; the pass
+    stops once every layer has been called.
+
+    Args:
+        block: a torch module (one transformer block).
+        state: one sample's inputs of the block.
+        linears: module path -> ``torch.nn.Linear`` inside ``block``.
+
+    Returns:
+        Lists of module paths, in the order of first call; layers never called are left out.
+    """
+    groups: list[list[str]] = []
+    seen: list[tuple[Any, int]] = []  # (input tensor, group index): kept alive for the pass
+    called: set[str] = set()
+
+    def hook(name: str) -> Any:
+        def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if name in called:
+                return
+            called.add(name)
+            x = args[0] if args else kwargs["input"]
+            g = next((g for t, g in seen if _same_tensor(t, x)), None)
+            if g is None:
+                g = len(groups)
+                groups.append([])
+                seen.append((x, g))
+            groups[g].append(name)
+            if len(called) == len(linears):
+                raise _Seen
+
+        return pre
+
+    handles = [m.register_forward_pre_hook(hook(n), with_kwargs=True) for n, m in linears.items()]
+    hidden, args, kwargs = state
+    try:
+        block(hidden, *args, **kwargs)
+    except _Seen:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return groups
+
+
+def walk_groups(
+    block: Any,
+    states: list[Any],
+    samples: list[Any],
+    linears: dict[str, Any],
+    solve: Callable[[HessianCollector, dict[str, Any]], None],
+) -> list[list[str]]:
+    """Quantize ``linears`` of ``block`` group by group, each group calibrated on the block's
+    forward passes with the groups before it already quantized.
+
+    Per group (:func:`linear_groups`, found on ``states[0]``): run the block on every sample
+    with a :class:`~lowbit.evaluation.hessians.HessianCollector` on that group alone (each pass
+    stops once the group's input is summed), then ``solve(collector, group's linears)``, which
+    quantizes the group and writes its weights into the block. The block's outputs are left to
+    the caller (one more pass, as the ``blocks`` order's). Memory: the samples' inputs (the
+    caller's) and one group's Hessian at a time.
+
+    Args:
+        block: the block (a torch module).
+        states: per sample, the block's inputs (hidden states, other args, kwargs).
+        samples: per sample, (model inputs, mask of the tokens that count or None).
+        linears: module path -> linear layer of this block that GPTQ quantizes.
+        solve: quantizes one collector's groups and updates the model.
+
+    Returns:
+        The groups, in the order they were calibrated.
+    """
+    if not linears or not states:
+        return []
+    groups = linear_groups(block, states[0], linears)
+    for group in groups:
+        mine = {n: linears[n] for n in group}
+        with HessianCollector(mine) as col:
+            for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
+                col.next_sample(mask)
+                col.run(block, hidden, *args, **kwargs)
+        solve(col, mine)
+    return groups
