@@ -166,3 +166,35 @@ def test_generic_walk_equals_the_llama_walk(
         for name, qt in llama.weights.items():
             np.testing.assert_array_equal(qt.codes, generic.weights[name].codes, err_msg=name)
             np.testing.assert_array_equal(qt.scale, generic.weights[name].scale, err_msg=name)
+
+
+def test_walk_passes_stop_at_the_group() -> None:
+    """Every pass of the walk, the first included, stops once the group has its input: with
+    only q/k/v planned, no layer after them is ever called; the group is solved once, on the
+    tokens of every sample."""
+    from lowbit.evaluation._group_walk import walk_groups
+
+    model = tiny_bert()
+    _, blocks = gptq_model._find_blocks(model)
+    gen = torch.Generator().manual_seed(0)
+    samples = [
+        ({"input_ids": torch.randint(0, 250, (2, 12), generator=gen)}, None) for _ in range(3)
+    ]
+    block = blocks[0]
+    qkv = {m: block.get_submodule(m) for m in BERT_GROUPS[0]}
+    later = [block.get_submodule(m) for g in BERT_GROUPS[1:] for m in g]
+    solved: list[tuple[list[str], int]] = []
+    with torch.inference_mode():
+        states = gptq_model._capture(model, block, samples, False)
+        calls: list[Any] = []
+        handles = [m.register_forward_pre_hook(lambda m, a: calls.append(m)) for m in later]
+        try:
+            groups = walk_groups(
+                block, states, samples, qkv,
+                lambda col, ls: solved.append((sorted(ls), col.tokens(next(iter(ls))))),
+            )  # fmt: skip
+        finally:
+            for h in handles:
+                h.remove()
+    assert groups == [list(BERT_GROUPS[0])] and calls == []
+    assert solved == [(sorted(BERT_GROUPS[0]), 3 * 2 * 12)]

@@ -102,8 +102,25 @@ def walk_groups(
     for group in groups:
         mine = {n: linears[n] for n in group}
         with HessianCollector(mine) as col:
-            for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
-                col.next_sample(mask)
-                col.run(block, hidden, *args, **kwargs)
+            # the collector learns on its first pass where to stop; stop that one too, once
+            # the group's last layer has been called (its hooks run before this one)
+            stop = mine[group[-1]].register_forward_pre_hook(_stop)
+            try:
+                for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
+                    col.next_sample(mask)
+                    try:
+                        col.run(block, hidden, *args, **kwargs)
+                    except _Stop:
+                        pass
+            finally:
+                stop.remove()
         solve(col, mine)
     return groups
+
+
+class _Stop(Exception):
+    """Raised once a group's last layer is called: the rest of the pass is not needed."""
+
+
+def _stop(module: Any, args: tuple[Any, ...]) -> None:
+    raise _Stop
