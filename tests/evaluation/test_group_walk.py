@@ -71,12 +71,40 @@ def test_linear_groups_of_a_bert_layer() -> None:
     with torch.inference_mode():
         states = gptq_model._capture(model, blocks[0], [({"input_ids": ids}, None)], False)
         linears = {n: m for n, m in blocks[0].named_modules() if isinstance(m, torch.nn.Linear)}
-        assert linear_groups(blocks[0], states[0], linears) == [list(g) for g in BERT_GROUPS]
+        assert linear_groups(blocks[0], states, linears) == [list(g) for g in BERT_GROUPS]
         some = {n: linears[n] for n in ("output.dense", "attention.self.value")}
-        assert linear_groups(blocks[0], states[0], some) == [
+        assert linear_groups(blocks[0], states, some) == [
             ["attention.self.value"],
             ["output.dense"],
         ]
+
+
+def test_linear_groups_look_past_the_first_sample() -> None:
+    """A layer the first sample does not reach (a data-dependent branch) is found in the next
+    one, and a layer reading the tensor another layer reads there joins its group."""
+
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = (torch.nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x: Any) -> Any:
+            y = self.a(x)
+            if x.sum() > 0:  # only then are b and c called, both on y
+                y = self.b(y) + self.c(y)
+            return y
+
+    block = Branchy()
+    linears = {"a": block.a, "b": block.b, "c": block.c}
+    neg, pos = -torch.ones(2, 4), torch.ones(2, 4)
+    calls: list[int] = []
+    block.register_forward_pre_hook(lambda m, a: calls.append(1))
+    with torch.inference_mode():
+        assert linear_groups(block, [(neg, (), {})], linears) == [["a"]]
+        calls.clear()
+        got = linear_groups(block, [(neg, (), {}), (pos, (), {}), (pos, (), {})], linears)
+    assert got == [["a"], ["b", "c"]]
+    assert len(calls) == 2  # it stopped once every layer was found
 
 
 @pytest.mark.parametrize("block", [0, 1])

@@ -16,53 +16,55 @@ class _Seen(Exception):
     """Raised by the discovery hooks once every layer asked about has been called."""
 
 
-def linear_groups(
-    block: Any, state: tuple[Any, Any, Any], linears: dict[str, Any]
-) -> list[list[str]]:
+def linear_groups(block: Any, states: list[Any], linears: dict[str, Any]) -> list[list[str]]:
     """The groups of ``linears`` that read one input tensor, in the order the block first
     calls them.
 
-    One forward pass of ``block`` on ``state`` (hidden states, other args, kwargs) with forward
-    pre-hooks on ``linears``: a layer whose input is the very tensor an earlier layer read
-    (same storage, shape and strides, as :class:`~lowbit.evaluation.hessians.HessianCollector`
-    shares a Hessian) joins that layer's group. Only each layer's first call counts; the pass
-    stops once every layer has been called.
+    Forward passes of ``block`` with forward pre-hooks on ``linears``: a layer whose input is
+    the very tensor another layer read in the same pass (same storage, shape and strides, as
+    :class:`~lowbit.evaluation.hessians.HessianCollector` shares a Hessian) joins that layer's
+    group. A pass stops once every layer has been called, so a dense block costs part of one
+    pass of ``states[0]``; a layer the first sample does not reach (a data-dependent branch)
+    is looked for in the next samples, as the ``blocks`` order's collector would see it.
 
     Args:
         block: a torch module (one transformer block).
-        state: one sample's inputs of the block.
+        states: per sample, the block's inputs (hidden states, other args, kwargs).
         linears: module path -> ``torch.nn.Linear`` inside ``block``.
 
     Returns:
         Lists of module paths, in the order of first call; layers never called are left out.
     """
     groups: list[list[str]] = []
-    seen: list[tuple[Any, int]] = []  # (input tensor, group index): kept alive for the pass
-    called: set[str] = set()
+    group_of: dict[str, int] = {}
+    seen: list[tuple[Any, int]] = []  # this pass's (input tensor, group): kept alive for it
 
     def hook(name: str) -> Any:
         def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if name in called:
-                return
-            called.add(name)
             x = args[0] if args else kwargs["input"]
-            g = next((g for t, g in seen if _same_tensor(t, x)), None)
+            g = group_of.get(name)
             if g is None:
-                g = len(groups)
-                groups.append([])
+                g = next((g for t, g in seen if _same_tensor(t, x)), None)
+                if g is None:
+                    g = len(groups)
+                    groups.append([])
+                groups[g].append(name)
+                group_of[name] = g
+            if all(h != g for _, h in seen):  # a group's first call in the pass, as the collector
                 seen.append((x, g))
-            groups[g].append(name)
-            if len(called) == len(linears):
+            if len(group_of) == len(linears):
                 raise _Seen
 
         return pre
 
     handles = [m.register_forward_pre_hook(hook(n), with_kwargs=True) for n, m in linears.items()]
-    hidden, args, kwargs = state
     try:
-        block(hidden, *args, **kwargs)
-    except _Seen:
-        pass
+        for hidden, args, kwargs in states:
+            seen.clear()
+            try:
+                block(hidden, *args, **kwargs)
+            except _Seen:
+                break
     finally:
         for h in handles:
             h.remove()
@@ -79,7 +81,8 @@ def walk_groups(
     """Quantize ``linears`` of ``block`` group by group, each group calibrated on the block's
     forward passes with the groups before it already quantized.
 
-    Per group (:func:`linear_groups`, found on ``states[0]``): run the block on every sample
+    Per group (:func:`linear_groups`, found on ``states[0]``, or more where a layer is not
+    reached there): run the block on every sample
     with a :class:`~lowbit.evaluation.hessians.HessianCollector` on that group alone (each pass
     stops once the group's input is summed), then ``solve(collector, group's linears)``, which
     quantizes the group and writes its weights into the block. The block's outputs are left to
@@ -98,7 +101,7 @@ def walk_groups(
     """
     if not linears or not states:
         return []
-    groups = linear_groups(block, states[0], linears)
+    groups = linear_groups(block, states, linears)
     for group in groups:
         mine = {n: linears[n] for n in group}
         with HessianCollector(mine) as col:
