@@ -82,9 +82,9 @@ def walk_groups(
     forward passes with the groups before it already quantized.
 
     Per group (:func:`linear_groups`, found on ``states[0]``, or more where a layer is not
-    reached there): run the block on every sample
-    with a :class:`~lowbit.evaluation.hessians.HessianCollector` on that group alone (each pass
-    stops once the group's input is summed), then ``solve(collector, group's linears)``, which
+    reached there): run the block on every sample with a
+    :class:`~lowbit.evaluation.hessians.HessianCollector` on that group alone (each pass stops
+    once the group's input is summed), then ``solve(collector, group's linears)``, which
     quantizes the group and writes its weights into the block. The block's outputs are left to
     the caller (one more pass, as the ``blocks`` order's). Memory: the samples' inputs (the
     caller's) and one group's Hessian at a time.
