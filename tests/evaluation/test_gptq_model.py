@@ -300,7 +300,7 @@ def test_layers_order_sees_earlier_groups_quantized(
 
 def test_layer_walk_only_where_the_block_decomposes() -> None:
     """The llama block decomposes into norm + sublayer residual steps (the walk is used); a
-    BERT layer (post-norm) does not: ``blocks`` runs there."""
+    BERT layer (post-norm) does not: the generic group walk runs there (test_group_walk.py)."""
     from lowbit.evaluation.gptq_model import _capture, _find_blocks, _LayerWalk
 
     for model, want in ((tiny_llama(), ("self_attn.o_proj", "mlp.down_proj")), (tiny_bert(), None)):

@@ -48,7 +48,7 @@ def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
         choices=("layers", "blocks"),
         default="layers",
         help="gptq: layers (default: inside a block each layer group sees the groups before "
-        "it quantized; one pass per block) or blocks (the whole block on float weights, then "
+        "it quantized; one pass per llama block) or blocks (the whole block on float weights, then "
         "run again; two passes)",
     )
 

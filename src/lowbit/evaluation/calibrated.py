@@ -163,7 +163,7 @@ def calibrated_weights(
         done = {n: qt for n, qt in run.weights.items() if run.methods[n] == "gptq"}
         record = {
             **method.to_dict(),
-            "sequential": run.sequential,  # what ran: blocks where layers cannot walk the model
+            "sequential": run.sequential,  # what ran (blocks where no block was calibrated)
             "calibration": run.calibration,
             "seconds": run.seconds,
             "gptq_tensors": len(done),

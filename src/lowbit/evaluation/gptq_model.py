@@ -6,12 +6,14 @@ of its stack of identical blocks (decoder layers, encoder layers), and then for 
 (GPTQ's sequential mode: block ``i`` is calibrated on the outputs of the quantized blocks
 before it), in one of two orders (:class:`lowbit.quant.gptq.Sequential`):
 
-``layers`` (default; pre-norm residual blocks, the llama family): group by group of layers
-that read one input (q/k/v, then o_proj, gate/up, down_proj), collect ``H = 2 X^T X / n`` with
-forward hooks on the outputs of the groups already quantized, quantize the group, go on; the
-block's outputs come from the same pass (:class:`_LayerWalk`).
+``layers`` (default): group by group of layers that read one input (q/k/v, then o_proj,
+gate/up, down_proj), collect ``H = 2 X^T X / n`` with forward hooks on the outputs of the
+groups already quantized, quantize the group, go on. In pre-norm residual blocks (the llama
+family) the block's outputs come from the same pass (:class:`_LayerWalk`); every other block
+(BERT's post-norm layers) is run once per group, each pass stopped at the group's input, and
+once more for its outputs (``lowbit.evaluation._group_walk``).
 
-``blocks`` (and every block ``layers`` cannot walk, e.g. BERT's post-norm layers):
+``blocks``:
 
 1. collect ``H`` of every linear layer the plan quantizes, from the block's inputs, with
    forward hooks (layers that read the same tensor share one ``H``);
@@ -44,6 +46,7 @@ from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import DEFAULT_SENTENCES
+from lowbit.evaluation._group_walk import walk_groups
 from lowbit.evaluation._threads import _numpy_blas_threads, _threads
 from lowbit.evaluation.calibration import (
     Calibration,
@@ -80,8 +83,8 @@ class GPTQRun:
         cpu_seconds: the same phases in CPU seconds of this process (all its threads): what
             a time means on a shared machine.
         sequential: the order the layers were calibrated in, ``layers`` or ``blocks``
-            (:class:`~lowbit.quant.gptq.Sequential`; ``blocks`` where the model's blocks are
-            not pre-norm residual blocks, whatever the method asked).
+            (:class:`~lowbit.quant.gptq.Sequential`): what the method asked (``blocks`` also
+            where no block was calibrated).
     """
 
     weights: dict[str, Any]
@@ -203,7 +206,9 @@ def gptq_weights(
         bar = progress_bar(last + 1, progress, "gptq", "block")
         walk = _LayerWalk.of(blocks[0], states, method) if last >= 0 else None
         parked = _Parked(blocks, range(1, last + 1))  # each block's weights come back in turn
-        sequential = "layers" if walk is not None else "blocks"
+        # where the llama walk cannot decompose the block, the layers order runs group by group
+        groupwise = walk is None and last >= 0 and method.sequential is Sequential.LAYERS
+        sequential = "layers" if walk is not None or groupwise else "blocks"
 
         def solve(
             col: HessianCollector, mine: dict[str, str], linears: dict[str, Any], model: Any = net
@@ -241,7 +246,11 @@ def gptq_weights(
                     clock.stop("propagate")
                     bar.update(1)
                     continue
-                if mine:
+                if mine and groupwise:  # layers order, group by group of the block's passes
+                    walk_groups(
+                        block, states, samples, linears, lambda c, ls, m=mine: solve(c, m, ls)
+                    )
+                elif mine:
                     with HessianCollector(linears) as col:
                         for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
                             col.next_sample(mask)

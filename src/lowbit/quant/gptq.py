@@ -75,11 +75,12 @@ class Sequential(str, Enum):
 
     ``layers`` (default): inside a block, each group of layers that reads one input (q/k/v,
     o, gate/up, down) sees the outputs of the groups before it already quantized, as
-    AutoGPTQ's and GPTQModel's ``true_sequential``; one forward pass per block computes the
-    statistics and the next block's inputs. ``blocks``: every layer of a block sees the block's
-    float weights, then the quantized block is run again for the next block's inputs (two
-    passes per block; llm-compressor's order). Blocks whose structure ``layers`` cannot walk
-    (not a pre-norm residual block: BERT's post-norm encoder layers) use ``blocks``.
+    AutoGPTQ's and GPTQModel's ``true_sequential``; in pre-norm residual blocks (llama) one
+    forward pass per block computes the statistics and the next block's inputs, in other
+    blocks (BERT's post-norm encoder layers) one pass per group, each stopped at the group's
+    input, and one for the outputs. ``blocks``: every layer of a block sees the block's float
+    weights, then the quantized block is run again for the next block's inputs (two passes per
+    block; llm-compressor's order).
     """
 
     LAYERS = "layers"
