@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
 import lowbit  # noqa: E402
+from layer_inputs import assert_groups_match_alone  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.evaluation.calibration import Calibration  # noqa: E402
 from lowbit.evaluation.gptq_model import gptq_weights  # noqa: E402
@@ -258,7 +259,6 @@ def test_layers_order_sees_earlier_groups_quantized(
     weights for every group before it (and every earlier block), gives the run's codes."""
     run = gptq_weights(llama_dir, "int4:g32", calib, progress=False)
     assert run.sequential == "layers"
-    ckpt = open_checkpoint(llama_dir)
     pre = f"model.layers.{block}."
     order = [
         ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -266,31 +266,9 @@ def test_layers_order_sees_earlier_groups_quantized(
         ("mlp.gate_proj", "mlp.up_proj"),
         ("mlp.down_proj",),
     ]
-    earlier = {
-        n: qt.dequantize()
-        for n, qt in run.weights.items()
-        if any(f"model.layers.{b}." in n for b in range(block))
-    }
-    blocks = GPTQ(sequential="blocks")
-    for g, group in enumerate(order):
-        done = {n: earlier[n] for n in earlier}
-        for prev in order[:g]:
-            done |= {
-                pre + m + ".weight": run.weights[pre + m + ".weight"].dequantize() for m in prev
-            }
-        folder = save_hf_folder(build_model(ckpt, weights=done), tmp_path / f"b{block}g{g}")
-        only = PrecisionPlan.uniform(
-            "keep", rules=[{"match": pre + m + ".weight", "format": "int4:g32"} for m in group]
-        )
-        ref = gptq_weights(folder, only, calib, blocks, progress=False)
-        assert ref.sequential == "blocks" and set(ref.weights) == {
-            pre + m + ".weight" for m in group
-        }
-        for name, qt in ref.weights.items():
-            np.testing.assert_array_equal(qt.codes, run.weights[name].codes, err_msg=name)
-            np.testing.assert_array_equal(qt.scale, run.weights[name].scale, err_msg=name)
+    assert_groups_match_alone(run, llama_dir, calib, "model.layers.", block, order, tmp_path)
     # and the order matters: the blocks order gives other codes for a later group
-    other = gptq_weights(llama_dir, "int4:g32", calib, blocks, progress=False)
+    other = gptq_weights(llama_dir, "int4:g32", calib, GPTQ(sequential="blocks"), progress=False)
     assert other.sequential == "blocks"
     assert not np.array_equal(
         other.weights[pre + "mlp.down_proj.weight"].codes,

@@ -14,11 +14,10 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
 import lowbit.evaluation.gptq_model as gptq_model  # noqa: E402
-from lowbit.checkpoints import open_checkpoint  # noqa: E402
+from layer_inputs import assert_groups_match_alone  # noqa: E402
 from lowbit.evaluation._group_walk import linear_groups  # noqa: E402
 from lowbit.evaluation.calibration import Calibration  # noqa: E402
 from lowbit.evaluation.gptq_model import gptq_weights  # noqa: E402
-from lowbit.evaluation.models import build_model  # noqa: E402
 from lowbit.quant.gptq import GPTQ  # noqa: E402
 from lowbit.quant.plan import PrecisionPlan  # noqa: E402
 from tiny_models import save_hf_folder, tiny_bert, tiny_llama  # noqa: E402
@@ -121,30 +120,9 @@ def test_bert_layers_order_sees_earlier_groups_quantized(
     run = gptq_weights(bert_dir, "int4:g32", bert_calib, progress=False)
     assert run.sequential == "layers"
     assert walked == [[[f"encoder.layer.{i}.{m}" for m in g] for g in BERT_GROUPS] for i in (0, 1)]
-    ckpt = open_checkpoint(bert_dir)
-    pre = f"encoder.layer.{block}."
-    earlier = {
-        n: qt.dequantize()
-        for n, qt in run.weights.items()
-        if any(f"encoder.layer.{b}." in n for b in range(block))
-    }
-    blocks = GPTQ(sequential="blocks")
-    for g, group in enumerate(BERT_GROUPS):
-        done = dict(earlier)
-        for prev in BERT_GROUPS[:g]:
-            done |= {
-                pre + m + ".weight": run.weights[pre + m + ".weight"].dequantize() for m in prev
-            }
-        folder = save_hf_folder(build_model(ckpt, weights=done), tmp_path / f"g{g}")
-        only = PrecisionPlan.uniform(
-            "keep", rules=[{"match": pre + m + ".weight", "format": "int4:g32"} for m in group]
-        )
-        ref = gptq_weights(folder, only, bert_calib, blocks, progress=False)
-        assert ref.sequential == "blocks"
-        assert set(ref.weights) == {pre + m + ".weight" for m in group}
-        for name, qt in ref.weights.items():
-            np.testing.assert_array_equal(qt.codes, run.weights[name].codes, err_msg=name)
-            np.testing.assert_array_equal(qt.scale, run.weights[name].scale, err_msg=name)
+    assert_groups_match_alone(
+        run, bert_dir, bert_calib, "encoder.layer.", block, BERT_GROUPS, tmp_path
+    )
 
 
 def test_bert_blocks_order_is_unchanged(
