@@ -21,7 +21,7 @@ from lowbit.checkpoints import lowbit_format as lf
 from lowbit.checkpoints._model_files import ModelFiles
 from lowbit.checkpoints._safetensors_write import dtype_code
 from lowbit.checkpoints.compressed_tensors import from_quantized, write_compressed_tensors
-from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.checkpoints.gguf_tokenizer import write_tokenizer
 from lowbit.checkpoints.gguf_writer import GGUFTensor
 from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.readers import ReplacedCheckpoint
@@ -440,7 +440,7 @@ def write_ct(
         ]
         if is_gguf:
             try:
-                build_tokenizer(ckpt).save_pretrained(extra)
+                write_tokenizer(ckpt, extra)
             except (LowbitError, OSError, ValueError, KeyError) as exc:
                 warnings.warn(
                     f"{ckpt.path.name}: no tokenizer written ({exc})", UserWarning, stacklevel=3
