@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--json", metavar="FILE", help="also write the raw figures here")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -52,16 +53,16 @@ def main(argv: list[str] | None = None) -> int:
         for b in batches:
             c0, t0 = time.process_time(), time.perf_counter()
             measured, rows = ev.compare_causal(
-                variants, ref, tok, max_tokens=args.tokens, threads=args.threads,
-                batch=b, progress=False,
+                variants, ref, tok, max_tokens=args.tokens, window=args.window,
+                threads=args.threads, batch=b, progress=False,
             )  # fmt: skip
             cpu, wall = time.process_time() - c0, time.perf_counter() - t0
             runs[b].append({"cpu": cpu, "wall": wall, "batch": measured["batch"], "rows": rows,
                             "threads": measured["threads"]})  # fmt: skip
             loads.append(os.getloadavg()[0])
     base = runs[batches[0]][0]["rows"]
-    print(f"threads {args.threads}, {args.tokens} tokens, load average (1 min) "
-          f"{min(loads):.2f}-{max(loads):.2f}, peak RSS "
+    print(f"threads {args.threads}, {args.tokens} tokens in windows of {args.window}, load "
+          f"average (1 min) {min(loads):.2f}-{max(loads):.2f}, peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")  # fmt: skip
     print("| batch | CPU s | wall s | tokens/s | int4 perplexity | rel. diff | KL | top-1 |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
