@@ -68,10 +68,11 @@ def _measure(tokens: int, settings: list[tuple[str, int | None]]) -> dict[str, A
             variants, ref, tok, window=WINDOW, max_tokens=n, threads=threads, progress=False
         )
         cpu = time.process_time() - c0
+        out["batch"] = measured["batch"]
         return [2 * measured["tokens"] / measured["seconds"], cpu, measured["threads"]]
 
-    measure(1, WINDOW)  # warm-up: first-call allocations, the tokenizer
     out: dict[str, Any] = {"loads": {}}
+    measure(1, WINDOW)  # warm-up: first-call allocations, the tokenizer
     for state in ("idle", "loaded"):
         stop = mp.Event()
         burners = []
@@ -128,7 +129,9 @@ def run(quick: bool = False) -> str:
         f"runs {loads['loaded']:.2f} ({cores} competing busy processes), {loads['after']:.2f} "
         "after. Rows: torch threads, OMP_WAIT_POLICY=PASSIVE (what `lowbit` sets unless the "
         "environment says otherwise) except the last row, OpenMP's own default (threads spin "
-        "at barriers).",
+        f"at barriers). Windows per forward: {passive['batch']} (lowbit eval's default "
+        '`--batch`; batch sizes are compared by hand in "Batched windows in lowbit eval" '
+        "below).",
         "",
         "| torch threads | idle tokens/s | idle CPU s | loaded tokens/s | loaded CPU s "
         "| loaded / idle time |",

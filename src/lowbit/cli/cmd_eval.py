@@ -11,6 +11,7 @@ from lowbit.cli import _common
 from lowbit.cli._calibrated import add_calibration_options, parse_alpha
 from lowbit.errors import LowbitError
 from lowbit.evaluation.calibration import Calibration
+from lowbit.evaluation.perplexity import DEFAULT_BATCH
 from lowbit.evaluation.variants import evaluate_variants
 from lowbit.quant.awq import AWQ
 from lowbit.quant.gptq import GPTQ
@@ -83,6 +84,14 @@ def register(sub: Any) -> None:
         help="torch threads (default: the usable cores; only the idle ones if OMP_WAIT_POLICY is "
         "set to other than PASSIVE)",
     )
+    p.add_argument(
+        "--batch",
+        metavar="N",
+        default=str(DEFAULT_BATCH),
+        help=f"causal LMs: windows of the same length run through a model in one forward, "
+        f"at most N (fewer where their float32 logits would pass 1 GiB; default "
+        f"{DEFAULT_BATCH}); a batched forward may change the last bits of the numbers",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _common.add_json(p)
     p.set_defaults(func=run)
@@ -109,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, opt)
         if v is not None and v < 1:
             raise LowbitError(f"--{opt} must be a positive integer, got {v}")
+    batch = _positive_int("--batch", args.batch)
     model, quantized = split_paths(args.paths)
     for q in quantized:
         if not Path(q).exists():
@@ -149,12 +159,24 @@ def run(args: argparse.Namespace) -> int:
         gptq=gptq,
         awq=awq,
         smooth=smooth,
+        batch=batch,
     )
     if args.json:
         _common.print_json(result)
         return 0
     print_result(result)
     return 0
+
+
+def _positive_int(option: str, text: str) -> int:
+    """An option's value as an integer >= 1 (parsed here so a bad value is one error line)."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise LowbitError(f"{option} must be a positive integer, got {text!r}")
+    return value
 
 
 def _size(row: dict[str, Any]) -> str:
@@ -192,7 +214,8 @@ def print_result(result: dict[str, Any]) -> None:
         print(
             f"\nmeasured: perplexity on {m['text']}, first {m['tokens']:,} of {m['text_tokens']:,} "
             f"tokens in {m['windows']} windows of {m['window']} (stride {m['stride']}), "
-            f"{m['scored']:,} tokens scored, no BOS, {m['dtype']}, {m['threads']} threads; KL = "
+            f"{m['scored']:,} tokens scored, no BOS, {m['dtype']}, {m['threads']} threads, "
+            f"{m['batch']} {'window' if m['batch'] == 1 else 'windows'} per forward; KL = "
             f"mean KL(original || variant) of next-token distributions in nats, top-1 = same "
             f"most likely token; {m['seconds']:.0f} s."
         )

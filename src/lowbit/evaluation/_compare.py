@@ -21,11 +21,15 @@ from lowbit.errors import LowbitError
 from lowbit.evaluation._threads import _threads
 from lowbit.evaluation.activations import simulate_activations
 from lowbit.evaluation.perplexity import (
+    DEFAULT_BATCH,
+    MAX_LOGITS_BYTES,
+    _batch_log_probs,
+    _batches,
     _fidelity_sentences,
-    _log_probs,
     _nearest,
     _tokens_and_windows,
     _window_facts,
+    batch_size,
     embed,
 )
 
@@ -94,6 +98,8 @@ def compare_causal(
     max_tokens: int | None = DEFAULT_TOKENS,
     threads: int | None = None,
     progress: bool | None = None,
+    batch: int = DEFAULT_BATCH,
+    max_logits_bytes: int = MAX_LOGITS_BYTES,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Perplexity, KL and top-1 agreement of every variant against ``reference``, in one pass.
 
@@ -108,19 +114,25 @@ def compare_causal(
     temporary file (``scored × vocabulary × 4`` bytes of disk, not memory) and are read back
     window by window for each variant, so memory does not grow with ``max_tokens``.
 
+    ``batch`` windows of the same length go through a model in one forward (fewer where
+    their float32 logits would pass ``max_logits_bytes``: see
+    ``lowbit.evaluation.perplexity.batch_size``); each window's log-probabilities are still
+    taken and summed one window at a time, in window order.
+
     Returns:
         ``(measured, rows)``: what was measured (text, text_tokens, tokens, scored, window,
-        stride, windows, bos, dtype, threads, seconds), and per variant a dict with
+        stride, windows, bos, dtype, batch, threads, seconds), and per variant a dict with
         perplexity, nll, kl_mean, kl_max, top1_agreement, seconds.
 
     Raises:
         LowbitError: as ``lowbit.evaluation.perplexity.perplexity`` (window, stride, too few tokens,
-            vocabularies that differ).
+            batch, vocabularies that differ).
     """
     groups = [(lambda v=v: [v]) for v in variants]
     measured, pairs = _compare_causal_groups(
         groups, len(variants), reference, tokenizer, text, label=label, window=window,
         stride=stride, max_tokens=max_tokens, threads=threads, progress=progress,
+        batch=batch, max_logits_bytes=max_logits_bytes,
     )  # fmt: skip
     return measured, [row for _, row in pairs]
 
@@ -138,6 +150,8 @@ def _compare_causal_groups(
     max_tokens: int | None,
     threads: int | None,
     progress: bool | None,
+    batch: int = DEFAULT_BATCH,
+    max_logits_bytes: int = MAX_LOGITS_BYTES,
 ) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
     """:func:`compare_causal` over variants built one group at a time.
 
@@ -155,6 +169,8 @@ def _compare_causal_groups(
     label, stride, ids, text_tokens, spans = _tokens_and_windows(
         tokenizer, text, label, window, stride, max_tokens
     )
+    size = batch_size(reference, window, batch, max_logits_bytes)
+    batches = _batches(spans, size)
     tokens = torch.tensor(ids, dtype=torch.long)
     scored = sum(end - first for _, end, first in spans)
     ref_secs = 0.0
@@ -164,24 +180,29 @@ def _compare_causal_groups(
     with bar, tempfile.TemporaryFile() as cache:
         shapes = []
         with _threads(threads) as used_threads, torch.inference_mode():
-            for begin, end, first in spans:
+            for group in batches:
                 t0 = time.perf_counter()
-                ref = _log_probs(reference, tokens[begin:end].unsqueeze(0), first - begin)
+                refs = _batch_log_probs(reference, tokens, group)
                 ref_secs += time.perf_counter() - t0
-                cache.write(ref.contiguous().numpy().data)
-                shapes.append(tuple(ref.shape))
-                bar.update(end - begin)
-            del ref
+                for begin, end, _ in group:
+                    t0 = time.perf_counter()
+                    ref = next(refs)  # the window's log-softmax
+                    ref_secs += time.perf_counter() - t0
+                    cache.write(ref.contiguous().numpy().data)
+                    shapes.append(tuple(ref.shape))
+                    bar.update(end - begin)
+                del refs, ref
         for make in groups:
             # built outside the measuring contexts, as when every variant was built up front
             for v in make():
                 with _threads(threads), torch.inference_mode():
-                    row = _measure_causal(v, reference, tokens, spans, shapes, cache, bar)
+                    row = _measure_causal(v, reference, tokens, batches, shapes, cache, bar)
                 out.append((v.row(), row))
                 del v
     measured = {
         "kind": "causal-lm",
         **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, reference),
+        "batch": size,
         "threads": used_threads,
         "seconds": time.perf_counter() - start,
         "reference_seconds": ref_secs,
@@ -193,44 +214,53 @@ def _measure_causal(
     v: Variant,
     reference: Any,
     tokens: Any,
-    spans: Sequence[tuple[int, int, int]],
+    batches: Sequence[Sequence[tuple[int, int, int]]],
     shapes: Sequence[tuple[int, ...]],
     cache: Any,
     bar: Any,
 ) -> dict[str, Any]:
-    """One variant over every window, against the reference log-probabilities in ``cache``
-    (float32, window after window). The sums run window by window in the same order as
-    ``perplexity``'s, so the numbers are the same bit for bit."""
+    """One variant over every window, a batch of windows per forward, against the reference
+    log-probabilities in ``cache`` (float32, window after window). The sums run window by
+    window in the same order as ``perplexity``'s, so with the same batches the numbers are
+    the same bit for bit."""
     import torch
 
     nll = kl = kl_max = 0.0
     agree = scored = 0
     secs = 0.0
     cache.seek(0)
-    for (begin, end, first), shape in zip(spans, shapes, strict=True):
-        ref = torch.empty(shape, dtype=torch.float32)
-        if cache.readinto(ref.numpy().data) != ref.numel() * 4:  # internal invariant
-            raise AssertionError("short read of the reference log-probabilities")
-        target = tokens[first:end].unsqueeze(1)
+    shape_of = iter(shapes)
+    same = v.model is reference and v.activations is None
+    for group in batches:
         t0 = time.perf_counter()
-        if v.model is reference and v.activations is None:
-            logp = ref
+        if same:
+            logps = iter([None] * len(group))
         else:
             with _act_context(v.model, v.activations):
-                logp = _log_probs(v.model, tokens[begin:end].unsqueeze(0), first - begin)
-        if logp.shape != ref.shape:
-            raise LowbitError(
-                f"{v.name}: vocabulary ({logp.shape[-1]}) differs from the original's "
-                f"({ref.shape[-1]})"
-            )
-        nll += float(-logp.gather(1, target).squeeze(1).double().sum())
-        k = (ref.exp() * (ref - logp)).sum(dim=-1)
-        kl += float(k.double().sum())
-        kl_max = max(kl_max, float(k.max()))
-        agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+                logps = _batch_log_probs(v.model, tokens, group)
         secs += time.perf_counter() - t0
-        scored += end - first
-        bar.update(end - begin)
+        for begin, end, first in group:
+            ref = torch.empty(next(shape_of), dtype=torch.float32)
+            if cache.readinto(ref.numpy().data) != ref.numel() * 4:  # internal invariant
+                raise AssertionError("short read of the reference log-probabilities")
+            target = tokens[first:end].unsqueeze(1)
+            t0 = time.perf_counter()
+            logp = next(logps)  # the window's log-softmax (None: the reference's own)
+            logp = ref if logp is None else logp
+            if logp.shape != ref.shape:
+                raise LowbitError(
+                    f"{v.name}: vocabulary ({logp.shape[-1]}) differs from the original's "
+                    f"({ref.shape[-1]})"
+                )
+            nll += float(-logp.gather(1, target).squeeze(1).double().sum())
+            k = (ref.exp() * (ref - logp)).sum(dim=-1)
+            kl += float(k.double().sum())
+            kl_max = max(kl_max, float(k.max()))
+            agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+            secs += time.perf_counter() - t0
+            scored += end - first
+            bar.update(end - begin)
+        del logps
     return {
         "perplexity": math.exp(nll / scored),
         "nll": nll / scored,

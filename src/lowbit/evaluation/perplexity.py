@@ -32,6 +32,9 @@ from lowbit.errors import LowbitError
 from lowbit.evaluation._threads import _threads, default_threads
 
 __all__ = [
+    "DEFAULT_BATCH",
+    "MAX_LOGITS_BYTES",
+    "batch_size",
     "candidate_sentences",
     "default_text",
     "default_threads",
@@ -42,6 +45,11 @@ __all__ = [
     "sentences_from_text",
     "tokenize",
 ]
+
+# Windows per forward of a causal LM, and the float32 logits one forward may hold (1 GiB: ten
+# 512-token windows of SmolLM2's 49,152-token vocabulary). Measured in docs/benchmarks.md.
+DEFAULT_BATCH = 1
+MAX_LOGITS_BYTES = 1 << 30
 
 
 def default_text() -> tuple[str, str]:
@@ -124,6 +132,8 @@ def perplexity(
     reference: Any = None,
     threads: int | None = None,
     progress: bool | None = None,
+    batch: int = DEFAULT_BATCH,
+    max_logits_bytes: int = MAX_LOGITS_BYTES,
 ) -> dict[str, Any]:
     """Perplexity of a causal LM over a text, and its KL divergence from a reference model.
 
@@ -147,21 +157,28 @@ def perplexity(
             log-probabilities are computed window by window in the same pass.
         threads: torch threads (default: ``default_threads()``); restored afterwards.
         progress: tqdm bar (``None``: only on a terminal; ``False``: never).
+        batch: windows of the same length that go through a model in one forward, at most
+            (see :func:`batch_size`); per-window results are summed in window order either
+            way, so only the forward's own rounding can differ between batch sizes.
+        max_logits_bytes: fewer windows per forward where their float32 logits (of the model
+            and of the reference together) would take more than this.
 
     Returns:
         A dict: text, text_tokens (in the whole text), tokens (used), scored, window, stride,
-        windows, bos (False), dtype, perplexity, nll (mean, nats), seconds, tokens_per_second,
-        and with a reference the KL entries above.
+        windows, bos (False), dtype, batch (windows per forward used), perplexity, nll (mean,
+        nats), seconds, tokens_per_second, and with a reference the KL entries above.
 
     Raises:
-        LowbitError: window < 2, stride outside [1, window], fewer than 2 tokens, or a
-            reference whose vocabulary size differs.
+        LowbitError: window < 2, stride outside [1, window], fewer than 2 tokens, a batch
+            below 1, or a reference whose vocabulary size differs.
     """
     import torch
 
     label, stride, ids, text_tokens, spans = _tokens_and_windows(
         tokenizer, text, label, window, stride, max_tokens
     )
+    models = 1 if reference is None else 2
+    size = batch_size(model, window, batch, max_logits_bytes, models=models)
     tokens = torch.tensor(ids, dtype=torch.long)
     nll_sum = 0.0
     ref_nll_sum = 0.0
@@ -172,29 +189,33 @@ def perplexity(
     start = time.perf_counter()
     bar = progress_bar(len(ids), progress, "perplexity", "tok")
     with _threads(threads), torch.inference_mode(), bar:
-        for begin, end, first in spans:
-            inp = tokens[begin:end].unsqueeze(0)
-            logp = _log_probs(model, inp, first - begin)
-            target = tokens[first:end]
-            nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1)
-            nll_sum += float(nll.double().sum())
+        for group in _batches(spans, size):
+            logps = _batch_log_probs(model, tokens, group)
+            refs = [None] * len(group)
             if reference is not None:
-                ref = _log_probs(reference, inp, first - begin)
-                if ref.shape != logp.shape:
-                    raise LowbitError(
-                        f"reference vocabulary ({ref.shape[-1]}) differs from the model's "
-                        f"({logp.shape[-1]})"
-                    )
-                ref_nll_sum += float(-ref.gather(1, target.unsqueeze(1)).double().sum())
-                kl = (ref.exp() * (ref - logp)).sum(dim=-1)
-                kl_sum += float(kl.double().sum())
-                kl_max = max(kl_max, float(kl.max()))
-                agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
-            scored += end - first
-            bar.update(end - bar.n)
+                refs = _batch_log_probs(reference, tokens, group)
+            for (_, end, first), logp, ref in zip(group, logps, refs, strict=True):
+                target = tokens[first:end]
+                nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1)
+                nll_sum += float(nll.double().sum())
+                if ref is not None:
+                    if ref.shape != logp.shape:
+                        raise LowbitError(
+                            f"reference vocabulary ({ref.shape[-1]}) differs from the model's "
+                            f"({logp.shape[-1]})"
+                        )
+                    ref_nll_sum += float(-ref.gather(1, target.unsqueeze(1)).double().sum())
+                    kl = (ref.exp() * (ref - logp)).sum(dim=-1)
+                    kl_sum += float(kl.double().sum())
+                    kl_max = max(kl_max, float(kl.max()))
+                    agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+                scored += end - first
+                bar.update(end - bar.n)
+            del logps, refs
     seconds = time.perf_counter() - start
     result: dict[str, Any] = {
         **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, model),
+        "batch": size,
         "perplexity": math.exp(nll_sum / scored),
         "nll": nll_sum / scored,
         "seconds": seconds,
@@ -235,13 +256,89 @@ def _window_facts(
     }
 
 
-def _log_probs(model: Any, inp: Any, skip: int) -> Any:
-    """float32 log-probabilities predicting positions ``skip .. len-1`` of ``inp``."""
+def batch_size(
+    model: Any,
+    window: int,
+    batch: int = DEFAULT_BATCH,
+    max_logits_bytes: int = MAX_LOGITS_BYTES,
+    *,
+    models: int = 1,
+) -> int:
+    """Windows per forward: ``batch``, or fewer where ``models`` batches of float32 logits
+    (``batch × window × vocabulary × 4`` bytes each) would pass ``max_logits_bytes``; at
+    least 1. A model whose vocabulary cannot be read (no output embeddings, no
+    ``config.vocab_size``) runs one window at a time.
+
+    Args:
+        model: the causal LM (its output embeddings' rows, else ``config.vocab_size``, give
+            the vocabulary).
+        window: tokens per window.
+        batch: the most windows per forward (a positive integer).
+        max_logits_bytes: the bytes of logits held at once.
+        models: how many models' logits of one batch are held together (2 when a reference
+            runs over the same windows).
+
+    Returns:
+        The windows per forward.
+
+    Raises:
+        LowbitError: ``batch`` or ``max_logits_bytes`` not a positive integer.
+    """
+    _check_positive("batch", batch)
+    _check_positive("max_logits_bytes", max_logits_bytes)
+    vocab = _vocabulary(model)
+    if vocab is None:
+        return 1
+    per_window = window * vocab * 4 * models
+    return int(max(1, min(batch, max_logits_bytes // per_window)))
+
+
+def _check_positive(name: str, value: Any) -> None:
+    """Raise LowbitError unless ``value`` is an integer >= 1 (not a bool, not a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise LowbitError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _vocabulary(model: Any) -> int | None:
+    """The width of the model's logits, or None where the model does not say."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    weight = getattr(head, "weight", None)
+    if weight is not None and len(weight.shape) == 2:
+        return int(weight.shape[0])
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
+
+
+def _batches(spans: Sequence[tuple[int, int, int]], size: int) -> list[list[tuple[int, int, int]]]:
+    """Consecutive windows of the same length, at most ``size`` per group (the last, shorter
+    window of a text goes on its own)."""
+    groups: list[list[tuple[int, int, int]]] = []
+    for span in spans:
+        last = groups[-1] if groups else None
+        if last and len(last) < size and last[0][1] - last[0][0] == span[1] - span[0]:
+            last.append(span)
+        else:
+            groups.append([span])
+    return groups
+
+
+def _batch_log_probs(model: Any, tokens: Any, group: Sequence[tuple[int, int, int]]) -> Any:
+    """One forward over the windows of ``group`` (all of one length); returns an iterator of
+    each window's float32 log-probabilities predicting its positions ``first .. end-1``.
+
+    The forward runs now (inside whatever context the caller holds, e.g. simulated
+    activations); the log-softmax runs one window at a time as the iterator is read, so
+    at most one window's log-probabilities exist beside the batch's logits.
+    """
     import torch
 
-    out = model(input_ids=inp, use_cache=False)
-    logits = out.logits[0, skip - 1 : -1].float()
-    return torch.log_softmax(logits, dim=-1)
+    inp = torch.stack([tokens[begin:end] for begin, end, _ in group])
+    logits = model(input_ids=inp, use_cache=False).logits
+    return (
+        torch.log_softmax(logits[i, first - begin - 1 : -1].float(), dim=-1)
+        for i, (begin, _, first) in enumerate(group)
+    )
 
 
 # ----------------------------------------------------------------------------- encoders

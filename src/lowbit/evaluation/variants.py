@@ -55,7 +55,12 @@ from lowbit.evaluation.awq_model import awq_variant
 from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.gptq_model import _calibration, _tensors, gptq_weights
 from lowbit.evaluation.models import build_model, load_model
-from lowbit.evaluation.perplexity import _fidelity_sentences, load_text
+from lowbit.evaluation.perplexity import (
+    DEFAULT_BATCH,
+    _check_positive,
+    _fidelity_sentences,
+    load_text,
+)
 from lowbit.quant.awq import AWQ
 from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import PrecisionPlan
@@ -267,6 +272,7 @@ def evaluate_variants(
     gptq: Any = None,
     awq: Any = None,
     smooth: Any = None,
+    batch: int = DEFAULT_BATCH,
 ) -> dict[str, Any]:
     """Measure a model and its quantized variants; what ``lowbit eval`` prints.
 
@@ -298,6 +304,9 @@ def evaluate_variants(
             :class:`lowbit.quant.smoothquant.SmoothQuant` (its activation format is ``w8a8``'s);
             one more row per scheme, ``"{scheme} smoothquant"``, rounded to nearest after the
             folds.
+        batch: causal LMs: windows per forward, at most (fewer where their float32 logits
+            would pass 1 GiB; ``lowbit.evaluation.perplexity.batch_size``). The measured
+            facts say the batch used.
 
     Returns:
         ``{"model", "kind", "measured", "rows"}``; each row has name, format, activations,
@@ -314,6 +323,7 @@ def evaluate_variants(
         schemes = [] if quantized else list(DEFAULT_SCHEMES)
     for spec in schemes:  # a bad scheme string fails before any model loads
         variant_plan(spec)
+    _check_positive("batch", batch)
     methods = _methods(methods)
     act = activation_format(w8a8) if w8a8 else None
     if smooth is not None and smooth is not False:
@@ -359,7 +369,7 @@ def evaluate_variants(
         measured, pairs = _compare_causal_groups(
             groups, len(groups) * per_group, reference, tokenizer, body, label=label,
             window=window, stride=stride, max_tokens=tokens, threads=threads,
-            progress=progress,
+            progress=progress, batch=batch,
         )  # fmt: skip
     else:
         measured, pairs = _compare_encoder_groups(
