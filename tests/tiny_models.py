@@ -85,6 +85,32 @@ def byte_tokenizer_json() -> str:
     return tok.to_str()
 
 
+def byte_fast_tokenizer() -> Any:
+    """A transformers fast tokenizer over :func:`byte_tokenizer_json` (``<pad>`` pads)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(byte_tokenizer_json()), pad_token="<pad>"
+    )
+
+
+def perturbed(model: Any, scale: float, seed: int) -> Any:
+    """A copy of ``model`` with seeded Gaussian noise of std ``scale`` on its linear weights
+    (``*proj.weight``, ``*dense.weight``): a stand-in for a quantized variant."""
+    import copy
+
+    import torch
+
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in other.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("dense.weight"):
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    return other
+
+
 def save_hf_folder(model: Any, folder: Path, *, tokenizer: bool = True) -> Path:
     """Save a model as config.json + model.safetensors (+ tokenizer files)."""
     from safetensors.torch import save_file

@@ -4,7 +4,6 @@ bounds, and bad batch values refused."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,13 @@ from lowbit.evaluation.perplexity import (  # noqa: E402
     perplexity,
 )
 from lowbit.evaluation.variants import Variant, compare_causal, evaluate_variants  # noqa: E402
-from tiny_models import VOCAB, byte_tokenizer_json, save_hf_folder, tiny_llama  # noqa: E402
+from tiny_models import (  # noqa: E402
+    VOCAB,
+    byte_fast_tokenizer,
+    perturbed,
+    save_hf_folder,
+    tiny_llama,
+)
 
 # 300 tokens in windows of 48: six full windows and a last one of 12 tokens (stride 24: eleven
 # full ones and a last of 36), so batches of 4 or 5 leave a short full-length batch too
@@ -46,28 +51,10 @@ def _text() -> str:
     )
 
 
-def _tokenizer() -> Any:
-    from tokenizers import Tokenizer
-
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(byte_tokenizer_json()), pad_token="<pad>"
-    )
-
-
-def _perturbed(model: Any, scale: float, seed: int) -> Any:
-    other = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in other.named_parameters():
-            if name.endswith("proj.weight"):
-                p.add_(torch.randn(p.shape, generator=g) * scale)
-    return other
-
-
 @pytest.fixture(scope="module")
 def models() -> tuple[Any, Any, Any]:
     ref = tiny_llama()
-    return ref, _perturbed(ref, 0.02, 1), _tokenizer()
+    return ref, perturbed(ref, 0.02, 1), byte_fast_tokenizer()
 
 
 def _forward_batches(model: Any) -> tuple[list[tuple[int, ...]], Any]:

@@ -3,7 +3,6 @@ in-memory schemes equal to the same scheme written to disk and loaded back."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,14 @@ from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.evaluation import perplexity as evaluate  # noqa: E402
 from lowbit.evaluation.variants import Variant, compare_causal, compare_encoder, evaluate_variants  # noqa: E402
 from lowbit.quant.plan import PrecisionPlan  # noqa: E402
-from tiny_models import byte_tokenizer_json, save_hf_folder, tiny_bert, tiny_llama  # noqa: E402
+from tiny_models import (  # noqa: E402
+    byte_fast_tokenizer,
+    byte_tokenizer_json,
+    perturbed,
+    save_hf_folder,
+    tiny_bert,
+    tiny_llama,
+)
 
 WORDS = "river stone cloud garden lantern harbor meadow signal copper violet winter orchard"
 
@@ -34,31 +40,13 @@ def _text() -> str:
     )
 
 
-def _tokenizer() -> Any:
-    from tokenizers import Tokenizer
-
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(byte_tokenizer_json()), pad_token="<pad>"
-    )
-
-
-def _perturbed(model: Any, scale: float, seed: int) -> Any:
-    other = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in other.named_parameters():
-            if name.endswith("proj.weight") or name.endswith("dense.weight"):
-                p.add_(torch.randn(p.shape, generator=g) * scale)
-    return other
-
-
 @pytest.mark.parametrize("stride", [None, 24])
 def test_compare_causal_equals_evaluate_perplexity(stride: int | None) -> None:
     """One pass over all variants gives exactly evaluate.perplexity's numbers per variant
     (perplexity, KL mean/max, top-1), with and without simulated int8 activations."""
     ref = tiny_llama()
-    tok = _tokenizer()
-    a, b = _perturbed(ref, 0.01, 1), _perturbed(ref, 0.05, 2)
+    tok = byte_fast_tokenizer()
+    a, b = perturbed(ref, 0.01, 1), perturbed(ref, 0.05, 2)
     variants = [
         Variant("original", "", ref),
         Variant("a", "", a),
@@ -86,8 +74,8 @@ def test_compare_causal_equals_evaluate_perplexity(stride: int | None) -> None:
 def test_compare_encoder_equals_embedding_fidelity() -> None:
     """Embedding fidelity of each variant equals evaluate.embedding_fidelity's."""
     ref = tiny_bert()
-    tok = _tokenizer()
-    other = _perturbed(ref, 0.05, 3)
+    tok = byte_fast_tokenizer()
+    other = perturbed(ref, 0.05, 3)
     sentences = evaluate.sentences_from_text(_text(), 24, seed=1)
     variants = [Variant("original", "", ref), Variant("x", "", other)]
     _, rows = compare_encoder(variants, ref, tok, sentences, threads=1, progress=False)
