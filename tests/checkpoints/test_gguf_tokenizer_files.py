@@ -124,3 +124,37 @@ def test_smollm2_files_give_its_ids(tmp_path: Path) -> None:
     assert got.apply_chat_template(
         chat, tokenize=False, add_generation_prompt=True
     ) == ref.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize(
+    ("flags", "before", "after"),
+    [
+        ({"tokenizer.ggml.add_bos_token": True}, [257], []),
+        ({"tokenizer.ggml.add_eos_token": True}, [], [258]),
+        (
+            {"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True},
+            [257],
+            [258],
+        ),
+        ({"tokenizer.ggml.add_bos_token": False}, [], []),
+    ],
+)
+def test_gguf_add_bos_and_eos_flags_are_honoured(
+    tmp_path: Path, flags: dict[str, bool], before: list[int], after: list[int]
+) -> None:
+    """A GGUF whose tokenizer.ggml.add_bos_token / add_eos_token is true (Llama 3's) gets a
+    tokenizer.json that adds those tokens around each text, as llama.cpp does; the text's own
+    ids are unchanged, add_special_tokens=False adds nothing, and a pair gets them per text."""
+    src = save_gguf(
+        tiny_llama(), tmp_path / "t.gguf", metadata={"tokenizer.ggml.pre": "smollm", **flags}
+    )
+    out = tmp_path / "tok"
+    out.mkdir()
+    write_tokenizer(open_checkpoint(src), out)
+    got = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    plain = build_tokenizer(open_checkpoint(src))("t t")["input_ids"]  # no tokens added
+    assert got("t t")["input_ids"] == before + plain + after
+    assert got("t t", add_special_tokens=False)["input_ids"] == plain
+    pair = got("t t", "tt")
+    second = build_tokenizer(open_checkpoint(src))("tt")["input_ids"]
+    assert pair["input_ids"] == before + plain + after + before + second + after

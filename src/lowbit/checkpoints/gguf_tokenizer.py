@@ -71,12 +71,7 @@ def write_tokenizer(checkpoint: Checkpoint, folder: str | os.PathLike[str]) -> l
         }
         if template is not None:
             config["chat_template"] = template
-        from tokenizers import processors
-
-        # what transformers 5 sets on wrapping: no special tokens added, pairs' type ids 0 and 1
-        bpe.post_processor = processors.TemplateProcessing(
-            single="$A:0", pair="$A:0 $B:1", special_tokens=[]
-        )
+        bpe.post_processor = _post_processor(md, specials)
         (out / "tokenizer.json").write_text(bpe.to_str(), encoding="utf-8")
         (out / "tokenizer_config.json").write_text(
             json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
@@ -93,6 +88,33 @@ def write_tokenizer(checkpoint: Checkpoint, folder: str | os.PathLike[str]) -> l
                 json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
             )
     return sorted(p.name for p in out.iterdir() if p.name not in before)
+
+
+def _post_processor(md: Mapping[str, Any], specials: Mapping[str, str | None]) -> Any:
+    """What the written tokenizer adds around a text: the BOS / EOS token where the GGUF says
+    ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` is true (as llama.cpp adds them, e.g.
+    Llama 3's ``<|begin_of_text|>``), nothing otherwise; a pair's second text gets type id 1.
+    With neither, this is the pass-through transformers 5 sets when it wraps the BPE."""
+    from tokenizers import processors
+
+    ends: dict[str, str] = {}  # "bos" / "eos" -> the token added there
+    ids: dict[str, int] = {}
+    for end in ("bos", "eos"):
+        token = specials[f"{end}_token"]
+        if md.get(f"tokenizer.ggml.add_{end}_token") is True and token is not None:
+            ends[end] = token
+            ids[token] = int(md[f"tokenizer.ggml.{end}_token_id"])
+
+    def side(seq: str, type_id: int) -> str:
+        parts = [f"{ends['bos']}:{type_id}"] if "bos" in ends else []
+        parts.append(f"${seq}:{type_id}")
+        if "eos" in ends:
+            parts.append(f"{ends['eos']}:{type_id}")
+        return " ".join(parts)
+
+    return processors.TemplateProcessing(
+        single=side("A", 0), pair=f"{side('A', 0)} {side('B', 1)}", special_tokens=list(ids.items())
+    )
 
 
 def _gguf_bpe_tokenizer(md: Mapping[str, Any]) -> Any:
