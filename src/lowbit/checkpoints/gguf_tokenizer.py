@@ -49,7 +49,8 @@ def write_tokenizer(checkpoint: Checkpoint, folder: str | os.PathLike[str]) -> l
     the names written.
 
     A GGUF with a byte-level BPE vocabulary gets ``tokenizer.json`` (the ``tokenizers`` BPE
-    :func:`build_tokenizer` wraps) and a ``tokenizer_config.json`` naming
+    :func:`build_tokenizer` wraps, adding BOS / EOS where the GGUF's ``add_bos_token`` /
+    ``add_eos_token`` say so, as llama.cpp does) and a ``tokenizer_config.json`` naming
     ``PreTrainedTokenizerFast``, its special tokens and the chat template, written without
     importing transformers (about 0.8 s) and readable by transformers 4 and 5 alike
     (transformers 5's own ``save_pretrained`` names ``TokenizersBackend``, a class
