@@ -74,9 +74,7 @@ def write_tokenizer(checkpoint: Checkpoint, folder: str | os.PathLike[str]) -> l
             config["chat_template"] = template
         bpe.post_processor = _post_processor(md, specials)
         (out / "tokenizer.json").write_text(bpe.to_str(), encoding="utf-8")
-        (out / "tokenizer_config.json").write_text(
-            json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-        )
+        _write_json(out / "tokenizer_config.json", config)
         return ["tokenizer.json", "tokenizer_config.json"]
     before = {p.name for p in out.iterdir()}
     build_tokenizer(checkpoint).save_pretrained(out)
@@ -85,10 +83,13 @@ def write_tokenizer(checkpoint: Checkpoint, folder: str | os.PathLike[str]) -> l
         config = json.loads(config_file.read_text(encoding="utf-8"))
         if config.get("tokenizer_class") == "TokenizersBackend":
             config["tokenizer_class"] = "PreTrainedTokenizerFast"  # its name in both
-            config_file.write_text(
-                json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-            )
+            _write_json(config_file, config)
     return sorted(p.name for p in out.iterdir() if p.name not in before)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """``obj`` as indented UTF-8 JSON, as transformers writes its configs."""
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _post_processor(md: Mapping[str, Any], specials: Mapping[str, str | None]) -> Any:

@@ -101,17 +101,20 @@ class _Rental:
         self.bought = False
 
     def take(self, n: int) -> bool:
-        if self.bought or self.loaded():
-            self.bought = True
-            return True
-        if self.rented + n >= self.worth:
-            self.bought = True
-            return True
-        self.rented += n
-        return False
+        if not self.bought and not self.loaded() and self.rented + n < self.worth:
+            self.rented += n
+            return False
+        self.bought = True
+        return True
 
 
-_rental = _Rental(KERNEL_WORTH, lambda: "numba" in sys.modules)
+def numba_loaded() -> bool:
+    """Whether numba is imported in this process (by lowbit or anyone): a kernel then costs
+    only its own load, not numba's start."""
+    return "numba" in sys.modules
+
+
+_rental = _Rental(KERNEL_WORTH, numba_loaded)
 
 
 def numpy_only() -> contextlib.AbstractContextManager[None]:

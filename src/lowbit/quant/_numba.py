@@ -32,7 +32,6 @@ blocks with a non-finite scale go back to numpy, whose NaN bits depend on operan
 
 from __future__ import annotations
 
-import sys
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -368,7 +367,7 @@ def _ggml_kernels(numel: int) -> bool:
     return (
         _fast.enabled()
         and numel >= _fast.MIN_KERNEL_SIZE
-        and (numel >= GGML_ALONE or "numba" in sys.modules)
+        and (numel >= GGML_ALONE or _fast.numba_loaded())
     )
 
 
