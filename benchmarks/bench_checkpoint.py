@@ -56,7 +56,7 @@ def _torch_int4_g128(torch: Any) -> Any:
 def run(quick: bool = False) -> str:
     import lowbit
     from lowbit.checkpoints.quantize_model import open_model, plan_model, quantize_model
-    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.plans.plan import PrecisionPlan
 
     plan = PrecisionPlan.uniform("int4", group=128)
     scheme = plan.default

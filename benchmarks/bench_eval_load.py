@@ -55,7 +55,7 @@ def _measure(tokens: int, settings: list[tuple[str, int | None]]) -> dict[str, A
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model
     from lowbit.evaluation._compare import Variant, compare_causal
-    from lowbit.evaluation.models import build_model
+    from lowbit.models.build import build_model
 
     ckpt = open_model("smollm2")
     tok = build_tokenizer(ckpt)

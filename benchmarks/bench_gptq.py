@@ -3,7 +3,7 @@ shipped models (quality and time).
 
 - MiniLM (all-MiniLM-L6-v2): int4 g128 symmetric and asymmetric, embedding fidelity on
   ``--sentences`` sentences of the default text (500 as in issue 16), GPTQ calibrated on 256
-  other sentences of it (``lowbit.evaluation.calibration``: never one the evaluation measures).
+  other sentences of it (``lowbit.calibration.data``: never one the evaluation measures).
 - SmolLM2-135M: int4 g128 symmetric and asymmetric, perplexity on the first ``--tokens`` tokens
   of the default text (16,384 as in issue 16), GPTQ calibrated on ``--calib-samples`` windows of
   512 tokens from token 32,768 (128 by default, the issue's target; 32 as its llm-compressor runs).
@@ -34,9 +34,9 @@ from typing import Any
 
 
 def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
-    from lowbit.evaluation.calibration import Calibration
+    from lowbit.calibration.data import Calibration
     from lowbit.evaluation.variants import evaluate_variants
-    from lowbit.quant.gptq import GPTQ
+    from lowbit.methods.gptq import GPTQ
 
     samples = args.calib_samples if model == "smollm2" else args.calib_texts
     t0, c0 = time.perf_counter(), time.process_time()
@@ -66,9 +66,9 @@ def speed(
     """gptq_weights on SmolLM2 alone: seconds per phase (wall, CPU) and peak memory."""
     import resource
 
-    from lowbit.evaluation.calibration import Calibration
-    from lowbit.evaluation.gptq_model import gptq_weights
-    from lowbit.quant.gptq import GPTQ
+    from lowbit.calibration.data import Calibration
+    from lowbit.calibration.gptq import gptq_weights
+    from lowbit.methods.gptq import GPTQ
 
     run_ = gptq_weights(
         "smollm2",

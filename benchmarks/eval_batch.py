@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model
     from lowbit.evaluation import variants as ev
-    from lowbit.evaluation.models import build_model
+    from lowbit.models.build import build_model
 
     ckpt = open_model("smollm2")
     tok = build_tokenizer(ckpt)

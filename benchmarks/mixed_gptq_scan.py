@@ -45,14 +45,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from lowbit.calibration.data import Calibration
+    from lowbit.calibration.gptq import gptq_weights
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model
     from lowbit.evaluation import sensitivity as sens
-    from lowbit.evaluation.calibration import Calibration
-    from lowbit.evaluation.gptq_model import gptq_weights
     from lowbit.evaluation.scan_samples import is_causal, scan_samples
     from lowbit.evaluation.sensitivity_result import SensitivityResult, spearman
-    from lowbit.quant.gptq import GPTQ
+    from lowbit.methods.gptq import GPTQ
     from lowbit.quant.scheme_text import parse_scheme
 
     torch.set_num_threads(1)

@@ -48,7 +48,7 @@ def _child(what: str, threads: int, numba: bool) -> dict:
     sys.path.insert(0, str(TESTS / "evaluation"))
     from lowbit.codecs import _numba
     from lowbit.evaluation import perplexity as ev
-    from lowbit.evaluation.activations import simulate_activations
+    from lowbit.models.activations import simulate_activations
 
     ctx = contextlib.nullcontext() if numba else _numba.numpy_only()
     out: dict = {}
@@ -112,7 +112,7 @@ def _child(what: str, threads: int, numba: bool) -> dict:
 
             from lowbit.checkpoints.quantize_model import quantize_model
             from lowbit.evaluation.variants import evaluate_variants
-            from lowbit.quant.plan import PrecisionPlan
+            from lowbit.plans.plan import PrecisionPlan
             from tiny_models import save_hf_folder, tiny_bert, tiny_llama
 
             with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,7 @@ with atheris.instrument_imports():
     import lowbit.checkpoints.gguf_writer
     import lowbit.checkpoints.lowbit_format
     import lowbit.checkpoints.readers
-    import lowbit.quant.plan  # noqa: F401
+    import lowbit.plans.plan  # noqa: F401
     from lowbit.errors import LowbitError
 
 TARGETS = ("safetensors", "gguf", "manifest", "plan")

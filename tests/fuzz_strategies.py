@@ -445,7 +445,7 @@ def exercise_manifest(text: bytes, folder: Path) -> None:
 
 def exercise_plan(text: bytes, folder: Path, suffix: str = ".json") -> None:
     """Read a plan file (JSON, or YAML with ``suffix=".yaml"``)."""
-    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.plans.plan import PrecisionPlan
 
     path = folder / f"plan{suffix}"
     path.write_bytes(text)
@@ -458,7 +458,7 @@ def make_manifest_folder(folder: Path) -> bytes:
     import numpy as np
 
     from lowbit.checkpoints.quantize_model import quantize_model
-    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.plans.plan import PrecisionPlan
 
     rng = np.random.default_rng(0)
     src = folder.parent / f"{folder.name}-src.safetensors"

@@ -37,11 +37,11 @@ def assert_groups_match_alone(
     ``f"{prefix}{block}."``), a ``blocks`` GPTQ of that group alone (int4:g32), on a copy of
     the model holding ``run``'s weights for every group before it and every earlier block,
     gives ``run``'s codes and scales."""
+    from lowbit.calibration.gptq import gptq_weights
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.evaluation.gptq_model import gptq_weights
-    from lowbit.evaluation.models import build_model
-    from lowbit.quant.gptq import GPTQ
-    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.methods.gptq import GPTQ
+    from lowbit.models.build import build_model
+    from lowbit.plans.plan import PrecisionPlan
     from tiny_models import save_hf_folder
 
     ckpt = open_checkpoint(source)

@@ -12,8 +12,9 @@ Every ``import`` statement of ``src/lowbit`` counts, at module level and inside 
     statement and is allowed;
 (d) imports go down the layers, never up or sideways:
 
-    cli -> view -> planning, evaluation -> training -> checkpoints -> quant, torch -> formats -> codecs
-    -> base (errors, enums, _arrays, _parallel, _progress, _files, _version)
+    cli -> view -> planning, evaluation -> calibration -> models, training -> checkpoints
+    -> methods -> plans -> quant, torch -> ggml -> formats -> codecs
+    -> base (errors, enums, _arrays, _parallel, _progress, _files, _json, _optional, _version)
 
     The codecs sit below the formats: ``FloatFormat.encode`` calls them, and they read a format
     through the ``lowbit.codecs._common.FloatFields`` protocol. Training sits above the
@@ -21,7 +22,7 @@ Every ``import`` statement of ``src/lowbit`` counts, at module level and inside 
     Only the CLI may use the ``lowbit`` package facade; the library imports the module that
     defines a name.
 
-``ALLOWED`` lists the known exceptions, each with the reason it is still there.
+There are no exceptions: a broken rule is fixed in the code, not listed here.
 """
 
 from __future__ import annotations
@@ -70,16 +71,6 @@ OPTIONAL = {
     "torch", "transformers", "tokenizers", "safetensors", "gguf", "numba", "llvmlite", "tqdm",
     "yaml", "matplotlib", "compressed_tensors", "accelerate", "gfloat", "bitsandbytes",
 }  # fmt: skip
-
-#: Known exceptions, as (rule, importer, imported), each with its reason. Remove an entry when
-#: its cause goes (the test below fails on entries that are no longer needed).
-ALLOWED: dict[tuple[str, str, str], str] = {
-    # Scheme.quantize (public) calls quant.tensor, which is built on Scheme: the one module
-    # cycle left. Removing the method (callers use lowbit.quantize(x, scheme)) would end it.
-    ("cycle", "lowbit.quant.scheme", "lowbit.quant.tensor"): "Scheme.quantize",
-    ("local", "lowbit.quant.scheme", "lowbit.quant.tensor"): "Scheme.quantize",
-}
-
 
 @dataclass(frozen=True)
 class Edge:
@@ -262,37 +253,13 @@ def violations(
 
 def test_lowbit_import_graph_follows_the_rules() -> None:
     """No cycle (packages or modules), no function-local import of a core lowbit module, no
-    import up or across the layers -- except the listed, explained ``ALLOWED`` ones."""
+    import up or across the layers, and no exception list."""
     edges, required = import_edges(SRC)
     assert len(edges) > 200, "the walk found too few imports: is SRC right?"
-    broken = [v for v in violations(edges, required, ALLOWED) if v not in ALLOWED]
+    broken = violations(edges, required)
     lines = {(e.importer, e.imported): f"{e.importer}:{e.line}" for e in edges}
     report = "\n".join(f"{rule}: {lines.get((a, b), a)} -> {b}" for rule, a, b in broken)
     assert not broken, f"import rules broken:\n{report}"
-
-
-def test_allowed_exceptions_are_still_needed() -> None:
-    """Every ALLOWED entry still matches a real violation (stale entries must go)."""
-    edges, required = import_edges(SRC)
-    now = set(violations(edges, required))
-    graph: dict[str, set[str]] = defaultdict(set)
-    for e in edges:
-        graph[e.importer].add(e.imported)
-
-    def closes_cycle(a: str, b: str) -> bool:  # b reaches a: the import a -> b closes a cycle
-        seen, todo = {b}, [b]
-        while todo:
-            for w in graph[todo.pop()] - seen:
-                seen.add(w)
-                todo.append(w)
-        return a in seen and b in graph[a]
-
-    stale = sorted(
-        entry
-        for entry in ALLOWED
-        if not (closes_cycle(entry[1], entry[2]) if entry[0] == "cycle" else entry in now)
-    )
-    assert not stale, f"ALLOWED entries no longer needed, remove them: {stale}"
 
 
 def test_every_layer_is_known() -> None:

@@ -251,7 +251,7 @@ def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
     """(path, open checkpoint, built torch model, tokenizer) of a shipped model."""
     from lowbit.checkpoints import open_checkpoint
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-    from lowbit.evaluation.models import build_model
+    from lowbit.models.build import build_model
 
     path = shipped_path(name)
     ckpt = open_checkpoint(path)

@@ -28,14 +28,14 @@ _LAZY = {
     "unpack": "lowbit.codecs.packing",
     "plan": "lowbit.planning.estimate",
     "load": "lowbit.checkpoints",
-    "load_model": "lowbit.evaluation.models",
+    "load_model": "lowbit.models.build",
     "open_checkpoint": "lowbit.checkpoints",
-    "quantize_model": "lowbit.evaluation.calibrated",
-    "PrecisionPlan": "lowbit.quant.plan",
-    "GPTQ": "lowbit.quant.gptq",
-    "AWQ": "lowbit.quant.awq",
-    "SmoothQuant": "lowbit.quant.smoothquant",
-    "Calibration": "lowbit.evaluation.calibration",
+    "quantize_model": "lowbit.calibration.calibrated",
+    "PrecisionPlan": "lowbit.plans.plan",
+    "GPTQ": "lowbit.methods.gptq",
+    "AWQ": "lowbit.methods.awq",
+    "SmoothQuant": "lowbit.methods.smoothquant",
+    "Calibration": "lowbit.calibration.data",
 }
 
 

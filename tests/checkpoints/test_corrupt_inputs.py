@@ -152,7 +152,7 @@ def test_config_json_nested_deep_beside_safetensors(tmp_path: Path) -> None:
 def test_plan_file_limits(tmp_path: Path, suffix: str, text: str, match: str) -> None:
     """Plan files (JSON or YAML) go through the same limits."""
     pytest.importorskip("yaml")
-    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.plans.plan import PrecisionPlan
 
     path = tmp_path / f"plan{suffix}"
     path.write_text(text)
@@ -322,7 +322,7 @@ def test_fifo_is_refused_not_read(tmp_path: Path, name: str) -> None:
     """A FIFO as the model path (a hang before), as config.json, a plan file or lowbit.json
     is refused before it is opened."""
     from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
-    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.plans.plan import PrecisionPlan
 
     fifo = tmp_path / name
     os.mkfifo(fifo)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lowbit.errors import LowbitError
-from lowbit.quant import gguf_q
+from lowbit.ggml import legacy
 
 gguf = pytest.importorskip("gguf")
 from lowbit.checkpoints.gguf_writer import GGUFTensor, gguf_from_quantized, write_gguf  # noqa: E402
@@ -79,7 +79,7 @@ def test_quantize_matches_gguf_reference_bytes(qtype: str, rng: np.random.Genera
     """quantize gives the same bytes as gguf.quants.quantize on awkward and random blocks."""
     for x in (_awkward_blocks(rng), (rng.standard_normal((3, 5, 64)) * 40).astype(np.float32)):
         ref = gguf.quants.quantize(x, QTYPES[qtype])
-        mine = gguf_q.quantize(x, qtype)
+        mine = legacy.quantize(x, qtype)
         assert mine.dtype == np.uint8 and mine.shape == ref.shape
         np.testing.assert_array_equal(mine, ref)
 
@@ -89,9 +89,9 @@ def test_quantize_in_chunks_is_the_same(
     qtype: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Encoding a few blocks at a time (bounded memory) gives the reference bytes too."""
-    monkeypatch.setattr(gguf_q, "_CHUNK", 3)
+    monkeypatch.setattr(legacy, "_CHUNK", 3)
     x = (rng.standard_normal((5, 7 * 32)) * 3).astype(np.float32)
-    np.testing.assert_array_equal(gguf_q.quantize(x, qtype), gguf.quants.quantize(x, QTYPES[qtype]))
+    np.testing.assert_array_equal(legacy.quantize(x, qtype), gguf.quants.quantize(x, QTYPES[qtype]))
 
 
 @settings(max_examples=100, deadline=None)
@@ -106,14 +106,14 @@ def test_quantize_in_chunks_is_the_same(
 )
 def test_quantize_matches_reference_property(x: np.ndarray, qtype: str) -> None:
     """For any finite float32 blocks (hypothesis), bytes equal gguf-py's reference quantizer."""
-    np.testing.assert_array_equal(gguf_q.quantize(x, qtype), gguf.quants.quantize(x, QTYPES[qtype]))
+    np.testing.assert_array_equal(legacy.quantize(x, qtype), gguf.quants.quantize(x, QTYPES[qtype]))
 
 
 def test_q8_0_golden_block() -> None:
     """Q8_0 block with max 127: scale 1.0 (0x3C00), ties round away from zero (ggml roundf)."""
     x = np.zeros(32, np.float32)
     x[:5] = [127.0, 2.5, -2.5, 0.49999997, -126.5]
-    raw = gguf_q.quantize_q8_0(x)
+    raw = legacy.quantize_q8_0(x)
     assert raw.shape == (34,)
     assert raw[:2].tobytes() == b"\x00\x3c"
     assert raw[2:7].view(np.int8).tolist() == [127, 3, -3, 0, -127]
@@ -123,10 +123,10 @@ def test_q4_0_golden_nibble_order() -> None:
     """Q4_0: d = m/-8 (here 1.0); byte j = code[j] | code[j+16] << 4 (ggml-common.h block_q4_0)."""
     x = np.concatenate([np.arange(-8, 8), np.arange(7, -9, -1)]).astype(np.float32)
     x[0] = -8.0  # m = -8 -> d = 1
-    raw = gguf_q.quantize_q4_0(x)
+    raw = legacy.quantize_q4_0(x)
     assert raw[:2].tobytes() == b"\x00\x3c"
     assert raw[2:].tolist() == [(j | (15 - j) << 4) for j in range(16)]  # 0xF0, 0xE1, ... 0x0F
-    np.testing.assert_array_equal(gguf_q.dequantize_q4_0(raw), x)
+    np.testing.assert_array_equal(legacy.dequantize_q4_0(raw), x)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -134,20 +134,20 @@ def test_quantize_tiny_blocks_give_zero(qtype: str) -> None:
     """Blocks so small that 1/d overflows (C undefined there) quantize to value 0, silently."""
     x = np.full((2, 32), 1e-40, np.float32)
     x[1] *= -1
-    np.testing.assert_array_equal(gguf_q.dequantize(gguf_q.quantize(x, qtype), qtype), 0.0)
+    np.testing.assert_array_equal(legacy.dequantize(legacy.quantize(x, qtype), qtype), 0.0)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_quantize_rejects_bad_input(qtype: str) -> None:
     """Rows not a multiple of 32, NaN, and float16-overflowing scales are LowbitErrors."""
     with pytest.raises(LowbitError, match="multiple of 32"):
-        gguf_q.quantize(np.ones((2, 48)), qtype)
+        legacy.quantize(np.ones((2, 48)), qtype)
     with pytest.raises(LowbitError, match="NaN"):
-        gguf_q.quantize(np.full(32, np.nan), qtype)
+        legacy.quantize(np.full(32, np.nan), qtype)
     with pytest.raises(LowbitError, match="float16"):
-        gguf_q.quantize(np.full(32, 3e38, np.float32), qtype)
+        legacy.quantize(np.full(32, 3e38, np.float32), qtype)
     with pytest.raises(LowbitError, match="unknown GGUF block type"):
-        gguf_q.quantize(np.ones(32), "Q4_1")
+        legacy.quantize(np.ones(32), "Q4_1")
 
 
 # ---- dequantize --------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_dequantize_matches_gguf_bitwise(qtype: str, rng: np.random.Generator) -
     size = {"Q8_0": 34, "Q4_0": 18}[qtype]
     raw = rng.integers(0, 256, size=(7, 3 * size), dtype=np.uint8)
     raw.reshape(-1, size)[:, 1] &= 0x7B  # keep the float16 scales finite
-    ours = gguf_q.dequantize(raw, qtype)
+    ours = legacy.dequantize(raw, qtype)
     ref = gguf.quants.dequantize(raw, QTYPES[qtype])
     assert ours.shape == (7, 96)
     np.testing.assert_array_equal(_bits(ours), _bits(ref))
@@ -171,7 +171,7 @@ def test_dequantize_real_q8_0_embedding(smollm2: gguf.GGUFReader) -> None:
     assert emb.tensor_type == T.Q8_0
     raw = np.asarray(emb.data[:512])
     np.testing.assert_array_equal(
-        _bits(gguf_q.dequantize_q8_0(raw)), _bits(gguf.quants.dequantize(raw, T.Q8_0))
+        _bits(legacy.dequantize_q8_0(raw)), _bits(gguf.quants.dequantize(raw, T.Q8_0))
     )
 
 
@@ -183,8 +183,8 @@ def test_from_codes_round_trip(qtype: str, lo: int, hi: int, rng: np.random.Gene
     """Blocks built from codes + float16 scales dequantize (gguf-py) to exactly scale * code."""
     codes = rng.integers(lo, hi + 1, size=(4, 96))
     scale = rng.uniform(1e-3, 1, size=(4, 3)).astype(np.float16)
-    build = gguf_q.q8_0_from_codes if qtype == "Q8_0" else gguf_q.q4_0_from_codes
-    split = gguf_q.q8_0_to_codes if qtype == "Q8_0" else gguf_q.q4_0_to_codes
+    build = legacy.q8_0_from_codes if qtype == "Q8_0" else legacy.q4_0_from_codes
+    split = legacy.q8_0_to_codes if qtype == "Q8_0" else legacy.q4_0_to_codes
     raw = build(scale, codes)
     d, back = split(raw)
     np.testing.assert_array_equal(back, codes)
@@ -224,7 +224,7 @@ def test_write_real_layer_round_trip(smollm2: gguf.GGUFReader, tmp_path: Path) -
             np.testing.assert_array_equal(t.data, want)
             continue
         np.testing.assert_array_equal(t.data, gguf.quants.quantize(want, QTYPES[choice[t.name]]))
-        ours = gguf_q.dequantize(gguf_q.quantize(want, choice[t.name]), choice[t.name])
+        ours = legacy.dequantize(legacy.quantize(want, choice[t.name]), choice[t.name])
         np.testing.assert_array_equal(
             _bits(gguf.quants.dequantize(t.data, t.tensor_type)), _bits(ours)
         )
@@ -362,9 +362,9 @@ def test_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
         calls.append(qtype)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return gguf_q.quantize_q8_0(x)
+        return legacy.quantize_q8_0(x)
 
-    monkeypatch.setattr(gguf_q, "quantize", failing)
+    monkeypatch.setattr(legacy, "quantize", failing)
     tensors = {n: GGUFTensor(np.ones((64, 64), np.float32), "Q8_0") for n in ("a", "b", "c")}
     path = tmp_path / "m.gguf"
     with pytest.raises(KeyboardInterrupt):
@@ -402,7 +402,7 @@ def test_gguf_from_quantized_contract(rng: np.random.Generator) -> None:
         g = gguf_from_quantized(_stub_qt(codes, scale, fmt))
         assert (g.qtype, g.raw) == (qtype, True)
         want = np.repeat(scale.reshape(3, 2), 32, axis=1) * codes
-        np.testing.assert_array_equal(gguf_q.dequantize(g.data, qtype), want.astype(np.float32))
+        np.testing.assert_array_equal(legacy.dequantize(g.data, qtype), want.astype(np.float32))
     codes = rng.integers(-8, 8, size=(3, 64))
     with pytest.raises(LowbitError, match="got format float8_e4m3fn"):
         gguf_from_quantized(_stub_qt(codes, scale, "fp8_e4m3"))
@@ -453,5 +453,5 @@ def test_lazy_mapping_keeps_one_value(tmp_path: Path) -> None:
     lazy = _LazyArrays(4)
     out = write_gguf(tmp_path / "lazy.gguf", lazy, arch="llama", progress=False)
     assert lazy.calls == 8 and lazy.most_alive == 0
-    want = gguf_q.dequantize(gguf_q.quantize(lazy["t3"].data, "Q8_0"), "Q8_0")
+    want = legacy.dequantize(legacy.quantize(lazy["t3"].data, "Q8_0"), "Q8_0")
     np.testing.assert_array_equal(_read(out)["t3"][1], want)

@@ -17,9 +17,9 @@ from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.quantize_model import quantize_model
 from lowbit.errors import LowbitError
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import parse_action
 from lowbit.quant.layout import quantized_arrays
-from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import parse_action
 from lowbit.quant.scheme import Scheme
 
 pytest.importorskip("safetensors")
@@ -185,7 +185,7 @@ def test_gguf_source_keeps_raw_blocks_and_loads_the_model(tmp_path: Path) -> Non
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("gguf")
-    from lowbit.evaluation.models import build_model
+    from lowbit.models.build import build_model
     from tiny_models import save_gguf, tiny_llama
 
     src = save_gguf(tiny_llama(), tmp_path / "tiny.gguf")
@@ -216,7 +216,7 @@ def test_load_model_simulates_planned_activations(tmp_path: Path) -> None:
     """Activations the plan asks for are fake-quantized per token on exactly those layers."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from lowbit.evaluation.activations import simulate_activations
+    from lowbit.models.activations import simulate_activations
     from tiny_models import save_hf_folder, tiny_llama
 
     src = save_hf_folder(tiny_llama(), tmp_path / "src")

@@ -95,7 +95,7 @@ _CHILD = textwrap.dedent(
     import json, sys, tempfile
     from pathlib import Path
     import lowbit
-    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.plans.plan import PrecisionPlan
     from lowbit.checkpoints.quantize_model import quantize_model
 
     src, out = Path(sys.argv[1]), Path(sys.argv[2])

@@ -22,7 +22,7 @@ from lowbit.checkpoints.gguf_writer import write_gguf
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
 from lowbit.checkpoints.quantize_model import quantize_model
 from lowbit.errors import LowbitError
-from lowbit.quant.plan import PrecisionPlan
+from lowbit.plans.plan import PrecisionPlan
 from tiny_models import save_gguf, save_hf_folder, tiny_llama
 
 INT8 = PrecisionPlan.uniform("int8")

@@ -102,7 +102,7 @@ def test_compressed_tensors_tokenizer_json_carries_it(tmp_path: Path) -> None:
     from tokenizers import Tokenizer
 
     import lowbit
-    from lowbit.quant.plan import PrecisionPlan
+    from lowbit.plans.plan import PrecisionPlan
 
     src = save_gguf(tiny_llama(), tmp_path / "t.gguf", metadata={"tokenizer.ggml.pre": "smollm"})
     out = tmp_path / "ct"

@@ -21,7 +21,7 @@ from lowbit.checkpoints.quantize_model import (
     resolve_model,
 )
 from lowbit.errors import LowbitError
-from lowbit.quant.plan import PrecisionPlan
+from lowbit.plans.plan import PrecisionPlan
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -87,7 +87,7 @@ def test_compressed_tensors_pipeline_decompresses_exactly(
     from safetensors import safe_open
 
     from lowbit.checkpoints.names import gguf_to_hf_name
-    from lowbit.evaluation.models import hf_tensors
+    from lowbit.models.build import hf_tensors
 
     src = hf_folder if source == "hf" else gguf_file
     plan = PrecisionPlan.uniform("int4", group=32, rules=CT_RULES)

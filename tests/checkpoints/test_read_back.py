@@ -19,7 +19,7 @@ pytestmark = pytest.mark.torch
 import lowbit  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.quantize_model import plan_model, quantize_model  # noqa: E402
-from lowbit.quant.plan import PrecisionPlan  # noqa: E402
+from lowbit.plans.plan import PrecisionPlan  # noqa: E402
 from tiny_models import save_gguf, save_hf_folder, tiny_llama  # noqa: E402
 
 # one rule per storage format lowbit writes: pack-quantized (symmetric, asymmetric groups with

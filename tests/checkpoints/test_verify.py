@@ -26,7 +26,7 @@ from lowbit.checkpoints._manifest import canonical_json, manifest_digest
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
 from lowbit.checkpoints.quantize_model import quantize_model
 from lowbit.errors import LowbitError
-from lowbit.quant.plan import PrecisionPlan
+from lowbit.plans.plan import PrecisionPlan
 from strategies import json_values
 
 Q = "model.layers.0.self_attn.q_proj.weight"  # int4 g32, square: an axis swap keeps sizes

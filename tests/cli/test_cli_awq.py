@@ -13,11 +13,11 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
 import lowbit  # noqa: E402
+from lowbit.calibration.awq import awq_weights  # noqa: E402
+from lowbit.calibration.data import Calibration  # noqa: E402
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint  # noqa: E402
 from lowbit.cli import main  # noqa: E402
-from lowbit.evaluation.awq_model import awq_weights  # noqa: E402
-from lowbit.evaluation.calibration import Calibration  # noqa: E402
-from lowbit.quant.smoothquant import SmoothQuant  # noqa: E402
+from lowbit.methods.smoothquant import SmoothQuant  # noqa: E402
 from tiny_models import save_gguf, save_hf_folder, tiny_llama  # noqa: E402
 
 

@@ -15,18 +15,19 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
+from lowbit.calibration.awq import awq_weights  # noqa: E402
+from lowbit.calibration.data import Calibration  # noqa: E402
+from lowbit.calibration.gptq import gptq_weights  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint  # noqa: E402
 from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
-from lowbit.evaluation.awq_model import awq_variant, awq_weights  # noqa: E402
-from lowbit.evaluation.calibration import Calibration  # noqa: E402
-from lowbit.evaluation.gptq_model import gptq_weights  # noqa: E402
-from lowbit.quant.plan import PrecisionPlan  # noqa: E402
-from lowbit.quant.rules import parse_rule  # noqa: E402
+from lowbit.evaluation.calibrated_variants import awq_variant  # noqa: E402
+from lowbit.methods.smoothquant import SmoothQuant  # noqa: E402
+from lowbit.plans.plan import PrecisionPlan  # noqa: E402
+from lowbit.plans.rules import parse_rule  # noqa: E402
 from lowbit.quant.scheme_text import parse_scheme  # noqa: E402
-from lowbit.quant.smoothquant import SmoothQuant  # noqa: E402
 from lowbit.quant.tensor import quantize  # noqa: E402
 from tiny_models import (  # noqa: E402
     gguf_metadata,

@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
+from lowbit.calibration.data import Calibration  # noqa: E402
+from lowbit.calibration.gptq import gptq_weights  # noqa: E402
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint  # noqa: E402
 from lowbit.cli import main  # noqa: E402
-from lowbit.evaluation.calibration import Calibration  # noqa: E402
-from lowbit.evaluation.gptq_model import gptq_weights  # noqa: E402
 from tiny_models import save_hf_folder, tiny_llama  # noqa: E402
 
 
@@ -151,7 +151,7 @@ def test_gptq_to_gguf(setup: tuple[Path, Path], tmp_path: Path, spec: str) -> No
     grid and rounding rule inside the loop), not llama.cpp's own rounding."""
     gguf = pytest.importorskip("gguf")
     import lowbit
-    from lowbit.quant.gguf_q import quantize as ggml_quantize
+    from lowbit.ggml.legacy import quantize as ggml_quantize
     from tiny_models import save_gguf
 
     _, text = setup
@@ -188,7 +188,7 @@ def test_quantize_threads(
 ) -> None:  # fmt: skip
     """``--threads N`` reaches the calibrated method (its torch thread count) and leaves the
     result as it is; ``--threads 0`` is one error line before any work."""
-    import lowbit.evaluation.calibrated as calibrated
+    import lowbit.calibration.calibrated as calibrated
 
     folder, text = setup
     seen: list[int] = []

@@ -17,7 +17,7 @@ import pytest
 
 from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model
 from lowbit.cli import main
-from lowbit.quant.plan import PrecisionPlan
+from lowbit.plans.plan import PrecisionPlan
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -18,8 +18,8 @@ from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model
 from lowbit.cli import cmd_quantize, main
 from lowbit.planning.archs import load_spec
 from lowbit.planning.estimate import tensor_decisions
-from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import action_label
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import action_label
 from lowbit.quant.scheme_text import parse_scheme
 
 pytest.importorskip("torch")

@@ -172,7 +172,7 @@ def test_batched_compare_causal(models: Any, batch: int) -> None:
     """compare_causal with B windows per forward: within the tolerance of one window per
     forward, and bit for bit perplexity()'s numbers at the same batch (simulated int8
     activations included, so the activation hooks wrap the batched forward)."""
-    from lowbit.evaluation.activations import simulate_activations
+    from lowbit.models.activations import simulate_activations
 
     ref, model, tok = models
     variants = [

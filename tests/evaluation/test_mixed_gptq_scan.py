@@ -14,11 +14,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from lowbit.calibration.data import Calibration
+from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints import open_checkpoint
 from lowbit.evaluation import sensitivity as sens
-from lowbit.evaluation.calibration import Calibration
-from lowbit.evaluation.gptq_model import gptq_weights
-from lowbit.quant.gptq import GPTQ
+from lowbit.methods.gptq import GPTQ
 from lowbit.quant.tensor import quantize
 from tiny_models import save_hf_folder, tiny_bert
 

@@ -12,7 +12,6 @@ from lowbit.errors import LowbitError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from lowbit.evaluation.activations import fake_quantize_per_token, simulate_activations  # noqa: E402
 from lowbit.evaluation.perplexity import (  # noqa: E402
     _windows,
     default_text,
@@ -23,6 +22,7 @@ from lowbit.evaluation.perplexity import (  # noqa: E402
     sentences_from_text,
     tokenize,
 )
+from lowbit.models.activations import fake_quantize_per_token, simulate_activations  # noqa: E402
 from tiny_models import shipped_model  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -140,7 +140,7 @@ def test_proxy_pass_stops_early_with_the_same_moments(
     import torch
 
     from lowbit.evaluation._sensitivity_runner import Runner
-    from lowbit.evaluation.models import build_model
+    from lowbit.models.build import build_model
 
     ckpt = open_checkpoint(save_hf_folder(tiny_llama(seed=3, tie=tie), tmp_path / "m"))
     model = build_model(ckpt, progress=False)
@@ -218,7 +218,7 @@ def test_head_shortcut_equals_logits(llama_dir: Path, windows: Calibration) -> N
     import torch
 
     from lowbit.evaluation._sensitivity_runner import Runner
-    from lowbit.evaluation.models import build_model
+    from lowbit.models.build import build_model
 
     model = build_model(open_checkpoint(llama_dir), progress=False)
     fast = Runner(model, None, "causal", windows, 4)

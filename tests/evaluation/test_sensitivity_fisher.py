@@ -42,7 +42,7 @@ def test_output_moments_equal_per_window_gradients(llama_dir: Path, windows: Cal
     import torch
 
     from lowbit.evaluation._sensitivity_runner import Runner, sample_next
-    from lowbit.evaluation.models import build_model
+    from lowbit.models.build import build_model
 
     model = build_model(open_checkpoint(llama_dir), progress=False)
     runner = Runner(model, None, "causal", windows, 4)

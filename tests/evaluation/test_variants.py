@@ -17,7 +17,7 @@ from lowbit.checkpoints.quantize_model import quantize_model  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.evaluation import perplexity as evaluate  # noqa: E402
 from lowbit.evaluation.variants import Variant, compare_causal, compare_encoder, evaluate_variants  # noqa: E402
-from lowbit.quant.plan import PrecisionPlan  # noqa: E402
+from lowbit.plans.plan import PrecisionPlan  # noqa: E402
 from tiny_models import (  # noqa: E402
     byte_fast_tokenizer,
     byte_tokenizer_json,
@@ -58,7 +58,7 @@ def test_compare_causal_equals_evaluate_perplexity(stride: int | None) -> None:
     assert measured["tokens"] == 300 and measured["windows"] > 4
     for v, row in zip(variants, rows, strict=True):
         if v.activations:
-            from lowbit.evaluation.activations import simulate_activations
+            from lowbit.models.activations import simulate_activations
 
             with simulate_activations(v.model, "int8"):
                 want = evaluate.perplexity(v.model, tok, _text(), reference=ref, **kw)

@@ -15,7 +15,7 @@ from lowbit.errors import LowbitError
 from lowbit.planning import archs
 from lowbit.planning.headers import read_gguf_header, read_safetensors_header
 from lowbit.planning.modelspec import parse_params
-from lowbit.quant.components import classify
+from lowbit.plans.components import classify
 
 CONFIGS = Path(__file__).parents[1] / "fixtures" / "configs"
 

@@ -27,8 +27,8 @@ from lowbit.planning.estimate import (
 )
 from lowbit.planning.hardware import load_hardware, select_devices
 from lowbit.planning.modelspec import ModelSpec, TensorInfo
-from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import Rule, load_plan_file, parse_rule
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import Rule, load_plan_file, parse_rule
 from lowbit.quant.scheme import Cast, Scheme
 from lowbit.quant.scheme_text import parse_scheme
 from strategies import granularities, model_shapes, quant_arrays

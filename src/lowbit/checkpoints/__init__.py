@@ -2,13 +2,13 @@
 quantize them tensor by tensor, and write lowbit, compressed-tensors and GGUF checkpoints.
 
 ``open_checkpoint`` reads one tensor at a time (memory-mapped); ``load`` reads them all into a
-dict; ``load_model`` builds a runnable transformers model (``lowbit.evaluation.models.load_model``,
+dict; ``load_model`` builds a runnable transformers model (``lowbit.models.build.load_model``,
 loaded on first use);
 ``quantize_model`` streams a checkpoint through a precision plan into a new one.
 
 Every name here loads its module on first use. Writers for checkpoints other tools load:
 
-- :mod:`lowbit.quant.gguf_q`: Q8_0 / Q4_0 block quantizers, numpy only.
+- :mod:`lowbit.ggml`: llama.cpp's block quantizers (Q8_0, Q4_0, ...), numpy only.
 - :mod:`lowbit.checkpoints.gguf_writer`: :func:`write_gguf`, :class:`GGUFTensor`,
   :func:`gguf_from_quantized` (writing needs the ``gguf`` package).
 - :mod:`lowbit.checkpoints.compressed_tensors`: :func:`write_compressed_tensors`,
@@ -28,7 +28,7 @@ _LAZY = {
     "Checkpoint": "lowbit.checkpoints.readers",
     "TensorInfo": "lowbit.checkpoints.readers",
     # load_model builds a torch model: it lives in the evaluation layer above this one
-    "load_model": "lowbit.evaluation.models",
+    "load_model": "lowbit.models.build",
     "quantize_model": "lowbit.checkpoints.quantize_model",
     "write_gguf": "lowbit.checkpoints.gguf_writer",
     "GGUFTensor": "lowbit.checkpoints.gguf_writer",

@@ -40,7 +40,7 @@ from lowbit._json import check_regular_file, short_repr
 from lowbit._parallel import map_chunks
 from lowbit.checkpoints._safetensors import check_overlaps, check_shape
 from lowbit.errors import LowbitError
-from lowbit.quant import _numba
+from lowbit.ggml import _numba
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -434,7 +434,7 @@ _DEQUANT_VALUES = 1 << 18  # values per call of gguf's block decoder
 # d * (q - 8) and d * q + m in float32, in that operand order (so NaN and infinite
 # scales give the same bits), the nibbles split in uint8 and converted in one pass (twice
 # as fast as looking them up in a float32 table, four times gguf's own). Q4_0, Q4_1 and
-# Q8_0 take a compiled kernel (``lowbit.quant._numba.ggml_decode``, the same bits, ten
+# Q8_0 take a compiled kernel (``lowbit.ggml._numba.ggml_decode``, the same bits, ten
 # times faster again) where numba is in use; other types use gguf's decoder.
 
 

@@ -45,9 +45,9 @@ from lowbit import _json
 from lowbit.checkpoints._safetensors import SAFETENSORS_DTYPE_BITS
 from lowbit.checkpoints._safetensors_write import dtype_code
 from lowbit.errors import LowbitError
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import activation_format
 from lowbit.quant.layout import make_layout, quantized_arrays
-from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import activation_format
 from lowbit.quant.scheme import Scheme
 from lowbit.quant.tensor import FORMAT_VERSION as TENSOR_VERSION
 

@@ -27,9 +27,9 @@ from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
 from lowbit.checkpoints.readers import ReplacedCheckpoint
 from lowbit.codecs.packing import _pack_unchecked, unpack
 from lowbit.errors import LowbitError
-from lowbit.quant import gguf_q
+from lowbit.ggml import legacy
+from lowbit.plans.plan import AppliedPlan, TensorPlan
 from lowbit.quant.layout import quantized_arrays
-from lowbit.quant.plan import AppliedPlan, TensorPlan
 from lowbit.quant.scheme import Granularity
 from lowbit.quant.tensor import QuantizedTensor, quantize
 
@@ -139,7 +139,7 @@ def output_nbytes(t: TensorPlan, out_format: str = "lowbit") -> int:
     assert s is not None
     bits = s.element_format.bits
     if out_format == "gguf":
-        return gguf_q.nbytes(t.shape, GGUF_Q[bits])
+        return legacy.nbytes(t.shape, GGUF_Q[bits])
     rows, cols = t.shape
     gran = s.granularity.value
     groups = 1 if gran in ("tensor", "channel") else -(-cols // int(s.group_size))  # type: ignore[arg-type]

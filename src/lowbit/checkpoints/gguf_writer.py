@@ -28,7 +28,7 @@ from lowbit.checkpoints._atomic import atomic_file
 from lowbit.checkpoints._outputs import WRITER_KEY, writer_tag
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
-from lowbit.quant import gguf_q
+from lowbit.ggml import legacy
 
 __all__ = ["GGUFTensor", "gguf_from_quantized", "write_gguf"]
 
@@ -109,7 +109,7 @@ def gguf_from_quantized(qt: Any) -> GGUFTensor:
     axis = scheme.axis if scheme.axis is not None else -1
     if (
         granularity != "group"
-        or scheme.group_size != gguf_q.BLOCK
+        or scheme.group_size != legacy.BLOCK
         or not shape
         or axis not in (-1, len(shape) - 1)
     ):
@@ -120,7 +120,7 @@ def gguf_from_quantized(qt: Any) -> GGUFTensor:
     qtype = "Q4_0" if bits == 4 else "Q8_0"
 
     codes = np.asarray(qt.unpack()).reshape(shape)
-    build = gguf_q.q4_0_from_codes if bits == 4 else gguf_q.q8_0_from_codes
+    build = legacy.q4_0_from_codes if bits == 4 else legacy.q8_0_from_codes
     return GGUFTensor(build(np.asarray(qt.scale), codes), qtype, raw=True)
 
 
@@ -165,20 +165,20 @@ def _plan(name: str, value: Any) -> _Planned:
     shape = tuple(arr.shape)
     if arr.dtype.kind not in "fiu" and not _is_ml_float(arr.dtype):
         raise LowbitError(f"tensor {name!r}: expected real numbers, got dtype {arr.dtype}")
-    if qname in gguf_q.QTYPES:
-        if not shape or shape[-1] % gguf_q.BLOCK:
+    if qname in legacy.QTYPES:
+        if not shape or shape[-1] % legacy.BLOCK:
             raise LowbitError(
                 f"tensor {name!r} of shape {shape}: {qname} needs a last axis that is a "
-                f"multiple of {gguf_q.BLOCK}"
+                f"multiple of {legacy.BLOCK}"
             )
 
         def make() -> np.ndarray:
             try:
-                return gguf_q.quantize(arr, qname)
+                return legacy.quantize(arr, qname)
             except LowbitError as exc:
                 raise LowbitError(f"tensor {name!r}: {exc}") from None
 
-        return _Planned(shape, gtype, gguf_q.nbytes(shape, qname), make)
+        return _Planned(shape, gtype, legacy.nbytes(shape, qname), make)
     if qname in _PLAIN:
         dtype = _PLAIN[qname]
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -194,7 +194,7 @@ def _plan(name: str, value: Any) -> _Planned:
         return _Planned(shape, gtype, nbytes, make_bf16)
     raise LowbitError(
         f"tensor {name!r}: cannot quantize to {qname} here; choose one of "
-        f"{[*gguf_q.QTYPES, 'F32', 'F16', 'BF16']}, or pass the bytes with raw=True"
+        f"{[*legacy.QTYPES, 'F32', 'F16', 'BF16']}, or pass the bytes with raw=True"
     )
 
 

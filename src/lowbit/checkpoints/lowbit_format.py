@@ -32,7 +32,7 @@ Reading back (:class:`LowbitCheckpoint`, ``lowbit.load(DIR)``) first checks the 
 files against it (``verify=False`` skips the sha256s), then gives exactly
 ``QuantizedTensor.dequantize()``'s float32 values; ``lowbit.load_model(DIR)`` builds the
 transformers model with those weights and simulates per-token activation quantization on the
-layers whose plan asked for it (``lowbit.evaluation.activations``).
+layers whose plan asked for it (``lowbit.models.activations``).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ from lowbit.checkpoints._manifest import GGUF_METADATA, MANIFEST
 from lowbit.checkpoints.gguf_writer import write_gguf
 from lowbit.checkpoints.readers import Checkpoint, SafetensorsFile, TensorInfo
 from lowbit.errors import LowbitError
+from lowbit.plans.plan import PrecisionPlan
 from lowbit.quant.layout import quantized_arrays
-from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.tensor import QuantizedTensor
 
 __all__ = [
@@ -408,7 +408,7 @@ class LowbitCheckpoint(Checkpoint):
 
     @property
     def plan(self) -> Any:
-        """The :class:`~lowbit.quant.plan.PrecisionPlan` the checkpoint was made with."""
+        """The :class:`~lowbit.plans.plan.PrecisionPlan` the checkpoint was made with."""
         return PrecisionPlan.from_dict(self.manifest.get("plan") or {}, where=str(self.path))
 
     def activations(self) -> dict[str, str]:
@@ -420,7 +420,7 @@ class LowbitCheckpoint(Checkpoint):
         }
 
     def as_source(self) -> Checkpoint:
-        """A view with the source's format name, for ``lowbit.evaluation.models.build_model`` (GGUF names
+        """A view with the source's format name, for ``lowbit.models.build.build_model`` (GGUF names
         are renamed and q/k rows un-permuted as for the source) and ``build_tokenizer``."""
         return _SourceView(self)
 

@@ -1,7 +1,7 @@
 """Tensor names across checkpoint kinds: llama.cpp GGUF names to transformers names, and the
 q/k row order llama.cpp's converter uses.
 
-Readers, writers and the model builder (``lowbit.evaluation.models``) all use these, so they
+Readers, writers and the model builder (``lowbit.models.build``) all use these, so they
 live with the checkpoints.
 """
 

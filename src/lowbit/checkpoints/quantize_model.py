@@ -1,7 +1,7 @@
 """Quantize a whole checkpoint, streaming: one tensor at a time from the reader, through
 ``lowbit.quantize``, into a writer.
 
->>> from lowbit.quant.plan import PrecisionPlan                      # doctest: +SKIP
+>>> from lowbit.plans.plan import PrecisionPlan                      # doctest: +SKIP
 >>> plan = PrecisionPlan.uniform("int4", group=128)
 >>> quantize_model("smollm2", plan, "smollm2-int4")                       # lowbit checkpoint
 >>> quantize_model("model_dir", PrecisionPlan.uniform("int8"), "ct", out_format="compressed-tensors")
@@ -23,7 +23,7 @@ Outputs:
 - ``gguf``: llama.cpp's file (``lowbit.checkpoints.gguf_writer``) from a GGUF source (its metadata
   is copied): int4/int8 symmetric groups of 32 with float16 scales are stored exactly as Q4_0 /
   Q8_0 blocks; other int4/int8 schemes (and ``--to q4_0`` / ``q8_0``) use llama.cpp's own
-  reference rounding (``lowbit.quant.gguf_q``); kept tensors are copied byte for byte.
+  reference rounding (``lowbit.ggml.legacy``); kept tensors are copied byte for byte.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
 from lowbit.errors import LowbitError
-from lowbit.quant.plan import AppliedPlan, PrecisionPlan, TensorPlan
+from lowbit.plans.plan import AppliedPlan, PrecisionPlan, TensorPlan
 
 __all__ = [
     "OUT_FORMATS",
@@ -123,7 +123,7 @@ def plan_model(
             Q4_0/Q8_0, llama.cpp's rounding otherwise) or ``llama.cpp`` (always).
 
     Returns:
-        The :class:`~lowbit.quant.plan.AppliedPlan`.
+        The :class:`~lowbit.plans.plan.AppliedPlan`.
 
     Raises:
         LowbitError: an unquantizable tensor (named), or a scheme the output format lacks.
@@ -179,7 +179,7 @@ def quantize_model(
     Args:
         model: a path (``.safetensors``, a Hugging Face folder, ``.gguf``), a shipped model
             name (``smollm2``, ``minilm``), or an open checkpoint.
-        plan: the :class:`~lowbit.quant.plan.PrecisionPlan`.
+        plan: the :class:`~lowbit.plans.plan.PrecisionPlan`.
         out: the folder (``lowbit``, ``compressed-tensors``) or ``.gguf`` file to write.
         out_format: ``lowbit`` (default), ``compressed-tensors`` or ``gguf``.
         gguf_rounding: see :func:`plan_model`.
@@ -192,7 +192,7 @@ def quantize_model(
             compressed-tensors).
         progress: tqdm bars (``None``: only on a terminal; ``False``: never).
         weights: tensors already quantized as the plan says (name -> QuantizedTensor, e.g.
-            ``lowbit.evaluation.gptq_model.gptq_weights(...).weights``), written as they are
+            ``lowbit.calibration.gptq.gptq_weights(...).weights``), written as they are
             (GGUF: in Q4_0/Q8_0 layouts); the plan's other tensors are rounded to nearest.
         method: how ``weights`` were made (e.g. ``GPTQ().to_dict()`` plus the calibration),
             recorded in the manifest and, per tensor, as ``method``.

@@ -371,7 +371,7 @@ class GGUFFile(_Indexed):
 
     Names are GGUF's own ("blk.0.attn_q.weight"); shapes are in numpy order; ``get`` dequantizes
     block formats (Q4_0 ... Q8_0, K-quants, IQ types) to float32 with ``gguf.quants``. The
-    q/k rows keep llama.cpp's permutation: ``lowbit.evaluation.models`` undoes it when building a model.
+    q/k rows keep llama.cpp's permutation: ``lowbit.models.build`` undoes it when building a model.
     """
 
     format = "gguf"
@@ -398,7 +398,7 @@ class GGUFFile(_Indexed):
 
 class ReplacedCheckpoint(Checkpoint):
     """A checkpoint with some tensors replaced by float32 arrays held in memory (e.g. AWQ's
-    folded norms, ``lowbit.evaluation.awq_model.AWQRun.checkpoint``); every other tensor is
+    folded norms, ``lowbit.calibration.awq.AWQRun.checkpoint``); every other tensor is
     read from ``base``. A replaced tensor's :meth:`info` says ``F32`` and the float32 bytes;
     its ``file`` and ``offset`` still point at the original, so writers that copy stored
     bytes must look at :attr:`replaced` first (``lowbit.checkpoints._pipeline`` does).

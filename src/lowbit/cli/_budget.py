@@ -18,9 +18,9 @@ from lowbit.cli.cmd_eval import print_result
 from lowbit.errors import LowbitError
 from lowbit.evaluation.sensitivity import SensitivityResult
 from lowbit.evaluation.variants import evaluate_variants
-from lowbit.quant.mixed import PRESETS, plan_for_budget, preset_plan
-from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import METHODS
+from lowbit.plans.mixed import PRESETS, plan_for_budget, preset_plan
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import METHODS
 
 
 def add_options(

@@ -7,11 +7,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from lowbit.calibration.calibrated import calibrated_weights
+from lowbit.calibration.data import Calibration
 from lowbit.errors import LowbitError
-from lowbit.evaluation.calibrated import calibrated_weights
-from lowbit.evaluation.calibration import Calibration
-from lowbit.quant.awq import AWQ
-from lowbit.quant.smoothquant import SmoothQuant
+from lowbit.methods.awq import AWQ
+from lowbit.methods.smoothquant import SmoothQuant
 
 __all__ = ["add_calibration_options", "awq_run", "method_summary", "parse_alpha"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.checkpoints._outputs import save_figure
-from lowbit.quant.presets import tensor_group
+from lowbit.plans.presets import tensor_group
 
 
 def _plt() -> Any:

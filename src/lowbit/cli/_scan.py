@@ -18,7 +18,7 @@ from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.evaluation.scan_samples import is_causal, scan_samples
 from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
-from lowbit.quant.plan import PrecisionPlan
+from lowbit.plans.plan import PrecisionPlan
 from lowbit.quant.scheme_text import parse_scheme
 
 

@@ -6,16 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from lowbit.calibration.data import Calibration
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.cli import _common
 from lowbit.cli._calibrated import add_calibration_options, parse_alpha
 from lowbit.errors import LowbitError
-from lowbit.evaluation.calibration import Calibration
 from lowbit.evaluation.perplexity import DEFAULT_BATCH
 from lowbit.evaluation.variants import evaluate_variants
-from lowbit.quant.awq import AWQ
-from lowbit.quant.gptq import GPTQ
-from lowbit.quant.smoothquant import SmoothQuant
+from lowbit.methods.awq import AWQ
+from lowbit.methods.gptq import GPTQ
+from lowbit.methods.smoothquant import SmoothQuant
 
 _EPILOG = """\
 MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2

@@ -13,7 +13,7 @@ from lowbit.errors import LowbitError
 from lowbit.planning.archs import parse_params
 from lowbit.planning.estimate import plan
 from lowbit.planning.hardware import load_hardware, select_devices
-from lowbit.quant.rules import action_label
+from lowbit.plans.rules import action_label
 
 _EPILOG = """\
 examples:

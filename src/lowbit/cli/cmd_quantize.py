@@ -9,16 +9,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lowbit.calibration.calibrated import calibrated_weights
+from lowbit.calibration.data import Calibration
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.cli import _budget, _common
 from lowbit.cli._calibrated import add_calibration_options, awq_run, method_summary
 from lowbit.errors import LowbitError
-from lowbit.evaluation.calibrated import calibrated_weights
-from lowbit.evaluation.calibration import Calibration
-from lowbit.quant.gptq import GPTQ
-from lowbit.quant.plan import AppliedPlan, PrecisionPlan
-from lowbit.quant.rules import action_label, activation_format, calibrated_method, parse_action
+from lowbit.methods.gptq import GPTQ
+from lowbit.plans.plan import AppliedPlan, PrecisionPlan
+from lowbit.plans.rules import action_label, activation_format, calibrated_method, parse_action
 
 _EPILOG = """\
 MODEL is a .safetensors file, a Hugging Face folder, a .gguf file, or a shipped model:

@@ -12,7 +12,7 @@ from lowbit.cli import _common
 from lowbit.cli._mixed_plots import plot_sensitivity
 from lowbit.cli._scan import add_scan_options, check_json_output, scan, write_json
 from lowbit.evaluation.sensitivity import spearman
-from lowbit.quant.presets import tensor_group
+from lowbit.plans.presets import tensor_group
 
 _EPILOG = """\
 MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 
 from lowbit._progress import progress_bar
+from lowbit.calibration.text import DEFAULT_SENTENCES, DEFAULT_TOKENS
 from lowbit.errors import LowbitError
-from lowbit.evaluation._threads import _threads
-from lowbit.evaluation.activations import simulate_activations
 from lowbit.evaluation.perplexity import (
     DEFAULT_BATCH,
     MAX_LOGITS_BYTES,
@@ -32,11 +31,10 @@ from lowbit.evaluation.perplexity import (
     batch_size,
     embed,
 )
+from lowbit.models._threads import _threads
+from lowbit.models.activations import simulate_activations
 
 __all__ = ["DEFAULT_SENTENCES", "DEFAULT_TOKENS", "Variant", "compare_causal", "compare_encoder"]
-
-DEFAULT_TOKENS = 4096
-DEFAULT_SENTENCES = 256
 
 
 @dataclass

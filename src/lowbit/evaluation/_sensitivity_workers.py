@@ -27,7 +27,7 @@ from typing import Any
 
 from lowbit.checkpoints import open_checkpoint
 from lowbit.errors import LowbitError
-from lowbit.evaluation._threads import _cores
+from lowbit.models._threads import _cores
 
 __all__ = ["distributed_scan"]
 

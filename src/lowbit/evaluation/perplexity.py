@@ -7,29 +7,30 @@
 - :func:`embedding_fidelity`: sentence embeddings (mean over the attention mask, L2-normalised,
   as sentence-transformers' all-MiniLM-L6-v2 pools) of a model against a reference: mean and
   minimum cosine similarity, and nearest-neighbour agreement.
-- The default text is CPython's own ``pydoc_data.topics`` (the documentation ``help()`` shows),
-  which every Python install has; its exact content differs between Python versions, so results
-  state the version.
+- The text, its tokens and sentences come from ``lowbit.calibration.text`` (re-exported here).
 
-Activation quantization (W8A8) is simulated with ``lowbit.evaluation.activations.simulate_activations``.
+Activation quantization (W8A8) is simulated with ``lowbit.models.activations.simulate_activations``.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import platform
-import re
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lowbit._progress import progress_bar
+from lowbit.calibration.text import (
+    candidate_sentences,
+    default_text,
+    load_text,
+    sentences_from_text,
+    tokenize,
+)
 from lowbit.errors import LowbitError
-from lowbit.evaluation._threads import _threads, default_threads
+from lowbit.models._threads import _threads, default_threads
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -50,55 +51,6 @@ __all__ = [
 # 512-token windows of SmolLM2's 49,152-token vocabulary). Measured in docs/benchmarks.md.
 DEFAULT_BATCH = 1
 MAX_LOGITS_BYTES = 1 << 30
-
-
-def default_text() -> tuple[str, str]:
-    """CPython's ``pydoc_data.topics``, joined in sorted key order with blank lines.
-
-    Returns:
-        ``(label, text)``; the label names the Python version the text came with.
-    """
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    return f"pydoc_data.topics (Python {platform.python_version()})", text
-
-
-def load_text(path: str | os.PathLike[str] | None = None) -> tuple[str, str]:
-    """``(label, text)`` of a UTF-8 text file, or the default text when ``path`` is None.
-
-    Raises:
-        LowbitError: the file cannot be read or is empty.
-    """
-    if path is None:
-        return default_text()
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LowbitError(f"{p}: cannot read text ({exc})") from None
-    if not text.strip():
-        raise LowbitError(f"{p}: the text is empty")
-    return str(p), text
-
-
-def tokenize(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of a whole text without special tokens (no BOS), never truncated or padded."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    # the fast tokenizer itself, so transformers does not log "longer than the model"; its
-    # truncation/padding settings (tokenizer.json may set them) are lifted for this call
-    truncation, padding = backend.truncation, backend.padding
-    backend.no_truncation()
-    backend.no_padding()
-    try:
-        return list(backend.encode(text, add_special_tokens=False).ids)
-    finally:
-        if truncation is not None:
-            backend.enable_truncation(**truncation)
-        if padding is not None:
-            backend.enable_padding(**padding)
 
 
 def _windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
@@ -342,45 +294,6 @@ def _batch_log_probs(model: Any, tokens: Any, group: Sequence[tuple[int, int, in
 
 
 # ----------------------------------------------------------------------------- encoders
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'`])")
-
-
-def candidate_sentences(text: str, *, min_chars: int = 30, max_chars: int = 300) -> list[str]:
-    """Every distinct prose sentence of a text, in text order (what
-    :func:`sentences_from_text` draws from; calibration draws from the ones it does not)."""
-    seen: set[str] = set()
-    candidates = []
-    for para in re.split(r"\n\s*\n", text):
-        flat = " ".join(para.split())
-        for s in _SENTENCE_END.split(flat):
-            letters = sum(c.isalpha() for c in s)
-            if min_chars <= len(s) <= max_chars and letters >= 0.6 * len(s) and s not in seen:
-                seen.add(s)
-                candidates.append(s)
-    return candidates
-
-
-def sentences_from_text(
-    text: str, n: int = 256, *, seed: int = 0, min_chars: int = 30, max_chars: int = 300
-) -> list[str]:
-    """Draw ``n`` distinct prose sentences from a text (deterministically for a seed).
-
-    Paragraphs are split at blank lines, whitespace collapsed, and split into sentences after
-    ``.``, ``!`` or ``?``; sentences of ``min_chars`` .. ``max_chars`` characters that contain
-    mostly letters are candidates, and ``n`` are drawn without replacement, kept in text order.
-
-    Raises:
-        LowbitError: fewer than ``n`` candidates (or n < 2).
-    """
-    if n < 2:
-        raise LowbitError(f"need at least 2 sentences, got n={n}")
-    candidates = candidate_sentences(text, min_chars=min_chars, max_chars=max_chars)
-    if len(candidates) < n:
-        raise LowbitError(f"the text has {len(candidates)} usable sentences, fewer than n={n}")
-    pick = np.sort(np.random.default_rng(seed).choice(len(candidates), size=n, replace=False))
-    return [candidates[i] for i in pick]
 
 
 def embed(

@@ -1,8 +1,8 @@
 """A sensitivity scan's calibration samples, disjoint from what ``lowbit eval`` measures.
 
 Token windows or sentences drawn by calibrated quantization's rules
-(:func:`lowbit.evaluation.calibration.decoder_windows` and
-:func:`~lowbit.evaluation.calibration.encoder_texts`) in the scan's own sizes
+(:func:`lowbit.calibration.data.decoder_windows` and
+:func:`~lowbit.calibration.data.encoder_texts`) in the scan's own sizes
 (:data:`SCAN_SAMPLES`: 8 windows of 512 tokens from token 32,768 of the default text, or 128
 sentences drawn with seed 1 from those outside eval's 256).
 """
@@ -14,15 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lowbit.errors import LowbitError
-from lowbit.evaluation._compare import DEFAULT_SENTENCES
-from lowbit.evaluation.calibration import (
+from lowbit.calibration.data import (
     DEFAULT_LENGTH,
     Calibration,
     decoder_windows,
     encoder_texts,
 )
-from lowbit.evaluation.perplexity import sentences_from_text
+from lowbit.calibration.text import evaluated_sentences
+from lowbit.errors import LowbitError
 
 __all__ = ["SCAN_SAMPLES", "CalibrationSamples", "is_causal", "scan_samples"]
 
@@ -105,7 +104,7 @@ def scan_samples(
             windows=tuple(tuple(int(t) for t in w) for w in windows),
         )
     text = calib.text()[1]
-    measured = sentences_from_text(text, DEFAULT_SENTENCES, seed=0) if default else ()
+    measured = evaluated_sentences(text) if default else ()
     what = "outside the evaluation's" if default else "of the text"
     return CalibrationSamples(
         f"{n} sentences {what} of {label} (seed {seed})",

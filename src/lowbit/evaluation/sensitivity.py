@@ -26,7 +26,7 @@ the memory it takes: :mod:`lowbit.evaluation._sensitivity_runner`).
 
 The damage of each option and its exact storage cost (codes, scales, zero points: the
 :class:`~lowbit.quant.tensor.QuantizedTensor` that ``lowbit quantize`` would write) feed the
-bits-budget solver (:mod:`lowbit.quant.budget`).
+bits-budget solver (:mod:`lowbit.plans.budget`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
 from lowbit.evaluation._sensitivity_workers import distributed_scan
-from lowbit.evaluation.models import build_model
 from lowbit.evaluation.scan_samples import CalibrationSamples
 from lowbit.evaluation.sensitivity_result import (
     _PROXIES,
@@ -56,7 +55,8 @@ from lowbit.evaluation.sensitivity_result import (
     _check_proxy,
     spearman,
 )
-from lowbit.quant.plan import PrecisionPlan
+from lowbit.models.build import build_model
+from lowbit.plans.plan import PrecisionPlan
 from lowbit.quant.tensor import quantize
 
 __all__ = [

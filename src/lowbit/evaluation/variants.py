@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lowbit._optional import require
+from lowbit.calibration.data import Calibration
+from lowbit.calibration.gptq import _calibration
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
@@ -51,21 +53,18 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
-from lowbit.evaluation.awq_model import awq_variant
-from lowbit.evaluation.calibration import Calibration
-from lowbit.evaluation.gptq_model import _calibration, _tensors, gptq_weights
-from lowbit.evaluation.models import build_model, load_model
+from lowbit.evaluation.calibrated_variants import awq_variant, gptq_variant, variant_plan
 from lowbit.evaluation.perplexity import (
     DEFAULT_BATCH,
     _check_positive,
     _fidelity_sentences,
     load_text,
 )
-from lowbit.quant.awq import AWQ
-from lowbit.quant.gptq import GPTQ
-from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import action_label, activation_format
-from lowbit.quant.smoothquant import SmoothQuant
+from lowbit.methods.awq import AWQ
+from lowbit.methods.smoothquant import SmoothQuant
+from lowbit.models.build import build_model, load_model
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import action_label, activation_format
 
 __all__ = [
     "DEFAULT_SCHEMES",
@@ -105,19 +104,6 @@ def _dominant_dtype(checkpoint: Checkpoint, names: Sequence[str]) -> str:
         d = str(checkpoint.dtype(n))
         counts[d] = counts.get(d, 0) + math.prod(checkpoint.shape(n))
     return max(counts, key=lambda k: counts[k]) if counts else "?"
-
-
-def variant_plan(spec: str) -> PrecisionPlan:
-    """The plan an ``eval --schemes`` entry quantizes with: ``lowbit quantize --to SPEC``'s
-    (the scheme string read by :func:`lowbit.quant.scheme_text.parse_scheme`).
-
-    Raises:
-        LowbitError: a bad scheme string, or ``keep`` (not a variant).
-    """
-    plan = PrecisionPlan.uniform(spec)
-    if plan.default is None:
-        raise LowbitError(f"--schemes {spec!r}: 'keep' is the original, not a variant")
-    return plan
 
 
 def _scheme_variant(checkpoint: Checkpoint, spec: str, progress: bool | None) -> Variant:
@@ -292,16 +278,16 @@ def evaluate_variants(
             ``lowbit.evaluation.perplexity.default_threads``).
         progress: tqdm bars (``None``: only on a terminal).
         methods: how each scheme is quantized: ``rtn`` (round to nearest), ``gptq``
-            (``lowbit.evaluation.gptq_model``; one more row per scheme, named ``"{scheme} gptq"``)
+            (``lowbit.calibration.gptq``; one more row per scheme, named ``"{scheme} gptq"``)
             and/or ``awq``.
-        calibration: GPTQ's, AWQ's and SmoothQuant's calibration data (``lowbit.evaluation.calibration.Calibration``;
+        calibration: GPTQ's, AWQ's and SmoothQuant's calibration data (``lowbit.calibration.data.Calibration``;
             default: the default text from token 32,768, never a token or sentence this
             evaluation measures).
-        gptq: the :class:`lowbit.quant.gptq.GPTQ` settings (default ``GPTQ()``).
-        awq: the :class:`lowbit.quant.awq.AWQ` settings of ``methods`` ``awq`` (default
-            ``AWQ()``; ``lowbit.evaluation.awq_model``; rows ``"{scheme} awq"``).
+        gptq: the :class:`lowbit.methods.gptq.GPTQ` settings (default ``GPTQ()``).
+        awq: the :class:`lowbit.methods.awq.AWQ` settings of ``methods`` ``awq`` (default
+            ``AWQ()``; ``lowbit.calibration.awq``; rows ``"{scheme} awq"``).
         smooth: SmoothQuant with ``w8a8``: ``True`` (α searched) or a
-            :class:`lowbit.quant.smoothquant.SmoothQuant` (its activation format is ``w8a8``'s);
+            :class:`lowbit.methods.smoothquant.SmoothQuant` (its activation format is ``w8a8``'s);
             one more row per scheme, ``"{scheme} smoothquant"``, rounded to nearest after the
             folds.
         batch: causal LMs: windows per forward, at most (fewer where their float32 logits
@@ -389,61 +375,3 @@ def evaluate_variants(
         "measured": measured,
         "rows": rows,
     }
-
-
-def gptq_variant(
-    checkpoint: Any,
-    spec: str,
-    calibration: Any = None,
-    method: Any = None,
-    *,
-    avoid_tokens: int = 0,
-    exclude: Collection[str] = (),
-    threads: int | None = None,
-    progress: bool | None = None,
-) -> Any:
-    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by GPTQ.
-
-    Returns:
-        A :class:`lowbit.evaluation.variants.Variant` named ``"{spec} gptq"``; its extra fields
-        say how it was calibrated, the seconds per phase and the mean layer-output error of
-        round-to-nearest and of GPTQ on the calibration data.
-    """
-
-    method = GPTQ() if method is None else method
-    plan = variant_plan(spec)
-    run = gptq_weights(
-        checkpoint,
-        plan,
-        calibration,
-        method,
-        avoid_tokens=avoid_tokens,
-        exclude=exclude,
-        threads=threads,
-        progress=progress,
-    )
-    qbytes = sum(qt.nbytes for qt in run.weights.values())
-    qnumel = sum(qt.numel for qt in run.weights.values())
-    deq = {n: qt.dequantize(np.float32) for n, qt in run.weights.items()}
-    model = build_model(checkpoint, weights=deq, progress=progress)
-    del deq
-    totals = plan.apply(_tensors(checkpoint)).totals()
-    errs = list(run.layers.values())
-    return Variant(
-        name=f"{spec} gptq",
-        format=action_label(plan.default),
-        model=model,
-        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
-        nbytes=totals["bytes"],
-        source="memory",
-        extra={
-            "method": {**method.to_dict(), "sequential": run.sequential},
-            "quantized_tensors": totals["quantized"],
-            "gptq_tensors": sum(m == "gptq" for m in run.methods.values()),
-            "calibration": run.calibration,
-            "phase_seconds": run.seconds,
-            "phase_cpu_seconds": run.cpu_seconds,
-            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
-            "layer_error_gptq": float(np.mean([e["gptq"] for e in errs])) if errs else None,
-        },
-    )

@@ -15,7 +15,7 @@ Schemes are ``lowbit.Scheme`` objects (or a plain :class:`~lowbit.quant.scheme.C
 with their own storage arithmetic (:meth:`~lowbit.quant.scheme.Scheme.tensor_bytes`, equal to
 what ``lowbit.quantize`` stores), and built from text with the one parser every command uses
 (:func:`lowbit.quant.scheme_text.parse_scheme`). A plan file is read with the one reader
-(:meth:`lowbit.quant.plan.PrecisionPlan.from_file`) and each tensor is priced as that plan
+(:meth:`lowbit.plans.plan.PrecisionPlan.from_file`) and each tensor is priced as that plan
 decides it, so ``lowbit plan --plan-file`` prices what ``lowbit quantize --plan`` writes.
 """
 
@@ -33,9 +33,9 @@ from lowbit.errors import LowbitError
 from lowbit.planning.archs import load_spec
 from lowbit.planning.hardware import Device, load_hardware, select_devices
 from lowbit.planning.modelspec import ModelSpec, TensorInfo
-from lowbit.quant.components import COMPONENTS
-from lowbit.quant.plan import PrecisionPlan
-from lowbit.quant.rules import Rule, parse_rule
+from lowbit.plans.components import COMPONENTS
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import Rule, parse_rule
 from lowbit.quant.scheme import Cast, Granularity, Scheme
 from lowbit.quant.scheme_text import parse_scheme
 
@@ -458,9 +458,9 @@ def plan(
         train_context: sequence length for training activations (default: context or 2048).
         keep_embeddings: scheme for embeddings and lm_head in every row (a mixed plan).
         keep_norms: scheme for 1-D tensors (norms and biases) in every row.
-        rules: ordered rules (plan-file rule dicts or :class:`~lowbit.quant.rules.Rule`; the
+        rules: ordered rules (plan-file rule dicts or :class:`~lowbit.plans.rules.Rule`; the
             first match decides, the row's scheme takes the rest), or a plan file path or
-            :class:`~lowbit.quant.plan.PrecisionPlan` (each tensor priced as ``lowbit quantize
+            :class:`~lowbit.plans.plan.PrecisionPlan` (each tensor priced as ``lowbit quantize
             --plan`` decides it; the plan's ``default`` becomes the only row unless
             ``precisions`` is given, and each row replaces it). Rules from the keep flags come
             first.

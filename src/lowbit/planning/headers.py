@@ -16,7 +16,7 @@ from typing import Any
 from lowbit.checkpoints import _gguf, _safetensors
 from lowbit.checkpoints._safetensors import SAFETENSORS_DTYPE_BITS
 from lowbit.planning.modelspec import TensorInfo
-from lowbit.quant.components import classify
+from lowbit.plans.components import classify
 
 __all__ = ["SAFETENSORS_DTYPE_BITS", "read_gguf_header", "read_safetensors_header"]
 

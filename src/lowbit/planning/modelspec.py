@@ -1,7 +1,7 @@
 """A model as the planner sees it: named tensors with shapes, components and per-token use.
 
 :class:`ModelSpec` is what :mod:`lowbit.planning.archs` builds from a ``config.json``, a checkpoint
-header or a bare parameter count; :func:`~lowbit.quant.components.classify` (re-exported here) names the component (embeddings,
+header or a bare parameter count; :func:`~lowbit.plans.components.classify` (re-exported here) names the component (embeddings,
 attention, MLP, norms, LM head) of a tensor from its ``transformers`` or GGUF name.
 Non-parameter buffers stored in checkpoints (``position_ids``, ``rotary_emb.inv_freq``,
 GPT-2's causal-mask ``attn.bias``) are kept apart: they are not parameters.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lowbit.errors import LowbitError
-from lowbit.quant.components import COMPONENTS, classify, is_token_embedding
+from lowbit.plans.components import COMPONENTS, classify, is_token_embedding
 
 # ---------------------------------------------------------------------------------------
 # Data

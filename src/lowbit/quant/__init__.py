@@ -1,4 +1,4 @@
-"""A tensor with scales: schemes, quantize/dequantize, layouts, scales and precision plans.
+"""A tensor with scales: schemes, their text form, quantize/dequantize, layouts and scales.
 
 - :mod:`~lowbit.quant.scheme`: :class:`Scheme`, the one description of how a tensor is
   quantized (format, granularity, scales), with its storage arithmetic.
@@ -7,20 +7,16 @@
 - :mod:`~lowbit.quant.layout`, :mod:`~lowbit.quant.scales`: which values share a scale, and how
   each scale is chosen.
 - ``_engine``/``_elements``/``_numba``: the chunked engine behind ``quantize`` and its compiled
-  path.
+  path; ``_ggml`` adapts llama.cpp's block rounding (:mod:`lowbit.ggml`) to a scheme.
 - :mod:`~lowbit.quant.nf4`, :mod:`~lowbit.quant.metrics`: QLoRA's NF4 helpers; error metrics.
 - :mod:`~lowbit.quant.scheme_text`: the one text form of a scheme (``int4:g128:fp16:asym``)
   and the presets; every command builds its schemes with :func:`parse_scheme`.
-- :mod:`~lowbit.quant.components`: which component (embeddings, attention, MLP, ...) a tensor
-  name belongs to.
-- :mod:`~lowbit.quant.gptq`: GPTQ (calibrated rounding of a weight given its inputs' Hessian)
-  with lowbit's own quantizer, for every scheme.
-- :mod:`~lowbit.quant.awq`, :mod:`~lowbit.quant.smoothquant`, :mod:`~lowbit.quant.folds`: AWQ's
-  and SmoothQuant's scale searches, and the table of exact scale folds per architecture family.
-- :mod:`~lowbit.quant.rules`, :mod:`~lowbit.quant.plan`: the one :class:`Rule` type and plan-file
-  reader, and :class:`PrecisionPlan` (what each tensor of a model becomes).
 
-Names load on first use, so importing one submodule does not load them all.
+This package's public names also include, for the users who import them from here, the plans'
+:class:`Rule` and :class:`PrecisionPlan` (:mod:`lowbit.plans`) and the calibrated methods
+:class:`GPTQ`, :class:`AWQ`, :class:`SmoothQuant` (:mod:`lowbit.methods`): names load on first
+use, so importing one submodule does not load them all, and nothing in ``quant`` imports those
+packages above it.
 """
 
 from __future__ import annotations
@@ -39,13 +35,13 @@ _LAZY = {
     "Cast": "lowbit.quant.scheme",
     "parse_scheme": "lowbit.quant.scheme_text",
     "PRESETS": "lowbit.quant.scheme_text",
-    "Rule": "lowbit.quant.rules",
-    "PrecisionPlan": "lowbit.quant.plan",
+    "Rule": "lowbit.plans.rules",
+    "PrecisionPlan": "lowbit.plans.plan",
     "error": "lowbit.quant.metrics",
-    "GPTQ": "lowbit.quant.gptq",
-    "gptq_quantize": "lowbit.quant.gptq",
-    "AWQ": "lowbit.quant.awq",
-    "SmoothQuant": "lowbit.quant.smoothquant",
+    "GPTQ": "lowbit.methods.gptq",
+    "gptq_quantize": "lowbit.methods.gptq",
+    "AWQ": "lowbit.methods.awq",
+    "SmoothQuant": "lowbit.methods.smoothquant",
 }
 
 __all__ = sorted(_LAZY)

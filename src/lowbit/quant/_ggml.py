@@ -1,6 +1,6 @@
 """llama.cpp's block rounding as a lowbit scheme (``scale_method="ggml"``: q4_0, q5_0, q8_0).
 
-The codes and float16 scales come from :func:`lowbit.quant.gguf_q.ggml_block_codes`, the
+The codes and float16 scales come from :func:`lowbit.ggml.legacy.ggml_block_codes`, the
 same arithmetic as ggml's reference quantizers, and are returned as the engine's encoded arrays
 (which ``lowbit.quant.tensor`` wraps in a QuantizedTensor) (codes packed as usual, scales float32 holding
 float16 values, negative where the block's largest value is positive), so every writer stores
@@ -15,7 +15,7 @@ import numpy as np
 
 from lowbit.codecs.packing import _pack_unchecked
 from lowbit.errors import LowbitError
-from lowbit.quant.gguf_q import ggml_block_codes
+from lowbit.ggml.legacy import ggml_block_codes
 from lowbit.quant.scheme import Scheme
 
 __all__ = ["encode_ggml"]
@@ -30,7 +30,7 @@ class _Encoded(NamedTuple):  # the fields of lowbit.quant._engine.Encoded
 
 
 def encode_ggml(arr: np.ndarray, scheme: Scheme) -> _Encoded:
-    """llama.cpp's Q4_0/Q5_0/Q8_0 rounding (``lowbit.quant.gguf_q``) as lowbit codes."""
+    """llama.cpp's Q4_0/Q5_0/Q8_0 rounding (``lowbit.ggml.legacy``) as lowbit codes."""
 
     fmt = scheme.element_format
     if arr.ndim == 0 or arr.shape[-1] % 32:

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lowbit.enums import as_rounding
 from lowbit.errors import LowbitError
@@ -30,9 +30,6 @@ from lowbit.formats.catalog import format as _lookup
 from lowbit.formats.catalog import mx_format
 from lowbit.formats.mx import is_mx_name
 from lowbit.quant.nf4 import DQ_BLOCK, NF4_BLOCK
-
-if TYPE_CHECKING:
-    from lowbit.quant.tensor import QuantizedTensor
 
 __all__ = [
     "CAST_FORMATS",
@@ -461,12 +458,6 @@ class Scheme:
         if "format" not in d:
             raise LowbitError("a scheme needs 'format'")
         return cls(**d)
-
-    def quantize(self, x: Any, *, seed: Any = None, nan: str = "raise") -> QuantizedTensor:
-        """Quantize ``x`` with this scheme (see :func:`lowbit.quantize`)."""
-        from lowbit.quant.tensor import quantize
-
-        return quantize(x, self, seed=seed, nan=nan)
 
     def describe(self) -> str:
         """The scheme's label (:attr:`label`), e.g. ``int4:g128:fp16`` or ``mxfp4``."""

@@ -1,0 +1,240 @@
+"""Calibration data for calibrated quantization (GPTQ, AWQ, SmoothQuant).
+
+**Data** (:class:`Calibration`): ``default``, a UTF-8 ``.txt`` file or a ``.jsonl`` file (one
+JSON string, or object with a ``"text"`` field, per line).
+
+* Causal LMs: ``samples`` windows (default 128) of ``length`` tokens (default 512), tokenized
+  without BOS as ``lowbit eval`` tokenizes, consecutive and non-overlapping from token ``start``
+  on. For the default text (CPython's ``pydoc_data.topics``, as ``lowbit eval``) ``start`` is
+  :data:`DEFAULT_START` = 32,768: evaluation scores the first ``--tokens`` tokens (4,096 by
+  default, 16,384 for ``lowbit.evaluation.perplexity.perplexity``), so calibration and
+  evaluation never share a token; when an evaluation asks for more tokens than that,
+  ``lowbit eval`` starts calibration after them (:func:`decoder_windows`'s ``avoid``). SmolLM2's
+  tokenizer gives 112,955 tokens of the text, room for the default 128 x 512 after 32,768. A
+  ``.txt`` file starts at token 0; a ``.jsonl`` file gives one sample per record (at most
+  ``length`` tokens each).
+* Encoders: ``samples`` texts (default 256): sentences of the text cut as ``lowbit eval`` cuts
+  its evaluation sentences (``sentences_from_text``), drawn (``seed``) from those the evaluation
+  does *not* measure; a ``.jsonl`` file gives its records.
+
+**Statistics** collected on it: :mod:`lowbit.calibration.hessians`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowbit.calibration.text import candidate_sentences, load_text, tokenize
+from lowbit.errors import LowbitError
+
+__all__ = [
+    "DEFAULT_LENGTH",
+    "DEFAULT_SAMPLES_DECODER",
+    "DEFAULT_SAMPLES_ENCODER",
+    "DEFAULT_START",
+    "Calibration",
+    "decoder_windows",
+    "encoder_texts",
+]
+
+#: First token of the default text that calibration uses (evaluation scores tokens before it).
+DEFAULT_START = 32_768
+DEFAULT_SAMPLES_DECODER = 128
+DEFAULT_SAMPLES_ENCODER = 256
+DEFAULT_LENGTH = 512
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Where calibration data comes from, and how much of it.
+
+    Args:
+        source: ``"default"`` (the text ``lowbit eval`` uses), or a ``.txt`` / ``.jsonl`` path.
+        samples: windows (causal LMs; default 128) or texts (encoders; default 256).
+        length: tokens per window (causal LMs; default 512) or at most per text (encoders:
+            default 256, all-MiniLM-L6-v2's maximum).
+        start: first token of a text source used (default: :data:`DEFAULT_START` for the
+            default text, 0 for a file).
+        seed: the draw of encoder sentences.
+
+    Raises:
+        LowbitError: non-positive sizes, a negative start, a file that does not exist or is
+            neither ``.txt`` nor ``.jsonl``.
+    """
+
+    source: str = "default"
+    samples: int | None = None
+    length: int | None = None
+    start: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        src = os.fspath(self.source) if not isinstance(self.source, str) else self.source
+        if src.strip().lower() == "default":
+            src = "default"
+        else:
+            p = Path(src)
+            if p.suffix.lower() not in (".txt", ".jsonl"):
+                raise LowbitError(
+                    f"calibration data {src!r}: use 'default', a .txt file or a .jsonl file"
+                )
+            if not p.is_file():
+                raise LowbitError(f"calibration data {src!r}: no such file")
+        object.__setattr__(self, "source", src)
+        for key in ("samples", "length"):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise LowbitError(f"calibration {key} must be a positive integer, got {v!r}")
+        if self.start is not None and (not isinstance(self.start, int) or self.start < 0):
+            raise LowbitError(f"calibration start must be an integer >= 0, got {self.start!r}")
+
+    @property
+    def is_default(self) -> bool:
+        return self.source == "default"
+
+    @property
+    def is_jsonl(self) -> bool:
+        return self.source.lower().endswith(".jsonl")
+
+    def text(self) -> tuple[str, str]:
+        """``(label, text)`` of a text source (the default text or a ``.txt`` file)."""
+
+        return load_text(None if self.is_default else self.source)
+
+    def records(self) -> list[str]:
+        """The texts of a ``.jsonl`` source, in file order.
+
+        Raises:
+            LowbitError: a line that is not JSON, or neither a string nor an object with a
+                string ``"text"``.
+        """
+        out = []
+        try:
+            lines = Path(self.source).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise LowbitError(f"{self.source}: cannot read ({exc})") from None
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise LowbitError(f"{self.source}:{i}: not JSON ({exc.msg})") from None
+            text = rec.get("text") if isinstance(rec, dict) else rec
+            if not isinstance(text, str):
+                raise LowbitError(
+                    f"{self.source}:{i}: a record must be a string or an object with a "
+                    f'string "text"'
+                )
+            out.append(text)
+        if not out:
+            raise LowbitError(f"{self.source}: no records")
+        return out
+
+    def describe(self, kind: str) -> str:
+        """In words, e.g. ``128 x 512 tokens of pydoc_data.topics from token 32,768``."""
+        where = "the default text" if self.is_default else self.source
+        if kind == "encoder":
+            return f"{self.samples or DEFAULT_SAMPLES_ENCODER} texts of {where}"
+        n = self.samples or DEFAULT_SAMPLES_DECODER
+        L = self.length or DEFAULT_LENGTH
+        if self.is_jsonl:
+            return f"{n} records of {where} (at most {L} tokens each)"
+        return f"{n} x {L} tokens of {where} from token {self.first_token:,}"
+
+    @property
+    def first_token(self) -> int:
+        if self.start is not None:
+            return self.start
+        return DEFAULT_START if self.is_default else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "samples": self.samples,
+            "length": self.length,
+            "start": self.start,
+            "seed": self.seed,
+        }
+
+
+def decoder_windows(tokenizer: Any, calib: Calibration, *, avoid: int = 0) -> list[list[int]]:
+    """Token windows of a causal LM's calibration data.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        calib: the data.
+        avoid: a text source's first ``avoid`` tokens are what an evaluation scores: windows
+            start at ``max(calib.first_token, avoid)`` (pass the evaluation's ``--tokens`` when
+            calibration and evaluation read the same text).
+
+    Returns:
+        ``samples`` lists of token ids (``length`` each for a text; at most for records).
+
+    Raises:
+        LowbitError: a text too short for even one window.
+
+    Warns:
+        UserWarning: a text with room for fewer windows than asked (the ones there are used).
+    """
+    import warnings
+
+    n = calib.samples or DEFAULT_SAMPLES_DECODER
+    L = calib.length or DEFAULT_LENGTH
+    if calib.is_jsonl:
+        out = [ids[:L] for ids in (tokenize(tokenizer, r) for r in calib.records()) if ids]
+        return out[:n]
+    label, text = calib.text()
+    ids = tokenize(tokenizer, text)
+    start = max(calib.first_token, avoid)
+    fit = max(0, (len(ids) - start) // L)
+    if fit == 0:
+        raise LowbitError(
+            f"calibration: {label} has {len(ids):,} tokens, no room for a window of {L} after "
+            f"token {start:,}"
+        )
+    if fit < n:
+        warnings.warn(
+            f"calibration: {label} has room for {fit} windows of {L} tokens after token "
+            f"{start:,}, not {n}; using {fit}",
+            UserWarning,
+            stacklevel=2,
+        )
+    return [ids[start + i * L : start + (i + 1) * L] for i in range(min(n, fit))]
+
+
+def encoder_texts(calib: Calibration, *, exclude: Collection[str] = ()) -> list[str]:
+    """Texts of an encoder's calibration data.
+
+    Sentences of a text source are cut as the evaluation cuts its own (``sentences_from_text``)
+    and drawn with ``calib.seed`` from those not in ``exclude`` (the evaluation's sentences),
+    kept in text order; records of a ``.jsonl`` source are taken in file order.
+
+    Raises:
+        LowbitError: fewer candidate sentences than ``samples``.
+    """
+
+    n = calib.samples or DEFAULT_SAMPLES_ENCODER
+    if calib.is_jsonl:
+        return calib.records()[:n]
+    label, text = calib.text()
+    skip = set(exclude)
+    pool = [s for s in candidate_sentences(text) if s not in skip]
+    if len(pool) < n:
+        raise LowbitError(
+            f"calibration: {label} has {len(pool)} sentences outside the evaluation's, "
+            f"fewer than {n}"
+        )
+    pick = np.sort(np.random.default_rng(calib.seed).choice(len(pool), size=n, replace=False))
+    return [pool[i] for i in pick]
+
+
+# ---------------------------------------------------------------------------------------
+# Hessians

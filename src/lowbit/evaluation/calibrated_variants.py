@@ -1,0 +1,145 @@
+"""``lowbit eval``'s calibrated rows: a model quantized by GPTQ, AWQ or SmoothQuant, as one :class:`Variant`."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+
+from lowbit.calibration.awq import awq_weights
+from lowbit.calibration.gptq import _tensors, gptq_weights
+from lowbit.checkpoints.quantize_model import open_model, plan_model
+from lowbit.errors import LowbitError
+from lowbit.evaluation._compare import Variant
+from lowbit.methods.awq import AWQ
+from lowbit.methods.gptq import GPTQ
+from lowbit.models.build import build_model
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import action_label
+
+__all__ = ["awq_variant", "gptq_variant", "variant_plan"]
+
+
+def variant_plan(spec: str) -> PrecisionPlan:
+    """The plan an ``eval --schemes`` entry quantizes with: ``lowbit quantize --to SPEC``'s
+    (the scheme string read by :func:`lowbit.quant.scheme_text.parse_scheme`).
+
+    Raises:
+        LowbitError: a bad scheme string, or ``keep`` (not a variant).
+    """
+    plan = PrecisionPlan.uniform(spec)
+    if plan.default is None:
+        raise LowbitError(f"--schemes {spec!r}: 'keep' is the original, not a variant")
+    return plan
+
+
+def gptq_variant(
+    checkpoint: Any,
+    spec: str,
+    calibration: Any = None,
+    method: Any = None,
+    *,
+    avoid_tokens: int = 0,
+    exclude: Collection[str] = (),
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> Any:
+    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by GPTQ.
+
+    Returns:
+        A :class:`lowbit.evaluation.variants.Variant` named ``"{spec} gptq"``; its extra fields
+        say how it was calibrated, the seconds per phase and the mean layer-output error of
+        round-to-nearest and of GPTQ on the calibration data.
+    """
+
+    method = GPTQ() if method is None else method
+    plan = variant_plan(spec)
+    run = gptq_weights(
+        checkpoint,
+        plan,
+        calibration,
+        method,
+        avoid_tokens=avoid_tokens,
+        exclude=exclude,
+        threads=threads,
+        progress=progress,
+    )
+    qbytes = sum(qt.nbytes for qt in run.weights.values())
+    qnumel = sum(qt.numel for qt in run.weights.values())
+    deq = {n: qt.dequantize(np.float32) for n, qt in run.weights.items()}
+    model = build_model(checkpoint, weights=deq, progress=progress)
+    del deq
+    totals = plan.apply(_tensors(checkpoint)).totals()
+    errs = list(run.layers.values())
+    return Variant(
+        name=f"{spec} gptq",
+        format=action_label(plan.default),
+        model=model,
+        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        nbytes=totals["bytes"],
+        source="memory",
+        extra={
+            "method": {**method.to_dict(), "sequential": run.sequential},
+            "quantized_tensors": totals["quantized"],
+            "gptq_tensors": sum(m == "gptq" for m in run.methods.values()),
+            "calibration": run.calibration,
+            "phase_seconds": run.seconds,
+            "phase_cpu_seconds": run.cpu_seconds,
+            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
+            "layer_error_gptq": float(np.mean([e["gptq"] for e in errs])) if errs else None,
+        },
+    )
+
+
+def awq_variant(
+    checkpoint: Any,
+    spec: str,
+    calibration: Any = None,
+    method: Any = None,
+    *,
+    avoid_tokens: int = 0,
+    exclude: Collection[str] = (),
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> Any:
+    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by AWQ, or rounded
+    after SmoothQuant's folds.
+
+    Returns:
+        A :class:`~lowbit.evaluation._compare.Variant` named ``"{spec} awq"`` or ``"{spec}
+        smoothquant"``; its extra fields say how it was calibrated, the seconds per phase,
+        the folds and the mean layer-output error of round to nearest and of the method.
+    """
+    method = AWQ() if method is None else method
+    plan = PrecisionPlan.uniform(spec)
+    run = awq_weights(
+        checkpoint, plan, calibration, method, avoid_tokens=avoid_tokens, exclude=exclude,
+        threads=threads, progress=progress,
+    )  # fmt: skip
+    ckpt = open_model(checkpoint)
+    qbytes = sum(qt.nbytes for qt in run.weights.values())
+    qnumel = sum(qt.numel for qt in run.weights.values())
+    model = build_model(ckpt, weights=run.model_weights(), progress=progress)
+    totals = plan_model(ckpt, plan).totals()
+    errs = list(run.layers.values())
+    done = [f for f in run.folds if "skipped" not in f]
+    return Variant(
+        name=f"{spec} {method.name}",
+        format=action_label(plan.default),
+        model=model,
+        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        nbytes=totals["bytes"],
+        source="memory",
+        extra={
+            "method": method.to_dict(),
+            "quantized_tensors": totals["quantized"],
+            "method_tensors": sum(m == method.name for m in run.methods.values()),
+            "folds": len(done),
+            "folds_skipped": sorted({f["skipped"] for f in run.folds if "skipped" in f}),
+            "calibration": run.calibration,
+            "phase_seconds": run.seconds,
+            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
+            "layer_error_method": float(np.mean([e[method.name] for e in errs])) if errs else None,
+        },
+    )

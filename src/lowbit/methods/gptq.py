@@ -1,0 +1,607 @@
+"""GPTQ: quantize a linear layer's weights to minimise the error of its *outputs*, for any scheme.
+
+Frantar et al. 2023, "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
+Transformers" (ICLR), Algorithm 1. For a weight ``W [out, in]`` and its inputs ``X [n, in]``,
+GPTQ minimises ``||X W^T - X Ŵ^T||²`` column by column: each column is rounded, and its error,
+weighted by the inverse Hessian ``H^-1`` of that objective (``H = 2 X^T X / n``), is pushed
+onto the columns not yet rounded (optimal brain quantization). The implementation follows the
+paper and its reference code:
+
+* ``H`` is dampened by ``damp * mean(diag H)`` on the diagonal; *dead* inputs (``H_jj = 0``:
+  never non-zero in the calibration data) get ``H_jj = 1`` and their weights are set to 0
+  before rounding (their value cannot matter to the outputs the Hessian saw);
+* the update uses the upper Cholesky factor ``U`` of ``H^-1`` (``H^-1 = U^T U``): column ``j``'s
+  error ``(w_j - q_j) / U_jj`` times row ``j`` of ``U``;
+* updates are applied lazily in blocks of ``block_size`` columns (within a block at once, to
+  the rest of the matrix by one matrix product per block): the same arithmetic, reordered;
+* act-order ``static`` processes columns in order of decreasing ``H_jj`` but computes every
+  group's scale up front from the original weights, so the result is stored in the ordinary
+  group layout and needs no ``g_idx``; without act-order (``none``) a group's scale is computed
+  when the loop reaches its first column, from the group's weights as updated by every column
+  before it (the paper's rule; the reference code reads the values of the block's start when
+  groups are smaller than blocks).
+
+The quantizer inside the loop is lowbit's own: scales come from ``lowbit.quant._engine``'s
+scale choice (absmax, MSE, percentile ...; rounded to the scheme's scale format; MX shared
+exponents; asymmetric zero points) and each column is encoded with the element codec
+``lowbit.quant._elements.encode_chunk``, so with the same scales the codes are exactly those of
+:func:`lowbit.quantize` and the result is an ordinary :class:`~lowbit.quant.tensor.QuantizedTensor`
+every writer and ``dequantize`` handle unchanged. Supported layouts: per tensor, per output
+channel (``axis=0``) and groups or MX blocks along the input axis (``axis=-1``, lowbit's
+``int4:g128``), for every element format (int sym/asym, FP8/FP6/FP4, NF4, MX, binary/ternary).
+
+Cost per layer: ``O(in³)`` for the inverse and ``O(out · in²)`` for the updates, in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from lowbit.codecs.packing import _pack_unchecked
+from lowbit.enums import Rounding, as_rounding
+from lowbit.errors import LowbitError
+from lowbit.ggml.legacy import _F16_MAX, _inverse, _round_half_away
+from lowbit.plans.rules import parse_action
+from lowbit.quant._elements import encode_chunk
+from lowbit.quant._engine import _scales_for, value_table
+from lowbit.quant.layout import make_layout
+from lowbit.quant.nf4 import double_dequantize, double_quantize
+from lowbit.quant.scheme import Granularity, ScaleMethod, Scheme
+from lowbit.quant.tensor import QuantizedTensor
+
+__all__ = ["GPTQ", "ActOrder", "Sequential", "gptq_quantize", "layer_error"]
+
+
+class ActOrder(str, Enum):
+    """The order GPTQ rounds columns in.
+
+    ``none``: the input order. ``static``: decreasing ``diag(H)`` (the inputs with the most
+    energy first, while most columns are still free to absorb their error), with every
+    group's scale fixed up front on the original weights so the stored layout is unchanged.
+    """
+
+    NONE = "none"
+    STATIC = "static"
+
+
+class Sequential(str, Enum):
+    """What a model's layers are calibrated on (GPTQ's sequential mode, block by block).
+
+    ``layers`` (default): inside a block, each group of layers that reads one input (q/k/v,
+    o, gate/up, down) sees the outputs of the groups before it already quantized, as
+    AutoGPTQ's and GPTQModel's ``true_sequential``; in pre-norm residual blocks (llama) one
+    forward pass per block computes the statistics and the next block's inputs, in other
+    blocks (BERT's post-norm encoder layers) one pass per group, each stopped at the group's
+    input, and one for the outputs. ``blocks``: every layer of a block sees the block's float
+    weights, then the quantized block is run again for the next block's inputs (two passes per
+    block; llm-compressor's order).
+    """
+
+    LAYERS = "layers"
+    BLOCKS = "blocks"
+
+
+def _act_order(value: Any) -> ActOrder:
+    if isinstance(value, ActOrder):
+        return value
+    try:
+        return ActOrder(str(value).strip().lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in ActOrder)
+        raise LowbitError(f"unknown act_order {value!r}; allowed: {allowed}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTQ:
+    """GPTQ's settings: a method of quantizing a layer given its input statistics.
+
+    Args:
+        damp: added to the Hessian's diagonal as a fraction of its mean (0.01 = the paper's
+            1%); larger values are more stable and closer to round-to-nearest.
+        block_size: columns per lazy batch (128 as in the paper; changes speed, not results
+            beyond float64 rounding).
+        act_order: ``static`` (default; decreasing ``diag(H)``, static groups) or ``none``.
+        sequential: ``layers`` (default) or ``blocks``: see :class:`Sequential` (a whole-model
+            setting; :meth:`quantize` of one layer ignores it).
+
+    Raises:
+        LowbitError: a negative or non-finite ``damp``, ``block_size`` < 1, an unknown
+            ``act_order`` or ``sequential``.
+    """
+
+    damp: float = 0.01
+    block_size: int = 128
+    act_order: ActOrder = ActOrder.STATIC
+    sequential: Sequential = Sequential.LAYERS
+
+    def __post_init__(self) -> None:
+        damp = float(self.damp)
+        if not math.isfinite(damp) or damp < 0:
+            raise LowbitError(f"damp must be a finite number >= 0, got {self.damp!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
+            raise LowbitError(f"block_size must be a positive integer, got {self.block_size!r}")
+        if self.block_size < 1:
+            raise LowbitError(f"block_size must be >= 1, got {self.block_size}")
+        object.__setattr__(self, "damp", damp)
+        object.__setattr__(self, "act_order", _act_order(self.act_order))
+        try:
+            seq = Sequential(str(getattr(self.sequential, "value", self.sequential)).lower())
+        except ValueError:
+            allowed = ", ".join(m.value for m in Sequential)
+            raise LowbitError(
+                f"unknown sequential {self.sequential!r}; allowed: {allowed}"
+            ) from None
+        object.__setattr__(self, "sequential", seq)
+
+    @property
+    def name(self) -> str:
+        """``gptq``: the method's name in tables and manifests."""
+        return "gptq"
+
+    def describe(self) -> str:
+        """A short label, e.g. ``gptq (damp 0.01, act-order static, layers-sequential)``."""
+        return (
+            f"gptq (damp {self.damp:g}, act-order {self.act_order.value}, "
+            f"{self.sequential.value}-sequential)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able settings with the method's name."""
+        return {
+            "method": "gptq",
+            "damp": self.damp,
+            "block_size": self.block_size,
+            "act_order": self.act_order.value,
+            "sequential": self.sequential.value,
+        }
+
+    def quantize(self, W: Any, H: Any, scheme: Scheme | str) -> Any:
+        """:func:`gptq_quantize` with these settings."""
+        return self.quantize_shared({"weight": W}, H, {"weight": scheme})["weight"]
+
+    def quantize_shared(
+        self, weights: Mapping[str, Any], H: Any, schemes: Mapping[str, Scheme | str]
+    ) -> dict[str, Any]:
+        """Quantize several weights that read the same inputs (q/k/v, gate/up) with one
+        Hessian, factored once.
+
+        Args:
+            weights: name -> weight ``[out, in]`` (every one with the same ``in``).
+            H: their inputs' Hessian ``[in, in]``.
+            schemes: name -> scheme, for every name of ``weights``.
+
+        Returns:
+            name -> :class:`~lowbit.quant.tensor.QuantizedTensor`.
+
+        Raises:
+            LowbitError: as :func:`gptq_quantize`; a name without a scheme.
+        """
+        checked = {}
+        for name, W in weights.items():
+            if name not in schemes:
+                raise LowbitError(f"no scheme for weight {name!r}")
+            scheme = _as_scheme(schemes[name])
+            try:
+                checked[name] = (*_check(W, H, scheme), scheme)
+            except LowbitError as exc:
+                raise LowbitError(f"{name}: {exc}") from None
+        if not checked:
+            return {}
+        H64 = next(iter(checked.values()))[1]
+        factor = _factor(H64, self)
+        out = {}
+        for names in _stacks(checked):
+            try:
+                if len(names) == 1:
+                    out[names[0]] = _solve(checked[names[0]][0], factor, checked[names[0]][2], self)
+                    continue
+                # rows are independent: one loop over the stacked rows, then split
+                W = np.concatenate([checked[n][0] for n in names])
+                codes, quant = _solve_codes(W, factor, checked[names[0]][2], self)
+                r = 0
+                for n in names:
+                    rows = checked[n][0].shape[0]
+                    part = quant.rows(r, r + rows)
+                    out[n] = part.result(codes[r : r + rows], (rows, W.shape[1]))
+                    r += rows
+            except LowbitError as exc:
+                raise LowbitError(f"{', '.join(names)}: {exc}") from None
+        return {n: out[n] for n in checked}
+
+
+def _stacks(checked: Mapping[str, tuple[Any, Any, Scheme]]) -> list[list[str]]:
+    """Names whose weights one loop can quantize together: the same scheme with scales per row
+    (channels, groups, blocks; a per-tensor scale spans rows, so it stays alone)."""
+    stacks: dict[Any, list[str]] = {}
+    for name, (_, _, scheme) in checked.items():
+        per_row = scheme.granularity in (Granularity.CHANNEL, Granularity.GROUP, Granularity.BLOCK)
+        key = scheme if per_row else ("alone", name)
+        stacks.setdefault(key, []).append(name)
+    return list(stacks.values())
+
+
+# ---- checks and the inverse Hessian ------------------------------------------------------
+
+
+def _as_scheme(scheme: Scheme | str) -> Scheme:
+    if isinstance(scheme, Scheme):
+        return scheme
+    if isinstance(scheme, str):
+        parsed = parse_action(scheme)
+        if isinstance(parsed, Scheme):
+            return parsed
+        raise LowbitError(f"scheme {scheme!r} is not a quantization scheme (a cast or keep)")
+    raise LowbitError(f"scheme must be a Scheme or a scheme string, got {type(scheme).__name__}")
+
+
+def _check(W: Any, H: Any, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
+    """float64 copies of W and H, after checking shapes, values and the scheme's layout."""
+
+    W64 = np.array(_numpy(W), dtype=np.float64, copy=True)
+    H64 = np.array(_numpy(H), dtype=np.float64, copy=True)
+    if W64.ndim != 2 or 0 in W64.shape:
+        raise LowbitError(f"GPTQ quantizes 2-D weights [out, in], got shape {W64.shape}")
+    n = W64.shape[1]
+    if H64.shape != (n, n):
+        raise LowbitError(
+            f"the Hessian must be [in, in] = [{n}, {n}] for weights of shape {W64.shape}, "
+            f"got {H64.shape}"
+        )
+    if not np.isfinite(W64).all():
+        raise LowbitError("GPTQ needs finite weights (the weights hold NaN or inf)")
+    if not np.isfinite(H64).all():
+        raise LowbitError("the Hessian holds NaN or inf (were the calibration inputs finite?)")
+    if np.any(np.diag(H64) < 0):
+        raise LowbitError("the Hessian has negative diagonal entries: it is not X^T X")
+    g = scheme.granularity
+    axis = scheme.axis
+    if g is Granularity.CHANNEL and axis % 2 != 0:  # type: ignore[operator]
+        raise LowbitError(
+            "GPTQ takes per-channel scales along the output axis (axis=0) of a [out, in] weight; "
+            f"got axis={axis}"
+        )
+    if g in (Granularity.GROUP, Granularity.BLOCK) and axis % 2 != 1:  # type: ignore[operator]
+        raise LowbitError(
+            "GPTQ takes groups along the input axis (axis=-1) of a [out, in] weight, the axis "
+            f"it walks; got axis={axis}"
+        )
+    if scheme.scale_method is ScaleMethod.GGML and (
+        g is not Granularity.GROUP or scheme.group_size != 32 or n % 32
+    ):
+        raise LowbitError(
+            f"{scheme.label} (llama.cpp's block type) takes rows that are a multiple of 32 "
+            f"values in groups of 32; got {n} columns"
+        )
+    if as_rounding(scheme.rounding) is Rounding.STOCHASTIC:
+        raise LowbitError("GPTQ rounds deterministically: use a rounding other than stochastic")
+    return W64, H64
+
+
+def _numpy(x: Any) -> Any:
+    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        return x.detach().cpu().double().numpy()
+    return x
+
+
+def _upper_cholesky_of_inverse(H: np.ndarray) -> np.ndarray:
+    """``U`` upper triangular with ``U^T U = H^-1`` (the paper's ``Cholesky(H^-1)^T``).
+
+    One Cholesky factorisation and one triangular inverse: with ``J`` the reversal
+    permutation and ``J H J = L L^T``, ``H = R R^T`` for the upper ``R = J L J``, so
+    ``H^-1 = R^-T R^-1`` and ``U = R^-1 = J L^-1 J``.
+    """
+    try:
+        L = np.linalg.cholesky(H[::-1, ::-1])
+    except np.linalg.LinAlgError:
+        raise LowbitError(
+            "the dampened Hessian is not positive definite; raise damp (e.g. 0.1)"
+        ) from None
+    return np.ascontiguousarray(_lower_inverse(L)[::-1, ::-1])
+
+
+def _lower_inverse(L: np.ndarray) -> np.ndarray:
+    """Inverse of a lower-triangular matrix by blocks (matrix products; numpy has no trtri):
+    ``[[A, 0], [B, C]]^-1 = [[A^-1, 0], [-C^-1 B A^-1, C^-1]]``."""
+    n = L.shape[0]
+    if n <= 128:
+        return np.tril(np.linalg.inv(L))
+    h = n // 2
+    Ai = _lower_inverse(L[:h, :h])
+    Ci = _lower_inverse(L[h:, h:])
+    out = np.zeros_like(L)
+    out[:h, :h] = Ai
+    out[h:, h:] = Ci
+    out[h:, :h] = -(Ci @ (L[h:, :h] @ Ai))
+    return out
+
+
+# ---- the quantizer -----------------------------------------------------------------------
+
+
+class _Quantizer:
+    """Scales per group (or channel/tensor) and lowbit's element codec, column by column."""
+
+    def __init__(self, scheme: Scheme, shape: tuple[int, int]) -> None:
+
+        self.scheme = scheme
+        self.fmt = scheme.element_format
+        self.mode = as_rounding(scheme.rounding)
+        self.table = value_table(self.fmt, np.float64)
+        rows, cols = shape
+        g = scheme.granularity
+        self.group = int(scheme.group_size) if g in (Granularity.GROUP, Granularity.BLOCK) else cols
+        self.n_groups = -(-cols // self.group)
+        self.cols = cols
+        self.scale = np.ones((rows, self.n_groups), dtype=np.float32)
+        self.zero = None if scheme.symmetric else np.zeros((rows, self.n_groups), dtype=np.int32)
+        self.thresh: np.ndarray | None = None
+        # llama.cpp's Q4_0/Q5_0/Q8_0 rule: codes from the unrounded float32 block scale d
+        self.ggml = scheme.scale_method is ScaleMethod.GGML
+        self.d_raw = np.zeros((rows, self.n_groups), dtype=np.float32) if self.ggml else None
+
+    def span(self, k: int) -> tuple[int, int]:
+        """Columns of group ``k``."""
+        return k * self.group, min((k + 1) * self.group, self.cols)
+
+    def fit_group(self, k: int, values: np.ndarray) -> None:
+        """Choose group ``k``'s scales from its current values ``[out, columns]``."""
+        if self.ggml:
+            self._fit_ggml(k, values)
+            return
+        s, z, t = self._params(np.ascontiguousarray(values).reshape(values.shape[0], 1, -1, 1))
+        self.scale[:, k] = s.reshape(-1)
+        if self.zero is not None:
+            assert z is not None
+            self.zero[:, k] = z.reshape(-1)
+        if t is not None:
+            if self.thresh is None:
+                self.thresh = np.zeros(self.scale.shape, dtype=np.float64)
+            self.thresh[:, k] = t.reshape(-1)
+
+    def fit_whole(self, W: np.ndarray) -> None:
+        """Per-tensor or per-output-channel scales from the whole weight."""
+        rows = W.shape[0]
+        if self.scheme.granularity is Granularity.TENSOR:
+            V = np.ascontiguousarray(W).reshape(1, 1, -1, 1)
+            axes: tuple[int, ...] = (2,)
+        else:  # channel, axis 0
+            V = np.ascontiguousarray(W).reshape(1, rows, 1, -1)
+            axes = (0, 2, 3)
+        s, z, t = self._params(V, axes)
+        self.scale[:, 0] = np.broadcast_to(s.reshape(-1), (rows,))
+        if self.zero is not None:
+            assert z is not None
+            self.zero[:, 0] = np.broadcast_to(z.reshape(-1), (rows,))
+        if t is not None:
+            self.thresh = np.broadcast_to(t.reshape(-1), (rows,)).reshape(rows, 1).astype(float)
+
+    def _params(
+        self, V: np.ndarray, axes: tuple[int, ...] = (2,)
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+
+        s32, zp, thresh, _, _ = _scales_for(V, axes, self.scheme, self.fmt, "raise")
+        return s32, zp, thresh
+
+    def _fit_ggml(self, k: int, values: np.ndarray) -> None:
+        """llama.cpp's block scale (``lowbit.ggml.legacy``): ``d = max|x| / 127`` (Q8_0) or
+        ``m / -2^(bits-1)`` with ``m`` the first value of largest magnitude (Q4_0, Q5_0), in
+        float32; stored rounded to float16."""
+        x = np.asarray(values, dtype=np.float32)
+        if self.fmt.bits == 8:
+            d = np.abs(x).max(axis=1) / np.float32(127)
+        else:
+            m = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)[:, 0]
+            d = m / -np.float32(1 << (self.fmt.bits - 1))
+        d = d.astype(np.float32)
+        if np.any(np.abs(d) > _F16_MAX):
+            raise LowbitError(f"{self.scheme.label}: a block scale overflows float16")
+        self.d_raw[:, k] = d  # type: ignore[index]
+        self.scale[:, k] = d.astype(np.float16).astype(np.float32)
+
+    def _round_ggml(self, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """llama.cpp's rounding of one column with the unrounded scale: Q8_0
+        ``round_half_away(x / d)``, Q4_0/Q5_0 ``trunc(x / d + 2^(bits-1) + 0.5)``; clipped to the
+        codes the block type stores (GPTQ's updates can carry a value past the block's
+        original largest one)."""
+        bits = self.fmt.bits
+        x = w.astype(np.float32) * _inverse(self.d_raw[:, k])  # type: ignore[index]
+        if bits == 8:
+            q = np.clip(_round_half_away(x), -128, 127)
+        else:
+            half = np.float32(1 << (bits - 1))
+            u = np.trunc((x + (half + np.float32(0.5))).astype(np.float32))
+            q = np.clip(u, 0, (1 << bits) - 1) - half
+        q = q.astype(np.int16)
+        codes = (q & np.int16((1 << bits) - 1)).astype(self.fmt.code_dtype)
+        return codes, q.astype(np.float64) * self.scale[:, k].astype(np.float64)
+
+    def round(self, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, dequantized float64 values) of one column ``w [out]`` in group ``k``."""
+        if self.ggml:
+            return self._round_ggml(w, k)
+
+        S = self.scale[:, k : k + 1]
+        Z = None if self.zero is None else self.zero[:, k : k + 1].astype(np.float64)
+        T = None if self.thresh is None else self.thresh[:, k : k + 1]
+        codes = encode_chunk(w.reshape(-1, 1), S, Z, T, self.fmt, self.scheme, self.mode, None)
+        codes = codes.reshape(-1)
+        q = np.take(self.table, codes)
+        if Z is not None:
+            q = q - Z[:, 0]
+        return codes, q * S[:, 0].astype(np.float64)
+
+    def rows(self, a: int, b: int) -> _Quantizer:
+        """The same quantizer for rows ``a..b`` only (scales per row: channel, group, block)."""
+        part = object.__new__(_Quantizer)
+        part.__dict__.update(self.__dict__)
+        part.scale = self.scale[a:b]
+        part.zero = None if self.zero is None else self.zero[a:b]
+        part.thresh = None if self.thresh is None else self.thresh[a:b]
+        part.d_raw = None if self.d_raw is None else self.d_raw[a:b]
+        return part
+
+    def result(self, codes: np.ndarray, shape: tuple[int, int]) -> Any:
+        """The :class:`QuantizedTensor` of ``codes [out, in]`` with these scales."""
+
+        sshape = make_layout(shape, self.scheme).scale_shape
+        scale, zero = self.scale, self.zero
+        if self.scheme.granularity is Granularity.TENSOR:  # one scale, kept once per row here
+            scale, zero = scale[:1, :1], None if zero is None else zero[:1, :1]
+        scale = np.ascontiguousarray(scale).reshape(sshape)
+        zero = None if zero is None else np.ascontiguousarray(zero).reshape(sshape)
+        dq = None
+        if self.scheme.double_quant:
+            dq = double_quantize(scale)
+            scale = double_dequantize(*dq).reshape(sshape)
+        return QuantizedTensor(
+            codes=_pack_unchecked(codes.reshape(-1), self.fmt.bits),
+            scale=scale,
+            zero_point=zero,
+            shape=shape,
+            scheme=self.scheme,
+            dq=dq,
+        )
+
+
+# ---- GPTQ --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Factor:
+    """What GPTQ needs from a Hessian, shared by every layer that reads the same inputs
+    (q/k/v, gate/up): the column order, the dead inputs and ``U`` (upper Cholesky of the
+    dampened, permuted ``H``'s inverse)."""
+
+    perm: np.ndarray
+    dead: np.ndarray
+    U: np.ndarray
+
+
+def _factor(H: np.ndarray, cfg: GPTQ) -> _Factor:
+    H = H.copy()
+    n = H.shape[0]
+    dead = np.diag(H) == 0
+    H[dead, dead] = 1.0
+    if cfg.act_order is ActOrder.STATIC:
+        perm = np.argsort(-np.diag(H), kind="stable")
+        H = H[perm][:, perm]
+    else:
+        perm = np.arange(n)
+    H[np.diag_indices(n)] += cfg.damp * float(np.mean(np.diag(H)))
+    return _Factor(perm=perm, dead=dead, U=_upper_cholesky_of_inverse(H))
+
+
+def gptq_quantize(
+    W: Any,
+    H: Any,
+    scheme: Scheme | str,
+    *,
+    damp: float = 0.01,
+    block_size: int = 128,
+    act_order: ActOrder | str = ActOrder.STATIC,
+) -> Any:
+    """Quantize a weight with GPTQ (Frantar et al. 2023, Algorithm 1) to a lowbit scheme.
+
+    Args:
+        W: the weight ``[out, in]`` (numpy or torch; any float dtype; not modified).
+        H: the Hessian of the layer's output error, ``2 X^T X / n`` for inputs ``X [n, in]``
+            (see :class:`lowbit.calibration.hessians.HessianCollector`), ``[in, in]``.
+        scheme: a :class:`~lowbit.quant.scheme.Scheme` or scheme string (``int4:g128``):
+            per tensor, per output channel, or groups/MX blocks along the input axis.
+        damp: diagonal dampening as a fraction of ``mean(diag H)``.
+        block_size: columns per lazy batch.
+        act_order: ``static`` or ``none`` (see :class:`ActOrder`).
+
+    Returns:
+        A :class:`~lowbit.quant.tensor.QuantizedTensor` of ``W``'s shape in ``scheme``'s
+        ordinary layout.
+
+    Raises:
+        LowbitError: shapes that do not match, non-finite values, a layout GPTQ cannot walk
+            (channels along the input axis, groups along the output axis), stochastic
+            rounding, or a Hessian that stays singular after dampening.
+    """
+    cfg = GPTQ(damp=damp, block_size=block_size, act_order=act_order)
+    return cfg.quantize_shared({"weight": W}, H, {"weight": scheme})["weight"]
+
+
+def _solve(W: np.ndarray, f: _Factor, scheme: Scheme, cfg: GPTQ) -> Any:
+    """GPTQ of ``W`` (float64, modified) with a factored Hessian: a QuantizedTensor."""
+    codes, quant = _solve_codes(W, f, scheme, cfg)
+    return quant.result(codes, W.shape)
+
+
+def _solve_codes(W: np.ndarray, f: _Factor, scheme: Scheme, cfg: GPTQ) -> tuple[Any, Any]:
+    """GPTQ's loop over the columns of ``W`` (float64, modified): codes ``[out, in]`` and the
+    quantizer holding the scales."""
+    rows, cols = W.shape
+    quant = _Quantizer(scheme, (rows, cols))
+    W[:, f.dead] = 0.0
+    grouped = scheme.granularity in (Granularity.GROUP, Granularity.BLOCK)
+    static = cfg.act_order is ActOrder.STATIC
+    if not grouped:
+        quant.fit_whole(W)
+    elif static:
+        for k in range(quant.n_groups):
+            a, b = quant.span(k)
+            quant.fit_group(k, W[:, a:b])
+    perm, U = f.perm, f.U
+    Wt = np.ascontiguousarray(W.T[perm])  # row j = the j-th column processed
+    codes = np.empty((cols, rows), dtype=quant.fmt.code_dtype)  # transposed, original order
+    for i1 in range(0, cols, cfg.block_size):
+        i2 = min(i1 + cfg.block_size, cols)
+        W1 = Wt[i1:i2].copy()
+        E1 = np.empty_like(W1)
+        U1 = U[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            j = i1 + i
+            col = int(perm[j])
+            k = col // quant.group
+            if grouped and not static and col % quant.group == 0:
+                quant.fit_group(k, _current(Wt, W1, E1, U, i1, i2, i, quant.span(k)[1]).T)
+            c, q = quant.round(W1[i], k)
+            codes[col] = c
+            err = (W1[i] - q) / U1[i, i]
+            if i + 1 < i2 - i1:
+                W1[i + 1 :] -= np.multiply.outer(U1[i, i + 1 :], err)
+            E1[i] = err
+        if i2 < cols:
+            Wt[i2:] -= U[i1:i2, i2:].T @ E1
+    return np.ascontiguousarray(codes.T), quant
+
+
+def _current(
+    Wt: np.ndarray, W1: np.ndarray, E1: np.ndarray, U: np.ndarray, i1: int, i2: int, i: int, b: int
+) -> np.ndarray:
+    """Rows ``i1 + i .. b`` of the transposed weight as every column before ``i1 + i`` has
+    updated them: in the block from ``W1``, beyond it with the block's pending updates."""
+    j = i1 + i
+    inside = W1[i : min(b, i2) - i1]
+    if b <= i2:
+        return inside
+    pending = Wt[i2:b] - U[i1:j, i2:b].T @ E1[:i]
+    return np.concatenate([inside, pending])
+
+
+def layer_error(W: Any, Wq: Any, H: Any) -> float:
+    """The output error GPTQ minimises: ``tr((W - Ŵ) H (W - Ŵ)^T)``.
+
+    With ``H = 2 X^T X / n`` this is ``2/n · ||X W^T - X Ŵ^T||²_F``: twice the mean over the
+    calibration inputs of the squared error of the layer's outputs.
+
+    Args:
+        W: the original weight ``[out, in]``.
+        Wq: the quantized (dequantized) weight, same shape.
+        H: the Hessian ``[in, in]``.
+    """
+    D = np.asarray(_numpy(W), dtype=np.float64) - np.asarray(_numpy(Wq), dtype=np.float64)
+    H64 = np.asarray(_numpy(H), dtype=np.float64)
+    if D.ndim != 2 or H64.shape != (D.shape[1], D.shape[1]):
+        raise LowbitError(f"shapes do not match: weights {D.shape}, Hessian {H64.shape}")
+    return float(np.einsum("ij,ij->", D @ H64, D))

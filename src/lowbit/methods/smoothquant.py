@@ -1,0 +1,187 @@
+"""SmoothQuant: move activation outliers into the weights before W8A8 quantization.
+
+Xiao et al. 2023, "SmoothQuant: Accurate and Efficient Post-Training Quantization for Large
+Language Models" (ICML), Section 4. With per-token activation quantization a few input channels
+with huge values (outliers) set every token's scale and flatten the rest; dividing input
+channel ``j`` by
+
+    s_j = max|X_j|^α / max|W_j|^(1 - α)
+
+(``max|W_j|`` over every layer reading that input) and multiplying the weights' column ``j`` by
+``s_j`` makes the activations easier to quantize and the weights a little harder, ``α`` setting
+the balance. The division is folded exactly into the operation before
+(``lowbit.methods.folds``). ``α`` is given or chosen from a grid on calibration rows ``X``: the
+point whose simulated W8A8 layers (activations per token with
+:func:`lowbit.quantize_dynamic`, as ``lowbit eval --w8a8`` simulates them; weights with the
+layers' own schemes) give the least output error
+
+    sum over the group's layers of ||X W^T - A(X / s) Q(W * s)^T||² / ||X W^T||²,
+
+with "no smoothing" (``s = 1``) always among the candidates, so the chosen scales never make
+the calibration error worse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+from lowbit.methods.awq import ScaleSearch, _count, _deq, _unit
+from lowbit.methods.gptq import _as_scheme
+from lowbit.plans.rules import activation_format
+from lowbit.quant.scheme import Scheme
+from lowbit.quant.tensor import quantize_dynamic
+
+__all__ = ["SmoothQuant", "smooth_scales", "smoothquant_search"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmoothQuant:
+    """SmoothQuant's settings.
+
+    Args:
+        alpha: the migration strength; None (default) chooses it per layer group from
+            ``grid`` points on calibration data.
+        grid: ``α`` values tried are ``i / grid`` for ``i = 1 .. grid - 1``, and no smoothing.
+        activations: the per-token activation format the layers will run with (``int8``,
+            ``fp8_e4m3``).
+        rows: calibration input rows kept per layer group for the search.
+
+    Raises:
+        LowbitError: ``alpha`` outside [0, 1], ``grid`` < 2, ``rows`` < 1, an activation
+            format per-token simulation does not take.
+    """
+
+    alpha: float | None = None
+    grid: int = 20
+    activations: str = "int8"
+    rows: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.alpha is not None:
+            object.__setattr__(self, "alpha", _unit(self.alpha, "alpha"))
+        _count(self.grid, "grid", 2)
+        _count(self.rows, "rows", 1)
+        object.__setattr__(self, "activations", activation_format(self.activations))
+
+    @property
+    def name(self) -> str:
+        """``smoothquant``: the method's name in tables and manifests."""
+        return "smoothquant"
+
+    def alphas(self) -> list[float | None]:
+        """The candidates: None (no smoothing) then the ``α`` values, or the fixed ``α``."""
+        if self.alpha is not None:
+            return [self.alpha]
+        return [None, *(i / self.grid for i in range(1, self.grid))]
+
+    def describe(self) -> str:
+        """A short label, e.g. ``smoothquant (α 0.8, int8 activations)``."""
+        a = f"α {self.alpha:g}" if self.alpha is not None else f"α grid {self.grid}"
+        return f"smoothquant ({a}, {self.activations} activations)"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able settings with the method's name."""
+        return {
+            "method": "smoothquant",
+            "alpha": self.alpha,
+            "grid": self.grid,
+            "activations": self.activations,
+            "rows": self.rows,
+        }
+
+
+def smooth_scales(x_max: Any, w_max: Any, alpha: float) -> np.ndarray:
+    """``max|X_j|^α / max|W_j|^(1-α)``, both maxima floored at 1e-5 (the reference code's
+    guard against dead channels).
+
+    Args:
+        x_max: max ``|x|`` per input channel over the calibration data.
+        w_max: max ``|w|`` per input column over the layers reading that input.
+        alpha: in [0, 1].
+    """
+    x = np.maximum(np.asarray(x_max, dtype=np.float64), 1e-5)
+    w = np.maximum(np.asarray(w_max, dtype=np.float64), 1e-5)
+    return x**alpha / w ** (1.0 - alpha)
+
+
+def _w8a8_error(
+    X: np.ndarray, Ws: Mapping[str, np.ndarray], sch: Mapping[str, Scheme], s: np.ndarray,
+    act: str, refs: Mapping[str, np.ndarray],
+) -> float:  # fmt: skip
+    # float32 products: the search ranks candidates; the reported layer errors are float64
+    Xq = quantize_dynamic((X / s).astype(np.float32), act).dequantize(np.float32)
+    err = 0.0
+    for n, w in Ws.items():
+        y = Xq @ _deq(w * s, sch[n]).astype(np.float32).T
+        err += float(np.sum((refs[n] - y).astype(np.float64) ** 2))
+    return err
+
+
+def smoothquant_search(
+    weights: Mapping[str, Any],
+    X: Any,
+    x_max: Any,
+    schemes: Mapping[str, Scheme | str],
+    cfg: SmoothQuant | None = None,
+    *,
+    expand: Callable[[np.ndarray], np.ndarray] | None = None,
+    reduce: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> ScaleSearch:
+    """SmoothQuant's scales for a group of layers reading one input.
+
+    Args:
+        weights: name -> weight ``[out, in]``.
+        X: calibration input rows ``[n, in]``.
+        x_max: max ``|x|`` per searched channel over all the calibration data.
+        schemes: name -> the layer's weight scheme.
+        cfg: the settings (default ``SmoothQuant()``).
+        expand: searched scales -> the ``in`` input columns (grouped-query heads).
+        reduce: per-input-column weight maxima -> per searched channel (the max over the
+            columns ``expand`` repeats one scale to).
+
+    Returns:
+        A :class:`~lowbit.methods.awq.ScaleSearch`: ``alpha`` is -1.0 when no smoothing won;
+        errors are relative output errors of the simulated W8A8 layers on ``X``.
+
+    Raises:
+        LowbitError: shapes that do not match, non-finite statistics.
+    """
+    cfg = SmoothQuant() if cfg is None else cfg
+    expand = expand or (lambda s: s)
+    reduce = reduce or (lambda v: v)
+    X64 = np.asarray(X, dtype=np.float64)
+    Ws = {n: np.asarray(w, dtype=np.float64) for n, w in weights.items()}
+    sch = {n: _as_scheme(schemes[n]) for n in Ws}
+    if X64.ndim != 2 or any(w.ndim != 2 or w.shape[1] != X64.shape[1] for w in Ws.values()):
+        raise LowbitError("SmoothQuant: calibration rows and weights do not share an input width")
+    xm = np.asarray(x_max, dtype=np.float64)
+    if not (np.all(np.isfinite(X64)) and np.all(np.isfinite(xm))):
+        raise LowbitError("SmoothQuant needs finite calibration statistics")
+    w_max = reduce(np.max(np.stack([np.abs(w).max(axis=0) for w in Ws.values()]), axis=0))
+    refs = {n: (X64 @ w.T).astype(np.float32) for n, w in Ws.items()}
+    base = sum(float(np.sum(r**2)) for r in refs.values()) or 1.0
+    ones = np.ones_like(xm)
+    tried: dict[float, float] = {}
+    best: tuple[float, float, np.ndarray] | None = None
+    before = None
+    for a in cfg.alphas():
+        s = ones if a is None else smooth_scales(xm, w_max, a)
+        if not (np.all(np.isfinite(s)) and np.all(s > 0)):
+            continue
+        err = _w8a8_error(X64, Ws, sch, expand(s), cfg.activations, refs) / base
+        key = -1.0 if a is None else float(a)
+        tried[key] = err
+        if a is None:
+            before = err
+        if best is None or err < best[1]:
+            best = (key, err, s)
+    if best is None:
+        raise LowbitError("SmoothQuant: no finite scales for any α")
+    if before is None:
+        before = _w8a8_error(X64, Ws, sch, expand(ones), cfg.activations, refs) / base
+    return ScaleSearch(best[2], best[0], before, best[1], tried)

@@ -1,0 +1,1 @@
+"""Runnable torch models from checkpoints (needs torch and transformers, imported on use)."""

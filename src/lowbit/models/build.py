@@ -1,0 +1,345 @@
+"""Build runnable torch / transformers models from checkpoints.
+
+``build_model(checkpoint, weights=None)`` turns what a reader gives (see
+``lowbit.checkpoints.open_checkpoint``) into a transformers model in eval mode:
+
+- a GGUF llama-family file (the default SmolLM2-135M-Instruct): tensors dequantized, renamed to
+  Hugging Face names, llama.cpp's q/k row permutation undone, ``LlamaForCausalLM`` configured from
+  the GGUF metadata;
+- a Hugging Face folder (or a safetensors file beside a ``config.json``): the architecture the
+  config names (``BertModel`` for all-MiniLM-L6-v2), weights matched by name, strictly.
+
+``weights`` replaces any of the checkpoint's tensors (keyed by the checkpoint's own names) before
+the model is built: this is how quantized-then-dequantized weights are evaluated.
+
+Everything runs offline: configs and tokenizers come from the files, never from the Hub.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from lowbit._optional import require
+from lowbit._progress import progress_iter
+from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.names import _GGUF_ARCHS, gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.opener import open_checkpoint
+from lowbit.checkpoints.readers import Checkpoint
+from lowbit.errors import LowbitError
+from lowbit.models.activations import fake_quantize_per_token
+
+__all__ = [
+    "attach_activation_quantization",
+    "build_model",
+    "hf_tensors",
+    "load_model",
+]
+
+
+def hf_tensors(
+    checkpoint: Checkpoint,
+    weights: Mapping[str, np.ndarray] | None = None,
+    *,
+    progress: bool | None = None,
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(hugging_face_name, float32 array)`` for every tensor, one at a time.
+
+    GGUF tensors are renamed and their q/k rows un-permuted; safetensors names pass through.
+
+    Args:
+        checkpoint: an open checkpoint.
+        weights: replacements keyed by the checkpoint's own names (each the checkpoint's shape).
+        progress: tqdm bar (``None``: only on a terminal).
+
+    Raises:
+        LowbitError: a replacement for a name the checkpoint lacks, or of the wrong shape.
+    """
+    weights = dict(weights or {})
+    _check_replacements(checkpoint, weights)
+    is_gguf = checkpoint.format == "gguf"
+    cfg = checkpoint.config or {}
+    names = checkpoint.names()
+    for name in progress_iter(names, progress, f"loading {checkpoint.path.name}", "tensor"):
+        arr = weights[name] if name in weights else checkpoint.get(name)
+        arr = np.asarray(arr, dtype=np.float32)
+        if not is_gguf:
+            yield name, arr
+            continue
+        hf = gguf_to_hf_name(name)
+        if hf.endswith(("q_proj.weight", "q_proj.bias")):
+            arr = unpermute_qk(arr, cfg["num_attention_heads"])
+        elif hf.endswith(("k_proj.weight", "k_proj.bias")):
+            arr = unpermute_qk(arr, cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+        yield hf, arr
+
+
+def _check_replacements(checkpoint: Checkpoint, weights: Mapping[str, Any]) -> None:
+    for name, arr in weights.items():
+        if name not in checkpoint:
+            raise checkpoint._missing(name)
+        if tuple(np.shape(arr)) != checkpoint.shape(name):
+            raise LowbitError(
+                f"replacement for {name!r} has shape {tuple(np.shape(arr))}, the checkpoint's "
+                f"is {checkpoint.shape(name)}"
+            )
+
+
+# ------------------------------------------------------------------------------ build
+
+
+def _hf_config(checkpoint: Checkpoint) -> Any:
+    import transformers
+
+    cfg = dict(checkpoint.config or {})
+    if checkpoint.format == "gguf":
+        arch = cfg.get("model_type")
+        if arch not in _GGUF_ARCHS:
+            raise LowbitError(
+                f"{checkpoint.path}: GGUF architecture {arch!r}: lowbit builds models for "
+                f"{', '.join(_GGUF_ARCHS)} only (reading its tensors works)"
+            )
+    if not cfg:
+        raise LowbitError(
+            f"{checkpoint.path}: no config.json beside the weights, so the model cannot be built "
+            f"(reading tensors works)"
+        )
+    model_type = cfg.pop("model_type", None)
+    if model_type is None:
+        raise LowbitError(f"{checkpoint.path}: config has no model_type")
+    for key in ("transformers_version", "_name_or_path"):
+        cfg.pop(key, None)
+    try:
+        return transformers.AutoConfig.for_model(model_type, **cfg)
+    except ValueError as exc:
+        raise LowbitError(
+            f"{checkpoint.path}: transformers cannot build this config: {exc}"
+        ) from None
+
+
+def _model_class(config: Any) -> Any:
+    import transformers
+
+    for arch in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def _instantiate(config: Any, dtype: Any) -> Any:
+    """A model with uninitialised parameters (every one is then overwritten from the checkpoint)."""
+    import torch
+    import transformers
+
+    try:  # skipping random init saves seconds; the helper moved between transformers versions
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - transformers < 5
+        from transformers.modeling_utils import no_init_weights  # type: ignore[no-redef]
+    cls = _model_class(config)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with no_init_weights():
+            model = cls(config) if cls is not None else transformers.AutoModel.from_config(config)
+    finally:
+        torch.set_default_dtype(old)
+    model.tie_weights()  # post_init ties inside init_weights, which no_init_weights skips
+    return model
+
+
+def build_model(
+    checkpoint: Checkpoint,
+    weights: Mapping[str, np.ndarray] | None = None,
+    *,
+    dtype: Any = None,
+    strict: bool = True,
+    progress: bool | None = None,
+) -> Any:
+    """Build a transformers model from a checkpoint, optionally with replaced weights.
+
+    Args:
+        checkpoint: from ``open_checkpoint``: a GGUF llama-family file, or safetensors with a
+            ``config.json`` naming an architecture transformers knows.
+        weights: arrays that replace checkpoint tensors, keyed by the checkpoint's own names (GGUF
+            names for a GGUF file; the permutation is undone after replacement).
+        dtype: torch dtype of the parameters (default ``torch.float32``).
+        strict: every model parameter must come from the checkpoint (tied ones excepted) and
+            every checkpoint tensor must find a parameter (known buffers such as
+            ``position_ids`` excepted).
+        progress: tqdm bar while loading (``None``: only on a terminal).
+
+    Returns:
+        The model (a ``transformers.PreTrainedModel``) in eval mode on the CPU.
+
+    Raises:
+        LowbitError: no config, an unknown architecture, names or shapes that do not match.
+        MissingExtraError: torch or transformers is not installed (``lowbit[models]``).
+    """
+    torch = require("torch", extra="models", what="building a model")
+    require("transformers", extra="models", what="building a model")
+
+    if checkpoint.format == "lowbit":  # a lowbit checkpoint keeps its source's names
+        checkpoint = checkpoint.as_source()  # type: ignore[attr-defined]
+    dtype = torch.float32 if dtype is None else dtype
+    config = _hf_config(checkpoint)
+    model = _instantiate(config, dtype)
+    params = model.state_dict(keep_vars=True)
+    buffers_only = {n for n, _ in model.named_buffers()} - set(params)
+    prefix = _prefix_fix(model, checkpoint)
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for name, arr in hf_tensors(checkpoint, weights, progress=progress):
+            key = prefix(name)
+            target = params.get(key)
+            if target is None:
+                if key not in buffers_only and not key.endswith("position_ids"):
+                    unexpected.append(name)
+                continue
+            if tuple(target.shape) != arr.shape:
+                raise LowbitError(
+                    f"{checkpoint.path}: tensor {name!r} has shape {arr.shape}, the model's "
+                    f"{key!r} wants {tuple(target.shape)}"
+                )
+            target.copy_(_readonly_tensor(arr))
+            loaded.add(key)
+    missing = [k for k in params if k not in loaded and not _is_tied(params, k, loaded)]
+    if strict and (missing or unexpected):
+        raise LowbitError(_mismatch_message(checkpoint, missing, unexpected, list(params)))
+    model.eval()
+    return model
+
+
+def _readonly_tensor(arr: np.ndarray) -> Any:
+    """A torch view of a (possibly read-only, memory-mapped) array, for reading only."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # torch warns that it cannot mark the view read-only
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr)
+
+
+def _is_tied(params: dict[str, Any], key: str, loaded: set[str]) -> bool:
+    ptr = params[key].data_ptr()
+    return any(params[k].data_ptr() == ptr for k in loaded)
+
+
+def _prefix_fix(model: Any, checkpoint: Checkpoint) -> Any:
+    """Map checkpoint names onto the model's when they differ by the base-model prefix."""
+    if checkpoint.format == "gguf":
+        return lambda n: n
+    keys = set(model.state_dict())
+    names = checkpoint.names()
+    base = getattr(model, "base_model_prefix", "") or ""
+    if not base or any(n in keys for n in names):
+        return lambda n: n
+    if any(f"{base}.{n}" in keys for n in names):
+        return lambda n: f"{base}.{n}"
+    if any(n.startswith(f"{base}.") and n[len(base) + 1 :] in keys for n in names):
+        return lambda n: n[len(base) + 1 :] if n.startswith(f"{base}.") else n
+    return lambda n: n
+
+
+def _mismatch_message(
+    checkpoint: Checkpoint, missing: list[str], unexpected: list[str], model_keys: list[str]
+) -> str:
+    import difflib
+
+    parts = [f"{checkpoint.path}: checkpoint names do not match the model"]
+    if missing:
+        parts.append(f"{len(missing)} model parameters missing (e.g. {', '.join(missing[:3])})")
+    if unexpected:
+        close = difflib.get_close_matches(unexpected[0], model_keys, n=1)
+        hint = f"; closest model name to {unexpected[0]!r}: {close[0]!r}" if close else ""
+        parts.append(
+            f"{len(unexpected)} checkpoint tensors unused (e.g. {', '.join(unexpected[:3])}){hint}"
+        )
+    return "; ".join(parts) + " (strict=False loads what matches)"
+
+
+# -------------------------------------------------------------------- load_model
+
+
+def load_model(
+    path: str | os.PathLike[str], *, activations: bool = True, verify: bool = True, **kwargs: Any
+) -> Any:
+    """Build a runnable transformers model (eval mode, float32) from a checkpoint.
+
+    Any checkpoint ``open_checkpoint`` reads gives ``build_model(open_checkpoint(path),
+    **kwargs)``. A lowbit quantized checkpoint (``lowbit quantize``) gives its dequantized
+    weights, with the per-token activation quantization its plan asks for simulated.
+
+    Args:
+        path: a checkpoint file or folder (see ``lowbit.checkpoints.open_checkpoint``).
+        activations: for a lowbit checkpoint, simulate the activation quantization its plan
+            asks for (``lowbit.models.activations.fake_quantize_per_token`` on the inputs of
+            those linear layers); False gives the weight-only model. Other checkpoints have none.
+        verify: for a lowbit checkpoint, check its manifest's digest and every file's sha256
+            (see ``lowbit.checkpoints.lowbit_format.LowbitCheckpoint``).
+        **kwargs: passed to :func:`build_model` (``dtype``, ``strict``, ``progress``).
+
+    Returns:
+        The model; for a lowbit checkpoint ``model.lowbit_activations`` maps hooked module
+        names to their format.
+
+    Raises:
+        LowbitError: an unreadable checkpoint, or an activation rule on a tensor that is not
+            an ``nn.Linear`` weight.
+    """
+    if not is_lowbit_checkpoint(path):
+        return build_model(open_checkpoint(path), **kwargs)
+    ckpt = LowbitCheckpoint(path, verify=verify)
+    model = build_model(ckpt.as_source(), **kwargs)
+    hooked: dict[str, str] = {}
+    if activations:
+        hooked = attach_activation_quantization(model, ckpt.activations(), ckpt.source_format)
+    model.lowbit_activations = hooked
+    return model
+
+
+def attach_activation_quantization(
+    model: Any, per_tensor: dict[str, str], source_format: str
+) -> dict[str, str]:
+    """Hook per-token activation quantization onto the linear layers of the given weights.
+
+    Args:
+        model: the transformers model.
+        per_tensor: ``{checkpoint tensor name: activation format}``.
+        source_format: ``gguf`` when the names are llama.cpp's.
+
+    Returns:
+        ``{module name: format}`` of the hooked layers.
+    """
+    if not per_tensor:
+        return {}
+    import torch
+
+    modules = dict(model.named_modules())
+    base = getattr(model, "base_model_prefix", "") or ""
+    out: dict[str, str] = {}
+    for name, fmt in per_tensor.items():
+        key = name
+        if source_format == "gguf":
+            key = gguf_to_hf_name(name)
+        key = key.removesuffix(".weight")
+        found = next(
+            (k for k in (key, f"{base}.{key}", key.removeprefix(f"{base}.")) if k in modules),
+            None,
+        )
+        if found is None or not isinstance(modules[found], torch.nn.Linear):
+            raise LowbitError(
+                f"activation quantization for {name!r}: the model has no linear layer {key!r}"
+            )
+
+        def hook(_m: Any, args: tuple[Any, ...], fmt: str = fmt) -> tuple[Any, ...]:
+            return (fake_quantize_per_token(args[0], fmt), *args[1:])
+
+        modules[found].register_forward_pre_hook(hook)
+        out[found] = fmt
+    return out

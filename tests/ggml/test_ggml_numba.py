@@ -1,0 +1,161 @@
+"""The compiled kernels of llama.cpp's Q4_0/Q4_1/Q8_0 blocks (``lowbit.ggml._numba``): bit for
+bit the numpy path and gguf's reference."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lowbit import LowbitError, _parallel
+from lowbit.codecs import _numba as _fast
+from lowbit.ggml import _numba as _ggmlfast
+
+pytestmark = pytest.mark.skipif(not _fast.HAVE_NUMBA, reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Three threads (one under ``serial()``); kernels at any size."""
+    real = _parallel.threads
+    monkeypatch.setattr(_parallel, "threads", lambda: 1 if real() == 1 else 3)
+    with _fast.kernels_always():  # the default leaves small tensors to numpy
+        yield
+
+
+def _run(fn: Any) -> Any:
+    try:
+        return fn()
+    except LowbitError as exc:
+        return exc
+
+
+def _ggml_blocks(rng: np.random.Generator) -> np.ndarray:
+    """Blocks of 32 values (rows of 128) on the edges of llama.cpp's Q4_0/Q8_0 rounding:
+    zero and negative-zero blocks, ties of magnitude (the first wins), quotients on .5,
+    float16-subnormal and overflowing-inverse scales, huge values, random rows."""
+    x = (rng.standard_normal((64, 128)) * rng.uniform(0.01, 100, (64, 1))).astype(np.float32)
+    x[0, :32] = 0.0
+    x[1, :32] = -0.0
+    x[1, 32:64] = 0.0
+    x[1, 40] = -0.0
+    x[2, :32] = np.float32(-1.0)
+    x[3, :32] = np.arange(32) - 15.5
+    x[4, 32:64] = (np.arange(32) - 16) * np.float32(127 / 16)
+    x[5] *= np.float32(1e-30)
+    x[6] *= np.float32(1e-38)  # 1/d overflows: code 0 (or 8), as the numpy path
+    x[7] = np.float32(2.0) ** -np.arange(128)
+    x[8, 5], x[8, 9] = 7.0, -7.0
+    x[9, 5], x[9, 9] = -7.0, 7.0
+    x[10, :32] = rng.integers(-8, 8, 32) * np.float32(0.375)  # on the Q4_0 grid
+    x[11, :32] = rng.integers(-127, 128, 32) * np.float32(0.5) + np.float32(0.25)
+    x[12] *= np.float32(300)
+    return x
+
+
+def test_ggml_encode_kernel_matches_numpy() -> None:
+    """legacy.quantize (Q4_0, Q8_0): the compiled kernel gives the numpy path's bytes and
+    gguf's reference bytes, on edge blocks and on random blocks in many bands."""
+    import gguf
+
+    from lowbit.ggml import legacy
+
+    rng = np.random.default_rng(13)
+    big = rng.standard_normal((3 * _ggmlfast._ENCODE_BAND // 4 + 5, 128)).astype(np.float32)
+    for x in (_ggml_blocks(rng), big):
+        for qtype in ("Q4_0", "Q8_0"):
+            assert _ggmlfast.ggml_encode(x.reshape(-1, 32), 4) is not None  # the kernel runs
+            fast = legacy.quantize(x, qtype)
+            with _fast.numpy_only():
+                slow = legacy.quantize(x, qtype)
+            assert fast.shape == slow.shape and np.array_equal(fast, slow), qtype
+            ref = gguf.quants.quantize(x, getattr(gguf.GGMLQuantizationType, qtype))
+            assert np.array_equal(fast, ref), qtype
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_ggml_encode_kernel_errors_as_numpy(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN, an infinity or a block scale beyond float16 gives the numpy path's error: the
+    one its chunk loop meets first (an overflow in an earlier chunk than the NaN, else the
+    NaN); the float64 and strided inputs the kernel does not take go to numpy."""
+    from lowbit.ggml import legacy
+
+    monkeypatch.setattr(legacy, "_CHUNK", 3)
+    big = np.float32(1e8)
+    cases = []
+    for nan_block, big_block in ((7, 2), (7, 6), (7, 7), (7, 8), (4, None), (None, 9)):
+        x = np.ones((12, 32), dtype=np.float32)
+        if nan_block is not None:
+            x[nan_block, 3] = np.nan if nan_block % 2 else -np.inf
+        if big_block is not None:
+            x[big_block, 30] = big
+        cases.append(x)
+    for x in cases:
+        got = _run(lambda x=x: legacy.quantize(x, qtype))
+        with _fast.numpy_only():
+            want = _run(lambda x=x: legacy.quantize(x, qtype))
+        assert isinstance(want, LowbitError) and type(got) is type(want)
+        assert str(got) == str(want)
+    x = np.random.default_rng(2).standard_normal((4, 64))
+    assert _ggmlfast.ggml_encode(x.reshape(-1, 32), 8) is None  # float64: numpy
+    assert _ggmlfast.ggml_encode(x.astype(np.float32)[:, ::2], 8) is None  # strided: numpy
+    assert np.array_equal(legacy.quantize(x, qtype), legacy.quantize(x.astype(np.float32), qtype))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_ggml_decode_kernel_matches_numpy(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GGUF Q4_0/Q4_1/Q8_0 tensors decode to gguf's bits with the kernel, on random bytes
+    with every finite float16 scale and minimum; bands holding a NaN or an infinite scale or
+    minimum (numpy's path, which keeps gguf's NaN bits) decode to gguf's bits too."""
+    import gguf
+
+    from lowbit.checkpoints import _gguf
+
+    kind = getattr(gguf.quants, qtype)
+    rng = np.random.default_rng(zlib.crc32(qtype.encode()))
+    raw = rng.integers(0, 256, (4096, kind.type_size), dtype=np.uint8)
+    finite = np.arange(1 << 16, dtype=np.uint16)
+    finite = finite[np.isfinite(finite.view(np.float16))]
+    scales = rng.permutation(np.resize(finite, 2 * raw.shape[0])).reshape(-1, 2)
+    raw[:, 0:2] = scales[:, :1].view(np.uint8)
+    if qtype == "Q4_1":
+        raw[:, 2:4] = scales[:, 1:].view(np.uint8)
+    values = np.empty((raw.shape[0], 32), dtype=np.float32)
+    assert _ggmlfast.ggml_decode(raw, values, qtype, values.size)  # every block: the kernel
+    with np.errstate(all="ignore"):
+        want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, qtype))
+    assert np.array_equal(values.view(np.uint32), want.reshape(values.shape).view(np.uint32))
+    raw[100, 0:2] = (0x01, 0x7E)  # a NaN with a payload: that band goes to numpy
+    raw[3000, 1] = 0xFC  # -inf
+    with np.errstate(all="ignore"):
+        want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, qtype))
+        for per_band in (1 << 18, 64 * 32):
+            monkeypatch.setattr(_gguf, "_DEQUANT_VALUES", per_band)
+            got = _gguf._dequantize_rows(kind, raw.reshape(64, -1), want.size)
+            assert np.array_equal(got.view(np.uint32), want.reshape(-1).view(np.uint32))
+            with _fast.numpy_only():
+                slow = _gguf._dequantize_rows(kind, raw.reshape(64, -1), want.size)
+            assert np.array_equal(slow.view(np.uint32), want.reshape(-1).view(np.uint32))
+    assert not _ggmlfast.ggml_decode(raw, values, qtype, values.size)  # NaN: numpy's
+
+
+def test_ggml_kernels_wait_for_a_large_tensor_or_a_loaded_numba(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GGML tensors below GGML_ALONE values take the kernels only once numba is loaded
+    (its start costs more than they save); larger ones, or kernels_always(), take them."""
+    import sys
+
+    monkeypatch.setattr(_fast._kernels_always, "on", False)
+    small, large = _ggmlfast.GGML_ALONE - 32, _ggmlfast.GGML_ALONE
+    assert _ggmlfast._ggml_kernels(small) and _ggmlfast._ggml_kernels(large)
+    monkeypatch.delitem(sys.modules, "numba")
+    assert not _ggmlfast._ggml_kernels(small) and _ggmlfast._ggml_kernels(large)
+    assert _ggmlfast.ggml_encode(np.zeros((small // 32, 32), np.float32), 4) is None
+    with _fast.kernels_always():
+        assert _ggmlfast._ggml_kernels(small)
+    with _fast.numpy_only():
+        assert not _ggmlfast._ggml_kernels(large)
