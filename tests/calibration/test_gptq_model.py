@@ -182,7 +182,7 @@ def test_block_by_block_forward_equals_the_model(kind: str) -> None:
     """Running the captured first-block inputs through the blocks one at a time (as the
     calibration does) gives the model's own hidden states: the causal mask, rotary positions
     and padding mask travel with them."""
-    from lowbit.calibration.gptq import _capture, _find_blocks, _out
+    from lowbit.calibration.blocks import _capture, _find_blocks, _out
 
     model = tiny_llama() if kind == "llama" else tiny_bert()
     g = torch.Generator().manual_seed(0)
@@ -279,7 +279,8 @@ def test_layers_order_sees_earlier_groups_quantized(
 def test_layer_walk_only_where_the_block_decomposes() -> None:
     """The llama block decomposes into norm + sublayer residual steps (the walk is used); a
     BERT layer (post-norm) does not: the generic group walk runs there (test_group_walk.py)."""
-    from lowbit.calibration.gptq import _capture, _find_blocks, _LayerWalk
+    from lowbit.calibration.blocks import _capture, _find_blocks
+    from lowbit.calibration.gptq import _LayerWalk
 
     for model, want in ((tiny_llama(), ("self_attn.o_proj", "mlp.down_proj")), (tiny_bert(), None)):
         ids = torch.randint(0, 250, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -301,7 +302,8 @@ def test_sequential_setting() -> None:
 def test_parked_blocks_come_back_exactly() -> None:
     """Blocks parked in the temporary file hold no weights until restored, then exactly their
     own; a parameter two blocks share is never parked or freed."""
-    from lowbit.calibration.gptq import _find_blocks, _own, _Parked
+    from lowbit.calibration._memory import _own, _Parked
+    from lowbit.calibration.blocks import _find_blocks
 
     model = tiny_llama()
     _, blocks = _find_blocks(model)

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
-from lowbit.evaluation.scan_samples import CalibrationSamples as Calibration
+from lowbit.evaluation.scan_samples import ScanSamples as Calibration
 from lowbit.evaluation.sensitivity import SensitivityResult, _proxy_score, sensitivity, spearman
 from tiny_models import save_gguf, save_hf_folder, tiny_bert, tiny_llama
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.calibration.gptq import _model_layout, _set_weight
+from lowbit.calibration.blocks import _model_layout, _set_weight
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import awq_clip, awq_search, output_error
 from lowbit.methods.folds import NO_CLIP, FoldKind, fold_scales, head_reduce, head_repeat

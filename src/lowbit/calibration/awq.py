@@ -34,15 +34,8 @@ import numpy as np
 
 from lowbit._progress import progress_bar
 from lowbit.calibration._awq_block import do_block
+from lowbit.calibration.blocks import _calibration, _capture, _find_blocks, _locate, _out, _samples
 from lowbit.calibration.data import Calibration
-from lowbit.calibration.gptq import (
-    _calibration,
-    _capture,
-    _find_blocks,
-    _locate,
-    _out,
-    _samples,
-)
 from lowbit.calibration.hessians import HessianCollector
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer

@@ -29,9 +29,6 @@ that are not linear layers are rounded to nearest as ``lowbit quantize`` does. M
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -41,24 +38,31 @@ import numpy as np
 
 from lowbit._progress import progress_bar
 from lowbit.calibration._group_walk import walk_groups
+from lowbit.calibration._memory import _drop, _own, _Parked, _release_heap
+from lowbit.calibration.blocks import (
+    _calibration,
+    _capture,
+    _errors,
+    _find_blocks,
+    _locate,
+    _model_layout,
+    _out,
+    _samples,
+    _set_weight,
+)
 from lowbit.calibration.data import (
     Calibration,
-    decoder_windows,
-    encoder_texts,
 )
 from lowbit.calibration.hessians import HessianCollector
-from lowbit.calibration.text import evaluated_sentences
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
-from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model, plan_model
+from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential
 from lowbit.models._threads import _numpy_blas_threads, _threads
-from lowbit.models.build import _prefix_fix, build_model
+from lowbit.models.build import build_model
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import calibrated_method, method_name
-from lowbit.quant.tensor import quantize
 
 __all__ = ["GPTQRun", "gptq_weights"]
 
@@ -118,10 +122,6 @@ class _Clock:
 
     def cpu_totals(self) -> dict[str, float]:
         return {**self.cpu, "total": sum(self.cpu.values())}
-
-
-class _Captured(Exception):
-    """Raised by the first block's pre-hook: its inputs are what we came for."""
 
 
 def gptq_weights(
@@ -453,266 +453,3 @@ class _Stash:
     def kept(self) -> list[Any]:
         """The tensors added since :meth:`start`, in order (views into the buffer)."""
         return list(self._views)
-
-
-def _calibration(calibration: Any, cls: Any) -> Any:
-    if calibration is None:
-        return cls()
-    if isinstance(calibration, cls):
-        return calibration
-    if isinstance(calibration, str):
-        return cls(source=calibration)
-    raise LowbitError(
-        f"calibration must be a Calibration or a source string, got {type(calibration).__name__}"
-    )
-
-
-def _find_blocks(net: Any) -> tuple[str, Any]:
-    """The model's stack of blocks: the longest ``ModuleList`` of modules of one class that
-    hold linear layers (``model.layers`` of a llama, ``encoder.layer`` of a BERT)."""
-    import torch
-
-    best: tuple[str, Any] | None = None
-    for name, mod in net.named_modules():
-        if not isinstance(mod, torch.nn.ModuleList) or len(mod) == 0:
-            continue
-        kinds = {type(m) for m in mod}
-        if len(kinds) != 1:
-            continue
-        if not any(isinstance(s, torch.nn.Linear) for s in mod[0].modules()):
-            continue
-        if best is None or len(mod) > len(best[1]):
-            best = (name, mod)
-    if best is None:
-        raise LowbitError("GPTQ found no stack of transformer blocks in this model")
-    return best
-
-
-def _module_name(net: Any, ckpt: Any, name: str) -> str | None:
-    """The model's module path of a checkpoint weight (None: no such module weight)."""
-
-    if ckpt.format == "gguf":
-        try:
-            key = gguf_to_hf_name(name)
-        except LowbitError:
-            return None
-    else:
-        key = _prefix_fix(net, ckpt)(name)
-    return key[: -len(".weight")] if key.endswith(".weight") else None
-
-
-def _locate(net: Any, ckpt: Any, todo: dict[str, Any], prefix: str) -> dict[int, dict[str, str]]:
-    """Per block index, module path -> checkpoint name of the linear layers GPTQ quantizes."""
-    import torch
-
-    per_block: dict[int, dict[str, str]] = {}
-    lead = prefix + "."
-    for name, t in todo.items():
-        path = _module_name(net, ckpt, name)
-        if path is None or not path.startswith(lead) or len(t.shape) != 2:
-            continue
-        try:
-            mod = net.get_submodule(path)
-        except AttributeError:
-            continue
-        if not isinstance(mod, torch.nn.Linear) or tuple(mod.weight.shape) != tuple(t.shape):
-            continue
-        index = int(path[len(lead) :].split(".", 1)[0])
-        per_block.setdefault(index, {})[path] = name
-    return per_block
-
-
-def _samples(
-    tokenizer: Any,
-    calib: Any,
-    causal: bool,
-    avoid: int,
-    exclude: Collection[str] | None,
-    limit: int,
-) -> list[tuple[dict[str, Any], Any]]:
-    """Model inputs of the calibration data, with the mask of the tokens that count."""
-    import torch
-
-    if causal:
-        wins = decoder_windows(tokenizer, calib, avoid=avoid)
-        return [({"input_ids": torch.tensor([w], dtype=torch.long)}, None) for w in wins]
-    if exclude is None and not calib.is_jsonl:
-        exclude = evaluated_sentences(calib.text()[1])
-    texts = encoder_texts(calib, exclude=exclude or ())
-    out = []
-    max_length = min(calib.length or 256, limit)
-    for i in range(0, len(texts), 32):
-        enc = tokenizer(
-            texts[i : i + 32],
-            padding=True,
-            truncation=True,
-            max_length=max_length,
-            return_tensors="pt",
-        )
-        out.append((dict(enc), enc["attention_mask"].bool()))
-    return out
-
-
-def _capture(net: Any, first: Any, samples: Any, causal: bool) -> list[tuple[Any, Any, Any]]:
-    """The first block's inputs for every sample: (hidden states, other args, kwargs)."""
-    got: list[tuple[Any, Any, Any]] = []
-
-    def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if args:
-            hidden, rest = args[0], tuple(args[1:])
-        else:
-            kwargs = dict(kwargs)
-            hidden, rest = kwargs.pop("hidden_states"), ()
-        got.append((hidden, rest, dict(kwargs)))
-        raise _Captured
-
-    handle = first.register_forward_pre_hook(pre, with_kwargs=True)
-    try:
-        for inputs, _ in samples:
-            kw = {"use_cache": False} if causal else {}
-            try:
-                net(**inputs, **kw)
-            except _Captured:
-                pass
-            else:  # pragma: no cover - the hook always fires
-                raise AssertionError("the first block was never called")
-    finally:
-        handle.remove()
-    return got
-
-
-def _errors(
-    W: np.ndarray, deq: np.ndarray, H: np.ndarray, scheme: Any, tokens: int
-) -> dict[str, float]:
-    """Relative layer-output errors ``tr(D H D^T) / tr(W H W^T)`` of round-to-nearest and of
-    GPTQ on the calibration inputs (a report: float32 products with the float32 ``H``)."""
-
-    W32 = W.astype(np.float32)
-    rtn = quantize(W32, scheme).dequantize(np.float32)
-    D = np.stack([W32, W32 - rtn, W32 - deq.astype(np.float32)])  # [3, out, in]
-    e = np.einsum("kij,kij->k", D @ H, D, dtype=np.float64)
-    base = float(e[0])
-    return {
-        "tokens": tokens,
-        "rtn": float(e[1]) / base if base else 0.0,
-        "gptq": float(e[2]) / base if base else 0.0,
-    }
-
-
-def _out(result: Any) -> Any:
-    return result[0] if isinstance(result, (tuple, list)) else result
-
-
-def _model_layout(ckpt: Any, name: str, arr: np.ndarray, net: Any) -> np.ndarray:
-    """A checkpoint-layout weight as the model holds it (GGUF q/k rows un-permuted)."""
-    if ckpt.format != "gguf":
-        return arr
-
-    hf = gguf_to_hf_name(name)
-    cfg = ckpt.config or {}
-    if hf.endswith("q_proj.weight"):
-        return unpermute_qk(arr, cfg["num_attention_heads"])
-    if hf.endswith("k_proj.weight"):
-        return unpermute_qk(arr, cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-    return arr
-
-
-def _release_heap() -> bool:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``; a no-op
-    where there is none). Between blocks the allocator keeps what the last block's temporaries
-    freed; measured on SmolLM2 (32 samples) the resident memory grew 220 MB over the 30 blocks
-    without this and 54 MB with it (the quantized tensors kept). Computes nothing.
-
-    Returns:
-        Whether anything could be asked (glibc found).
-    """
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
-        return None
-
-
-def _own(blocks: Any, block: Any) -> list[Any]:
-    """The parameters of ``block`` that no other block of the stack shares."""
-    elsewhere = {id(p) for other in blocks if other is not block for p in other.parameters()}
-    return [p for p in block.parameters() if id(p) not in elsewhere]
-
-
-class _Parked:
-    """Blocks' float32 parameters in an anonymous temporary file until their block's turn.
-
-    GPTQ runs one block at a time, so the blocks after it need not be in memory: SmolLM2's
-    30 blocks hold 427 MB of float32 weights, and parking them (written once, read back once:
-    about a second) is what keeps the run under 2 GB with the calibration data beside it.
-    Parameters shared with another block stay where they are.
-    """
-
-    def __init__(self, blocks: Any, which: range) -> None:
-        import tempfile
-
-        import torch
-
-        self._file: Any = tempfile.TemporaryFile()  # closed by __exit__
-        self._where: dict[int, tuple[int, Any, Any]] = {}
-        for i in which:
-            mine = _own(blocks, blocks[i])
-            for prm in mine:
-                t = prm.detach().contiguous()
-                self._where[id(prm)] = (self._file.tell(), tuple(t.shape), t.dtype)
-                self._file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-            _drop(mine)
-
-    def restore(self, block: Any) -> None:
-        """Put ``block``'s parked parameters back (a block never parked: nothing to do)."""
-        import torch
-
-        for prm in block.parameters():
-            got = self._where.pop(id(prm), None)
-            if got is None:
-                continue
-            offset, shape, dtype = got
-            t = torch.empty(shape, dtype=dtype)
-            buf = t.reshape(-1).view(torch.uint8).numpy()
-            self._file.seek(offset)
-            if self._file.readinto(memoryview(buf)) != buf.nbytes:  # pragma: no cover - disk
-                raise LowbitError("GPTQ's temporary file of parked weights came back short")
-            with torch.inference_mode(False), torch.no_grad():
-                prm.data = t
-
-    def __enter__(self) -> _Parked:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._file.close()
-
-
-def _drop(params: Any) -> None:
-    """Free parameters the run needs no more (the model is the run's own and then discarded):
-    the embeddings once the first block's inputs are captured, each block once it is done."""
-    import torch
-
-    with torch.inference_mode(False), torch.no_grad():
-        for p in params:
-            p.data = torch.empty(0, dtype=p.dtype)
-
-
-def _set_weight(linear: Any, arr: np.ndarray) -> None:
-    import torch
-
-    with torch.inference_mode(False), torch.no_grad():
-        linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)))
-
-
-def _tensors(checkpoint: Any) -> Any:
-
-    return checkpoint_tensors(checkpoint)

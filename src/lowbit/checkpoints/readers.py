@@ -28,7 +28,7 @@ import numpy as np
 from lowbit import _json
 from lowbit._arrays import ml_dtype
 from lowbit._progress import progress_iter
-from lowbit.checkpoints import _gguf, _safetensors
+from lowbit.checkpoints import _gguf, _gguf_config, _safetensors
 from lowbit.errors import LowbitError
 
 # safetensors dtype -> numpy dtype factory (the sub-byte F6/F4 types have none)
@@ -381,7 +381,7 @@ class GGUFFile(_Indexed):
         self.path = path
         self.header = _gguf.parse(path)
         self.metadata = self.header.metadata
-        self.config = _gguf.derive_config(self.metadata, set(self.header.tensors))
+        self.config = _gguf_config.derive_config(self.metadata, set(self.header.tensors))
         self._infos = {
             t.name: TensorInfo(t.name, t.shape, t.type_name, t.nbytes, path, t.offset)
             for t in self.header.tensors.values()

@@ -23,13 +23,13 @@ from lowbit.calibration.data import (
 from lowbit.calibration.text import evaluated_sentences
 from lowbit.errors import LowbitError
 
-__all__ = ["SCAN_SAMPLES", "CalibrationSamples", "is_causal", "scan_samples"]
+__all__ = ["SCAN_SAMPLES", "ScanSamples", "is_causal", "scan_samples"]
 
 SCAN_SAMPLES = {"causal": 8, "encoder": 128}  # a sensitivity scan's windows or sentences
 
 
 @dataclass(frozen=True)
-class CalibrationSamples:
+class ScanSamples:
     """The data a sensitivity scan's trials run on: token windows (causal LMs) or sentences
     (encoders). (:class:`Calibration` says where data comes from; this is the data.)
 
@@ -61,7 +61,7 @@ def scan_samples(
     samples: int | None = None,
     length: int = DEFAULT_LENGTH,
     seed: int = 1,
-) -> CalibrationSamples:
+) -> ScanSamples:
     """Calibration windows (:func:`decoder_windows`) or sentences (:func:`encoder_texts`,
     outside eval's 256 of seed 0) for a sensitivity scan, disjoint from what eval measures.
 
@@ -99,14 +99,14 @@ def scan_samples(
                 f"calibration: {label} has too few tokens for {n} windows of {length} from "
                 f"token {calib.first_token:,}"
             )
-        return CalibrationSamples(
+        return ScanSamples(
             f"{n} x {length} tokens of {label} from token {calib.first_token:,}",
             windows=tuple(tuple(int(t) for t in w) for w in windows),
         )
     text = calib.text()[1]
     measured = evaluated_sentences(text) if default else ()
     what = "outside the evaluation's" if default else "of the text"
-    return CalibrationSamples(
+    return ScanSamples(
         f"{n} sentences {what} of {label} (seed {seed})",
         sentences=tuple(encoder_texts(calib, exclude=measured)),
     )

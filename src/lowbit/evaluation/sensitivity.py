@@ -47,7 +47,7 @@ from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
 from lowbit.evaluation._sensitivity_workers import distributed_scan
-from lowbit.evaluation.scan_samples import CalibrationSamples
+from lowbit.evaluation.scan_samples import ScanSamples
 from lowbit.evaluation.sensitivity_result import (
     _PROXIES,
     SensitivityEntry,
@@ -138,7 +138,7 @@ class _Scan:
         self,
         checkpoint: Checkpoint,
         schemes: Sequence[str],
-        calibration: CalibrationSamples,
+        calibration: ScanSamples,
         tokenizer: Any,
         measure: str,
         batch: int,
@@ -340,7 +340,7 @@ def _proxy_score(
 def sensitivity(
     checkpoint: Checkpoint,
     schemes: Sequence[str],
-    calibration: CalibrationSamples,
+    calibration: ScanSamples,
     *,
     tokenizer: Any = None,
     measure: str = "exact",

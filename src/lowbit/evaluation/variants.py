@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from lowbit._optional import require
+from lowbit.calibration.blocks import _calibration
 from lowbit.calibration.data import Calibration
-from lowbit.calibration.gptq import _calibration
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint

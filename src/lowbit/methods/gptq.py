@@ -47,6 +47,7 @@ from lowbit.codecs.packing import _pack_unchecked
 from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
 from lowbit.ggml.legacy import _F16_MAX, _inverse, _round_half_away
+from lowbit.methods._hessian_factor import _Factor, _factor
 from lowbit.plans.rules import parse_action
 from lowbit.quant._elements import encode_chunk
 from lowbit.quant._engine import _scales_for, value_table
@@ -194,7 +195,7 @@ class GPTQ:
         if not checked:
             return {}
         H64 = next(iter(checked.values()))[1]
-        factor = _factor(H64, self)
+        factor = _factor(H64, self.damp, self.act_order is ActOrder.STATIC)
         out = {}
         for names in _stacks(checked):
             try:
@@ -287,38 +288,6 @@ def _numpy(x: Any) -> Any:
     if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
         return x.detach().cpu().double().numpy()
     return x
-
-
-def _upper_cholesky_of_inverse(H: np.ndarray) -> np.ndarray:
-    """``U`` upper triangular with ``U^T U = H^-1`` (the paper's ``Cholesky(H^-1)^T``).
-
-    One Cholesky factorisation and one triangular inverse: with ``J`` the reversal
-    permutation and ``J H J = L L^T``, ``H = R R^T`` for the upper ``R = J L J``, so
-    ``H^-1 = R^-T R^-1`` and ``U = R^-1 = J L^-1 J``.
-    """
-    try:
-        L = np.linalg.cholesky(H[::-1, ::-1])
-    except np.linalg.LinAlgError:
-        raise LowbitError(
-            "the dampened Hessian is not positive definite; raise damp (e.g. 0.1)"
-        ) from None
-    return np.ascontiguousarray(_lower_inverse(L)[::-1, ::-1])
-
-
-def _lower_inverse(L: np.ndarray) -> np.ndarray:
-    """Inverse of a lower-triangular matrix by blocks (matrix products; numpy has no trtri):
-    ``[[A, 0], [B, C]]^-1 = [[A^-1, 0], [-C^-1 B A^-1, C^-1]]``."""
-    n = L.shape[0]
-    if n <= 128:
-        return np.tril(np.linalg.inv(L))
-    h = n // 2
-    Ai = _lower_inverse(L[:h, :h])
-    Ci = _lower_inverse(L[h:, h:])
-    out = np.zeros_like(L)
-    out[:h, :h] = Ai
-    out[h:, h:] = Ci
-    out[h:, :h] = -(Ci @ (L[h:, :h] @ Ai))
-    return out
 
 
 # ---- the quantizer -----------------------------------------------------------------------
@@ -470,31 +439,6 @@ class _Quantizer:
 
 
 # ---- GPTQ --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Factor:
-    """What GPTQ needs from a Hessian, shared by every layer that reads the same inputs
-    (q/k/v, gate/up): the column order, the dead inputs and ``U`` (upper Cholesky of the
-    dampened, permuted ``H``'s inverse)."""
-
-    perm: np.ndarray
-    dead: np.ndarray
-    U: np.ndarray
-
-
-def _factor(H: np.ndarray, cfg: GPTQ) -> _Factor:
-    H = H.copy()
-    n = H.shape[0]
-    dead = np.diag(H) == 0
-    H[dead, dead] = 1.0
-    if cfg.act_order is ActOrder.STATIC:
-        perm = np.argsort(-np.diag(H), kind="stable")
-        H = H[perm][:, perm]
-    else:
-        perm = np.arange(n)
-    H[np.diag_indices(n)] += cfg.damp * float(np.mean(np.diag(H)))
-    return _Factor(perm=perm, dead=dead, U=_upper_cholesky_of_inverse(H))
 
 
 def gptq_quantize(
