@@ -1,3 +1,5 @@
+"""``python -m lowbit.cli``: the ``lowbit`` command."""
+
 import sys
 
 from lowbit.cli import main
