@@ -103,6 +103,7 @@ def test_budget_plan_file_reproduces_checkpoint(
     assert doc["mixed"]["bits_per_weight"] == pytest.approx(doc["totals"]["bits_per_weight"])
     assert len({t["scheme"] for t in doc["mixed"]["tensors"]}) > 1  # really mixed
     assert doc["mixed"]["solver"]["gap"] >= 0
+    assert {"total", "plan", "quantize", "write", "other"} == set(doc["seconds"])
     plan_file = Path(doc["plan_file"])
     assert plan_file == tmp_path / "a.plan.json"
     b = tmp_path / "b"
