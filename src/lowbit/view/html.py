@@ -314,7 +314,8 @@ def _grids(r: Report) -> str:
 
 def _formats(r: Report) -> str:
     fmts = r.formats()
-    items = [(s, w / 1e6) for s, _, w in fmts]
+    pal = r.palette()
+    items = [(s if s in pal else f"{s} (kept)", w / 1e6) for s, _, w in fmts]
     return '<h2 id="formats">Formats</h2>' + svg.bars(
         items,
         title="weights stored in each format",

@@ -111,6 +111,9 @@ class Palette:
                 return c
         raise KeyError(key)
 
+    def __contains__(self, key: object) -> bool:
+        return any(k == key for k, _, _ in self.entries)
+
     def get(self, key: str, default: str = "#ffffff") -> str:
         """The colour of ``key``, or ``default`` when the page has no such scheme."""
         try:

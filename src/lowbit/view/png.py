@@ -91,7 +91,7 @@ def write_pngs(
         figures.append((f"error{suffix}.png", fig))
     fmts = report.formats()
     fig, ax = plt.subplots(figsize=(7, 0.8 + 0.35 * len(fmts)))
-    ax.barh([s for s, _, _ in fmts], [w / 1e6 for _, _, w in fmts],
+    ax.barh([s if s in pal else f"{s} (kept)" for s, _, _ in fmts], [w / 1e6 for _, _, w in fmts],
             color=[pal.get(s, KEPT_COLOUR) for s, _, _ in fmts])  # fmt: skip
     ax.invert_yaxis()
     ax.set_xlabel("million weights")
@@ -175,6 +175,10 @@ def _scheme_grid(
     fig, ax = plt.subplots(figsize=(4.5 + 0.6 * len(cols), 3.5 + 0.25 * len(layers)))
     ax.imshow(img, aspect="auto", interpolation="nearest")
     _axes(ax, layers, cols, what)
+    ax.set_xticks(np.arange(len(cols) + 1) - 0.5, minor=True)  # white lines between cells
+    ax.set_yticks(np.arange(len(layers) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=0.8)
+    ax.tick_params(which="minor", length=0)
     ax.set_title("scheme of each tensor across layers")
     handles = [
         Patch(facecolor=colour, edgecolor="0.3", label=label)
