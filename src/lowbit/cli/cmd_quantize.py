@@ -151,7 +151,11 @@ def register(sub: Any) -> None:
         "measured)",
     )
     _budget.add_options(p, calib=False)  # --calib* are GPTQ's options, the same data
-    p.add_argument("--plot", metavar="OUT.png", help="mixed plans: bits per tensor across layers")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="mixed plans: each tensor's scheme across layers, in lowbit report's colours",
+    )
     _common.add_json(p)
     p.set_defaults(func=run)
 
