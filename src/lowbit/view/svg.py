@@ -322,7 +322,7 @@ def scatter(
         out.append(f'<text class="label" x="{px + 6:.1f}" y="{ly:.1f}">{_e(label)}</text>')
     out += _legend(
         ax.l + 10,
-        ax.b - 40,
+        ax.t + 8,  # top left: the points rise from bottom left to top right
         [
             (
                 f'<circle class="point chosen key"{fill} cx="5" cy="0" r="5"/>',
