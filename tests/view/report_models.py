@@ -54,18 +54,31 @@ def mixed_llama(root: Path) -> Path:
     return out
 
 
-def moe_names() -> dict[str, tuple[int, ...]]:
-    """Mixtral's tensor names (in a shuffled order, as a file may hold them) and shapes."""
+def moe_names(family: str = "mixtral") -> dict[str, tuple[int, ...]]:
+    """Tensor names (in a shuffled order, as a file may hold them) and shapes of a tiny
+    Mixtral (``block_sparse_moe.experts.N.w1/w2/w3``, router ``block_sparse_moe.gate``) or
+    Qwen-MoE (``mlp.experts.N.gate_proj/up_proj/down_proj``, router ``mlp.gate``, a shared
+    expert ``mlp.shared_expert.*`` with its ``mlp.shared_expert_gate``)."""
     d, ff = 64, 64
     names: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (32, d)}
+    if family == "mixtral":
+        moe, router, parts = "block_sparse_moe", "block_sparse_moe.gate", ("w2", "w1", "w3")
+    else:
+        moe, router, parts = "mlp", "mlp.gate", ("down_proj", "gate_proj", "up_proj")
     for i in range(MOE_LAYERS):
         p = f"model.layers.{i}."
         names[p + "input_layernorm.weight"] = (d,)
-        for w in ("w2", "w1", "w3"):
+        for w in parts:
             for e in range(MOE_EXPERTS):
-                shape = (d, ff) if w == "w2" else (ff, d)
-                names[p + f"block_sparse_moe.experts.{e}.{w}.weight"] = shape
-        names[p + "block_sparse_moe.gate.weight"] = (MOE_EXPERTS, d)
+                shape = (d, ff) if w in ("w2", "down_proj") else (ff, d)
+                names[p + f"{moe}.experts.{e}.{w}.weight"] = shape
+        if family != "mixtral":
+            for w in parts:
+                names[p + f"mlp.shared_expert.{w}.weight"] = (
+                    (d, ff) if w == "down_proj" else (ff, d)
+                )
+            names[p + "mlp.shared_expert_gate.weight"] = (1, d)
+        names[p + router + ".weight"] = (MOE_EXPERTS, d)
         for t in ("v", "o", "q", "k"):
             names[p + f"self_attn.{t}_proj.weight"] = (d, d)
         names[p + "post_attention_layernorm.weight"] = (d,)
@@ -73,21 +86,24 @@ def moe_names() -> dict[str, tuple[int, ...]]:
     return names
 
 
-def moe_checkpoint(root: Path) -> Path:
-    """A lowbit checkpoint of :func:`moe_names` as random arrays: experts' w1/w3 int4, w2
-    int8, the router and attention int6, norms and embeddings kept."""
+def moe_checkpoint(root: Path, family: str = "mixtral") -> Path:
+    """A lowbit checkpoint of :func:`moe_names` as random arrays: the experts' gate and up
+    int4, their down int8, the router, shared expert and attention int6 (the 1-row shared
+    expert gate kept), norms and embeddings kept."""
     from safetensors.numpy import save_file
 
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    arrays = {n: rng.normal(0, 0.05, s).astype(np.float32) for n, s in moe_names().items()}
+    names = moe_names(family)
+    arrays = {n: rng.normal(0, 0.05, s).astype(np.float32) for n, s in names.items()}
     src = root / "moe.safetensors"
     save_file(arrays, str(src))
     plan = root / "moe-plan.json"
     rules = [
         {"match": "*embed*", "format": "keep"},
-        {"match": "*experts.*.w2*", "format": "int8:ch"},
-        {"match": "*experts*", "format": "int4:g32"},
+        {"match": ["*experts.*.w2*", "*experts.*.down_proj*"], "format": "int8:ch"},
+        {"match": "*.experts.*", "format": "int4:g32"},
+        {"match": "*shared_expert_gate*", "format": "keep"},
         {"match": "*", "ndim": 2, "format": "int6:g32"},
     ]
     plan.write_text(json.dumps({"rules": rules}), encoding="utf-8")

@@ -323,3 +323,23 @@ def test_png_grids_use_the_pages_colours(tmp_path: Path) -> None:
     assert rgb("int4:g32:fp32") not in main_px  # experts only: drawn in their own grids
     assert rgb("int4:g32:fp32") in colours("bits-block_sparse_moe.experts.w1.png")
     assert rgb("int8:ch:fp32") in colours("bits-block_sparse_moe.experts.w2.png")
+
+
+def test_qwen_moe_router_shared_expert_and_groups(tmp_path: Path) -> None:
+    """Qwen-MoE names: the router (mlp.gate) and the shared expert's gate before the shared
+    expert's gate, up, down in the main grid; one grid per routed expert kind."""
+    from report_models import MOE_EXPERTS, moe_checkpoint
+
+    report = build_report(moe_checkpoint(tmp_path, "qwen"), worst=0)
+    _, kinds = report.grid()
+    assert kinds == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "self_attn.o_proj", "mlp.gate", "mlp.shared_expert_gate",
+                     "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                     "mlp.shared_expert.down_proj", "input_layernorm",
+                     "post_attention_layernorm"]  # fmt: skip
+    assert report.experts() == [(f"mlp.experts.*.{w}", list(range(MOE_EXPERTS)))
+                                for w in ("gate_proj", "up_proj", "down_proj")]  # fmt: skip
+    schemes = {r.kind: r.colour_key for r in report.rows if r.layer == 1}
+    assert schemes["mlp.experts.2.down_proj"] == "int8:ch:fp32"
+    assert schemes["mlp.experts.2.up_proj"] == "int4:g32:fp32"
+    assert schemes["mlp.shared_expert_gate"] == "kept"
