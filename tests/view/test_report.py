@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,12 @@ def test_cli_report_outputs(quantized: tuple[Path, Path], tmp_path: Path, capsys
     assert main(["report", str(q), "--out", str(out), "--worst", "0"]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["report", str(q), "--out", str(out), "--worst", "0", "--overwrite"]) == 0
+    said = capsys.readouterr().out
+    assert re.match(r"wrote .* \(21 tensors\) in [\d.]+ s", said), said
+    assert main(["report", str(q), "--out", str(out), "--overwrite", "--json"]) == 0
+    sec = json.loads(capsys.readouterr().out)["seconds"]  # the whole command, by part
+    assert {"total", "tensors", "candidates", "page", "other"} == set(sec)
+    assert sum(v for k, v in sec.items() if k != "total") == pytest.approx(sec["total"])
     foreign = tmp_path / "mine.html"
     foreign.write_text("<html>my notes</html>")
     assert main(["report", str(q), "--out", str(foreign), "--overwrite"]) == 2
