@@ -10,7 +10,6 @@ from typing import Any
 
 from lowbit.checkpoints._output_marks import writer_tag
 from lowbit.view import svg
-from lowbit.view._order import split_expert
 from lowbit.view.palette import KEPT_COLOUR, Palette
 from lowbit.view.report import Report, TensorRow
 
@@ -292,23 +291,18 @@ def _grids(r: Report) -> str:
     layers, kinds = r.grid()
     if not layers:
         return '<h2 id="grids">Layers</h2><p class="note">No repeated layers found in the tensor names.</p>'
-    inside = [x for x in r.rows if x.layer is not None]
-    at = {(x.layer, x.kind): x for x in inside}
+    at = {(x.layer, x.kind): x for x in r.rows if x.layer is not None}
     out = ['<h2 id="grids">Bits and error across layers</h2>']
     if kinds:
         out.append(_grid_pair(r, layers, kinds, at, "tensor", 40))  # type: ignore[arg-type]
     if not any(x.rel_fro is not None for x in r.rows):
         out.append('<p class="note">No source model: pass --against MODEL to see errors.</p>')
+    cells = r.expert_cells()
     for group, experts in r.experts():
         cols = [str(e) for e in experts]
-        at_e: dict[tuple[int, str], TensorRow] = {}
-        for x in inside:
-            s = split_expert(x.kind)
-            if s is not None and s[0] == group:
-                at_e[(x.layer, str(s[1]))] = x  # type: ignore[index]
         out.append(f'<h3 class="experts" data-group="{_e(group)}">experts: {_e(group)}</h3>')
         width = 40 if len(cols) <= 16 else 16
-        out.append(_grid_pair(r, layers, cols, at_e, "expert", width))
+        out.append(_grid_pair(r, layers, cols, cells[group], "expert", width))
     return "".join(out)
 
 

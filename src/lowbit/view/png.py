@@ -16,7 +16,6 @@ import numpy as np
 
 from lowbit.checkpoints._outputs import save_figure
 from lowbit.errors import LowbitError
-from lowbit.view._order import split_expert
 from lowbit.view.labels import place_labels
 from lowbit.view.palette import KEPT_COLOUR, Palette
 from lowbit.view.report import Report, TensorRow
@@ -68,13 +67,9 @@ def write_pngs(
     layers, kinds = report.grid()
     inside = [x for x in report.rows if x.layer is not None]
     grids = [("", kinds, {(x.layer, x.kind): x for x in inside})] if kinds else []
+    cells = report.expert_cells()
     for group, experts in report.experts():
-        at = {}
-        for x in inside:
-            s = split_expert(x.kind)
-            if s is not None and s[0] == group:
-                at[(x.layer, str(s[1]))] = x
-        grids.append((group, [str(e) for e in experts], at))
+        grids.append((group, [str(e) for e in experts], cells[group]))
     for group, cols, at in grids if layers else []:
         suffix = f"-{_slug(group.replace('.*.', '.'))}" if group else ""
         what = f"experts {group}" if group else "tensor kind"

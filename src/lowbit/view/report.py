@@ -198,6 +198,16 @@ class Report:
         before ``*.w2``)."""
         return expert_groups(r.kind for r in self.rows if r.layer is not None)
 
+    def expert_cells(self) -> dict[str, dict[tuple[int, str], TensorRow]]:
+        """Per expert kind of :meth:`experts`: ``(layer, expert as text) -> row``, in one pass
+        over the rows."""
+        cells: dict[str, dict[tuple[int, str], TensorRow]] = {}
+        for r in self.rows:
+            s = split_expert(r.kind) if r.layer is not None else None
+            if s is not None:
+                cells.setdefault(s[0], {})[(r.layer, str(s[1]))] = r  # type: ignore[index]
+        return cells
+
     @cached_property
     def _palette(self) -> Palette:
         bits: dict[str, float] = {}
