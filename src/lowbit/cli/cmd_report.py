@@ -21,10 +21,12 @@ errors), a compressed-tensors folder or a GGUF file (give --against SOURCE for e
 The page has no external resources: open it offline, attach it to an issue.
 
 It shows: a summary (source, size before/after, bits/weight with scales, formats, the plan
-rules that fired, --eval results); bits per weight and relative error on a layer x tensor
-grid; for the tensors with the largest error, a histogram of one scale group with the
-format's levels and the error-vs-bits frontier of candidate schemes (int8:ch, fp8_e4m3:ch,
-int4:g128, int4:g32, nf4, mxfp4, fp4:g32); the sensitivity of each tensor to each scheme
+rules that fired, --eval results); each tensor's scheme (one colour per scheme, kept tensors
+grey, a legend) and relative error on a layer x tensor grid, columns in the block's order
+(q, k, v, o, gate, up, down, norms), one grid per expert kind for MoE checkpoints; for the
+tensors with the largest error, a histogram of one scale group with the format's levels and
+the error-vs-bits frontier of candidate schemes (int8:ch, fp8_e4m3:ch, int4:g128, int4:g32,
+nf4, mxfp4, fp4:g32); the sensitivity of each tensor to each scheme
 (--sensitivity, from `lowbit sensitivity --json`); a sortable table of every tensor.
 
 examples:
