@@ -92,9 +92,7 @@ def block_rank(kind: str) -> tuple[int, int, int, int]:
     if _NORM.search(leaf) or "layernorm" in base.lower():
         return (_NORMS, *_norm_slot(base), bias)
     attention = any(a in context for a in ("attn", "attention"))
-    if leaf in _Q or (leaf == "qkv" and attention):
-        return (_ATTN_IN, 0, 0, bias)
-    if leaf in _QKV:
+    if leaf in _Q or leaf in _QKV:  # a fused q/k/v projection takes q's place
         return (_ATTN_IN, 0, 0, bias)
     if leaf in _K:
         return (_ATTN_IN, 0, 1, bias)
