@@ -1,7 +1,11 @@
-"""Take the README's screenshots: ``python docs/img/screenshots.py REPORT.html``.
+"""Take the README's screenshots: ``python docs/img/screenshots.py REPORT.html [--report-only]``.
 
-Drives the system Chromium with Playwright (never a downloaded browser): the top of the
-report page (docs/img/report.png) and the explorer after typing 0.3952 (docs/img/explore.png).
+Drives the system Chromium with Playwright (never a downloaded browser): the grids of the
+report page (docs/img/report.png) and the explorer after typing 0.3952 (docs/img/explore.png;
+not with ``--report-only``). The README's report is SmolLM2 under docs/img/smollm2-mixed.yaml:
+
+    lowbit quantize smollm2 --plan docs/img/smollm2-mixed.yaml --to int4:g128 --out smol-mixed
+    lowbit report smol-mixed --out smol-mixed.html
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from lowbit.cli._explore_server import serve_in_thread
 HERE = Path(__file__).parent
 
 
-def main(report: str) -> None:
+def main(report: str, report_only: bool = False) -> None:
     server, url = serve_in_thread(0)
     try:
         with sync_playwright() as p:
@@ -29,6 +33,9 @@ def main(report: str) -> None:
             page.locator("#grids").scroll_into_view_if_needed()
             page.evaluate("window.scrollTo(0, document.querySelector('#grids').offsetTop - 10)")
             page.screenshot(path=str(HERE / "report.png"))
+            if report_only:
+                browser.close()
+                return
             page.goto(url)
             page.fill("#value", "0.3952")
             page.fill("#formats", "bf16,fp16,e4m3,e5m2,e2m3,e3m2,fp4,nf4,int4")
@@ -44,4 +51,4 @@ def main(report: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--report-only" in sys.argv[2:])

@@ -92,7 +92,10 @@ def test_compressed_tensors_pipeline_decompresses_exactly(
     src = hf_folder if source == "hf" else gguf_file
     plan = PrecisionPlan.uniform("int4", group=32, rules=CT_RULES)
     out = tmp_path / "ct"
-    quantize_model(src, plan, out, out_format="compressed-tensors", progress=False)
+    res = quantize_model(src, plan, out, out_format="compressed-tensors", progress=False)
+    parts = res["seconds_parts"]  # reading and rounding vs the rest, summing to the call's
+    assert parts["quantize"] > 0 and parts["write"] >= 0
+    assert parts["quantize"] + parts["write"] == pytest.approx(res["seconds"])
     assert (out / "tokenizer.json").exists()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"
@@ -136,7 +139,8 @@ def test_gguf_exact_q4_0_from_lowbit_codes(tmp_path: Path, gguf_file: Path) -> N
 
     plan = PrecisionPlan.uniform("int4:g32:fp16")
     out = tmp_path / "tiny.Q4_0.gguf"
-    quantize_model(gguf_file, plan, out, out_format="gguf", progress=False)
+    done = quantize_model(gguf_file, plan, out, out_format="gguf", progress=False)
+    assert 0 < done["seconds_parts"]["quantize"] < done["seconds"]
     src, res = _gguf_tensors(gguf_file), _gguf_tensors(out)
     assert list(res) == list(src)
     reader = open_checkpoint(gguf_file)

@@ -82,11 +82,13 @@ def _ct_dequantize(folder: Path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("source", ["folder", "gguf"])
 @pytest.mark.parametrize("spec", ["int4:g32", "int4:g32:asym"])
 def test_gptq_to_compressed_tensors(
-    setup: tuple[Path, Path], tmp_path: Path, source: str, spec: str
-) -> None:
+    setup: tuple[Path, Path], tmp_path: Path, source: str, spec: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     """--method gptq --out-format compressed-tensors: compressed-tensors' own decompressor and
     transformers give exactly GPTQ's dequantized weights (a GGUF source's q/k rows put back in
-    the transformers order), which differ from round-to-nearest's."""
+    the transformers order), which differ from round-to-nearest's; --json's seconds are the
+    whole command's, calibration and GPTQ's solve among its parts."""
     pytest.importorskip("compressed_tensors")
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
@@ -103,6 +105,10 @@ def test_gptq_to_compressed_tensors(
             "--calib-samples", "3", "--calib-len", "50", "--out", str(out), "--no-progress",
             "--out-format", "compressed-tensors", "--json"]  # fmt: skip
     assert main(argv) == 0
+    sec = json.loads(capsys.readouterr().out)["seconds"]  # the whole command, by part
+    assert {"total", "calibration", "solve", "quantize", "write", "other"} <= set(sec)
+    assert sum(v for k, v in sec.items() if k != "total") == pytest.approx(sec["total"])
+    assert sec["calibration"] > 0 and sec["solve"] > 0
     calib = Calibration(source=str(text), samples=3, length=50)
     run = gptq_weights(model, spec, calib, progress=False)
     assert sum(m == "gptq" for m in run.methods.values()) == 14

@@ -91,18 +91,36 @@ def test_fisher_measure(folder: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "drop --proxy input" in capsys.readouterr().err
 
 
+def _plot_has_scheme_colours(png: Path, schemes: set[str]) -> None:
+    """--plot draws each scheme in the report's colour for it: the palette's first colours,
+    one per scheme (cheapest first), each painted."""
+    matplotlib = pytest.importorskip("matplotlib.image")
+    from lowbit.view.palette import QUALITATIVE
+
+    img = (matplotlib.imread(png)[..., :3] * 255).round().astype(int)
+    painted = {f"#{r:02x}{g:02x}{b:02x}" for r, g, b in img.reshape(-1, 3)}
+    assert 1 < len(schemes) <= len(QUALITATIVE)
+    assert set(QUALITATIVE[: len(schemes)]) <= painted
+    assert not set(QUALITATIVE[len(schemes) :]) & painted
+
+
 def test_budget_plan_file_reproduces_checkpoint(
     folder: Path, scan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """quantize --budget stays within the budget, writes OUT.plan.json, and quantize --plan of
-    that file writes the same tensor bytes; plan --budget shows the same choice."""
+    """quantize --budget stays within the budget, writes OUT.plan.json (and --plot a map in
+    the report's colours), and quantize --plan of that file writes the same tensor bytes;
+    plan --budget shows the same choice."""
     a = tmp_path / "a"
+    plot = tmp_path / "plan.png"
     doc = _json(capsys, ["quantize", str(folder), "--budget", "4.5", "--sensitivity",
-                         str(scan_file), "--out", str(a), "--no-progress", "--json"])  # fmt: skip
+                         str(scan_file), "--out", str(a), "--no-progress", "--json",
+                         "--plot", str(plot)])  # fmt: skip
     assert doc["totals"]["bits_per_weight"] <= 4.5
+    _plot_has_scheme_colours(plot, {t["scheme"] for t in doc["mixed"]["tensors"]} - {"keep"})
     assert doc["mixed"]["bits_per_weight"] == pytest.approx(doc["totals"]["bits_per_weight"])
     assert len({t["scheme"] for t in doc["mixed"]["tensors"]}) > 1  # really mixed
     assert doc["mixed"]["solver"]["gap"] >= 0
+    assert {"total", "plan", "quantize", "write", "other"} == set(doc["seconds"])
     plan_file = Path(doc["plan_file"])
     assert plan_file == tmp_path / "a.plan.json"
     b = tmp_path / "b"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,12 @@ def test_quantize_then_eval(
     out = tmp_path / "q"
     res = _json(capsys, ["quantize", str(folder), "--to", "int8", "--out", str(out), "--json"])
     assert res["out"] == str(out) and res["totals"]["quantized"] == 14 and out.is_dir()
+    sec = res["seconds"]  # the whole command's, by part
+    assert set(sec) == {"total", "quantize", "write", "other"} and sec["quantize"] > 0
+    assert sec["quantize"] + sec["write"] + sec["other"] == pytest.approx(sec["total"])
+    assert main(["quantize", str(folder), "--to", "int8", "--out", str(out), "--overwrite"]) == 0
+    said = capsys.readouterr().out.splitlines()[0]
+    assert re.fullmatch(r"wrote .* in [\d.]+ s( \((\w+ [\d.]+ s(, )?)+\))?", said), said
     argv = ["eval", str(folder), str(out), "--schemes", "int4:g32", "--tokens", "120",
             "--window", "40", "--text", str(text), "--threads", "1"]  # fmt: skip
     doc = _json(capsys, [*argv, "--json"])

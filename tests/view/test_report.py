@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -139,6 +140,12 @@ def test_cli_report_outputs(quantized: tuple[Path, Path], tmp_path: Path, capsys
     assert main(["report", str(q), "--out", str(out), "--worst", "0"]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["report", str(q), "--out", str(out), "--worst", "0", "--overwrite"]) == 0
+    said = capsys.readouterr().out
+    assert re.match(r"wrote .* \(21 tensors\) in [\d.]+ s", said), said
+    assert main(["report", str(q), "--out", str(out), "--overwrite", "--json"]) == 0
+    sec = json.loads(capsys.readouterr().out)["seconds"]  # the whole command, by part
+    assert {"total", "tensors", "candidates", "page", "other"} == set(sec)
+    assert sum(v for k, v in sec.items() if k != "total") == pytest.approx(sec["total"])
     foreign = tmp_path / "mine.html"
     foreign.write_text("<html>my notes</html>")
     assert main(["report", str(q), "--out", str(foreign), "--overwrite"]) == 2
@@ -244,3 +251,102 @@ def test_evaluation_results_are_shown(quantized: tuple[Path, Path], tmp_path: Pa
     assert "<td>int4 g32</td><td>12.346</td><td>-</td>" in section
     path.write_text("{not json")
     assert main(["report", str(q), "--out", str(out), "--overwrite", "--eval", str(path)]) == 2
+
+
+def test_mixed_plan_colours_and_order(tmp_path: Path) -> None:
+    """A mixed plan's grid: columns in the block's order, one colour per scheme (no two
+    schemes share one, every tensor of a scheme has its colour), kept tensors in kept's grey,
+    and the legend names every scheme shown, cheapest first."""
+    from report_models import LLAMA_ORDER, MIXED_SCHEMES, mixed_llama
+
+    from lowbit.view.palette import KEPT, KEPT_COLOUR
+
+    report = build_report(mixed_llama(tmp_path), worst=0)
+    layers, kinds = report.grid()
+    assert layers == [0, 1] and kinds == LLAMA_ORDER
+    pal = report.palette()
+    for r in report.rows:
+        if r.kind in MIXED_SCHEMES:
+            assert r.scheme == MIXED_SCHEMES[r.kind] and r.colour_key == r.scheme
+        elif r.layer is not None:
+            assert r.colour_key == KEPT
+    keys = {r.colour_key for r in report.rows}
+    assert keys == set(MIXED_SCHEMES.values()) | {KEPT}
+    colours = {k: pal[k] for k in keys}
+    assert len(set(colours.values())) == len(keys)  # different schemes, different colours
+    assert colours[KEPT] == KEPT_COLOUR
+    legend = [k for k, _, _ in pal.entries]
+    bits = [b for _, _, b in pal.entries]
+    assert legend[-1] == KEPT and bits[:-1] == sorted(bits[:-1])
+    assert legend[:2] == ["int4:g64:fp32", "int4:g32:fp32"]  # 4.5 then 5.0 bits/weight
+
+
+def test_moe_expert_grids(tmp_path: Path) -> None:
+    """A Mixtral-named checkpoint: the main grid has attention, router and norms in block
+    order; the experts form one grid per expert kind (w1, w3, w2: gate, up, down)."""
+    from report_models import MOE_EXPERTS, moe_checkpoint
+
+    report = build_report(moe_checkpoint(tmp_path), worst=0)
+    _, kinds = report.grid()
+    assert kinds == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "self_attn.o_proj", "block_sparse_moe.gate", "input_layernorm",
+                     "post_attention_layernorm"]  # fmt: skip
+    experts = list(range(MOE_EXPERTS))
+    assert report.experts() == [(f"block_sparse_moe.experts.*.{w}", experts)
+                                for w in ("w1", "w3", "w2")]  # fmt: skip
+    schemes = {r.kind: r.scheme for r in report.rows if r.layer == 0}
+    assert schemes["block_sparse_moe.experts.3.w2"] == "int8:ch:fp32"
+    assert schemes["block_sparse_moe.experts.0.w1"] == "int4:g32:fp32"
+
+
+def test_png_grids_use_the_pages_colours(tmp_path: Path) -> None:
+    """--png on the MoE checkpoint: a bits grid per expert kind besides the main one, and
+    every scheme's cells painted in exactly the page's colour for it (pixels of bits.png)."""
+    pytest.importorskip("matplotlib")
+    from report_models import moe_checkpoint
+
+    from lowbit.view.png import write_pngs
+
+    report = build_report(moe_checkpoint(tmp_path / "m"), worst=0)
+    figs = tmp_path / "figs"
+    names = sorted(p.name for p in write_pngs(report, figs))
+    groups = [f"block_sparse_moe.experts.{w}" for w in ("w1", "w2", "w3")]
+    assert names == sorted(["bits.png", "error.png", "formats.png"]
+                           + [f"{k}-{g}.png" for k in ("bits", "error") for g in groups])  # fmt: skip
+    import matplotlib.image
+
+    pal = report.palette()
+
+    def colours(name: str) -> set[tuple[int, int, int]]:
+        img = (matplotlib.image.imread(figs / name)[..., :3] * 255).round().astype(int)
+        return {tuple(int(v) for v in p) for p in img.reshape(-1, 3)}
+
+    def rgb(key: str) -> tuple[int, int, int]:
+        c = pal[key]
+        return int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
+
+    main_px = colours("bits.png")
+    assert rgb("int6:g32:fp32") in main_px and rgb("kept") in main_px
+    assert rgb("int4:g32:fp32") not in main_px  # experts only: drawn in their own grids
+    assert rgb("int4:g32:fp32") in colours("bits-block_sparse_moe.experts.w1.png")
+    assert rgb("int8:ch:fp32") in colours("bits-block_sparse_moe.experts.w2.png")
+
+
+def test_qwen_moe_router_shared_expert_and_groups(tmp_path: Path) -> None:
+    """Qwen-MoE names: the router (mlp.gate) and the shared expert's gate before the shared
+    expert's gate, up, down in the main grid; one grid per routed expert kind."""
+    from report_models import MOE_EXPERTS, moe_checkpoint
+
+    report = build_report(moe_checkpoint(tmp_path, "qwen"), worst=0)
+    _, kinds = report.grid()
+    assert kinds == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "self_attn.o_proj", "mlp.gate", "mlp.shared_expert_gate",
+                     "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                     "mlp.shared_expert.down_proj", "input_layernorm",
+                     "post_attention_layernorm"]  # fmt: skip
+    assert report.experts() == [(f"mlp.experts.*.{w}", list(range(MOE_EXPERTS)))
+                                for w in ("gate_proj", "up_proj", "down_proj")]  # fmt: skip
+    schemes = {r.kind: r.colour_key for r in report.rows if r.layer == 1}
+    assert schemes["mlp.experts.2.down_proj"] == "int8:ch:fp32"
+    assert schemes["mlp.experts.2.up_proj"] == "int4:g32:fp32"
+    assert schemes["mlp.shared_expert_gate"] == "kept"

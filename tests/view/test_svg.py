@@ -33,3 +33,17 @@ def test_scatter_frontier_is_pareto() -> None:
     path = re.search(r'<path class="frontier" d="([^"]+)"', out).group(1)
     assert path.count("L") == 2  # a -> c -> d
     assert out.count('class="point chosen"') == 1
+
+
+def test_heatmap_categories_take_legend_colours() -> None:
+    """With categories, each cell is its key's legend colour and carries the key; the legend
+    is one swatch per entry in order, with no colour bar."""
+    legend = [("int4", "#0072b2", "int4 (4.50)"), ("kept", "#bdbdbd", "kept as stored")]
+    out = svg.heatmap(["0", "1"], ["q", "k"], [[4.5, 32.0], [4.5, None]], title="t",
+                      unit="scheme", categories=[["int4", "kept"], ["int4", None]],
+                      legend=legend)  # fmt: skip
+    cells = re.findall(r'<rect class="cell"[^>]*fill="(#[0-9a-f]+)" data-key="([^"]+)"', out)
+    assert cells == [("#0072b2", "int4"), ("#bdbdbd", "kept"), ("#0072b2", "int4")]
+    swatches = re.findall(r'<g class="swatch" data-key="([^"]+)".*?fill="(#[0-9a-f]+)"', out)
+    assert swatches == [("int4", "#0072b2"), ("kept", "#bdbdbd")]
+    assert 'class="legend"' not in out and "kept as stored" in out

@@ -8,6 +8,7 @@ next (``Checkpoint.close()``; mapped pages that were read count as resident memo
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -248,9 +249,12 @@ def write_lowbit(
     files: ModelFiles,
     done: Mapping[str, Any] | None = None,
     method: dict[str, Any] | None = None,
+    clock: Clock | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:
     """Write a lowbit checkpoint; returns the files copied and those left out. Tensors in
-    ``done`` (name -> QuantizedTensor, e.g. GPTQ's) are written as they are."""
+    ``done`` (name -> QuantizedTensor, e.g. GPTQ's) are written as they are; ``clock``
+    sums the seconds spent reading and quantizing."""
+    clock = clock or Clock()
     units = []
     for t in applied.tensors:
         entry: dict[str, Any] = {
@@ -266,15 +270,18 @@ def write_lowbit(
                 entry["method"] = method["method"] if t.name in done else "rtn"
             units.append(
                 lf.quantized_unit(
-                    t.name, t.shape, t.scheme, _bind(read_quantized, ckpt, t, done), entry
+                    t.name,
+                    t.shape,
+                    t.scheme,
+                    _bind(clock.timed(read_quantized), ckpt, t, done),
+                    entry,
                 )
             )
         elif t.action == "cast":
             dt = _cast_dtype(t.cast)  # type: ignore[arg-type]
             entry["dtype"] = t.cast
-            units.append(
-                lf.Unit(t.name, entry, [(t.name, dt, t.shape)], _bind(_cast_unit, ckpt, t))
-            )
+            make = _bind(clock.timed(_cast_unit), ckpt, t)
+            units.append(lf.Unit(t.name, entry, [(t.name, dt, t.shape)], make))
         else:
             units.append(_kept_unit(ckpt, t, entry))
     manifest = {
@@ -302,6 +309,25 @@ def write_lowbit(
 
 def _bind(fn: Any, *args: Any) -> Any:
     return lambda: fn(*args)
+
+
+class Clock:
+    """Seconds spent making the tensors a writer writes (reading the source, rounding it,
+    casting), summed over every call of the functions :meth:`timed` wraps; the rest of a
+    write is packing, hashing and writing files."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, fn: Any) -> Any:
+        def run(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return run
 
 
 def _cast_dtype(name: str) -> np.dtype:
@@ -370,6 +396,7 @@ def write_ct(
     progress: bool | None,
     model_files: ModelFiles,
     done: Mapping[str, Any] | None = None,
+    clock: Clock | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:
     """Write a compressed-tensors folder; returns the files copied and those left out.
 
@@ -449,7 +476,7 @@ def write_ct(
             names = ["config.json", *(p.name for p in files)]
         write_compressed_tensors(
             out,
-            _Lazy(list(by_out), make),
+            _Lazy(list(by_out), (clock or Clock()).timed(make)),
             cfg,
             max_shard_size=max_shard_size or 5 * 2**30,
             copy_files=files,
@@ -503,6 +530,7 @@ def write_gguf(
     progress: bool | None,
     rounding: str,
     done: Mapping[str, Any] | None = None,
+    clock: Clock | None = None,
 ) -> None:
     """Write a GGUF file; tensors in ``done`` (QuantizedTensors in a Q4_0/Q8_0 layout, e.g.
     GPTQ's) are stored as they are."""
@@ -550,7 +578,7 @@ def write_gguf(
 
     gguf_writer.write_gguf(
         out,
-        _Lazy(list(by_name), make),
+        _Lazy(list(by_name), (clock or Clock()).timed(make)),
         source=ckpt.path,
         overwrite=overwrite,
         progress=progress,

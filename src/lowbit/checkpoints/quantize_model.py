@@ -199,8 +199,11 @@ def quantize_model(
 
     Returns:
         A summary: ``out``, ``out_format``, ``source``, ``totals`` (the plan's), ``bytes``
-        (written, on disk), ``seconds``, ``copied_files`` (names copied from the source
-        folder) and ``left_out`` (``[{"file", "why"}]`` of the others).
+        (written, on disk), ``seconds`` (this call's), ``seconds_parts`` (``quantize``:
+        reading and rounding the source tensors, casting; ``write``: the rest, packing,
+        hashing and writing files, GGUF's llama.cpp rounding included), ``copied_files``
+        (names copied from the source folder) and ``left_out`` (``[{"file", "why"}]`` of the
+        others).
 
     Raises:
         LowbitError: an unreadable source, an unquantizable tensor, a scheme the output format
@@ -232,18 +235,22 @@ def quantize_model(
     check_not_input(out, sorted(inputs))
     copied: list[str] = []
     left: list[dict[str, str]] = []
+    clock = qw.Clock()
     if out_format == "lowbit":
         copied, left = qw.write_lowbit(
             ckpt, applied, out, overwrite, max_shard_size, progress, files,
-            done=weights, method=None if method is None else dict(method),
+            done=weights, method=None if method is None else dict(method), clock=clock,
         )  # fmt: skip
     elif out_format == "compressed-tensors":
         copied, left = qw.write_ct(
-            ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights
-        )
+            ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights,
+            clock=clock,
+        )  # fmt: skip
     else:
-        qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights)
+        qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights,
+                      clock=clock)  # fmt: skip
     ckpt.close()
+    seconds = time.perf_counter() - start
     return {
         "out": str(out),
         "out_format": out_format,
@@ -251,7 +258,8 @@ def quantize_model(
         "source_format": ckpt.format,
         "totals": applied.totals(),
         "bytes": disk_bytes(out),
-        "seconds": time.perf_counter() - start,
+        "seconds": seconds,
+        "seconds_parts": {"quantize": clock.seconds, "write": seconds - clock.seconds},
         "copied_files": copied,
         "left_out": left,
     }

@@ -8,6 +8,8 @@ from typing import Any
 
 from lowbit.checkpoints._outputs import save_figure
 from lowbit.plans.presets import tensor_group
+from lowbit.view._order import block_order
+from lowbit.view.palette import KEPT, palette
 
 
 def _plt() -> Any:
@@ -83,34 +85,46 @@ def plot_sensitivity(result: Any, out: Path, overwrite: bool = False) -> None:
 
 
 def plot_plan(mixed: Any, out: Path, title: str, overwrite: bool = False) -> None:
-    """A layer x kind map of the chosen bits per weight, with the scheme written in each cell."""
+    """A kind x layer map of the chosen schemes: one colour per scheme (the report's palette,
+    ``lowbit.view.palette``; kept tensors grey), kinds in the block's order, the scheme's
+    bits written in each cell and a legend naming each scheme."""
     plt = _plt()
     import numpy as np
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Patch
 
     rows = [r for r in mixed.rows if r.layer is not None]
     if not rows:
         rows = list(mixed.rows)
-    kinds = _kinds([r.tensor for r in rows])
+    kinds = block_order(r.kind for r in rows)
     layers = sorted({r.layer or 0 for r in rows})
-    grid = np.full((len(kinds), len(layers)), np.nan)
-    text: dict[tuple[int, int], str] = {}
+
+    def key(r: Any) -> str:
+        return KEPT if r.scheme == "keep" else r.scheme
+
+    pal = palette([(key(r), r.bits / r.numel if r.numel else math.nan) for r in rows])
+    img = np.ones((len(kinds), len(layers), 3))
+    text: dict[tuple[int, int], tuple[str, str]] = {}
     for r in rows:
         i, j = kinds.index(r.kind), layers.index(r.layer or 0)
-        grid[i, j] = r.bits / r.numel
-        text[(i, j)] = r.scheme.removesuffix(":fp32").split(":")[0].removeprefix("int")
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(layers) + 2.5), 0.45 * len(kinds) + 1.8))
-    im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
+        img[i, j] = to_rgb(pal[key(r)])
+        light = sum(c * w for c, w in zip(img[i, j], (0.299, 0.587, 0.114), strict=True)) > 0.6
+        digits = r.scheme.removesuffix(":fp32").split(":")[0].removeprefix("int")
+        text[(i, j)] = ("-" if key(r) == KEPT else digits, "black" if light else "white")
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(layers) + 4.5), 0.45 * len(kinds) + 1.8))
+    ax.imshow(img, aspect="auto", interpolation="nearest")
     if len(layers) <= 40:
-        for (i, j), t in text.items():
-            ax.text(j, i, t, ha="center", va="center", fontsize=6, color="white")
+        for (i, j), (t, colour) in text.items():
+            ax.text(j, i, t, ha="center", va="center", fontsize=6, color=colour)
     ax.set_yticks(range(len(kinds)))
     ax.set_yticklabels(kinds, fontsize=7)
     step = max(1, len(layers) // 16)
     ax.set_xticks(range(0, len(layers), step))
     ax.set_xticklabels([str(x) for x in layers[::step]], fontsize=7)
     ax.set_xlabel("layer")
-    bar = fig.colorbar(im, ax=ax)
-    bar.set_label("stored bits per weight (scales included)", fontsize=8)
+    handles = [Patch(facecolor=c, edgecolor="0.3", label=label) for c, label in pal.legend()]
+    ax.legend(handles=handles, title="scheme (bits/weight)", loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=7, title_fontsize=7)  # fmt: skip
     schemes = ", ".join(f"{d['scheme'].removesuffix(':fp32')} x{d['tensors']}"
                         for d in mixed.by_scheme())  # fmt: skip
     ax.set_title(f"{title}\n{mixed.bits_per_weight:.3f} bits/weight: {schemes}", fontsize=9)

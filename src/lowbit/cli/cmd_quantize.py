@@ -15,6 +15,7 @@ from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_mo
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.cli import _budget, _common
 from lowbit.cli._calibrated import add_calibration_options, awq_run, method_summary
+from lowbit.cli._stopwatch import Stopwatch
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ
 from lowbit.plans.plan import AppliedPlan, PrecisionPlan
@@ -150,7 +151,11 @@ def register(sub: Any) -> None:
         "measured)",
     )
     _budget.add_options(p, calib=False)  # --calib* are GPTQ's options, the same data
-    p.add_argument("--plot", metavar="OUT.png", help="mixed plans: bits per tensor across layers")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="mixed plans: each tensor's scheme across layers, in lowbit report's colours",
+    )
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -284,6 +289,7 @@ def _mb(n: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    clock = Stopwatch()
     progress = False if args.no_progress or args.json else None
     if args.threads is not None and args.threads < 1:
         raise LowbitError(f"--threads must be >= 1, got {args.threads}")
@@ -295,7 +301,8 @@ def run(args: argparse.Namespace) -> int:
     elif plan is None:
         if not args.dry_run:
             _budget.precheck(args, ckpt, _out_path(args, ckpt))
-        mixed, scan = _budget.solve(args, ckpt, progress)
+        with clock.part("plan"):  # the sensitivity scan (unless --sensitivity) and the solver
+            mixed, scan = _budget.solve(args, ckpt, progress)
         plan = mixed.plan
     rounding = "llama.cpp" if (args.to or "").strip().lower() in ("q4_0", "q8_0") else "auto"
     with warnings.catch_warnings(record=True) as caught:
@@ -317,10 +324,15 @@ def run(args: argparse.Namespace) -> int:
     # rule methods run their method without --method; gptq and awq never mix (one run)
     named = calibrated_method([t.method for t in applied.quantized], args.method)
     if args.smooth is not None or "awq" in (args.method, named):
-        source, done, method = awq_run(args, ckpt, plan, applied, out, progress)
+        with clock.part("calibration"):
+            source, done, method = awq_run(args, ckpt, plan, applied, out, progress)
     elif "gptq" in (args.method, named):
-        done, method = _gptq(args, ckpt, plan, out, progress)
-    with warnings.catch_warnings(record=True) as caught:
+        with clock.part("calibration"):
+            done, method = _gptq(args, ckpt, plan, out, progress)
+    if method is not None:  # GPTQ's solve, AWQ's search: the rest is calibration
+        sec = method.get("seconds", {})
+        clock.split("calibration", {"solve": sec.get("solve", sec.get("search", 0.0))})
+    with warnings.catch_warnings(record=True) as caught, clock.part("write"):
         warnings.simplefilter("always")
         result = quantize_model(
             source,
@@ -334,17 +346,21 @@ def run(args: argparse.Namespace) -> int:
             weights=done,
             method=method,
         )
+    clock.split("write", {"quantize": result["seconds_parts"]["quantize"]})
     if method is not None:
         result["method"] = method
     _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)])
-    extra = _budget.after_write(args, ckpt, mixed, scan, out, progress)
+    with clock.part("eval" if args.eval else "other"):  # --eval; the plan file, --plot
+        extra = _budget.after_write(args, ckpt, mixed, scan, out, progress)
+    result["seconds"] = clock.to_dict()  # the whole command, by part
+    del result["seconds_parts"]
     if args.json:
         _common.print_json({**result, **extra})
         return 0
     t = result["totals"]
     what = {"lowbit": "lowbit checkpoint", "compressed-tensors": "compressed-tensors checkpoint",
             "gguf": "GGUF file"}[args.out_format]  # fmt: skip
-    print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {result['seconds']:.1f} s")
+    print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {clock.line(result['seconds'])}")
     if method is not None:
         print(f"  {method_summary(method)}")
     print(f"  {_summary(applied, sizes, t)}")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from lowbit.checkpoints._outputs import check_output, output_file
 from lowbit.cli import _common
+from lowbit.cli._stopwatch import Stopwatch
 from lowbit.errors import LowbitError
 from lowbit.view.html import render
 from lowbit.view.png import write_pngs
@@ -21,10 +21,12 @@ errors), a compressed-tensors folder or a GGUF file (give --against SOURCE for e
 The page has no external resources: open it offline, attach it to an issue.
 
 It shows: a summary (source, size before/after, bits/weight with scales, formats, the plan
-rules that fired, --eval results); bits per weight and relative error on a layer x tensor
-grid; for the tensors with the largest error, a histogram of one scale group with the
-format's levels and the error-vs-bits frontier of candidate schemes (int8:ch, fp8_e4m3:ch,
-int4:g128, int4:g32, nf4, mxfp4, fp4:g32); the sensitivity of each tensor to each scheme
+rules that fired, --eval results); each tensor's scheme (one colour per scheme, kept tensors
+grey, a legend) and relative error on a layer x tensor grid, columns in the block's order
+(q, k, v, o, gate, up, down, norms), one grid per expert kind for MoE checkpoints; for the
+tensors with the largest error, a histogram of one scale group with the format's levels and
+the error-vs-bits frontier of candidate schemes (int8:ch, fp8_e4m3:ch, int4:g128, int4:g32,
+nf4, mxfp4, fp4:g32); the sensitivity of each tensor to each scheme
 (--sensitivity, from `lowbit sensitivity --json`); a sortable table of every tensor.
 
 examples:
@@ -72,7 +74,7 @@ def _read_json(path: str, flag: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-
+    clock = Stopwatch()
     if args.worst < 0:
         raise LowbitError(f"--worst must be >= 0, got {args.worst}")
     inputs = [args.checkpoint] + ([args.against] if args.against else [])
@@ -81,26 +83,29 @@ def run(args: argparse.Namespace) -> int:
     sens = _read_json(args.sensitivity, "--sensitivity") if args.sensitivity else None
     if sens is not None and not isinstance(sens, dict):
         raise LowbitError(f"--sensitivity {args.sensitivity}: not a lowbit sensitivity result")
-    t0 = time.perf_counter()
-    report = build_report(
-        args.checkpoint,
-        against=args.against,
-        evaluation=evaluation,
-        sensitivity=sens,
-        worst=args.worst,
-    )
-    page = render(report)
-    with output_file(args.out, overwrite=args.overwrite, inputs=inputs) as tmp:
-        tmp.write_text(page, encoding="utf-8")
+    with clock.part("tensors"):  # reading and measuring each tensor, then the candidates
+        report = build_report(
+            args.checkpoint,
+            against=args.against,
+            evaluation=evaluation,
+            sensitivity=sens,
+            worst=args.worst,
+        )
+    clock.split("tensors", {"candidates": report.seconds.get("details", 0.0)})
+    with clock.part("page"):
+        page = render(report)
+        with output_file(args.out, overwrite=args.overwrite, inputs=inputs) as tmp:
+            tmp.write_text(page, encoding="utf-8")
     pngs = []
     if args.png:
-        pngs = [str(p) for p in write_pngs(report, args.png, overwrite=args.overwrite)]
-    seconds = time.perf_counter() - t0
+        with clock.part("png"):
+            pngs = [str(p) for p in write_pngs(report, args.png, overwrite=args.overwrite)]
+    seconds = clock.to_dict()
     if args.json:
         _common.print_json({"out": args.out, "png": pngs, "seconds": seconds,
                             "tensors": len(report.rows)})  # fmt: skip
         return 0
-    print(f"wrote {args.out} ({len(report.rows)} tensors, {seconds:.1f} s)")
+    print(f"wrote {args.out} ({len(report.rows)} tensors) in {clock.line(seconds)}")
     for p in pngs:
         print(f"wrote {p}")
     return 0

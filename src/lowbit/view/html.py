@@ -10,6 +10,7 @@ from typing import Any
 
 from lowbit.checkpoints._output_marks import writer_tag
 from lowbit.view import svg
+from lowbit.view.palette import KEPT_COLOUR, Palette
 from lowbit.view.report import Report, TensorRow
 
 __all__ = ["GENERATOR", "render"]
@@ -26,9 +27,10 @@ dl.summary dt{color:#555}dl.summary dd{margin:0}
 .chart{font:11px system-ui,sans-serif;background:#fff;margin:4px 8px 12px 0;overflow:visible}
 .chart .title{font-size:13px;font-weight:600}.chart .axis{stroke:#444;fill:#333}
 .chart text.axis{stroke:none}.chart .tick{fill:#555}
-.chart .bar{fill:#8aa6c1}.chart .level{stroke:#c0392b;stroke-width:1}
-.chart .hbar{fill:#5b8db8}.chart .frontier{fill:none;stroke:#2c7a3f;stroke-width:1.5}
-.chart .point{fill:#5b8db8}.chart .point.chosen{fill:#c0392b}
+.chart .bar{fill:#b8b8b8}.chart .level{stroke:#333;stroke-width:1}
+.chart .hbar{fill:#888}.chart .frontier{fill:none;stroke:#444;stroke-width:1.5}
+.chart .point{fill:#fff;stroke:#555;stroke-width:1}.chart .point.chosen{fill:#333;stroke:#000}
+.sw{display:inline-block;width:10px;height:10px;border:1px solid #777;margin-right:3px}
 .chart .label{font-size:10px;fill:#333}.chart .cell:hover{stroke:#000}
 .pair{display:flex;flex-wrap:wrap;align-items:flex-start}
 table{border-collapse:collapse;font-size:12px}th,td{padding:2px 8px;border-bottom:1px solid #eee}
@@ -134,7 +136,9 @@ def _summary(r: Report) -> str:
         (
             "formats used",
             ", ".join(
-                f"{_e(s)} ({t} tensors, {w / 1e6:,.2f} M weights)" for s, t, w in r.formats()
+                f'<span class="sw" style="background:{_scheme_colour(r, s)}"></span>'
+                f"{_e(s)} ({t} tensors, {w / 1e6:,.2f} M weights)"
+                for s, t, w in r.formats()
             ),
         ),
     ]
@@ -207,67 +211,110 @@ def _cell(v: Any) -> str:
 
 
 def _grid_values(
-    r: Report, key: str
-) -> tuple[list[str], list[str], list[list[float | None]], list[list[str]]]:
-    layers, kinds = r.grid()
-    at = {(x.layer, x.kind): x for x in r.rows if x.layer is not None}
+    layers: list[int], cols: list[str], at: dict[tuple[int, str], TensorRow], key: str
+) -> tuple[list[list[float | None]], list[list[str]], list[list[str | None]]]:
+    """Per cell (layer, column): the row's ``key`` value, its tooltip and its colour key."""
     values: list[list[float | None]] = []
     tips: list[list[str]] = []
+    cats: list[list[str | None]] = []
     for layer in layers:
-        vr: list[float | None] = []
-        tr: list[str] = []
-        for k in kinds:
-            x = at.get((layer, k))
-            v = None if x is None else getattr(x, key)
-            vr.append(v)
-            tr.append("" if x is None else _tip(x))
-        values.append(vr)
-        tips.append(tr)
-    return [str(v) for v in layers], kinds, values, tips
+        x = [at.get((layer, c)) for c in cols]
+        values.append([None if t is None else getattr(t, key) for t in x])
+        tips.append(["" if t is None else _tip(t) for t in x])
+        cats.append([None if t is None else t.colour_key for t in x])
+    return values, tips, cats
 
 
 def _tip(x: TensorRow) -> str:
     err = "" if x.sqnr_db is None else f", SQNR {_num(x.sqnr_db)} dB, rel. error {_num(x.rel_fro)}"
-    return f"{x.name}: {x.scheme}, {x.bits:.3f} bits/weight{err}"
+    stored = " (kept as stored)" if x.stored == "kept" else ""
+    return f"{x.name}: {x.scheme}{stored}, {x.bits:.3f} bits/weight{err}"
 
 
-def _grids(r: Report) -> str:
-    layers, kinds, bits, tips = _grid_values(r, "bits")
-    if not layers:
-        return '<h2 id="grids">Layers</h2><p class="note">No repeated layers found in the tensor names.</p>'
-    out = ['<h2 id="grids">Bits and error across layers</h2><div class="pair">']
-    out.append(
+def _scheme_colour(r: Report, scheme: str) -> str:
+    """The page's colour of a scheme of ``Report.formats`` (kept dtypes: kept's grey)."""
+    return r.palette().get(scheme, KEPT_COLOUR)  # a kept tensor's scheme is its dtype
+
+
+def _legend(pal: Palette, shown: set[str]) -> list[tuple[str, str, str]]:
+    """The swatches of the keys a grid shows, in the palette's order (cheapest first)."""
+    return [
+        (key, colour, label)
+        for (key, colour, _), (_, label) in zip(pal.entries, pal.legend(), strict=True)
+        if key in shown
+    ]
+
+
+def _grid_pair(
+    r: Report,
+    layers: list[int],
+    cols: list[str],
+    at: dict[tuple[int, str], TensorRow],
+    what: str,
+    cell_width: int = 40,
+) -> str:
+    """The bits grid (one colour per scheme) and, with a source, the error grid."""
+    pal = r.palette()
+    bits, tips, cats = _grid_values(layers, cols, at, "bits")
+    rows = [str(v) for v in layers]
+    shown = {c for row in cats for c in row if c is not None}
+    out = [
         svg.heatmap(
-            layers,
-            kinds,
+            rows,
+            cols,
             bits,
-            title="bits per weight (scales included)",
-            unit="bits/weight",
+            title=f"scheme of each {what}",
+            unit="scheme (bits/weight)",
             tips=tips,
+            categories=cats,
+            legend=_legend(pal, shown),
+            cell_width=cell_width,
         )
-    )
-    if any(x.rel_fro is not None for x in r.rows):
-        _, _, err, tips = _grid_values(r, "rel_fro")
+    ]
+    if any(x.rel_fro is not None for x in at.values()):
+        err, tips, _ = _grid_values(layers, cols, at, "rel_fro")
         out.append(
             svg.heatmap(
-                layers,
-                kinds,
+                rows,
+                cols,
                 err,
                 title="relative Frobenius error ‖W−Ŵ‖/‖W‖",
                 unit="rel. error (darker: worse)",
                 tips=tips,
+                cell_width=cell_width,
             )
         )
-    else:
+    return '<div class="pair">' + "".join(out) + "</div>"
+
+
+def _grids(r: Report) -> str:
+    layers, kinds = r.grid()
+    if not layers:
+        return '<h2 id="grids">Layers</h2><p class="note">No repeated layers found in the tensor names.</p>'
+    at = {(x.layer, x.kind): x for x in r.rows if x.layer is not None}
+    out = ['<h2 id="grids">Bits and error across layers</h2>']
+    if kinds:
+        out.append(_grid_pair(r, layers, kinds, at, "tensor", 40))  # type: ignore[arg-type]
+    if not any(x.rel_fro is not None for x in r.rows):
         out.append('<p class="note">No source model: pass --against MODEL to see errors.</p>')
-    out.append("</div>")
+    cells = r.expert_cells()
+    for group, experts in r.experts():
+        cols = [str(e) for e in experts]
+        out.append(f'<h3 class="experts" data-group="{_e(group)}">experts: {_e(group)}</h3>')
+        width = 40 if len(cols) <= 16 else 16
+        out.append(_grid_pair(r, layers, cols, cells[group], "expert", width))
     return "".join(out)
 
 
 def _formats(r: Report) -> str:
-    items = [(s, w / 1e6) for s, _, w in r.formats()]
+    fmts = r.formats()
+    pal = r.palette()
+    items = [(s if s in pal else f"{s} (kept)", w / 1e6) for s, _, w in fmts]
     return '<h2 id="formats">Formats</h2>' + svg.bars(
-        items, title="weights stored in each format", unit="million weights"
+        items,
+        title="weights stored in each format",
+        unit="million weights",
+        fills=[_scheme_colour(r, s) for s, _, _ in fmts],
     )
 
 
@@ -284,6 +331,7 @@ def _details(r: Report) -> str:
                 d.levels,
                 title=f"one scale group: {d.group}"[:70],
                 xlabel="weight value",
+                level_colour=_scheme_colour(r, d.scheme),
             )
         )
         pts = [(c.bits, c.sqnr_db, c.scheme, c.chosen) for c in d.candidates]
@@ -293,6 +341,7 @@ def _details(r: Report) -> str:
                 title="error vs bits of candidate schemes",
                 xlabel="bits per weight (scales included)",
                 ylabel="SQNR (dB)",
+                chosen_colour=_scheme_colour(r, d.scheme),
             )
         )
         out.append("</div>")

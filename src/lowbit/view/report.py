@@ -19,6 +19,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ from lowbit.quant.metrics import error
 from lowbit.quant.scheme import Granularity, Scheme
 from lowbit.quant.scheme_text import parse_scheme
 from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.view._order import block_order, expert_groups, split_expert
 from lowbit.view._reading import QuantizedReader
+from lowbit.view.palette import KEPT, Palette, palette
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -93,6 +96,11 @@ class TensorRow:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def colour_key(self) -> str:
+        """What sets its colour in every figure: its scheme, or ``kept`` when kept as stored."""
+        return KEPT if self.stored == "kept" else self.scheme
 
 
 @dataclass(frozen=True)
@@ -177,10 +185,42 @@ class Report:
         return list(Counter(r.rule for r in self.rows if r.rule).items())
 
     def grid(self) -> tuple[list[int], list[str]]:
-        """The layers and tensor kinds of the layer x kind grid (kinds in model order)."""
+        """The layers and tensor kinds of the layer x kind grid, kinds in the order data flows
+        through a block (``lowbit.view._order``); one expert's tensors are left to
+        :meth:`experts`."""
         layers = sorted({r.layer for r in self.rows if r.layer is not None})
-        kinds = list(dict.fromkeys(r.kind for r in self.rows if r.layer is not None))
-        return layers, kinds
+        inside = (r.kind for r in self.rows if r.layer is not None)
+        return layers, block_order(k for k in inside if split_expert(k) is None)
+
+    def experts(self) -> list[tuple[str, list[int]]]:
+        """``(expert kind, experts)`` of a mixture-of-experts checkpoint, one grid of layers x
+        experts each, in block order (``block_sparse_moe.experts.*.w1`` before ``*.w3``
+        before ``*.w2``)."""
+        return expert_groups(r.kind for r in self.rows if r.layer is not None)
+
+    def expert_cells(self) -> dict[str, dict[tuple[int, str], TensorRow]]:
+        """Per expert kind of :meth:`experts`: ``(layer, expert as text) -> row``, in one pass
+        over the rows."""
+        cells: dict[str, dict[tuple[int, str], TensorRow]] = {}
+        for r in self.rows:
+            s = split_expert(r.kind) if r.layer is not None else None
+            if s is not None:
+                cells.setdefault(s[0], {})[(r.layer, str(s[1]))] = r  # type: ignore[index]
+        return cells
+
+    @cached_property
+    def _palette(self) -> Palette:
+        bits: dict[str, float] = {}
+        weights: Counter[str] = Counter()
+        for r in self.rows:
+            bits[r.colour_key] = bits.get(r.colour_key, 0.0) + r.bits * r.numel
+            weights[r.colour_key] += r.numel
+        return palette([(k, b / weights[k] if weights[k] else math.nan) for k, b in bits.items()])
+
+    def palette(self) -> Palette:
+        """The colour of every scheme on the page (and in the PNGs): one per scheme, ordered
+        by its mean bits per weight, ``kept`` in grey (``lowbit.view.palette``)."""
+        return self._palette
 
 
 # ------------------------------------------------------------------------------- details

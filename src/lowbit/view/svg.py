@@ -68,6 +68,9 @@ def heatmap(
     unit: str,
     tips: Sequence[Sequence[str]] | None = None,
     low_is_good: bool = True,
+    categories: Sequence[Sequence[str | None]] | None = None,
+    legend: Sequence[tuple[str, str, str]] = (),
+    cell_width: int = 40,
 ) -> str:
     """A grid of coloured cells, one ``<rect class="cell">`` per (row, column) with a value.
 
@@ -79,13 +82,20 @@ def heatmap(
         unit: what the colour measures, with its unit (shown on the colour bar).
         tips: tooltip text per cell.
         low_is_good: the colour ramp's direction: dark is the costly end.
+        categories: a key per cell (a scheme, ``kept``): the cells take the colours of
+            ``legend`` instead of the ramp, carry ``data-key``, and the colour bar becomes a
+            list of swatches (``<g class="swatch" data-key=...>``) in ``legend``'s order.
+        legend: ``(key, colour, label)`` of every key ``categories`` uses.
+        cell_width: the width of a column in pixels.
     """
     longest = max((len(str(c)) for c in cols), default=1)
     rlongest = max((len(str(r)) for r in rows), default=1)
     # column labels are rotated by 50 degrees: about 6 px per character, sin 50 = 0.77
-    cw, ch, left, top = 40, 16, 34 + 6 * rlongest, 36 + int(4.7 * longest)
-    w = left + cw * len(cols) + max(90, int(3.9 * longest))
-    h = top + ch * len(rows) + 40
+    cw, ch, left, top = cell_width, 16, 34 + 6 * rlongest, 36 + int(4.7 * longest)
+    fills = {key: colour for key, colour, _ in legend}
+    keyw = 30 + int(6.3 * max((len(label) for _, _, label in legend), default=0))
+    w = left + cw * len(cols) + max(90, int(3.9 * longest), keyw if categories else 0)
+    h = max(top + ch * len(rows) + 40, top + 30 + 17 * len(legend) if categories else 0)
     out = _open("heatmap", w, h, title)
     finite = [v for r in values for v in r if v is not None and math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
@@ -107,12 +117,21 @@ def heatmap(
                 continue
             t = (v - lo) / span if math.isfinite(v) else math.nan
             fill = colour(t if low_is_good else 1 - t)
+            key = ""
+            if categories is not None and categories[i][j] is not None:
+                fill = fills[categories[i][j]]  # type: ignore[index]
+                key = f' data-key="{_e(categories[i][j])}"'
             tip = tips[i][j] if tips else f"{r} {cols[j]}: {_num(v)} {unit}"
             out.append(
                 f'<rect class="cell" x="{left + cw * j}" y="{y}" width="{cw - 1}" '
-                f'height="{ch - 1}" fill="{fill}" data-tip="{_e(tip)}"><title>{_e(tip)}</title>'
-                "</rect>"
+                f'height="{ch - 1}" fill="{fill}"{key} data-tip="{_e(tip)}">'
+                f"<title>{_e(tip)}</title></rect>"
             )
+    if categories is not None:
+        out += _swatches(left + cw * len(cols) + 16, top, legend, unit)
+        out += _layer_axis(top, ch * len(rows))
+        out.append("</svg>")
+        return "".join(out)
     # colour bar: the legend of the colours
     bx, by, bh = left + cw * len(cols) + 20, top, max(60, ch * len(rows))
     for k in range(20):
@@ -126,12 +145,30 @@ def heatmap(
     out.append(
         f'<text class="axis" x="{bx + 7}" y="{by + bh + 18}" text-anchor="middle">{_e(unit)}</text>'
     )
-    out.append(
-        f'<text class="axis" x="12" y="{top + ch * len(rows) / 2}" '
-        f'transform="rotate(-90 12 {top + ch * len(rows) / 2})" text-anchor="middle">layer</text>'
-    )
+    out += _layer_axis(top, ch * len(rows))
     out.append("</svg>")
     return "".join(out)
+
+
+def _layer_axis(top: float, height: float) -> list[str]:
+    mid = top + height / 2
+    return [
+        f'<text class="axis" x="12" y="{mid}" transform="rotate(-90 12 {mid})" '
+        'text-anchor="middle">layer</text>'
+    ]
+
+
+def _swatches(x: float, y: float, legend: Sequence[tuple[str, str, str]], unit: str) -> list[str]:
+    """A heading and one swatch per category: a square of its colour and its label."""
+    out = [f'<text class="axis" x="{x}" y="{y + 6}">{_e(unit)}</text>']
+    for k, (key, fill, label) in enumerate(legend):
+        yk = y + 14 + 17 * k
+        out.append(
+            f'<g class="swatch" data-key="{_e(key)}" transform="translate({x},{yk})">'
+            f'<rect x="0" y="0" width="14" height="14" fill="{fill}" stroke="#555" '
+            f'stroke-width="0.5"/><text x="20" y="11">{_e(label)}</text></g>'
+        )
+    return out
 
 
 class _Axes:
@@ -192,9 +229,11 @@ def histogram(
     xlabel: str,
     w: int = 460,
     h: int = 240,
+    level_colour: str | None = None,
 ) -> str:
     """Bars of a histogram (``<rect class="bar">``) with one vertical ``<line class="level">``
-    per level the format can take (legend marks carry the class ``key``)."""
+    per level the format can take, in ``level_colour`` when given (the scheme's colour on the
+    page); legend marks carry the class ``key``."""
     xr = (
         min(edges[0], *levels) if levels else edges[0],
         max(edges[-1], *levels) if levels else edges[-1],
@@ -209,10 +248,11 @@ def histogram(
             f'<rect class="bar" x="{x0:.2f}" y="{ax.y(c):.2f}" width="{max(x1 - x0 - 0.5, 0.5):.2f}" '
             f'height="{ax.b - ax.y(c):.2f}" data-tip="{_e(tip)}"><title>{_e(tip)}</title></rect>'
         )
+    stroke = f' style="stroke:{level_colour}"' if level_colour else ""
     for v in levels:
         x = ax.x(v)
         out.append(
-            f'<line class="level" x1="{x:.2f}" y1="{ax.t}" x2="{x:.2f}" y2="{ax.b}" '
+            f'<line class="level" x1="{x:.2f}" y1="{ax.t}" x2="{x:.2f}" y2="{ax.b}"{stroke} '
             f'data-tip="level {_num(v)}"><title>level {_e(_num(v))}</title></line>'
         )
     out += _legend(
@@ -220,7 +260,10 @@ def histogram(
         ax.t + 6,
         [
             ('<rect class="bar key" x="0" y="-5" width="10" height="10"/>', "source values"),
-            ('<line class="level key" x1="5" y1="-6" x2="5" y2="6"/>', "levels of the format"),
+            (
+                f'<line class="level key" x1="5" y1="-6" x2="5" y2="6"{stroke}/>',
+                "levels of the format",
+            ),
         ],
     )
     out.append("</svg>")
@@ -235,9 +278,11 @@ def scatter(
     ylabel: str,
     w: int = 460,
     h: int = 240,
+    chosen_colour: str | None = None,
 ) -> str:
     """Points ``(x, y, label, highlighted)`` as ``<circle class="point">`` with the Pareto
-    frontier (fewest x for the most y) as one ``<path class="frontier">``. Labels that would
+    frontier (fewest x for the most y) as one ``<path class="frontier">``; highlighted points
+    in ``chosen_colour`` when given (the scheme's colour on the page). Labels that would
     overlap an earlier label are moved down a line."""
     pts = [p for p in points if math.isfinite(p[0]) and math.isfinite(p[1])]
     xs = [p[0] for p in pts] or [0.0, 1.0]
@@ -260,6 +305,7 @@ def scatter(
         )
         out.append(f'<path class="frontier" d="{d}"/>')
     placed: list[tuple[float, float]] = []
+    fill = f' style="fill:{chosen_colour}"' if chosen_colour else ""
     for x, y, label, hi in sorted(pts, key=lambda p: -p[1]):
         px, py = ax.x(x), ax.y(y)
         ly = py - 5
@@ -269,15 +315,19 @@ def scatter(
         tip = f"{label}: {x:.3f} bits/weight, {y:.2f} dB"
         cls = "point chosen" if hi else "point"
         out.append(
-            f'<circle class="{cls}" cx="{px:.1f}" cy="{py:.1f}" r="{5 if hi else 3.5}" '
+            f'<circle class="{cls}"{fill if hi else ""} cx="{px:.1f}" cy="{py:.1f}" '
+            f'r="{5 if hi else 3.5}" '
             f'data-tip="{_e(tip)}"><title>{_e(tip)}</title></circle>'
         )
         out.append(f'<text class="label" x="{px + 6:.1f}" y="{ly:.1f}">{_e(label)}</text>')
     out += _legend(
         ax.l + 10,
-        ax.b - 40,
+        ax.t + 8,  # top left: the points rise from bottom left to top right
         [
-            ('<circle class="point chosen key" cx="5" cy="0" r="5"/>', "the checkpoint's scheme"),
+            (
+                f'<circle class="point chosen key"{fill} cx="5" cy="0" r="5"/>',
+                "the checkpoint's scheme",
+            ),
             ('<circle class="point key" cx="5" cy="0" r="3.5"/>', "another scheme"),
             ('<path class="frontier key" d="M0,0 L10,0"/>', "best SQNR for its bits"),
         ],
@@ -292,8 +342,10 @@ def bars(
     title: str,
     unit: str,
     w: int = 460,
+    fills: Sequence[str] | None = None,
 ) -> str:
-    """Horizontal bars, one ``<rect class="hbar">`` per ``(label, value)``."""
+    """Horizontal bars, one ``<rect class="hbar">`` per ``(label, value)``, each in its
+    ``fills`` colour when given (the page's scheme colours)."""
     bh = 18
     h = 40 + bh * len(items) + 30
     vmax = max((v for _, v in items if math.isfinite(v)), default=1.0) or 1.0
@@ -303,12 +355,13 @@ def bars(
         y = 30 + bh * k
         length = (right - left) * (v / vmax if math.isfinite(v) else 0)
         tip = f"{label}: {_num(v)} {unit}"
+        fill = f' style="fill:{fills[k]}" data-key="{_e(label)}"' if fills else ""
         out.append(
             f'<text class="row" x="{left - 6}" y="{y + bh - 5}" text-anchor="end">{_e(label)}</text>'
         )
         out.append(
             f'<rect class="hbar" x="{left}" y="{y}" width="{max(length, 0.5):.1f}" '
-            f'height="{bh - 3}" data-tip="{_e(tip)}"><title>{_e(tip)}</title></rect>'
+            f'height="{bh - 3}"{fill} data-tip="{_e(tip)}"><title>{_e(tip)}</title></rect>'
         )
         out.append(
             f'<text class="tick" x="{left + length + 4:.1f}" y="{y + bh - 5}">{_num(v)}</text>'
