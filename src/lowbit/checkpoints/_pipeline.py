@@ -94,11 +94,10 @@ def _gguf_exact(s: Any) -> bool:
 
 
 def check_gguf(applied: AppliedPlan, checkpoint: Any, rounding: str) -> None:
-    if checkpoint.format != "gguf":
+    if checkpoint.format not in ("gguf", "huggingface", "safetensors"):
         raise LowbitError(
-            f"{checkpoint.path}: GGUF output copies a GGUF source's metadata (architecture, "
-            f"tokenizer); this source is {checkpoint.format}. Write --out-format lowbit or "
-            f"compressed-tensors"
+            f"{checkpoint.path}: GGUF output takes a GGUF or Hugging Face source; this source "
+            f"is {checkpoint.format}. Write --out-format lowbit or compressed-tensors"
         )
     approx = []
     for t in applied.quantized:

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints._pretokenizers import pre_tokenizer
+from lowbit.checkpoints._pretokenizers import pre_tokenizer, pre_tokenizer_name
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 
-__all__ = ["build_tokenizer", "write_tokenizer"]
+__all__ = ["add_hf_vocab", "build_tokenizer", "hf_vocab", "write_tokenizer"]
 
 
 def build_tokenizer(checkpoint: Checkpoint) -> Any:
@@ -166,3 +166,93 @@ def _gguf_bpe(md: Mapping[str, Any]) -> tuple[Any, dict[str, str | None], str | 
         "pad_token": tok("padding_token_id"),
     }
     return bpe, specials, md.get("tokenizer.chat_template")
+
+
+# llama.cpp token types (gguf.TokenType)
+_NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
+
+
+def _looks_special(token: str) -> bool:
+    """Added tokens llama.cpp's converter makes CONTROL although not marked special."""
+    return (
+        token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or (token.startswith("<|") and token.endswith("|>"))
+        or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))
+        or (token.startswith("<unused") and token.endswith(">"))
+    )
+
+
+def hf_vocab(
+    folder: str | os.PathLike[str], vocab_size: int | None
+) -> tuple[list[str], list[int], str]:
+    """A Hugging Face byte-level BPE tokenizer as llama.cpp's converter stores it: the token
+    list (ids without a token become ``[PADi]``, type UNUSED), their types (NORMAL; added
+    tokens CONTROL when special or special-looking, else USER_DEFINED) and the pre-tokenizer
+    name (``tokenizer.ggml.pre``).
+
+    Args:
+        folder: holds ``tokenizer.json``.
+        vocab_size: the model's (config ``vocab_size``); None: the tokenizer's.
+
+    Raises:
+        LowbitError: no ``tokenizer.json``, a tokenizer that is not BPE, or an unknown
+            pre-tokenizer.
+    """
+    from tokenizers import Tokenizer
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise LowbitError(
+            f"{folder}: GGUF conversion reads a byte-level BPE tokenizer from tokenizer.json, "
+            "and there is none (SentencePiece tokenizer.model files are not converted)"
+        )
+    try:
+        tok = Tokenizer.from_file(str(path))
+        kind = json.loads(path.read_text(encoding="utf-8"))["model"]["type"]
+    except (OSError, ValueError, KeyError, TypeError, Exception) as exc:
+        raise LowbitError(f"{path}: cannot read the tokenizer ({exc})") from None
+    if kind != "BPE":
+        raise LowbitError(f"{path}: a {kind} tokenizer; lowbit's GGUF conversion takes BPE ones")
+    vocab = tok.get_vocab(with_added_tokens=True)
+    n = int(vocab_size) if vocab_size is not None else len(vocab)
+    if vocab and max(vocab.values()) >= n:
+        raise LowbitError(f"{path}: token id {max(vocab.values())} is past vocab_size {n}")
+    pre = pre_tokenizer_name(tok)
+    by_id = {i: t for t, i in vocab.items()}
+    added = tok.get_added_tokens_decoder()
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(n):
+        token = by_id.get(i)
+        if token is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(_UNUSED)
+            continue
+        if i in added:
+            if not added[i].normalized:  # llama.cpp expects added tokens pre-normalized
+                ids = tok.encode(token, add_special_tokens=False).ids
+                token = tok.decode(ids, skip_special_tokens=False)
+            if added[i].special or _looks_special(token):
+                types.append(_CONTROL)
+            else:
+                token = token.replace("\u2581", " ")
+                types.append(_USER_DEFINED)
+        else:
+            types.append(_NORMAL)
+        tokens.append(token)
+    return tokens, types, pre
+
+
+def add_hf_vocab(writer: Any, folder: str | os.PathLike[str], vocab_size: int | None) -> None:
+    """Add a Hugging Face tokenizer's ``tokenizer.ggml.*`` keys (and the chat template) to a
+    ``gguf.GGUFWriter``, as llama.cpp's converter does for a byte-level BPE vocabulary: model
+    ``gpt2``, pre-tokenizer, tokens, types, then merges, special token ids, add-BOS/EOS and the
+    chat template as the ``gguf`` package's ``SpecialVocab`` reads them from the folder."""
+    import gguf
+
+    tokens, types, pre = hf_vocab(folder, vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(Path(folder), load_merges=True).add_to_gguf(writer, quiet=True)

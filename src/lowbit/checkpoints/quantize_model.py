@@ -40,6 +40,7 @@ from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints._model_files import model_files
 from lowbit.checkpoints._outputs import check_not_input
 from lowbit.checkpoints._pipeline import output_nbytes
+from lowbit.checkpoints.gguf_convert import check_hf_source, write_gguf_from_hf
 from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
 from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.checkpoints.readers import Checkpoint
@@ -142,6 +143,8 @@ def plan_model(
     if out_format == "compressed-tensors":
         qw.check_ct(applied, checkpoint)
     elif out_format == "gguf":
+        if checkpoint.format != "gguf":  # converted as llama.cpp's convert_hf_to_gguf.py does
+            check_hf_source(checkpoint)
         qw.check_gguf(applied, checkpoint, gguf_rounding)
     return applied
 
@@ -241,6 +244,8 @@ def quantize_model(
         copied, left = qw.write_ct(
             ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights
         )
+    elif ckpt.format != "gguf":
+        write_gguf_from_hf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights)
     else:
         qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights)
     ckpt.close()
