@@ -90,7 +90,7 @@ def test_unsupported_family_is_one_line(tiny: Path, tmp_path: Path) -> None:
     cfg = json.loads((folder / "config.json").read_text())
     cfg["model_type"] = "gpt_neox"
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(LowbitError, match="gpt_neox.*supported: .*gemma3.*llama.*phi3") as e:
+    with pytest.raises(LowbitError, match=r"gpt_neox.*supported: .*gemma3.*llama.*phi3") as e:
         convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
     assert "\n" not in str(e.value)
 

@@ -50,7 +50,7 @@ from lowbit.calibration.hessians import HessianCollector
 from lowbit.calibration.text import evaluated_sentences
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential
@@ -493,7 +493,7 @@ def _module_name(net: Any, ckpt: Any, name: str) -> str | None:
 
     if ckpt.format == "gguf":
         try:
-            key = gguf_to_hf_name(name)
+            key = gguf_to_hf_name(name, ckpt.config)
         except LowbitError:
             return None
     else:
@@ -608,13 +608,7 @@ def _model_layout(ckpt: Any, name: str, arr: np.ndarray, net: Any) -> np.ndarray
     if ckpt.format != "gguf":
         return arr
 
-    hf = gguf_to_hf_name(name)
-    cfg = ckpt.config or {}
-    if hf.endswith("q_proj.weight"):
-        return unpermute_qk(arr, cfg["num_attention_heads"])
-    if hf.endswith("k_proj.weight"):
-        return unpermute_qk(arr, cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-    return arr
+    return gguf_to_hf_array(gguf_to_hf_name(name, ckpt.config), arr, ckpt.config)
 
 
 def _release_heap() -> bool:

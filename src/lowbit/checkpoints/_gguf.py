@@ -39,6 +39,7 @@ from lowbit._arrays import bfloat16
 from lowbit._json import check_regular_file, short_repr
 from lowbit._parallel import map_chunks
 from lowbit.checkpoints._safetensors import check_overlaps, check_shape
+from lowbit.checkpoints.gguf_arch import family_config
 from lowbit.errors import LowbitError
 from lowbit.ggml import _numba
 
@@ -639,6 +640,5 @@ def derive_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str,
         if f"tokenizer.ggml.{gkey}" in metadata:
             cfg[hkey] = metadata[f"tokenizer.ggml.{gkey}"]
     cfg["tie_word_embeddings"] = "output.weight" not in tensor_names
-    if arch == "llama":
-        cfg["architectures"] = ["LlamaForCausalLM"]
+    family_config(arch, metadata, cfg)  # model_type, architectures, family keys
     return cfg

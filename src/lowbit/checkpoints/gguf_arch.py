@@ -20,13 +20,15 @@ builder (:mod:`lowbit.models.build`) renames a GGUF's tensors back. What else di
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from lowbit.errors import LowbitError
 
-__all__ = ["FAMILIES", "GGUF_ARCHS", "Family", "family_for", "permute_qk"]
+__all__ = ["FAMILIES", "GGUF_ARCHS", "Family", "family_config", "family_for", "permute_qk"]
 
 # (transformers name inside ``model.layers.N.``, llama.cpp name inside ``blk.N.``)
 _ATTN = [
@@ -46,6 +48,7 @@ _BIASES = [
     ("self_attn.q_proj.bias", "attn_q.bias"),
     ("self_attn.k_proj.bias", "attn_k.bias"),
     ("self_attn.v_proj.bias", "attn_v.bias"),
+    ("self_attn.o_proj.bias", "attn_output.bias"),
 ]
 _QK_NORM = [
     ("self_attn.q_norm.weight", "attn_q_norm.weight"),
@@ -122,7 +125,7 @@ class Family:
         return None
 
 
-_LLAMA_FAMILY = Family("llama", "LlamaForCausalLM", "llama", tuple(_LLAMA), permute_qk=True)
+_LLAMA_FAMILY = Family("llama", "LlamaForCausalLM", "llama", (*_LLAMA, *_BIASES), permute_qk=True)
 #: transformers ``model_type`` -> its family (the converter's side).
 FAMILIES: dict[str, Family] = {
     "llama": _LLAMA_FAMILY,
@@ -173,3 +176,52 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
         raise LowbitError(f"cannot split {rows} q/k rows into {n_head} heads of rotary pairs")
     half = rows // n_head // 2
     return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -> None:
+    """Complete a config derived from a GGUF's metadata for transformers' class of its family
+    (in place): ``model_type``, ``architectures`` and what llama.cpp keeps elsewhere.
+
+    - gemma2 / gemma3: the attention scale llama.cpp uses (``1/sqrt(head_dim)``, and
+      ``1/sqrt(hidden/heads)`` for the 27B models' 46 / 62 layers) as ``query_pre_attn_scalar``;
+      sliding window, soft-capping, the local layers' rope base;
+    - phi3: the original context length, the sliding window (0: none), the rotary fraction.
+
+    An architecture outside :data:`GGUF_ARCHS` is left as it is (``model_type`` = ``arch``).
+    """
+    fam = GGUF_ARCHS.get(arch)
+    if fam is None:
+        return
+    cfg["model_type"] = fam.hf_model_type
+    cfg["architectures"] = [fam.hf_class]
+
+    def get(key: str) -> Any:
+        return metadata.get(f"{arch}.{key}")
+
+    if arch in ("gemma2", "gemma3"):
+        head_dim = cfg.get("head_dim")
+        big = cfg.get("num_hidden_layers") in (46, 62)  # llama.cpp's 27B rule
+        if big and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+            cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+        elif head_dim:
+            cfg["query_pre_attn_scalar"] = head_dim
+        if get("attention.sliding_window") is not None:
+            cfg["sliding_window"] = get("attention.sliding_window")
+        cfg["final_logit_softcapping"] = get("final_logit_softcapping")
+        cfg["attn_logit_softcapping"] = get("attn_logit_softcapping")
+        if arch == "gemma3" and get("rope.freq_base_swa") is not None:
+            cfg["rope_local_base_freq"] = get("rope.freq_base_swa")
+        if arch == "gemma3" and get("rope.scaling.type") == "linear":
+            cfg["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
+    if arch == "phi3":
+        orig = get("rope.scaling.original_context_length")
+        if orig is not None:
+            cfg["original_max_position_embeddings"] = orig
+        cfg["sliding_window"] = get("attention.sliding_window") or None
+        if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+            cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+        rope_dim = get("rope.dimension_count")
+        if rope_dim and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+            cfg["partial_rotary_factor"] = (
+                rope_dim * cfg["num_attention_heads"] / cfg["hidden_size"]
+            )

@@ -275,7 +275,11 @@ def checkpoint_tensors(checkpoint: Checkpoint) -> list[tuple[Any, ...]]:
     order; ``alias`` is a GGUF tensor's transformers name (so rules may use either), else None."""
     to_hf = None
     if getattr(checkpoint, "format", None) == "gguf":
-        to_hf = gguf_to_hf_name
+        cfg = checkpoint.config
+
+        def to_hf(name: str) -> str:
+            return gguf_to_hf_name(name, cfg)
+
     out = []
     for name in checkpoint.names():
         info = checkpoint.info(name)
