@@ -18,9 +18,9 @@ pytest.importorskip("safetensors")
 
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.gguf_arch import FAMILIES, permute_qk  # noqa: E402
-from lowbit.checkpoints.gguf_convert import convert_hf_to_gguf  # noqa: E402
 from lowbit.checkpoints.gguf_tokenizer import write_tokenizer  # noqa: E402
 from lowbit.checkpoints.names import unpermute_qk  # noqa: E402
+from lowbit.checkpoints.quantize_model import convert_hf_to_gguf  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from tiny_models import shipped_path  # noqa: E402

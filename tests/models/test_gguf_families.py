@@ -16,8 +16,8 @@ pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.gguf_convert import convert_hf_to_gguf  # noqa: E402
 from lowbit.checkpoints.gguf_tokenizer import write_tokenizer  # noqa: E402
+from lowbit.checkpoints.quantize_model import convert_hf_to_gguf  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.models.build import build_model  # noqa: E402
 from tiny_models import shipped_path  # noqa: E402
@@ -37,7 +37,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=512)),
     "gemma3": (
         "Gemma3TextConfig",
-        dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=512, final_logit_softcapping=30.0),
+        dict(
+            head_dim=16, query_pre_attn_scalar=16, sliding_window=512, final_logit_softcapping=30.0
+        ),
     ),
     "phi3": ("Phi3Config", dict(tie_word_embeddings=False, sliding_window=None)),
 }
@@ -101,5 +103,5 @@ def test_unknown_gguf_architecture_is_one_line(tokenizer_dir: Path, tmp_path: Pa
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(LowbitError, match="'mamba'.*llama, qwen2, qwen3, gemma2, gemma3, phi3"):
+    with pytest.raises(LowbitError, match=r"'mamba'.*llama, qwen2, qwen3, gemma2, gemma3, phi3"):
         build_model(open_checkpoint(path), progress=False)

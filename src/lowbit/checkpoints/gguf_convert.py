@@ -19,7 +19,6 @@ Mixtral expert stack, about one stack).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,32 +291,3 @@ def hf_metadata(
     kv.pop("general.architecture", None)
     kv.pop("general.file_type", None)
     return kv
-
-
-def convert_hf_to_gguf(
-    model: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    *,
-    outtype: str = "bf16",
-    overwrite: bool = False,
-    progress: bool | None = None,
-) -> dict[str, Any]:
-    """llama.cpp's ``convert_hf_to_gguf.py --outtype OUTTYPE``: a Hugging Face folder to GGUF.
-
-    Args:
-        model: the Hugging Face folder (config.json, safetensors, tokenizer.json).
-        out: the ``.gguf`` file to write.
-        outtype: ``bf16``, ``f16`` or ``f32`` for the 2-D weights (the embedding and other
-            kept tensors stay as stored; norms are F32), or any lowbit scheme GGUF holds
-            (``q8_0``, ``q4_0``).
-
-    Returns:
-        :func:`lowbit.checkpoints.quantize_model.quantize_model`'s summary.
-    """
-    from lowbit.checkpoints.quantize_model import quantize_model
-    from lowbit.plans.plan import PrecisionPlan
-
-    return quantize_model(
-        model, PrecisionPlan.uniform(outtype), out, out_format="gguf", overwrite=overwrite,
-        progress=progress,
-    )  # fmt: skip

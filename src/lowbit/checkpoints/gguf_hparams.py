@@ -1,6 +1,8 @@
 """The ``<arch>.*`` hyperparameter keys llama.cpp's ``convert_hf_to_gguf.py`` writes for each
-family lowbit converts, read from the checkpoint's ``config.json`` (transformers 4 or 5 style:
-``rope_theta`` at the top or inside ``rope_parameters``).
+family lowbit converts, read from the checkpoint's ``config.json``.
+
+Transformers 4 and 5 style configs both work (``rope_theta`` at the top or inside
+``rope_parameters``).
 
 Only what is in ``config.json`` is used (the converter also fills values from transformers'
 config defaults; where llama.cpp needs one the file may lack, the family's default is named here).

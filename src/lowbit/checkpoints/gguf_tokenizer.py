@@ -1,5 +1,6 @@
 """The tokenizer that goes with a checkpoint, built offline (needs ``transformers`` and
-``tokenizers``, imported on use): a GGUF file's own vocabulary, or a folder's tokenizer files.
+``tokenizers``, imported on use): a GGUF file's own vocabulary, or a folder's tokenizer files;
+and a folder's tokenizer as llama.cpp's converter stores it in a GGUF.
 """
 
 from __future__ import annotations

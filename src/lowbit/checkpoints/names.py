@@ -1,5 +1,5 @@
-"""Tensor names across checkpoint kinds: llama.cpp GGUF names to transformers names, and the
-q/k row order llama.cpp's converter uses.
+"""Tensor names across checkpoint kinds: llama.cpp GGUF names to transformers names (per family),
+the q/k row order and Gemma's norm offset llama.cpp's converter uses.
 
 Readers, writers and the model builder (``lowbit.models.build``) all use these, so they
 live with the checkpoints.

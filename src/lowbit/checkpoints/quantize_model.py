@@ -51,6 +51,7 @@ from lowbit.plans.plan import AppliedPlan, PrecisionPlan, TensorPlan
 __all__ = [
     "OUT_FORMATS",
     "checkpoint_tensors",
+    "convert_hf_to_gguf",
     "open_model",
     "output_nbytes",
     "plan_model",
@@ -291,3 +292,29 @@ def checkpoint_tensors(checkpoint: Checkpoint) -> list[tuple[Any, ...]]:
                 alias = None
         out.append((name, tuple(info.shape), str(info.dtype), int(info.nbytes), alias))
     return out
+
+
+def convert_hf_to_gguf(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    outtype: str = "bf16",
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """llama.cpp's ``convert_hf_to_gguf.py --outtype OUTTYPE``: a Hugging Face folder to GGUF.
+
+    Args:
+        model: the Hugging Face folder (config.json, safetensors, tokenizer.json).
+        out: the ``.gguf`` file to write.
+        outtype: ``bf16``, ``f16`` or ``f32`` for the 2-D weights (the embedding and other
+            kept tensors stay as stored; norms are F32), or any lowbit scheme GGUF holds
+            (``q8_0``, ``q4_0``).
+
+    Returns:
+        :func:`quantize_model`'s summary.
+    """
+    return quantize_model(
+        model, PrecisionPlan.uniform(outtype), out, out_format="gguf", overwrite=overwrite,
+        progress=progress,
+    )  # fmt: skip
