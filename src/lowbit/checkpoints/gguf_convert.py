@@ -19,6 +19,7 @@ Mixtral expert stack, about one stack).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints.gguf_arch import MIXTRAL_EXPERTS, Family, family_for, permute_qk
 from lowbit.checkpoints.gguf_hparams import add_hparams
 from lowbit.checkpoints.gguf_tokenizer import add_hf_vocab
-from lowbit.checkpoints.gguf_writer import GGUFTensor, gguf_from_quantized
+from lowbit.checkpoints.gguf_writer import GGUFTensor, _Raw, gguf_from_quantized
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import AppliedPlan, TensorPlan
 from lowbit.quant.tensor import quantize
@@ -156,8 +157,9 @@ def _one(
             raise LowbitError(f"{t.name}: {qt.scheme.label} is not a GGUF block type")
         return qt if src.transform is None else qw._rows_permuted(qt, src.transform)
     checkpoint.close()
-    if t.action == "cast" and gtype != "F32":
-        arr = qw.read_cast(checkpoint, t)
+    want = _DTYPES.get(gtype)
+    if t.action == "cast" and gtype != "F32" and t.dtype != gtype:
+        arr = qw.read_cast(checkpoint, t)  # checks that values fit float16
     else:
         arr = checkpoint.get(t.name)
     if src.transform is not None:
@@ -166,9 +168,19 @@ def _one(
         if rounding == "auto" and qw._gguf_exact(t.scheme):
             return quantize(arr, t.scheme)
         return np.asarray(arr, dtype=np.float32)
-    if gtype == "F32":
-        return np.asarray(arr, dtype=np.float32)
-    return arr
+    arr = np.asarray(arr)
+    if arr.dtype.name != want:
+        arr = arr.astype(np.float32) if want == "float32" else arr.astype(np.float32).astype(want)
+    return _raw(arr)
+
+
+_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _raw(arr: np.ndarray) -> np.ndarray:
+    """An array already in its GGUF type as the writer's raw bytes (no second conversion)."""
+    a = np.ascontiguousarray(arr)
+    return a.view(np.uint8).reshape(*a.shape[:-1], a.shape[-1] * a.itemsize) if a.ndim else a
 
 
 def _value(checkpoint: Any, src: _Source, rounding: str, done: Mapping[str, Any] | None) -> Any:
@@ -176,7 +188,9 @@ def _value(checkpoint: Any, src: _Source, rounding: str, done: Mapping[str, Any]
     parts = [_one(checkpoint, src, t, gtype, rounding, done) for t in src.members]
     if len(parts) == 1:
         v = parts[0]
-        return v if not isinstance(v, np.ndarray) else GGUFTensor(v, gtype)
+        if not isinstance(v, np.ndarray):
+            return v
+        return GGUFTensor(v, gtype, raw=v.dtype == np.uint8)
     if gtype in qw.GGUF_Q.values():  # stack each expert's blocks: rows are independent
         raws = [
             np.asarray((p if isinstance(p, GGUFTensor) else gguf_from_quantized(p)).data)
@@ -185,7 +199,7 @@ def _value(checkpoint: Any, src: _Source, rounding: str, done: Mapping[str, Any]
             for p in parts
         ]
         return GGUFTensor(np.stack(raws), gtype, raw=True)
-    return GGUFTensor(np.stack([np.asarray(p) for p in parts]), gtype)
+    return GGUFTensor(np.stack([np.asarray(p) for p in parts]), gtype, raw=True)
 
 
 def check_hf_source(checkpoint: Any) -> Family:
@@ -287,7 +301,36 @@ def hf_metadata(
     add_hf_vocab(w, folder, cfg.get("vocab_size"))
     if fam.arch == "llama" and cfg.get("vocab_size", 32000) == 49152:
         w.add_add_bos_token(False)  # the converter's rule for granite-small-sized vocabularies
-    kv = dict(w.kv_data[0])
+    kv = {k: _packed(v) for k, v in w.kv_data[0].items()}
     kv.pop("general.architecture", None)
     kv.pop("general.file_type", None)
     return kv
+
+
+def _packed(value: Any) -> Any:
+    """A long string or int32 array as its GGUF bytes, packed here in one pass: the ``gguf``
+    package packs each item with a Python call (seconds for a 49,152-token vocabulary)."""
+    import gguf
+    from gguf.gguf_writer import GGUFValue
+
+    items = value.value
+    if value.type != gguf.GGUFValueType.ARRAY or len(items) < 1024:
+        return value
+    if all(type(x) is str for x in items):
+        enc = [x.encode("utf-8") for x in items]
+        lengths = np.fromiter(map(len, enc), dtype="<u8", count=len(enc))
+        body = b"".join(n + b for n, b in zip(_split8(lengths), enc, strict=True))
+        head = struct.pack("<IQ", int(gguf.GGUFValueType.STRING), len(items))
+        return GGUFValue(_Raw(head + body), value.type, value.sub_type)
+    if all(type(x) is int for x in items):
+        arr = np.asarray(items, dtype=np.int64)
+        if arr.min() >= -(2**31) and arr.max() < 2**31:
+            head = struct.pack("<IQ", int(gguf.GGUFValueType.INT32), len(items))
+            return GGUFValue(_Raw(head + arr.astype("<i4").tobytes()), value.type, value.sub_type)
+    return value
+
+
+def _split8(lengths: np.ndarray) -> list[bytes]:
+    """Each length as its 8 little-endian bytes."""
+    raw = lengths.astype("<u8").tobytes()
+    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
