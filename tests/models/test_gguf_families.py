@@ -105,3 +105,35 @@ def test_unknown_gguf_architecture_is_one_line(tokenizer_dir: Path, tmp_path: Pa
     w.close()
     with pytest.raises(LowbitError, match=r"'mamba'.*llama, qwen2, qwen3, gemma2, gemma3, phi3"):
         build_model(open_checkpoint(path), progress=False)
+
+
+def test_llama3_rope_scaling_round_trip(tokenizer_dir: Path, tmp_path: Path) -> None:
+    """Llama 3's rope scaling goes into llama.cpp's rope_freqs tensor and back: logits equal
+    at positions past the original context's high-frequency band."""
+    cfg = transformers.LlamaConfig(
+        **{**SHAPE, "max_position_embeddings": 4096}, head_dim=16, tie_word_embeddings=True,
+        rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.ndim == 1 else 0.0))
+    folder = tmp_path / "l3"
+    model.save_pretrained(folder)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, folder / f.name)
+    out = tmp_path / "l3.gguf"
+    convert_hf_to_gguf(folder, out, outtype="f32", progress=False)
+    ckpt = open_checkpoint(out)
+    assert ckpt.names()[0] == "rope_freqs.weight" and ckpt.shape("rope_freqs.weight") == (8,)
+    factors = ckpt.get("rope_freqs.weight")
+    assert factors[0] == 1.0 and factors[-1] == 8.0
+    built = build_model(ckpt, progress=False)
+    ids = torch.arange(5, 3005, 3).reshape(1, -1)
+    with torch.no_grad():
+        want = model(ids).logits.numpy()
+        got = built(ids).logits.numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)

@@ -30,7 +30,7 @@ import numpy as np
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints.gguf_arch import MIXTRAL_EXPERTS, Family, family_for, permute_qk
-from lowbit.checkpoints.gguf_hparams import add_hparams
+from lowbit.checkpoints.gguf_hparams import add_hparams, rope_factors
 from lowbit.checkpoints.gguf_tokenizer import add_hf_vocab
 from lowbit.checkpoints.gguf_writer import GGUFTensor, _Raw, gguf_from_quantized
 from lowbit.errors import LowbitError
@@ -67,6 +67,7 @@ class _Source:
     name: str
     members: list[TensorPlan] = field(default_factory=list)
     transform: Callable[[np.ndarray], np.ndarray] | None = None
+    fixed: np.ndarray | None = None  # a tensor the converter computes (Llama 3's rope factors)
 
 
 def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _Source]:
@@ -77,6 +78,9 @@ def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _S
     n_kv = int(cfg.get("num_key_value_heads") or n_head)
     shift = fam.norm_shift
     out: dict[str, _Source] = {}
+    factors = rope_factors(cfg)
+    if factors is not None:  # the converter writes it first
+        out["rope_freqs.weight"] = _Source("rope_freqs.weight", fixed=factors)
     stacks: dict[str, list[tuple[int, TensorPlan]]] = {}
     n_experts = int(cfg.get("num_local_experts", 0) or 0)
     for t in applied.tensors:
@@ -122,6 +126,8 @@ def _forced_f32(name: str, ndim: int) -> bool:
 
 def _gguf_type(src: _Source) -> str:
     """The GGUF type of a tensor from its members' plan."""
+    if src.fixed is not None:
+        return "F32"
     first = src.members[0]
     if any((m.action, m.scheme, m.cast) != (first.action, first.scheme, first.cast)
            for m in src.members):  # fmt: skip
@@ -141,6 +147,8 @@ def _gguf_type(src: _Source) -> str:
 
 
 def _shape(src: _Source) -> tuple[int, ...]:
+    if src.fixed is not None:
+        return tuple(src.fixed.shape)
     shape = tuple(src.members[0].shape)
     return (len(src.members), *shape) if len(src.members) > 1 else shape
 
@@ -185,6 +193,8 @@ def _raw(arr: np.ndarray) -> np.ndarray:
 
 def _value(checkpoint: Any, src: _Source, rounding: str, done: Mapping[str, Any] | None) -> Any:
     gtype = _gguf_type(src)
+    if src.fixed is not None:
+        return GGUFTensor(src.fixed, gtype)
     parts = [_one(checkpoint, src, t, gtype, rounding, done) for t in src.members]
     if len(parts) == 1:
         v = parts[0]

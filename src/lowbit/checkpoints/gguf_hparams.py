@@ -10,13 +10,16 @@ config defaults; where llama.cpp needs one the file may lack, the family's defau
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from lowbit.checkpoints.gguf_arch import Family
 from lowbit.errors import LowbitError
 
-__all__ = ["add_hparams"]
+__all__ = ["add_hparams", "rope_factors"]
 
 
 def _find(cfg: Mapping[str, Any], *keys: str) -> Any:
@@ -42,7 +45,7 @@ def _rope_scaling(w: Any, cfg: Mapping[str, Any]) -> None:
 
     rp = _rope_params(cfg)
     kind = rp.get("rope_type", rp.get("type"))
-    if kind in (None, "default"):
+    if kind in (None, "default", "llama3"):  # llama3: the rope_freqs tensor (rope_factors)
         return
     if kind == "linear" and rp.get("factor") is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -169,3 +172,38 @@ def add_hparams(writer: Any, fam: Family, cfg: Mapping[str, Any]) -> None:
         _BY_ARCH[fam.arch](writer, cfg)
     except (KeyError, TypeError) as exc:
         raise LowbitError(f"config.json lacks what a {fam.arch} GGUF needs ({exc})") from None
+
+
+def rope_factors(cfg: Mapping[str, Any]) -> np.ndarray | None:
+    """Llama 3's rope scaling as llama.cpp stores it: the ``rope_freqs.weight`` tensor, one
+    float32 divisor per rotary frequency (None for other scalings).
+
+    Each frequency ``f = base ** (-2i / dim)`` of wavelength ``w = 2 pi / f`` keeps its value
+    (factor 1) when ``w`` is below ``original / high_freq_factor``, is divided by ``factor``
+    when above ``original / low_freq_factor``, and in between by
+    ``1 / ((1 - s) / factor + s)`` with ``s = (original / w - low) / (high - low)``; every step
+    in float32 as the converter computes it. ``original`` is the config's top-level
+    ``original_max_position_embeddings`` (8192 when absent), as in the converter.
+    """
+    rp = _rope_params(cfg)
+    if str(rp.get("rope_type", rp.get("type")) or "").lower() != "llama3":
+        return None
+    f32 = np.float32
+    base = rp.get("rope_theta", 10000.0)
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = f32(1.0) / (f32(base) ** (np.arange(0, dim, 2, dtype=f32) / f32(dim)))
+    factor = f32(rp.get("factor", 8.0))
+    low, high = f32(rp.get("low_freq_factor", 1.0)), f32(rp.get("high_freq_factor", 4.0))
+    old = f32(cfg.get("original_max_position_embeddings", 8192))
+    low_wave, high_wave = old / low, old / high
+    out = []
+    for freq in freqs:
+        wave = f32(2 * math.pi) / freq
+        if wave < high_wave:
+            out.append(f32(1.0))
+        elif wave > low_wave:
+            out.append(factor)
+        else:
+            s = (old / wave - low) / (high - low)
+            out.append(f32(1.0) / ((f32(1.0) - s) / factor + s))
+    return np.asarray(out, dtype=f32)

@@ -216,6 +216,11 @@ def hf_vocab(
         raise LowbitError(f"{path}: cannot read the tokenizer ({exc})") from None
     if kind != "BPE":
         raise LowbitError(f"{path}: a {kind} tokenizer; lowbit's GGUF conversion takes BPE ones")
+    if (Path(folder) / "tokenizer.model").is_file():  # llama.cpp's converter reads that one
+        raise LowbitError(
+            f"{folder}: a SentencePiece tokenizer.model, which llama.cpp's converter stores as a "
+            "'llama' vocabulary; lowbit converts byte-level BPE tokenizers (tokenizer.json) only"
+        )
     vocab = tok.get_vocab(with_added_tokens=True)
     n = int(vocab_size) if vocab_size is not None else len(vocab)
     if vocab and max(vocab.values()) >= n:

@@ -64,7 +64,7 @@ def hf_tensors(
     _check_replacements(checkpoint, weights)
     is_gguf = checkpoint.format == "gguf"
     cfg = checkpoint.config or {}
-    names = checkpoint.names()
+    names = [n for n in checkpoint.names() if not (is_gguf and n == ROPE_FREQS)]
     for name in progress_iter(names, progress, f"loading {checkpoint.path.name}", "tensor"):
         arr = weights[name] if name in weights else checkpoint.get(name)
         arr = np.asarray(arr, dtype=np.float32)
@@ -210,8 +210,36 @@ def build_model(
     missing = [k for k in params if k not in loaded and not _is_tied(params, k, loaded)]
     if strict and (missing or unexpected):
         raise LowbitError(_mismatch_message(checkpoint, missing, unexpected, list(params)))
+    if checkpoint.format == "gguf" and ROPE_FREQS in checkpoint:
+        _scale_rotary(model, np.asarray(checkpoint.get(ROPE_FREQS), dtype=np.float32))
     model.eval()
     return model
+
+
+#: llama.cpp's per-frequency rope divisors (Llama 3's rope scaling, stored as a tensor).
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def _scale_rotary(model: Any, factors: np.ndarray) -> None:
+    """Divide each rotary embedding's inverse frequencies by llama.cpp's ``rope_freqs``
+    factors, as llama.cpp does (the model was configured with unscaled rope)."""
+    import torch
+
+    found = False
+    for module in model.modules():
+        inv = getattr(module, "inv_freq", None)
+        if isinstance(inv, torch.Tensor) and inv.shape == factors.shape:
+            with torch.no_grad():
+                scaled = inv / torch.from_numpy(factors).to(inv.dtype)
+                module.inv_freq.copy_(scaled)
+                if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+                    module.original_inv_freq = scaled.clone()
+            found = True
+    if not found:
+        raise LowbitError(
+            f"rope_freqs.weight has {factors.shape[0]} factors and the model no rotary "
+            "embedding of that many frequencies"
+        )
 
 
 def _readonly_tensor(arr: np.ndarray) -> Any:
