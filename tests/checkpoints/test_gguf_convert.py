@@ -114,3 +114,35 @@ def test_names_round_trip(model_type: str) -> None:
         assert gname is not None and gname.startswith("blk.3.")
         assert fam.to_hf(gname) == name
     assert fam.to_hf("token_embd.weight") == "model.embed_tokens.weight"
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_q4_0_values_equal_lowbit_codes(tiny: Path, tmp_path: Path, given: bool) -> None:
+    """`--to q4_0` from Hugging Face stores lowbit's own q4_0 codes: every GGUF weight,
+    dequantized by the gguf package and put back in transformers' row order, equals the
+    QuantizedTensor's values (rounded here, or given as weights= as GPTQ gives them: q/k rows
+    reordered with their codes and scales)."""
+    import lowbit
+    from lowbit.checkpoints.gguf_arch import FAMILIES
+    from lowbit.checkpoints.quantize_model import open_model, plan_model, quantize_model
+    from lowbit.plans.plan import PrecisionPlan
+
+    src = tiny / "tiny-llama"
+    plan = PrecisionPlan.uniform("q4_0")
+    ckpt = open_model(src)
+    applied = plan_model(ckpt, plan, out_format="gguf")
+    qts = {t.name: lowbit.quantize(ckpt.get(t.name), t.scheme) for t in applied.quantized}
+    out = tmp_path / "q.gguf"
+    quantize_model(src, plan, out, out_format="gguf", progress=False,
+                   weights=qts if given else None)  # fmt: skip
+    r = gguf.GGUFReader(out)
+    fam = FAMILIES["llama"]
+    for t in r.tensors:
+        hf = fam.to_hf(t.name)
+        if hf not in qts:
+            continue
+        vals = gguf.quants.dequantize(t.data, t.tensor_type)
+        heads = 4 if ".q_proj." in hf else 2
+        if ".q_proj." in hf or ".k_proj." in hf:
+            vals = unpermute_qk(vals, heads)
+        np.testing.assert_array_equal(vals, qts[hf].dequantize(), err_msg=t.name)
