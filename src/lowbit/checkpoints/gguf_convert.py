@@ -31,7 +31,7 @@ from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints.gguf_arch import MIXTRAL_EXPERTS, Family, family_for, permute_qk
 from lowbit.checkpoints.gguf_hparams import add_hparams, rope_factors
-from lowbit.checkpoints.gguf_tokenizer import add_hf_vocab
+from lowbit.checkpoints.gguf_tokenizer import add_hf_vocab, check_hf_tokenizer
 from lowbit.checkpoints.gguf_writer import GGUFTensor, _Raw, gguf_from_quantized
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import AppliedPlan, TensorPlan
@@ -216,14 +216,12 @@ def check_hf_source(checkpoint: Any) -> Family:
     """The family of a Hugging Face source for GGUF output, after checking its tokenizer folder.
 
     Raises:
-        LowbitError: an unsupported family (the supported ones named), or no tokenizer.json.
+        LowbitError: an unsupported family (the supported ones named), or a tokenizer lowbit
+            cannot store as llama.cpp does (see
+            :func:`lowbit.checkpoints.gguf_tokenizer.check_hf_tokenizer`).
     """
     fam = hf_family(checkpoint)
-    if not (_folder(checkpoint) / "tokenizer.json").is_file():
-        raise LowbitError(
-            f"{_folder(checkpoint)}: GGUF output needs the model's tokenizer.json beside it "
-            "(llama.cpp reads the vocabulary from the GGUF)"
-        )
+    check_hf_tokenizer(_folder(checkpoint))
     return fam
 
 

@@ -199,32 +199,14 @@ def hf_vocab(
         LowbitError: no ``tokenizer.json``, a tokenizer that is not BPE, or an unknown
             pre-tokenizer.
     """
-    from tokenizers import Tokenizer
-
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise LowbitError(
-            f"{folder}: GGUF conversion reads a byte-level BPE tokenizer from tokenizer.json, "
-            "and there is none (SentencePiece tokenizer.model files are not converted)"
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-        tok = Tokenizer.from_str(text)
-        doc = json.loads(text)
-        kind = doc["model"]["type"]
-    except Exception as exc:  # tokenizers raises its own exception types
-        raise LowbitError(f"{path}: cannot read the tokenizer ({exc})") from None
-    if kind != "BPE":
-        raise LowbitError(f"{path}: a {kind} tokenizer; lowbit's GGUF conversion takes BPE ones")
-    if (Path(folder) / "tokenizer.model").is_file():  # llama.cpp's converter reads that one
-        raise LowbitError(
-            f"{folder}: a SentencePiece tokenizer.model, which llama.cpp's converter stores as a "
-            "'llama' vocabulary; lowbit converts byte-level BPE tokenizers (tokenizer.json) only"
-        )
+    tok, doc = _read_tokenizer(folder)
     vocab = tok.get_vocab(with_added_tokens=True)
     n = int(vocab_size) if vocab_size is not None else len(vocab)
     if vocab and max(vocab.values()) >= n:
-        raise LowbitError(f"{path}: token id {max(vocab.values())} is past vocab_size {n}")
+        raise LowbitError(
+            f"{Path(folder) / 'tokenizer.json'}: token id {max(vocab.values())} is past "
+            f"vocab_size {n}"
+        )
     pre = pre_tokenizer_name(tok)
     by_id = {i: t for t, i in vocab.items()}
     added = tok.get_added_tokens_decoder()
@@ -249,6 +231,45 @@ def hf_vocab(
             types.append(_NORMAL)
         tokens.append(token)
     return tokens, types, pre, _merges(doc)
+
+
+def check_hf_tokenizer(folder: str | os.PathLike[str]) -> str:
+    """Check that a folder's tokenizer can be stored as llama.cpp's converter stores it, before
+    any work; its ``tokenizer.ggml.pre``.
+
+    Raises:
+        LowbitError: no ``tokenizer.json``, a SentencePiece ``tokenizer.model`` beside it, a
+            tokenizer that is not BPE, or a pre-tokenizer llama.cpp does not name.
+    """
+    tok, _ = _read_tokenizer(folder)
+    return pre_tokenizer_name(tok)
+
+
+def _read_tokenizer(folder: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+    """The ``tokenizers.Tokenizer`` of a folder's tokenizer.json and its JSON, checked."""
+    from tokenizers import Tokenizer
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise LowbitError(
+            f"{folder}: GGUF conversion reads a byte-level BPE tokenizer from tokenizer.json, "
+            "and there is none (SentencePiece tokenizer.model files are not converted)"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+        tok = Tokenizer.from_str(text)
+        doc = json.loads(text)
+        kind = doc["model"]["type"]
+    except Exception as exc:  # tokenizers raises its own exception types
+        raise LowbitError(f"{path}: cannot read the tokenizer ({exc})") from None
+    if kind != "BPE":
+        raise LowbitError(f"{path}: a {kind} tokenizer; lowbit's GGUF conversion takes BPE ones")
+    if (Path(folder) / "tokenizer.model").is_file():  # llama.cpp's converter reads that one
+        raise LowbitError(
+            f"{folder}: a SentencePiece tokenizer.model, which llama.cpp's converter stores as a "
+            "'llama' vocabulary; lowbit converts byte-level BPE tokenizers (tokenizer.json) only"
+        )
+    return tok, doc
 
 
 def add_hf_vocab(writer: Any, folder: str | os.PathLike[str], vocab_size: int | None) -> None:
