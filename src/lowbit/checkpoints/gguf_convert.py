@@ -68,6 +68,7 @@ class _Source:
     members: list[TensorPlan] = field(default_factory=list)
     transform: Callable[[np.ndarray], np.ndarray] | None = None
     fixed: np.ndarray | None = None  # a tensor the converter computes (Llama 3's rope factors)
+    rows: int | None = None  # rows kept (Gemma 3's embedding loses its out-of-vocabulary rows)
 
 
 def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _Source]:
@@ -84,8 +85,8 @@ def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _S
     stacks: dict[str, list[tuple[int, TensorPlan]]] = {}
     n_experts = int(cfg.get("num_local_experts", 0) or 0)
     for t in applied.tensors:
-        if t.name.endswith(_SKIPPED):
-            continue
+        if t.name.endswith(_SKIPPED) or (fam.arch == "gemma2" and t.name == "lm_head.weight"):
+            continue  # the converter drops Gemma 2's lm_head (tied; AutoAWQ files carry one)
         gname = fam.to_gguf(t.name)
         if gname is None and n_experts:
             parts = t.name.split(".")
@@ -112,11 +113,25 @@ def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _S
             src.transform = lambda a, h=n_kv: permute_qk(a, h)
         elif shift and gname.endswith("norm.weight"):
             src.transform = lambda a: np.asarray(a, dtype=np.float32) + np.float32(shift)
+        elif fam.arch == "gemma3" and gname == "token_embd.weight":
+            n = _gemma3_vocab_rows(checkpoint)
+            if n < t.shape[0]:
+                src.rows = n
+                src.transform = lambda a, n=n: a[:n]
         out[gname] = src
     missing = [k for k, v in stacks.items() if k not in out]
     if missing:
         raise LowbitError(f"{checkpoint.path}: {missing[0]} lacks some of its {n_experts} experts")
     return out
+
+
+def _gemma3_vocab_rows(checkpoint: Any) -> int:
+    """The embedding rows llama.cpp's converter keeps for Gemma 3: the tokenizer.json's
+    vocabulary plus its added tokens (counted again even when in the vocabulary, as there)."""
+    import json
+
+    doc = json.loads((_folder(checkpoint) / "tokenizer.json").read_text(encoding="utf-8"))
+    return len(doc["model"]["vocab"]) + len(doc.get("added_tokens") or [])
 
 
 def _forced_f32(name: str, ndim: int) -> bool:
@@ -150,6 +165,8 @@ def _shape(src: _Source) -> tuple[int, ...]:
     if src.fixed is not None:
         return tuple(src.fixed.shape)
     shape = tuple(src.members[0].shape)
+    if src.rows is not None:
+        shape = (src.rows, *shape[1:])
     return (len(src.members), *shape) if len(src.members) > 1 else shape
 
 

@@ -111,7 +111,8 @@ def _gemma3(w: Any, cfg: Mapping[str, Any]) -> None:
     w.add_rope_freq_base_swa(swa if swa is not None else cfg.get("rope_local_base_freq", 10000.0))
     if cfg.get("final_logit_softcapping"):
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
-    w.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("sliding_window_pattern") != 1:
+        w.add_sliding_window(cfg["sliding_window"])
     if cfg.get("rope_scaling") is not None:
         _rope_scaling(w, cfg)
 
