@@ -146,3 +146,29 @@ def test_q4_0_values_equal_lowbit_codes(tiny: Path, tmp_path: Path, given: bool)
         if ".q_proj." in hf or ".k_proj." in hf:
             vals = unpermute_qk(vals, heads)
         np.testing.assert_array_equal(vals, qts[hf].dequantize(), err_msg=t.name)
+
+
+def test_gguf_to_hf_array_per_family(rng: np.random.Generator) -> None:
+    """A GGUF tensor goes back to transformers' layout by its family: llama's q/k rows
+    un-permuted (k by the KV heads), Gemma's norms less one, Qwen's and Phi-3's unchanged."""
+    from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
+
+    q, k = rng.standard_normal((64, 8)), rng.standard_normal((32, 8))
+    norm = rng.random(16).astype(np.float32)
+    llama = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2}
+    hq = gguf_to_hf_name("blk.0.attn_q.weight", llama)
+    hk = gguf_to_hf_name("blk.0.attn_k.weight", llama)
+    assert np.array_equal(gguf_to_hf_array(hq, q, llama), unpermute_qk(q, 4))
+    assert np.array_equal(gguf_to_hf_array(hk, k, llama), unpermute_qk(k, 2))
+    for model_type in ("qwen2", "qwen3", "phi3"):
+        cfg = {**llama, "model_type": model_type}
+        assert gguf_to_hf_array(hq, q, cfg) is q
+    gemma = {**llama, "model_type": "gemma3_text"}
+    name = gguf_to_hf_name("blk.1.ffn_norm.weight", gemma)
+    assert name == "model.layers.1.pre_feedforward_layernorm.weight"
+    assert np.array_equal(gguf_to_hf_array(name, norm, gemma), norm - np.float32(1))
+    assert gguf_to_hf_name("blk.1.ffn_norm.weight", llama).endswith(
+        "post_attention_layernorm.weight"
+    )
+    with pytest.raises(LowbitError, match="'mamba'"):
+        gguf_to_hf_name("blk.0.attn_q.weight", {"model_type": "mamba"})
