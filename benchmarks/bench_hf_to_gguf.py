@@ -106,6 +106,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from lowbit.checkpoints.gguf_tokenizer import _parsed
     from lowbit.checkpoints.quantize_model import convert_hf_to_gguf
 
     rows = []
@@ -119,6 +120,7 @@ def main() -> int:
 
             def convert(to: str = to, out: Path = out) -> None:
                 out.unlink(missing_ok=True)  # a fresh write, not an overwrite's checks
+                _parsed.cache_clear()  # tokenizer.json parsed as in a fresh process
                 convert_hf_to_gguf(folder, out, outtype=to, progress=False)
 
             ours = best(convert, args.repeat)

@@ -260,7 +260,7 @@ def write_gguf_from_hf(
         LowbitError: an unsupported family, a tensor with no GGUF name, experts planned
             differently, or what :func:`lowbit.checkpoints.gguf_writer.write_gguf` raises.
     """
-    fam = check_hf_source(checkpoint)
+    fam = hf_family(checkpoint)  # the tokenizer was checked when planning, and is read below
     srcs = _sources(checkpoint, applied, fam)
     shapes = {name: _shape(s) for name, s in srcs.items()}
     metadata = hf_metadata(checkpoint, fam, shapes)

@@ -5,6 +5,7 @@ and a folder's tokenizer as llama.cpp's converter stores it in a GGUF.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -247,7 +248,6 @@ def check_hf_tokenizer(folder: str | os.PathLike[str]) -> str:
 
 def _read_tokenizer(folder: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
     """The ``tokenizers.Tokenizer`` of a folder's tokenizer.json and its JSON, checked."""
-    from tokenizers import Tokenizer
 
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
@@ -256,9 +256,8 @@ def _read_tokenizer(folder: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]
             "and there is none (SentencePiece tokenizer.model files are not converted)"
         )
     try:
-        text = path.read_text(encoding="utf-8")
-        tok = Tokenizer.from_str(text)
-        doc = json.loads(text)
+        st = path.stat()
+        tok, doc = _parsed(str(path), st.st_mtime_ns, st.st_size)
         kind = doc["model"]["type"]
     except Exception as exc:  # tokenizers raises its own exception types
         raise LowbitError(f"{path}: cannot read the tokenizer ({exc})") from None
@@ -270,6 +269,16 @@ def _read_tokenizer(folder: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]
             "'llama' vocabulary; lowbit converts byte-level BPE tokenizers (tokenizer.json) only"
         )
     return tok, doc
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, Any]]:
+    """A tokenizer.json parsed once per version of the file (planning checks it, writing reads
+    it: half a second each for a 50k vocabulary). The caller must not modify the results."""
+    from tokenizers import Tokenizer
+
+    text = Path(path).read_text(encoding="utf-8")
+    return Tokenizer.from_str(text), json.loads(text)
 
 
 def add_hf_vocab(writer: Any, folder: str | os.PathLike[str], vocab_size: int | None) -> None:
