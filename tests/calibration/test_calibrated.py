@@ -218,7 +218,7 @@ REFUSALS = [
     ({"method": lowbit.SmoothQuant()}, "int8:ch", "it has none"),
     ({"method": lowbit.SmoothQuant(activations="fp8")}, "int8:ch+int8", "plan's activations"),
     ({"method": "gptq", "weights": {}}, "int4:g32", "makes its own"),
-    ({"method": "gptq", "out_format": "gguf"}, "int4:g32", "GGUF output copies a GGUF source"),
+    ({"method": "gptq", "out_format": "gguf"}, "nf4", "lowbit writes GGUF Q8_0 and Q4_0"),
     ({"method": "awq", "rules": "gptq"}, "int4:g32", "one run calibrates with one method"),
     ({"method": "gptq", "rules": "awq"}, "int4:g32", "one run calibrates with one method"),
     ({"method": lowbit.GPTQ(), "rules": "awq"}, "int4:g32", "one run calibrates with one"),

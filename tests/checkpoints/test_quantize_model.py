@@ -250,7 +250,7 @@ def test_existing_output_needs_overwrite(tmp_path: Path, hf_folder: Path) -> Non
         ("hf", "int4:g48", "compressed-tensors", "divide its length 128 .group 48"),
         ("hf", "int8:ch:fp16", "compressed-tensors", "fp32 scales"),
         ("hf", "mxfp4", "compressed-tensors", "compressed-tensors defines int1..int8"),
-        ("hf", "q8_0", "gguf", "copies a GGUF source's metadata"),
+        ("hf", "nf4", "gguf", r"model\.layers\.0\.\S+ .*Q8_0 and Q4_0"),
         ("gguf", "nf4", "gguf", r"blk\.0\.\S+ .*Q8_0 and Q4_0"),
         ("gguf", "int4:g32:asym", "compressed-tensors", None),
     ],

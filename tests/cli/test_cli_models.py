@@ -105,7 +105,7 @@ def test_unmatched_rule_is_a_warning_line(
         (["quantize", "{folder}", "--group", "32", "--plan", "{bad_plan}"], "modify --to"),
         (["quantize", "{missing}", "--to", "int8"], "no such file or folder"),
         (["quantize", "{broken}", "--to", "int8", "--dry-run"], "shard model-00002-of-00002"),
-        (["quantize", "{folder}", "--to", "int4:g32", "--out-format", "gguf"], "GGUF source"),
+        (["quantize", "{folder}", "--to", "int4:g32", "--out-format", "gguf"], "pre-tokenizer"),
         (["quantize", "{folder}", "--plan", "{bad_plan}", "--dry-run"], "unquantizable"),
         (["eval", "{folder}", "{missing}"], "no such file or folder"),
         (["eval", "{folder}", "--schemes", "int4:g0"], "group_size"),

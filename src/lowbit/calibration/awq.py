@@ -255,7 +255,7 @@ def _param_names(net: Any, ckpt: Any) -> dict[str, str]:
     for name in ckpt.names():
         if ckpt.format == "gguf":
             try:
-                out[name] = gguf_to_hf_name(name)
+                out[name] = gguf_to_hf_name(name, ckpt.config)
             except LowbitError:
                 continue
         else:

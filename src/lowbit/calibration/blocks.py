@@ -12,7 +12,7 @@ from lowbit.calibration.data import (
     encoder_texts,
 )
 from lowbit.calibration.text import evaluated_sentences
-from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.quantize_model import checkpoint_tensors
 from lowbit.errors import LowbitError
 from lowbit.models.build import _prefix_fix
@@ -61,7 +61,7 @@ def _module_name(net: Any, ckpt: Any, name: str) -> str | None:
 
     if ckpt.format == "gguf":
         try:
-            key = gguf_to_hf_name(name)
+            key = gguf_to_hf_name(name, ckpt.config)
         except LowbitError:
             return None
     else:
@@ -176,13 +176,7 @@ def _model_layout(ckpt: Any, name: str, arr: np.ndarray, net: Any) -> np.ndarray
     if ckpt.format != "gguf":
         return arr
 
-    hf = gguf_to_hf_name(name)
-    cfg = ckpt.config or {}
-    if hf.endswith("q_proj.weight"):
-        return unpermute_qk(arr, cfg["num_attention_heads"])
-    if hf.endswith("k_proj.weight"):
-        return unpermute_qk(arr, cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-    return arr
+    return gguf_to_hf_array(gguf_to_hf_name(name, ckpt.config), arr, ckpt.config)
 
 
 def _set_weight(linear: Any, arr: np.ndarray) -> None:

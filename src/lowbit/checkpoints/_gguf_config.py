@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._json import short_repr
+from lowbit.checkpoints.gguf_arch import family_config
 from lowbit.errors import LowbitError
 
 # GGUF metadata key (after the "<arch>." prefix) -> Hugging Face config key.
@@ -168,6 +169,5 @@ def derive_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str,
         if f"tokenizer.ggml.{gkey}" in metadata:
             cfg[hkey] = metadata[f"tokenizer.ggml.{gkey}"]
     cfg["tie_word_embeddings"] = "output.weight" not in tensor_names
-    if arch == "llama":
-        cfg["architectures"] = ["LlamaForCausalLM"]
+    family_config(arch, metadata, cfg)  # model_type, architectures, family keys
     return cfg

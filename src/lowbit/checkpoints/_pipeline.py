@@ -24,7 +24,7 @@ from lowbit.checkpoints._safetensors_write import dtype_code
 from lowbit.checkpoints.compressed_tensors import from_quantized, write_compressed_tensors
 from lowbit.checkpoints.gguf_tokenizer import write_tokenizer
 from lowbit.checkpoints.gguf_writer import GGUFTensor
-from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.readers import ReplacedCheckpoint
 from lowbit.codecs.packing import _pack_unchecked, unpack
 from lowbit.errors import LowbitError
@@ -75,7 +75,7 @@ def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
             )
     if checkpoint.format == "gguf":
         for t in applied.tensors:
-            gguf_to_hf_name(t.name)  # raises for tensors with no transformers counterpart
+            gguf_to_hf_name(t.name, checkpoint.config)  # raises for ones with no counterpart
 
 
 def _gguf_exact(s: Any) -> bool:
@@ -95,11 +95,10 @@ def _gguf_exact(s: Any) -> bool:
 
 
 def check_gguf(applied: AppliedPlan, checkpoint: Any, rounding: str) -> None:
-    if checkpoint.format != "gguf":
+    if checkpoint.format not in ("gguf", "huggingface", "safetensors"):
         raise LowbitError(
-            f"{checkpoint.path}: GGUF output copies a GGUF source's metadata (architecture, "
-            f"tokenizer); this source is {checkpoint.format}. Write --out-format lowbit or "
-            f"compressed-tensors"
+            f"{checkpoint.path}: GGUF output takes a GGUF or Hugging Face source; this source "
+            f"is {checkpoint.format}. Write --out-format lowbit or compressed-tensors"
         )
     approx = []
     for t in applied.quantized:
@@ -405,24 +404,17 @@ def write_ct(
     import tempfile
 
     is_gguf = ckpt.format == "gguf"
+    cfg = dict(ckpt.config or {})
     by_out: dict[str, TensorPlan] = {}
     for t in applied.tensors:
         if is_gguf:
-            by_out[gguf_to_hf_name(t.name)] = t
+            by_out[gguf_to_hf_name(t.name, cfg)] = t
         else:
             by_out[t.name] = t
-    cfg = dict(ckpt.config or {})
 
     def unpermute(hf: str, arr: np.ndarray) -> np.ndarray:
-        if not is_gguf:
-            return arr
-        if ".q_proj." in hf:
-            return unpermute_qk(np.asarray(arr), cfg["num_attention_heads"])
-        if ".k_proj." in hf:
-            return unpermute_qk(
-                np.asarray(arr), cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-            )
-        return arr
+        """The transformers layout (q/k rows, Gemma's norms) of a GGUF source's tensor."""
+        return gguf_to_hf_array(hf, np.asarray(arr), cfg) if is_gguf else arr
 
     acts = {"int8": "int8", "float8_e4m3fn": "fp8", None: None}
     planned: set[str] = set()

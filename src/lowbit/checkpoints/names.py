@@ -1,5 +1,5 @@
-"""Tensor names across checkpoint kinds: llama.cpp GGUF names to transformers names, and the
-q/k row order llama.cpp's converter uses.
+"""Tensor names across checkpoint kinds: llama.cpp GGUF names to transformers names (per family),
+the q/k row order and Gemma's norm offset llama.cpp's converter uses.
 
 Readers, writers and the model builder (``lowbit.models.build``) all use these, so they
 live with the checkpoints.
@@ -7,42 +7,64 @@ live with the checkpoints.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints.gguf_arch import FAMILIES, GGUF_ARCHS, Family
 from lowbit.errors import LowbitError
 
-__all__ = ["gguf_to_hf_name", "unpermute_qk"]
-
-# llama.cpp tensor names (gguf-py/gguf/tensor_mapping.py, LLAMA) -> transformers' LlamaModel names
-_GGUF_LLAMA_NAMES = [
-    (r"token_embd\.weight", "model.embed_tokens.weight"),
-    (r"output_norm\.weight", "model.norm.weight"),
-    (r"output\.weight", "lm_head.weight"),
-    (r"blk\.(\d+)\.attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
-    (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
-    (r"blk\.(\d+)\.attn_q\.(weight|bias)", r"model.layers.\1.self_attn.q_proj.\2"),
-    (r"blk\.(\d+)\.attn_k\.(weight|bias)", r"model.layers.\1.self_attn.k_proj.\2"),
-    (r"blk\.(\d+)\.attn_v\.(weight|bias)", r"model.layers.\1.self_attn.v_proj.\2"),
-    (r"blk\.(\d+)\.attn_output\.(weight|bias)", r"model.layers.\1.self_attn.o_proj.\2"),
-    (r"blk\.(\d+)\.ffn_gate\.weight", r"model.layers.\1.mlp.gate_proj.weight"),
-    (r"blk\.(\d+)\.ffn_up\.weight", r"model.layers.\1.mlp.up_proj.weight"),
-    (r"blk\.(\d+)\.ffn_down\.weight", r"model.layers.\1.mlp.down_proj.weight"),
-]
-_GGUF_ARCHS = ("llama",)
+__all__ = ["gguf_to_hf_array", "gguf_to_hf_name", "unpermute_qk"]
 
 
-def gguf_to_hf_name(name: str) -> str:
-    """The transformers ``LlamaForCausalLM`` name of a llama.cpp GGUF tensor.
+def _family(config: Mapping[str, Any] | None) -> Family:
+    """The family of a GGUF checkpoint's derived config (None: llama)."""
+    if not config:
+        return GGUF_ARCHS["llama"]
+    model_type = str(config.get("model_type", "llama"))
+    fam = FAMILIES.get(model_type) or GGUF_ARCHS.get(model_type)
+    if fam is None:
+        raise LowbitError(
+            f"GGUF architecture {model_type!r}: lowbit maps names for "
+            f"{', '.join(GGUF_ARCHS)} only (reading its tensors works)"
+        )
+    return fam
+
+
+def gguf_to_hf_name(name: str, config: Mapping[str, Any] | None = None) -> str:
+    """The transformers name of a llama.cpp GGUF tensor.
+
+    Args:
+        name: the GGUF tensor name (``blk.0.attn_q.weight``).
+        config: the GGUF checkpoint's config (``Checkpoint.config``), whose ``model_type``
+            names the family (:mod:`lowbit.checkpoints.gguf_arch`); None: llama.
 
     Raises:
-        LowbitError: a tensor with no llama counterpart (e.g. ``rope_freqs.weight``).
+        LowbitError: a tensor with no counterpart (e.g. ``rope_freqs.weight``).
     """
-    for pattern, repl in _GGUF_LLAMA_NAMES:
-        if re.fullmatch(pattern, name):
-            return re.sub(pattern, repl, name)
-    raise LowbitError(f"GGUF tensor {name!r} has no counterpart in a transformers llama model")
+    fam = _family(config)
+    hf = fam.to_hf(name)
+    if hf is None:
+        raise LowbitError(
+            f"GGUF tensor {name!r} has no counterpart in a transformers {fam.hf_class} model"
+        )
+    return hf
+
+
+def gguf_to_hf_array(hf_name: str, arr: np.ndarray, config: Mapping[str, Any] | None) -> np.ndarray:
+    """A GGUF tensor's values in the transformers layout (``hf_name`` from
+    :func:`gguf_to_hf_name`): llama's q/k rows un-permuted, Gemma's stored ``w + 1`` norms
+    back to ``w`` (float32)."""
+    fam = _family(config)
+    cfg = config or {}
+    if fam.permute_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+        return unpermute_qk(arr, cfg["num_attention_heads"])
+    if fam.permute_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+        return unpermute_qk(arr, cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    if fam.norm_shift and hf_name.endswith("norm.weight"):
+        return np.asarray(arr, dtype=np.float32) - np.float32(fam.norm_shift)
+    return arr
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -40,6 +40,7 @@ from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints._model_files import model_files
 from lowbit.checkpoints._outputs import check_not_input
 from lowbit.checkpoints._pipeline import output_nbytes
+from lowbit.checkpoints.gguf_convert import check_hf_source, write_gguf_from_hf
 from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
 from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.checkpoints.readers import Checkpoint
@@ -50,6 +51,7 @@ from lowbit.plans.plan import AppliedPlan, PrecisionPlan, TensorPlan
 __all__ = [
     "OUT_FORMATS",
     "checkpoint_tensors",
+    "convert_hf_to_gguf",
     "open_model",
     "output_nbytes",
     "plan_model",
@@ -142,6 +144,8 @@ def plan_model(
     if out_format == "compressed-tensors":
         qw.check_ct(applied, checkpoint)
     elif out_format == "gguf":
+        if checkpoint.format != "gguf":  # converted as llama.cpp's convert_hf_to_gguf.py does
+            check_hf_source(checkpoint)
         qw.check_gguf(applied, checkpoint, gguf_rounding)
     return applied
 
@@ -246,6 +250,8 @@ def quantize_model(
             ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights,
             clock=clock,
         )  # fmt: skip
+    elif ckpt.format != "gguf":
+        write_gguf_from_hf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights)
     else:
         qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights,
                       clock=clock)  # fmt: skip
@@ -278,7 +284,11 @@ def checkpoint_tensors(checkpoint: Checkpoint) -> list[tuple[Any, ...]]:
     order; ``alias`` is a GGUF tensor's transformers name (so rules may use either), else None."""
     to_hf = None
     if getattr(checkpoint, "format", None) == "gguf":
-        to_hf = gguf_to_hf_name
+        cfg = checkpoint.config
+
+        def to_hf(name: str) -> str:
+            return gguf_to_hf_name(name, cfg)
+
     out = []
     for name in checkpoint.names():
         info = checkpoint.info(name)
@@ -290,3 +300,29 @@ def checkpoint_tensors(checkpoint: Checkpoint) -> list[tuple[Any, ...]]:
                 alias = None
         out.append((name, tuple(info.shape), str(info.dtype), int(info.nbytes), alias))
     return out
+
+
+def convert_hf_to_gguf(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    outtype: str = "bf16",
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """llama.cpp's ``convert_hf_to_gguf.py --outtype OUTTYPE``: a Hugging Face folder to GGUF.
+
+    Args:
+        model: the Hugging Face folder (config.json, safetensors, tokenizer.json).
+        out: the ``.gguf`` file to write.
+        outtype: ``bf16``, ``f16`` or ``f32`` for the 2-D weights (the embedding and other
+            kept tensors stay as stored; norms are F32), or any lowbit scheme GGUF holds
+            (``q8_0``, ``q4_0``).
+
+    Returns:
+        :func:`quantize_model`'s summary.
+    """
+    return quantize_model(
+        model, PrecisionPlan.uniform(outtype), out, out_format="gguf", overwrite=overwrite,
+        progress=progress,
+    )  # fmt: skip

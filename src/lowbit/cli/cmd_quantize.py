@@ -54,8 +54,10 @@ chosen plan is written beside the output as OUT.plan.json (lowbit quantize --pla
 and printed with its predicted damage and the solver's optimality gap.
 
 Output formats: lowbit (any scheme; lowbit.load / lowbit.load_model read it back),
-compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8_0/Q4_0
-from a GGUF source; llama.cpp runs it; --to q4_0 / q8_0 use llama.cpp's own rounding).
+compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8_0/Q4_0,
+or bf16/f16/f32, from a GGUF source or a Hugging Face llama/mistral/mixtral/qwen2/qwen3/
+gemma2/gemma3/phi3 folder, converted as llama.cpp's convert_hf_to_gguf.py does; llama.cpp
+runs it; --to q4_0 / q8_0 use llama.cpp's own rounding).
 GPTQ, AWQ and SmoothQuant write all three (--smooth: not gguf), AWQ's and SmoothQuant's
 folded norms and biases in place of the originals. Plan rules may say method: gptq or
 method: awq (not both in one plan); such rules calibrate without --method.

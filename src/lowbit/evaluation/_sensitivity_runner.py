@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 
@@ -98,7 +98,7 @@ class TensorWeights:
                     self.strip = f"{base}."
 
     def key(self, name: str) -> str:
-        hf = gguf_to_hf_name(name) if self.gguf else name
+        hf = gguf_to_hf_name(name, self.cfg) if self.gguf else name
         if self.strip and hf.startswith(self.strip):
             hf = hf[len(self.strip) :]
         return self.prefix + hf
@@ -116,13 +116,7 @@ class TensorWeights:
         """A checkpoint-layout array in the model's layout (GGUF q/k rows un-permuted)."""
         if not self.gguf:
             return arr
-        key = self.key(name)
-        if key.endswith("q_proj.weight"):
-            return unpermute_qk(arr, self.cfg["num_attention_heads"])
-        if key.endswith("k_proj.weight"):
-            heads = self.cfg.get("num_key_value_heads", self.cfg["num_attention_heads"])
-            return unpermute_qk(arr, heads)
-        return arr
+        return gguf_to_hf_array(gguf_to_hf_name(name, self.cfg), arr, self.cfg)
 
 
 def block_of(weights: TensorWeights, blocks: Any, name: str) -> int:

@@ -3,9 +3,10 @@
 ``build_model(checkpoint, weights=None)`` turns what a reader gives (see
 ``lowbit.checkpoints.open_checkpoint``) into a transformers model in eval mode:
 
-- a GGUF llama-family file (the default SmolLM2-135M-Instruct): tensors dequantized, renamed to
-  Hugging Face names, llama.cpp's q/k row permutation undone, ``LlamaForCausalLM`` configured from
-  the GGUF metadata;
+- a GGUF file of a family in ``lowbit.checkpoints.gguf_arch.GGUF_ARCHS`` (llama, qwen2, qwen3,
+  gemma2, gemma3, phi3; the default SmolLM2-135M-Instruct is llama): tensors dequantized, renamed
+  to Hugging Face names, llama.cpp's q/k row permutation and Gemma's stored norm offset undone,
+  the family's transformers class configured from the GGUF metadata;
 - a Hugging Face folder (or a safetensors file beside a ``config.json``): the architecture the
   config names (``BertModel`` for all-MiniLM-L6-v2), weights matched by name, strictly.
 
@@ -25,8 +26,9 @@ import numpy as np
 
 from lowbit._optional import require
 from lowbit._progress import progress_iter
+from lowbit.checkpoints.gguf_arch import GGUF_ARCHS
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
-from lowbit.checkpoints.names import _GGUF_ARCHS, gguf_to_hf_name, unpermute_qk
+from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
@@ -62,19 +64,15 @@ def hf_tensors(
     _check_replacements(checkpoint, weights)
     is_gguf = checkpoint.format == "gguf"
     cfg = checkpoint.config or {}
-    names = checkpoint.names()
+    names = [n for n in checkpoint.names() if not (is_gguf and n == ROPE_FREQS)]
     for name in progress_iter(names, progress, f"loading {checkpoint.path.name}", "tensor"):
         arr = weights[name] if name in weights else checkpoint.get(name)
         arr = np.asarray(arr, dtype=np.float32)
         if not is_gguf:
             yield name, arr
             continue
-        hf = gguf_to_hf_name(name)
-        if hf.endswith(("q_proj.weight", "q_proj.bias")):
-            arr = unpermute_qk(arr, cfg["num_attention_heads"])
-        elif hf.endswith(("k_proj.weight", "k_proj.bias")):
-            arr = unpermute_qk(arr, cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-        yield hf, arr
+        hf = gguf_to_hf_name(name, cfg)
+        yield hf, gguf_to_hf_array(hf, arr, cfg)
 
 
 def _check_replacements(checkpoint: Checkpoint, weights: Mapping[str, Any]) -> None:
@@ -96,11 +94,13 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
 
     cfg = dict(checkpoint.config or {})
     if checkpoint.format == "gguf":
-        arch = cfg.get("model_type")
-        if arch not in _GGUF_ARCHS:
+        arch = getattr(checkpoint, "metadata", {}).get(
+            "general.architecture", cfg.get("model_type")
+        )
+        if arch not in GGUF_ARCHS:
             raise LowbitError(
                 f"{checkpoint.path}: GGUF architecture {arch!r}: lowbit builds models for "
-                f"{', '.join(_GGUF_ARCHS)} only (reading its tensors works)"
+                f"{', '.join(GGUF_ARCHS)} only (reading its tensors works)"
             )
     if not cfg:
         raise LowbitError(
@@ -210,8 +210,36 @@ def build_model(
     missing = [k for k in params if k not in loaded and not _is_tied(params, k, loaded)]
     if strict and (missing or unexpected):
         raise LowbitError(_mismatch_message(checkpoint, missing, unexpected, list(params)))
+    if checkpoint.format == "gguf" and ROPE_FREQS in checkpoint:
+        _scale_rotary(model, np.asarray(checkpoint.get(ROPE_FREQS), dtype=np.float32))
     model.eval()
     return model
+
+
+#: llama.cpp's per-frequency rope divisors (Llama 3's rope scaling, stored as a tensor).
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def _scale_rotary(model: Any, factors: np.ndarray) -> None:
+    """Divide each rotary embedding's inverse frequencies by llama.cpp's ``rope_freqs``
+    factors, as llama.cpp does (the model was configured with unscaled rope)."""
+    import torch
+
+    found = False
+    for module in model.modules():
+        inv = getattr(module, "inv_freq", None)
+        if isinstance(inv, torch.Tensor) and inv.shape == factors.shape:
+            with torch.no_grad():
+                scaled = inv / torch.from_numpy(factors).to(inv.dtype)
+                module.inv_freq.copy_(scaled)
+                if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+                    module.original_inv_freq = scaled.clone()
+            found = True
+    if not found:
+        raise LowbitError(
+            f"rope_freqs.weight has {factors.shape[0]} factors and the model no rotary "
+            "embedding of that many frequencies"
+        )
 
 
 def _readonly_tensor(arr: np.ndarray) -> Any:
@@ -326,7 +354,7 @@ def attach_activation_quantization(
     for name, fmt in per_tensor.items():
         key = name
         if source_format == "gguf":
-            key = gguf_to_hf_name(name)
+            key = gguf_to_hf_name(name, getattr(model.config, "to_dict", dict)())
         key = key.removesuffix(".weight")
         found = next(
             (k for k in (key, f"{base}.{key}", key.removeprefix(f"{base}.")) if k in modules),

@@ -1,0 +1,227 @@
+"""The model families lowbit moves between Hugging Face and GGUF: tensor names both ways, and
+the layout conventions of each (llama.cpp's ``convert_hf_to_gguf.py`` and ``llama-model.cpp``).
+
+One table per GGUF architecture, read in both directions: the converter
+(:mod:`lowbit.checkpoints.gguf_convert`) renames Hugging Face tensors with it, and the model
+builder (:mod:`lowbit.models.build`) renames a GGUF's tensors back. What else differs:
+
+- llama (also Mistral and Mixtral, which llama.cpp stores as ``llama``): q/k rows reordered for
+  llama.cpp's interleaved rotary pairs (:func:`permute_qk`, undone by
+  :func:`lowbit.checkpoints.names.unpermute_qk`); Mixtral's experts stacked into one
+  ``ffn_*_exps`` tensor per projection, ``[experts, rows, cols]``.
+- gemma2 / gemma3: every ``*norm.weight`` is stored as ``w + 1`` (Gemma's RMSNorm multiplies by
+  ``1 + w``, llama.cpp's by the stored weight), in float32. The embedding scale
+  (``sqrt(hidden)``) and soft-capping are applied at run time by both sides, never stored.
+- qwen2 (biases on q/k/v) and qwen3 (per-head q/k norms): names only, no reordering (NEOX rope).
+- phi3: transformers' own fused ``qkv_proj`` and ``gate_up_proj`` are llama.cpp's
+  ``attn_qkv`` and ``ffn_up``: names only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lowbit.errors import LowbitError
+
+__all__ = ["FAMILIES", "GGUF_ARCHS", "Family", "family_config", "family_for", "permute_qk"]
+
+# (transformers name inside ``model.layers.N.``, llama.cpp name inside ``blk.N.``)
+_ATTN = [
+    ("input_layernorm.weight", "attn_norm.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+]
+_MLP = [
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+]
+_LLAMA = [*_ATTN, ("post_attention_layernorm.weight", "ffn_norm.weight"), *_MLP]
+_BIASES = [
+    ("self_attn.q_proj.bias", "attn_q.bias"),
+    ("self_attn.k_proj.bias", "attn_k.bias"),
+    ("self_attn.v_proj.bias", "attn_v.bias"),
+    ("self_attn.o_proj.bias", "attn_output.bias"),
+]
+_QK_NORM = [
+    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+]
+_GEMMA = [
+    *_ATTN,
+    ("post_attention_layernorm.weight", "post_attention_norm.weight"),
+    ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+    ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+    *_MLP,
+]
+_PHI3 = [
+    ("input_layernorm.weight", "attn_norm.weight"),
+    ("self_attn.qkv_proj.weight", "attn_qkv.weight"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    ("mlp.gate_up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+]
+_MOE = [("block_sparse_moe.gate.weight", "ffn_gate_inp.weight")]
+#: Mixtral's per-expert tensors: transformers' ``block_sparse_moe.experts.E.wK`` -> GGUF stack.
+MIXTRAL_EXPERTS = {"w1": "ffn_gate_exps.weight", "w2": "ffn_down_exps.weight",
+                   "w3": "ffn_up_exps.weight"}  # fmt: skip
+_TOP = [
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One Hugging Face model family as llama.cpp stores it.
+
+    Attributes:
+        arch: the GGUF ``general.architecture``.
+        hf_class: the transformers class a GGUF of this architecture builds.
+        hf_model_type: its config's ``model_type``.
+        layers: ``(transformers name in a layer, GGUF name in a block)`` pairs.
+        permute_qk: q/k rows reordered for llama.cpp's rotary pairs.
+        norm_shift: added to every ``*norm.weight`` when written (Gemma: 1).
+    """
+
+    arch: str
+    hf_class: str
+    hf_model_type: str
+    layers: tuple[tuple[str, str], ...]
+    permute_qk: bool = False
+    norm_shift: float = 0.0
+
+    def to_gguf(self, name: str) -> str | None:
+        """The GGUF name of a transformers tensor, or None for one with no counterpart."""
+        for hf, gg in _TOP:
+            if name == hf:
+                return gg
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
+        if m:
+            for hf, gg in self.layers:
+                if m.group(2) == hf:
+                    return f"blk.{m.group(1)}.{gg}"
+        return None
+
+    def to_hf(self, name: str) -> str | None:
+        """The transformers name of a GGUF tensor, or None for one with no counterpart."""
+        for hf, gg in _TOP:
+            if name == gg:
+                return hf
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+        if m:
+            for hf, gg in self.layers:
+                if m.group(2) == gg:
+                    return f"model.layers.{m.group(1)}.{hf}"
+        return None
+
+
+_LLAMA_FAMILY = Family("llama", "LlamaForCausalLM", "llama", (*_LLAMA, *_BIASES), permute_qk=True)
+#: transformers ``model_type`` -> its family (the converter's side).
+FAMILIES: dict[str, Family] = {
+    "llama": _LLAMA_FAMILY,
+    "mistral": _LLAMA_FAMILY,  # llama.cpp stores Mistral as llama
+    "mixtral": Family("llama", "MixtralForCausalLM", "mixtral", (
+        *_ATTN, ("post_attention_layernorm.weight", "ffn_norm.weight"), *_MOE), permute_qk=True),
+    "qwen2": Family("qwen2", "Qwen2ForCausalLM", "qwen2", tuple(_LLAMA + _BIASES)),
+    "qwen3": Family("qwen3", "Qwen3ForCausalLM", "qwen3", tuple(_LLAMA + _QK_NORM)),
+    "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", tuple(_GEMMA), norm_shift=1.0),
+    "gemma3_text": Family("gemma3", "Gemma3ForCausalLM", "gemma3_text",
+                          tuple(_GEMMA + _QK_NORM), norm_shift=1.0),
+    "phi3": Family("phi3", "Phi3ForCausalLM", "phi3", tuple(_PHI3)),
+}  # fmt: skip
+FAMILIES["gemma3"] = FAMILIES["gemma3_text"]
+
+#: GGUF architecture -> the family a model is built from (dense families; Mixtral's experts
+#: are written, and built by the mixture-of-experts work).
+GGUF_ARCHS: dict[str, Family] = {
+    f.arch: f for f in FAMILIES.values() if f.hf_model_type not in ("mistral", "mixtral")
+}
+
+
+def family_for(model_type: str | None, *, what: str = "Hugging Face model_type") -> Family:
+    """The family of a transformers ``model_type``.
+
+    Raises:
+        LowbitError: a type lowbit does not convert (the message lists those it does).
+    """
+    fam = FAMILIES.get(str(model_type))
+    if fam is None:
+        raise LowbitError(
+            f"{what} {model_type!r} has no GGUF conversion in lowbit; supported: "
+            f"{', '.join(sorted(set(FAMILIES) - {'gemma3_text'}))}"
+        )
+    return fam
+
+
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Reorder q/k projection rows as llama.cpp's converter does (inverse of
+    :func:`lowbit.checkpoints.names.unpermute_qk`).
+
+    Each head's rows ``[r_0 .. r_{d/2-1}, s_0 .. s_{d/2-1}]`` (transformers' ``rotate_half``
+    pairs ``r_i`` with ``s_i``) become ``[r_0, s_0, r_1, s_1, ...]`` (llama.cpp pairs rows 2i
+    and 2i+1). Works on weights ``(rows, cols)`` and biases ``(rows,)``.
+    """
+    rows = w.shape[0]
+    if rows % (2 * n_head):
+        raise LowbitError(f"cannot split {rows} q/k rows into {n_head} heads of rotary pairs")
+    half = rows // n_head // 2
+    return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -> None:
+    """Complete a config derived from a GGUF's metadata for transformers' class of its family
+    (in place): ``model_type``, ``architectures`` and what llama.cpp keeps elsewhere.
+
+    - gemma2 / gemma3: the attention scale llama.cpp uses (``1/sqrt(head_dim)``, and
+      ``1/sqrt(hidden/heads)`` for the 27B models' 46 / 62 layers) as ``query_pre_attn_scalar``;
+      sliding window, soft-capping, the local layers' rope base;
+    - phi3: the original context length, the sliding window (0: none), the rotary fraction.
+
+    An architecture outside :data:`GGUF_ARCHS` is left as it is (``model_type`` = ``arch``).
+    """
+    fam = GGUF_ARCHS.get(arch)
+    if fam is None:
+        return
+    cfg["model_type"] = fam.hf_model_type
+    cfg["architectures"] = [fam.hf_class]
+
+    def get(key: str) -> Any:
+        return metadata.get(f"{arch}.{key}")
+
+    if arch in ("gemma2", "gemma3"):
+        head_dim = cfg.get("head_dim")
+        big = cfg.get("num_hidden_layers") in (46, 62)  # llama.cpp's 27B rule
+        if big and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+            cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+        elif head_dim:
+            cfg["query_pre_attn_scalar"] = head_dim
+        if get("attention.sliding_window") is not None:
+            cfg["sliding_window"] = get("attention.sliding_window")
+        cfg["final_logit_softcapping"] = get("final_logit_softcapping")
+        cfg["attn_logit_softcapping"] = get("attn_logit_softcapping")
+        if arch == "gemma3" and get("rope.freq_base_swa") is not None:
+            cfg["rope_local_base_freq"] = get("rope.freq_base_swa")
+        if arch == "gemma3" and get("rope.scaling.type") == "linear":
+            cfg["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
+    if arch == "phi3":
+        orig = get("rope.scaling.original_context_length")
+        if orig is not None:
+            cfg["original_max_position_embeddings"] = orig
+        cfg["sliding_window"] = get("attention.sliding_window") or None
+        if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+            cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+        rope_dim = get("rope.dimension_count")
+        if rope_dim and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+            cfg["partial_rotary_factor"] = (
+                rope_dim * cfg["num_attention_heads"] / cfg["hidden_size"]
+            )

@@ -1,0 +1,210 @@
+"""The ``<arch>.*`` hyperparameter keys llama.cpp's ``convert_hf_to_gguf.py`` writes for each
+family lowbit converts, read from the checkpoint's ``config.json``.
+
+Transformers 4 and 5 style configs both work (``rope_theta`` at the top or inside
+``rope_parameters``).
+
+Only what is in ``config.json`` is used (the converter also fills values from transformers'
+config defaults; where llama.cpp needs one the file may lack, the family's default is named here).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from lowbit.checkpoints.gguf_arch import Family
+from lowbit.errors import LowbitError
+
+__all__ = ["add_hparams", "rope_factors"]
+
+
+def _find(cfg: Mapping[str, Any], *keys: str) -> Any:
+    return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+
+
+def _rope_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The rope settings, wherever this transformers version keeps them."""
+    rp = cfg.get("rope_parameters")
+    out = dict(rp) if isinstance(rp, Mapping) else {}
+    if isinstance(out.get("full_attention"), Mapping):  # Gemma 3: one entry per layer kind
+        out = {**out, **out["full_attention"]}
+    if cfg.get("rope_theta") is not None:
+        out.setdefault("rope_theta", cfg["rope_theta"])
+    rs = cfg.get("rope_scaling")
+    if isinstance(rs, Mapping):
+        out.update({k: v for k, v in rs.items() if k not in out or k != "rope_theta"})
+    return out
+
+
+def _rope_scaling(w: Any, cfg: Mapping[str, Any]) -> None:
+    import gguf
+
+    rp = _rope_params(cfg)
+    kind = rp.get("rope_type", rp.get("type"))
+    if kind in (None, "default", "llama3"):  # llama3: the rope_freqs tensor (rope_factors)
+        return
+    if kind == "linear" and rp.get("factor") is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rp["factor"])
+    elif kind == "yarn" and rp.get("factor") is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rp["factor"])
+        if rp.get("original_max_position_embeddings") is not None:
+            w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+    else:
+        raise LowbitError(
+            f"rope scaling {kind!r} is not converted to GGUF by lowbit (linear and yarn are)"
+        )
+
+
+def _base(w: Any, cfg: Mapping[str, Any]) -> None:
+    """The keys every text model gets (the converter's ``TextModel.set_gguf_parameters``)."""
+    w.add_block_count(int(_find(cfg, "num_hidden_layers", "n_layer", "num_layers")))
+    if (n := _find(cfg, "max_position_embeddings", "n_ctx", "n_positions")) is not None:
+        w.add_context_length(n)
+    if (n := _find(cfg, "hidden_size", "n_embd", "dim")) is not None:
+        w.add_embedding_length(n)
+    if (n := _find(cfg, "intermediate_size", "n_inner", "hidden_dim")) is not None:
+        w.add_feed_forward_length(n)
+    if (n := _find(cfg, "num_attention_heads", "n_head", "n_heads")) is not None:
+        w.add_head_count(n)
+    if (n := cfg.get("num_key_value_heads")) is not None:
+        w.add_head_count_kv(n)
+    if (theta := _rope_params(cfg).get("rope_theta")) is not None:
+        w.add_rope_freq_base(theta)
+    if (eps := _find(cfg, "rms_norm_eps", "norm_eps")) is not None:
+        w.add_layer_norm_rms_eps(eps)
+    if (eps := _find(cfg, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
+        w.add_layer_norm_eps(eps)
+    if (n := _find(cfg, "num_local_experts", "num_experts")) is not None:
+        w.add_expert_count(n)
+    if (n := _find(cfg, "num_experts_per_tok", "num_experts_per_token")) is not None:
+        w.add_expert_used_count(n)
+    if (n := cfg.get("head_dim")) is not None:
+        w.add_key_length(n)
+        w.add_value_length(n)
+
+
+def _llama(w: Any, cfg: Mapping[str, Any]) -> None:
+    _base(w, cfg)
+    w.add_vocab_size(cfg["vocab_size"])
+    rope_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    w.add_rope_dimension_count(rope_dim)
+    _rope_scaling(w, cfg)
+
+
+def _qwen(w: Any, cfg: Mapping[str, Any]) -> None:
+    _base(w, cfg)
+    _rope_scaling(w, cfg)
+
+
+def _gemma3(w: Any, cfg: Mapping[str, Any]) -> None:
+    _base(w, cfg)
+    rp = cfg.get("rope_parameters")
+    swa = None
+    if isinstance(rp, Mapping) and isinstance(rp.get("sliding_attention"), Mapping):
+        swa = rp["sliding_attention"].get("rope_theta")
+    w.add_rope_freq_base_swa(swa if swa is not None else cfg.get("rope_local_base_freq", 10000.0))
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if cfg.get("sliding_window_pattern") != 1:
+        w.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("rope_scaling") is not None:
+        _rope_scaling(w, cfg)
+
+
+def _gemma2(w: Any, cfg: Mapping[str, Any]) -> None:
+    # the converter writes Gemma 2's keys itself (no rope base: llama.cpp's is Gemma's 10000)
+    w.add_context_length(cfg.get("max_position_embeddings", 8192))
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_attn_logit_softcapping(cfg.get("attn_logit_softcapping", 50.0))
+    w.add_final_logit_softcapping(cfg.get("final_logit_softcapping", 30.0))
+    w.add_sliding_window(cfg.get("sliding_window", 4096))
+
+
+def _phi3(w: Any, cfg: Mapping[str, Any]) -> None:
+    n_embd, n_head = cfg["hidden_size"], cfg["num_attention_heads"]
+    w.add_context_length(cfg["max_position_embeddings"])
+    orig = cfg.get("original_max_position_embeddings")
+    if orig is not None:
+        w.add_rope_scaling_orig_ctx_len(orig)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(cfg.get("num_key_value_heads", n_head))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_dimension_count(int(cfg.get("partial_rotary_factor", 1.0) * n_embd) // n_head)
+    w.add_rope_freq_base(_rope_params(cfg).get("rope_theta", 10000.0))
+    w.add_sliding_window(cfg.get("sliding_window") or 0)
+    if cfg.get("rope_scaling") is not None:
+        raise LowbitError("Phi-3's long-context rope factors are not converted to GGUF by lowbit")
+
+
+_BY_ARCH = {
+    "llama": _llama,
+    "qwen2": _qwen,
+    "qwen3": _qwen,
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
+    "phi3": _phi3,
+}
+
+
+def add_hparams(writer: Any, fam: Family, cfg: Mapping[str, Any]) -> None:
+    """Add a family's hyperparameter keys to a ``gguf.GGUFWriter``.
+
+    Raises:
+        LowbitError: a config missing a key the family needs, or rope scaling lowbit does not
+            convert.
+    """
+    try:
+        _BY_ARCH[fam.arch](writer, cfg)
+    except (KeyError, TypeError) as exc:
+        raise LowbitError(f"config.json lacks what a {fam.arch} GGUF needs ({exc})") from None
+
+
+def rope_factors(cfg: Mapping[str, Any]) -> np.ndarray | None:
+    """Llama 3's rope scaling as llama.cpp stores it: the ``rope_freqs.weight`` tensor, one
+    float32 divisor per rotary frequency (None for other scalings).
+
+    Each frequency ``f = base ** (-2i / dim)`` of wavelength ``w = 2 pi / f`` keeps its value
+    (factor 1) when ``w`` is below ``original / high_freq_factor``, is divided by ``factor``
+    when above ``original / low_freq_factor``, and in between by
+    ``1 / ((1 - s) / factor + s)`` with ``s = (original / w - low) / (high - low)``; every step
+    in float32 as the converter computes it. ``original`` is the config's top-level
+    ``original_max_position_embeddings`` (8192 when absent), as in the converter.
+    """
+    rp = _rope_params(cfg)
+    if str(rp.get("rope_type", rp.get("type")) or "").lower() != "llama3":
+        return None
+    f32 = np.float32
+    base = rp.get("rope_theta", 10000.0)
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = f32(1.0) / (f32(base) ** (np.arange(0, dim, 2, dtype=f32) / f32(dim)))
+    factor = f32(rp.get("factor", 8.0))
+    low, high = f32(rp.get("low_freq_factor", 1.0)), f32(rp.get("high_freq_factor", 4.0))
+    old = f32(cfg.get("original_max_position_embeddings", 8192))
+    low_wave, high_wave = old / low, old / high
+    out = []
+    for freq in freqs:
+        wave = f32(2 * math.pi) / freq
+        if wave < high_wave:
+            out.append(f32(1.0))
+        elif wave > low_wave:
+            out.append(factor)
+        else:
+            s = (old / wave - low) / (high - low)
+            out.append(f32(1.0) / ((f32(1.0) - s) / factor + s))
+    return np.asarray(out, dtype=f32)

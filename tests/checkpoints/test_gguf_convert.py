@@ -1,0 +1,174 @@
+"""Hugging Face -> GGUF (lowbit.checkpoints.gguf_convert): the tiny models of
+tests/fixtures/llamacpp/convert/ convert to what llama.cpp's convert_hf_to_gguf.py wrote."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("safetensors")
+
+from lowbit.checkpoints import open_checkpoint  # noqa: E402
+from lowbit.checkpoints.gguf_arch import FAMILIES, permute_qk  # noqa: E402
+from lowbit.checkpoints.gguf_tokenizer import write_tokenizer  # noqa: E402
+from lowbit.checkpoints.names import unpermute_qk  # noqa: E402
+from lowbit.checkpoints.quantize_model import convert_hf_to_gguf  # noqa: E402
+from lowbit.cli import main  # noqa: E402
+from lowbit.errors import LowbitError  # noqa: E402
+from tiny_models import shipped_path  # noqa: E402
+
+CONVERT = Path(__file__).parent.parent / "fixtures" / "llamacpp" / "convert"
+NAMES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mixtral"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The four tiny Hugging Face models, made by the fixtures' own make_tiny.py with
+    SmolLM2's tokenizer as lowbit writes it."""
+    root = tmp_path_factory.mktemp("convert")
+    tok = root / "tok"
+    tok.mkdir()
+    write_tokenizer(open_checkpoint(shipped_path("smollm2")), tok)
+    subprocess.run(
+        [sys.executable, str(CONVERT / "make_tiny.py"), str(root / "models"), str(tok)],
+        check=True,
+        capture_output=True,
+    )
+    return root / "models"
+
+
+def _summary(path: Path) -> dict:
+    """The fixture's own summary of a GGUF (summarize.py, run as llama.cpp's side was)."""
+    subprocess.run(
+        [sys.executable, str(CONVERT / "summarize.py"), str(path)], check=True, capture_output=True
+    )
+    return json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bf16_conversion_matches_llamacpp(tiny: Path, tmp_path: Path, name: str) -> None:
+    """Every metadata key (types and value) and every tensor (name, shape, type, bytes) of
+    lowbit's bf16 conversion equals convert_hf_to_gguf.py --outtype bf16's; tensors in order."""
+    out = tmp_path / f"{name}.gguf"
+    convert_hf_to_gguf(tiny / name, out, outtype="bf16", progress=False)
+    got = _summary(out)
+    want = json.loads((CONVERT / f"{name}.bf16.json").read_text(encoding="utf-8"))
+    assert got["metadata"].pop("lowbit.writer")["value"].startswith("lowbit ")
+    assert got["metadata"] == want["metadata"]
+    assert got["tensors"] == want["tensors"]
+
+
+def test_cli_q4_0_from_hugging_face(tiny: Path, tmp_path: Path, capsys) -> None:
+    """`lowbit quantize HF --to q4_0 --out-format gguf` writes llama.cpp's names with Q4_0
+    weights, F32 norms, the stored embedding, and reads back as a llama GGUF."""
+    out = tmp_path / "q.gguf"
+    rc = main(["quantize", str(tiny / "tiny-llama"), "--to", "q4_0", "--out-format", "gguf",
+               "--out", str(out), "--json"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    r = gguf.GGUFReader(out)
+    types = {t.name: t.tensor_type.name for t in r.tensors}
+    assert types["blk.0.attn_q.weight"] == "Q4_0"
+    assert types["blk.1.ffn_down.weight"] == "Q4_0"
+    assert types["blk.0.attn_norm.weight"] == "F32"
+    assert types["token_embd.weight"] == "BF16"
+    ckpt = open_checkpoint(out)
+    assert ckpt.config["model_type"] == "llama" and ckpt.config["num_key_value_heads"] == 2
+
+
+def test_unsupported_family_is_one_line(tiny: Path, tmp_path: Path) -> None:
+    """A model type lowbit does not convert is one LowbitError naming those it does."""
+    folder = tmp_path / "m"
+    shutil.copytree(tiny / "tiny-llama", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_type"] = "gpt_neox"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LowbitError, match=r"gpt_neox.*supported: .*gemma3.*llama.*phi3") as e:
+        convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_permute_qk_inverts_unpermute(rng: np.random.Generator) -> None:
+    """permute_qk and unpermute_qk are inverse row orders, for weights and biases."""
+    for heads, rows in ((4, 64), (2, 32), (1, 8)):
+        w = rng.standard_normal((rows, 3))
+        assert np.array_equal(unpermute_qk(permute_qk(w, heads), heads), w)
+        b = rng.standard_normal(rows)
+        assert np.array_equal(permute_qk(unpermute_qk(b, heads), heads), b)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_names_round_trip(model_type: str) -> None:
+    """Every family's names map to GGUF and back to themselves."""
+    fam = FAMILIES[model_type]
+    for hf, _ in fam.layers:
+        name = f"model.layers.3.{hf}"
+        gname = fam.to_gguf(name)
+        assert gname is not None and gname.startswith("blk.3.")
+        assert fam.to_hf(gname) == name
+    assert fam.to_hf("token_embd.weight") == "model.embed_tokens.weight"
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_q4_0_values_equal_lowbit_codes(tiny: Path, tmp_path: Path, given: bool) -> None:
+    """`--to q4_0` from Hugging Face stores lowbit's own q4_0 codes: every GGUF weight,
+    dequantized by the gguf package and put back in transformers' row order, equals the
+    QuantizedTensor's values (rounded here, or given as weights= as GPTQ gives them: q/k rows
+    reordered with their codes and scales)."""
+    import lowbit
+    from lowbit.checkpoints.gguf_arch import FAMILIES
+    from lowbit.checkpoints.quantize_model import open_model, plan_model, quantize_model
+    from lowbit.plans.plan import PrecisionPlan
+
+    src = tiny / "tiny-llama"
+    plan = PrecisionPlan.uniform("q4_0")
+    ckpt = open_model(src)
+    applied = plan_model(ckpt, plan, out_format="gguf")
+    qts = {t.name: lowbit.quantize(ckpt.get(t.name), t.scheme) for t in applied.quantized}
+    out = tmp_path / "q.gguf"
+    quantize_model(src, plan, out, out_format="gguf", progress=False,
+                   weights=qts if given else None)  # fmt: skip
+    r = gguf.GGUFReader(out)
+    fam = FAMILIES["llama"]
+    for t in r.tensors:
+        hf = fam.to_hf(t.name)
+        if hf not in qts:
+            continue
+        vals = gguf.quants.dequantize(t.data, t.tensor_type)
+        heads = 4 if ".q_proj." in hf else 2
+        if ".q_proj." in hf or ".k_proj." in hf:
+            vals = unpermute_qk(vals, heads)
+        np.testing.assert_array_equal(vals, qts[hf].dequantize(), err_msg=t.name)
+
+
+def test_gguf_to_hf_array_per_family(rng: np.random.Generator) -> None:
+    """A GGUF tensor goes back to transformers' layout by its family: llama's q/k rows
+    un-permuted (k by the KV heads), Gemma's norms less one, Qwen's and Phi-3's unchanged."""
+    from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
+
+    q, k = rng.standard_normal((64, 8)), rng.standard_normal((32, 8))
+    norm = rng.random(16).astype(np.float32)
+    llama = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2}
+    hq = gguf_to_hf_name("blk.0.attn_q.weight", llama)
+    hk = gguf_to_hf_name("blk.0.attn_k.weight", llama)
+    assert np.array_equal(gguf_to_hf_array(hq, q, llama), unpermute_qk(q, 4))
+    assert np.array_equal(gguf_to_hf_array(hk, k, llama), unpermute_qk(k, 2))
+    for model_type in ("qwen2", "qwen3", "phi3"):
+        cfg = {**llama, "model_type": model_type}
+        assert gguf_to_hf_array(hq, q, cfg) is q
+    gemma = {**llama, "model_type": "gemma3_text"}
+    name = gguf_to_hf_name("blk.1.ffn_norm.weight", gemma)
+    assert name == "model.layers.1.pre_feedforward_layernorm.weight"
+    assert np.array_equal(gguf_to_hf_array(name, norm, gemma), norm - np.float32(1))
+    assert gguf_to_hf_name("blk.1.ffn_norm.weight", llama).endswith(
+        "post_attention_layernorm.weight"
+    )
+    with pytest.raises(LowbitError, match="'mamba'"):
+        gguf_to_hf_name("blk.0.attn_q.weight", {"model_type": "mamba"})
