@@ -11,7 +11,7 @@ from typing import Any
 
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.checkpoints.readers import Checkpoint
-from lowbit.cli import _budget, _common
+from lowbit.cli import _budget, _common, _gguf_mix
 from lowbit.cli._calibrated import add_calibration_options, awq_run, method_summary
 from lowbit.errors import LowbitError
 from lowbit.evaluation.calibrated import calibrated_weights
@@ -38,6 +38,7 @@ examples:
   lowbit quantize smollm2 --to int4 --group 128 --out smol-int4
   lowbit quantize minilm --to int8 --out-format compressed-tensors --out minilm-w8
   lowbit quantize smollm2 --to q4_0 --out-format gguf --out smol.Q4_0.gguf
+  lowbit quantize model.gguf --to q4_k_m --out-format gguf --imatrix imatrix.gguf --out m.gguf
   lowbit quantize model_dir --plan plan.yaml --to int4 --group 64 --asym --json
   lowbit quantize smollm2 --budget 4.5 --schemes int3:g128,int4:g128,int8:ch --out smol-mixed
   lowbit quantize smollm2 --budget 4.5 --sensitivity sens.json --eval --out smol-mixed
@@ -54,7 +55,9 @@ and printed with its predicted damage and the solver's optimality gap.
 
 Output formats: lowbit (any scheme; lowbit.load / lowbit.load_model read it back),
 compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8_0/Q4_0
-from a GGUF source; llama.cpp runs it; --to q4_0 / q8_0 use llama.cpp's own rounding).
+from a GGUF source; llama.cpp runs it; --to q4_0 / q8_0 use llama.cpp's own rounding; --to
+q2_k..q6_k, q3_k_m, q4_k_m, q5_k_m, iq4_xs, ... choose every tensor's type as llama-quantize's
+mix of that name and write llama.cpp's bytes, with --imatrix used as llama-quantize uses it).
 GPTQ, AWQ and SmoothQuant write all three (--smooth: not gguf), AWQ's and SmoothQuant's
 folded norms and biases in place of the originals. Plan rules may say method: gptq or
 method: awq (not both in one plan); such rules calibrate without --method.
@@ -151,6 +154,7 @@ def register(sub: Any) -> None:
     )
     _budget.add_options(p, calib=False)  # --calib* are GPTQ's options, the same data
     p.add_argument("--plot", metavar="OUT.png", help="mixed plans: bits per tensor across layers")
+    _gguf_mix.add_options(p)
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -284,6 +288,8 @@ def _mb(n: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if _gguf_mix.wanted(args):
+        return _gguf_mix.run(args)
     progress = False if args.no_progress or args.json else None
     if args.threads is not None and args.threads < 1:
         raise LowbitError(f"--threads must be >= 1, got {args.threads}")
