@@ -276,13 +276,19 @@ def best_index_int8(values: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``best_index_int8(n, values, x)``: index of the sorted table entry nearest ``x``.
 
     Ties between two entries go to the upper one; the comparison is ggml's, in float32:
-    ``x - values[mu-1] < values[mu] - x``.
+    ``x - values[mu-1] < values[mu] - x`` (NaN gives the last index, as the C search does).
     """
     v = np.asarray(values)
     vf = v.astype(F32)
     xf = f32(x)
-    mu = np.clip(np.searchsorted(vf, xf, side="right"), 1, len(v) - 1)
-    lower = (xf - vf[mu - 1]) < (vf[mu] - xf)
-    idx = np.where(lower, mu - 1, mu)
+    n = len(v)
+    # mu, the first entry above x, from a table: for integer entries "v <= x" is
+    # "v <= floor(x)", so how many entries are at most x depends on floor(x) only
+    lo, hi = int(v[0]) - 1, int(v[-1]) + 1
+    count = np.clip(np.searchsorted(v, np.arange(lo, hi + 1), side="right"), 1, n - 1)
+    fl = np.floor(np.fmax(np.fmin(xf, F32(hi)), F32(lo))).astype(np.intp) - lo
+    mu = np.take(count, fl)
+    lower = (xf - np.take(vf, mu - 1)) < (np.take(vf, mu) - xf)
+    idx = mu - lower
     idx = np.where(xf <= vf[0], 0, idx)
-    return np.where(xf >= vf[-1], len(v) - 1, idx)
+    return np.where(xf >= vf[-1], n - 1, idx)
