@@ -151,3 +151,48 @@ def test_bad_input_is_one_lowbit_error(call, match: str) -> None:
     """Bad input raises one LowbitError naming the problem."""
     with pytest.raises(LowbitError, match=match):
         call()
+
+
+@pytest.mark.parametrize("path", ["numpy", "kernels"])
+def test_fixtures_on_both_paths(path: str) -> None:
+    """The numpy searches and the compiled ones (numba) both give llama.cpp's bytes."""
+    from lowbit.codecs import _numba
+
+    if path == "kernels":
+        pytest.importorskip("numba")
+    switch = _numba.numpy_only() if path == "numpy" else _numba.kernels_always()
+    with switch:
+        for out in OUTPUTS:
+            x = _input(out["input"])
+            im = _imatrix(out["input"]) if out["imatrix"] else None
+            got = blocks.quantize(x, out["type"], imatrix=im)
+            assert got.tobytes() == (FIXTURES / out["file"]).read_bytes(), out["file"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    qtype=st.sampled_from(["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_1"]),
+    seed=st.integers(0, 2**32 - 1),
+    tail=st.sampled_from([1.5, 4.0, 50.0]),
+    zeros=st.booleans(),
+    use_imatrix=st.booleans(),
+)
+def test_kernels_equal_numpy(
+    qtype: str, seed: int, tail: float, zeros: bool, use_imatrix: bool
+) -> None:
+    """The compiled searches give the numpy path's bytes on random and degenerate rows."""
+    pytest.importorskip("numba")
+    from lowbit.codecs import _numba
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_t(tail, size=(4, 512)).astype(np.float32)
+    if zeros:
+        x[0] = 0
+        x[1, :300] = 3.0
+        x[2, ::3] = 0
+    im = rng.uniform(0, 5, size=512).astype(np.float32) if use_imatrix else None
+    with _numba.numpy_only():
+        want = blocks.quantize(x, qtype, imatrix=im)
+    with _numba.kernels_always():
+        got = blocks.quantize(x, qtype, imatrix=im)
+    assert got.tobytes() == want.tobytes()

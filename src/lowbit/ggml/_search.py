@@ -18,13 +18,26 @@ extra rounds are no-ops.
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
 import numpy as np
+
+from lowbit.codecs import _numba
 
 F32 = np.float32
 GROUP_MAX_EPS = F32(1e-15)
 """``GROUP_MAX_EPS``: groups whose largest magnitude is below this quantize to zero."""
 
 _MAGIC = F32(12582912.0)  # 1.5 * 2**23
+
+
+@cache
+def _k() -> Any:
+    """``lowbit.ggml._kernels`` (compiled, bit for bit the numpy functions), on first use."""
+    from lowbit.ggml import _kernels  # needs numba, the optional extra
+
+    return _kernels
 
 
 def f32(v: object) -> np.ndarray:
@@ -88,6 +101,11 @@ def make_qx_quants(
 
     Returns ``(scale (G,), L (n, G) int32 in 0..2*nmax-1)``; weights ``qw`` or ``x*x``.
     """
+    if _numba.use_kernels(x.size):
+        xc = np.ascontiguousarray(x.T, dtype=F32)
+        qc = xc if qw is None else np.ascontiguousarray(qw.T, dtype=F32)
+        scale, codes = _k().qx_quants(xc, nmax, qc, qw is not None)
+        return scale, codes.T
     amax, vmax = first_absmax(x)
     zero = amax < GROUP_MAX_EPS
     w = qw if qw is not None else x * x
@@ -173,6 +191,11 @@ def make_qkx_quants(
     Returns ``(scale (G,), L (n, G) int32 in 0..nmax, the_min (G,))`` where a value is
     ``scale * L - the_min``.
     """
+    if _numba.use_kernels(x.size):
+        xc = np.ascontiguousarray(x.T, dtype=F32)
+        wc = np.ascontiguousarray(weights.T, dtype=F32)
+        scale, codes, the_min = _k().qkx_quants(xc, wc, nmax, rmin, rdelta, nstep, use_mad, x3)
+        return scale, codes.T, the_min
     lo = x.min(axis=0)
     hi = x.max(axis=0)
     sum_w = seqsum(weights)
