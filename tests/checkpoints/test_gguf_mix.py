@@ -269,3 +269,23 @@ def test_smollm2_types_equal_llama_quantize() -> None:
     for mix in ("Q4_K_M", "Q3_K_M", "Q6_K", "IQ4_XS"):
         got = gguf_mix_types(ckpt, mix)
         assert got == {n: t["to"].upper() for n, t in fixture[mix].items()}, mix
+
+
+def test_experts_take_one_vector_each(tmp_path: Path) -> None:
+    """A 3-D tensor of experts is quantized expert by expert, each with its own vector."""
+    from lowbit.checkpoints.gguf_writer import GGUFTensor
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((3, 8, 256)).astype(np.float32)
+    im = rng.uniform(0.1, 4, size=3 * 256).astype(np.float32)
+    p = write_gguf(tmp_path / "e.gguf", {"blk.0.ffn_up_exps.weight": GGUFTensor(w, "Q4_K", imatrix=im)},
+                   arch="llama", progress=False)  # fmt: skip
+    got = raw_bytes(open_checkpoint(p), "blk.0.ffn_up_exps.weight").tobytes()
+    want = b"".join(
+        blocks.quantize(w[e], "Q4_K", imatrix=im[e * 256 : (e + 1) * 256]).tobytes()
+        for e in range(3)
+    )
+    assert got == want
+    with pytest.raises(LowbitError, match="one per column and expert"):
+        write_gguf(tmp_path / "f.gguf", {"x": GGUFTensor(w, "Q4_K", imatrix=im[:256])},
+                   arch="llama", progress=False)  # fmt: skip
