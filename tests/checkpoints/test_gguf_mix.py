@@ -208,6 +208,8 @@ def test_imatrix_that_fits_no_tensor(mid: Path, tmp_path: Path) -> None:
     ("argv", "match"),
     [
         (["--to", "q4_k_m"], "add --out-format gguf"),
+        (["--to", "q4_k_x", "--out-format", "gguf"], "unknown llama.cpp mix 'q4_k_x'"),
+        (["--to", "iq3_m", "--out-format", "gguf"], "does not write yet"),
         (["--to", "int4", "--imatrix", "x.gguf"], "llama.cpp mix options"),
         (
             [

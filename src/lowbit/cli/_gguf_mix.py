@@ -55,6 +55,8 @@ def wanted(args: argparse.Namespace) -> bool:
     to = (args.to or "").strip()
     key = to.upper()
     is_mix = key in mixes.MIXES or key in ("Q3_K", "Q4_K", "Q5_K")
+    if not is_mix and re.fullmatch(r"I?Q\d_K\w*|IQ\d_\w+|TQ\d_\w+", key):
+        mixes.mix(to)  # a llama.cpp-style name that is no mix: say so, with the known ones
     flags = [f for f in _MIX_FLAGS if getattr(args, f, None)]
     flags += [f for f in ("pure", "leave_output_tensor") if getattr(args, f, False)]
     if is_mix and key in _OWN_PLAN and not flags:
