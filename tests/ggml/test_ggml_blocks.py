@@ -143,6 +143,8 @@ def test_sizes_and_lookup() -> None:
         (lambda: blocks.quantize(np.ones((1, 256)), "Q4_K", imatrix=np.ones(255)), "255 values"),
         (lambda: blocks.quantize(np.ones((1, 256)), "Q4_K", imatrix=-np.ones(256)), "non-negative"),
         (lambda: blocks.quantize(np.array(["a"] * 32), "Q8_0"), "real numbers"),
+        (lambda: blocks.quantize(np.full((1, 256), 3e38, np.float32), "Q4_K"), "overflows"),
+        (lambda: blocks.quantize(np.full((1, 32), 1e7, np.float32), "Q8_0"), "overflows"),
         (lambda: blocks.dequantize(np.zeros(143, np.uint8), "Q4_K"), "whole blocks"),
         (lambda: blocks.dequantize(np.zeros(144, np.int8), "Q4_K"), "uint8"),
     ],

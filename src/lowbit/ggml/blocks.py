@@ -87,6 +87,32 @@ _DECODERS = {
 
 _CHUNK = 1 << 20  # values per step: bounds the searches' temporaries (tens of MB)
 
+# byte offsets of each block's float16 scales (ggml-common.h), checked as llama-quantize's
+# ggml_validate_row_data checks them: a scale that overflowed float16 is refused
+_F16_FIELDS = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+    "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
+    "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (),
+}  # fmt: skip
+
+
+def _validate(blocks_: np.ndarray, t: GgmlType, part: np.ndarray) -> None:
+    """Refuse blocks whose float16 scale is infinite (llama.cpp writes them, then its own
+    validation fails) or whose E8M0 exponent is 0xFF (NaN)."""
+    b = blocks_.reshape(-1, t.size)
+    bad = np.zeros(b.shape[0], dtype=bool)
+    for off in _F16_FIELDS[t.name]:
+        h = b[:, off].astype(np.uint16) | (b[:, off + 1].astype(np.uint16) << 8)
+        bad |= (h & 0x7C00) == 0x7C00
+    if t.name == "MXFP4":
+        bad |= b[:, 0] == 0xFF
+    if bad.any():
+        amax = float(np.abs(part).max())
+        raise LowbitError(
+            f"{t.name} block scale overflows its format (largest |value| {amax:.6g}); "
+            "scale the tensor down or keep it in F32"
+        )
+
 
 def ggml_type(qtype: Any) -> GgmlType:
     """Look up a block type by name (any case), ggml type number or ``gguf.GGMLQuantizationType``.
@@ -185,6 +211,7 @@ def quantize(x: Any, qtype: Any, imatrix: Any = None) -> np.ndarray:
                 blocks = legacy_blocks.quantize_legacy(xs, t.name, w, n)
             else:
                 blocks = _ENCODERS[t.name](xs, w)
+            _validate(blocks, t, part)
             out[start : start + step] = blocks.reshape(part.shape[0], -1)
     return out.reshape(*arr.shape[:-1], out.shape[-1])
 
