@@ -32,6 +32,26 @@ GROUP_MAX_EPS = F32(1e-15)
 _MAGIC = F32(12582912.0)  # 1.5 * 2**23
 
 
+#: Values the K-quant searches send down the numpy path before the numba kernels are worth
+#: loading (the ski rental of ``lowbit.codecs._numba``, with this package's own price): the
+#: searches cost about 150 ns a value more in numpy (Q4_K on one core, 1536 x 1536: 4.1
+#: against 9.4 million values a second), so numba's start (about 0.6 s of CPU) is paid back
+#: after about 4 million values, where the codecs' element-wise work needs 64 million.
+KERNEL_WORTH = 1 << 22
+
+_rental = _numba._Rental(KERNEL_WORTH, _numba.numba_loaded)
+
+
+def _use_kernels(n: int) -> bool:
+    """Whether a search over ``n`` values runs compiled: numba in use (``_numba.enabled``), and
+    ``kernels_always()`` or this package's rental says so. Both paths give the same bits."""
+    if not _numba.enabled():
+        return False
+    if _numba._kernels_always.on:
+        return True
+    return n >= _numba.MIN_KERNEL_SIZE and _rental.take(n)
+
+
 @cache
 def _k() -> Any:
     """``lowbit.ggml._kernels`` (compiled, bit for bit the numpy functions), on first use."""
@@ -101,7 +121,7 @@ def make_qx_quants(
 
     Returns ``(scale (G,), L (n, G) int32 in 0..2*nmax-1)``; weights ``qw`` or ``x*x``.
     """
-    if _numba.use_kernels(x.size):
+    if _use_kernels(x.size):
         xc = np.ascontiguousarray(x.T, dtype=F32)
         qc = xc if qw is None else np.ascontiguousarray(qw.T, dtype=F32)
         scale, codes = _k().qx_quants(xc, nmax, qc, qw is not None)
@@ -191,7 +211,7 @@ def make_qkx_quants(
     Returns ``(scale (G,), L (n, G) int32 in 0..nmax, the_min (G,))`` where a value is
     ``scale * L - the_min``.
     """
-    if _numba.use_kernels(x.size):
+    if _use_kernels(x.size):
         xc = np.ascontiguousarray(x.T, dtype=F32)
         wc = np.ascontiguousarray(weights.T, dtype=F32)
         scale, codes, the_min = _k().qkx_quants(xc, wc, nmax, rmin, rdelta, nstep, use_mad, x3)
