@@ -79,7 +79,8 @@ def register(sub: Any) -> None:
         metavar="FORMAT",
         help="scheme for the linear weights: int8, int4, nf4, fp8_e4m3, mxfp4, q4_0, or a "
         "scheme string such as int4:g128:fp16 (no granularity: per output channel, NF4 in "
-        "blocks of 64); bf16/fp16/fp32 alone are plain casts",
+        "blocks of 64); bf16/fp16/fp32 alone are plain casts; with --out-format gguf also a "
+        "llama.cpp mix (q4_k_m, q5_k_s, iq4_xs, ...: every tensor as llama-quantize does it)",
     )
     p.add_argument("--group", type=int, metavar="N", help="values per scale along each row")
     p.add_argument(
