@@ -21,7 +21,8 @@ from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
 
-_OWN_PLAN = {"Q4_0", "Q8_0"}  # lowbit's plan path writes these (scheme "ggml" rounding)
+_OWN_PLAN = {"Q4_0", "Q8_0"}  # lowbit's plan path writes these to GGUF (scheme "ggml")
+_SCHEMES = {"Q4_0", "Q5_0", "Q8_0"}  # lowbit scheme presets too, for any output format
 _MIX_FLAGS = ("imatrix", "tensor_type", "output_tensor_type", "token_embedding_type")
 
 
@@ -59,23 +60,23 @@ def wanted(args: argparse.Namespace) -> bool:
         mixes.mix(to)  # a llama.cpp-style name that is no mix: say so, with the known ones
     flags = [f for f in _MIX_FLAGS if getattr(args, f, None)]
     flags += [f for f in ("pure", "leave_output_tensor") if getattr(args, f, False)]
-    if is_mix and key in _OWN_PLAN and not flags:
-        return False
     if is_mix and mixes.mix(key).default in ("F32", "F16", "BF16"):
         is_mix = False
-    if not is_mix:
+    if not is_mix or args.out_format != "gguf":
         if flags:
             opts = ", ".join("--" + f.replace("_", "-") for f in flags)
             raise LowbitError(
                 f"{opts}: llama.cpp mix options; use them with --to q4_k_m (or another "
                 "llama.cpp mix) --out-format gguf"
             )
+        if is_mix and key not in _SCHEMES:  # q4_0/q5_0/q8_0 are lowbit schemes as well
+            raise LowbitError(
+                f"--to {to} is llama.cpp's {mixes.mix(key).name} mix, which writes GGUF: add "
+                "--out-format gguf"
+            )
         return False
-    if args.out_format != "gguf":
-        raise LowbitError(
-            f"--to {to} is llama.cpp's {mixes.mix(key).name} mix, which writes GGUF: add "
-            "--out-format gguf"
-        )
+    if key in _OWN_PLAN and not flags:
+        return False
     for flag in ("plan", "plan_preset", "group", "scale_method", "scale_format", "activations"):
         if getattr(args, flag, None):
             raise LowbitError(
