@@ -173,7 +173,9 @@ def test_fixtures_on_both_paths(path: str) -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    qtype=st.sampled_from(["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_1"]),
+    qtype=st.sampled_from(
+        ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_1", "IQ4_NL", "IQ4_XS"]
+    ),
     seed=st.integers(0, 2**32 - 1),
     tail=st.sampled_from([1.5, 4.0, 50.0]),
     zeros=st.booleans(),

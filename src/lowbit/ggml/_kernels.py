@@ -1,11 +1,12 @@
-"""Compiled (numba) forms of the two hottest searches of :mod:`lowbit.ggml._search`, bit for bit.
+"""Compiled (numba) forms of the hottest searches of lowbit.ggml (K-quants, IQ4), bit for bit.
 
 ``qkx_quants`` is ``make_qkx2_quants`` / ``make_qkx3_quants`` and ``qx_quants`` is
 ``make_qx_quants`` (rmse_type 1): the C loops of ggml-quants.c, one group at a time, every
 operation in float32 (constants and integer-to-float conversions made float32 explicitly;
 numba does not fuse multiply-adds without ``fastmath``). They take and return the same arrays
 as the numpy functions but with one group per *row* (``x.T``: each group's values contiguous);
-``tests/ggml`` compares both paths bit for bit.
+``iq4_block_scales`` is the per-32 scale search of ``quantize_row_iq4_nl_impl`` (with
+``best_index_int8``). ``tests/ggml`` compares both paths bit for bit.
 """
 
 from __future__ import annotations
@@ -161,3 +162,63 @@ def qx_quants(x, nmax, qw, has_qw):
                 best = scale * sumlx
         scales[g] = scale
     return scales, codes
+
+
+@numba.njit(cache=True, inline="always")
+def _best_index(values, x):
+    """best_index_int8: the sorted table entry nearest x (ties up), compared in float32."""
+    n = values.shape[0]
+    if x <= values[0]:
+        return 0
+    if x >= values[n - 1]:
+        return n - 1
+    ml = 0
+    mu = n - 1
+    while mu - ml > 1:
+        mav = (ml + mu) // 2
+        if x < values[mav]:
+            mu = mav
+        else:
+            ml = mav
+    return mu - 1 if x - values[mu - 1] < values[mu] - x else mu
+
+
+@numba.njit(cache=True)
+def iq4_block_scales(x, w, values, ntry):
+    """quantize_row_iq4_nl_impl's per-block scale search on blocks ``x[g, :]`` (weights ``w``,
+    float32 table ``values``); blocks below GROUP_MAX_EPS get 0."""
+    groups, n = x.shape
+    out = np.zeros(groups, np.float32)
+    for g in range(groups):
+        amax = _ZERO
+        vmax = _ZERO
+        for j in range(n):
+            ax = abs(x[g, j])
+            if ax > amax:
+                amax = ax
+                vmax = x[g, j]
+        if amax < _EPS:
+            continue
+        d = -vmax / values[0]
+        ident = _ONE / d
+        sumqx = _ZERO
+        sumq2 = _ZERO
+        for j in range(n):
+            q = values[_best_index(values, ident * x[g, j])]
+            sumqx += w[g, j] * q * x[g, j]
+            sumq2 += w[g, j] * q * q
+        d = sumqx / sumq2 if sumq2 > _ZERO else _ZERO
+        best = d * sumqx
+        for itry in range(-ntry, ntry + 1):
+            ident = (np.float32(itry) + values[0]) / vmax
+            sumqx = _ZERO
+            sumq2 = _ZERO
+            for j in range(n):
+                q = values[_best_index(values, ident * x[g, j])]
+                sumqx += w[g, j] * q * x[g, j]
+                sumq2 += w[g, j] * q * q
+            if sumq2 > _ZERO and sumqx * sumqx > best * sumq2:
+                d = sumqx / sumq2
+                best = d * sumqx
+        out[g] = d
+    return out

@@ -20,6 +20,8 @@ import numpy as np
 from lowbit.ggml._search import (
     F32,
     GROUP_MAX_EPS,
+    _k,
+    _use_kernels,
     best_index_int8,
     f16_bytes,
     first_absmax,
@@ -37,8 +39,8 @@ def _cols(a: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(-1, n).T)
 
 
-def _block_scales(xs: np.ndarray, qw: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The per-32 scale search of ``quantize_row_iq4_nl_impl``: (scales (B, k), codes (B, 32k))."""
+def _block_scales(xs: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
+    """The per-32 scale search of ``quantize_row_iq4_nl_impl``: scales (B, k)."""
     nb, sbs = xs.shape
     sigma2 = seqsum(_cols(xs * xs, sbs)) * (F32(2) / F32(sbs))
     xt = _cols(xs, 32)  # (32, G), G = nb * sbs/32
@@ -47,6 +49,10 @@ def _block_scales(xs: np.ndarray, qw: np.ndarray | None) -> tuple[np.ndarray, np
     else:
         s2 = np.repeat(sigma2, sbs // 32)[None, :]
         w = _cols(qw, 32) * np.sqrt(s2 + xt * xt)
+    if _use_kernels(xs.size):
+        vals = KVALUES_IQ4NL.astype(F32)
+        d = _k().iq4_block_scales(xs.reshape(-1, 32), np.ascontiguousarray(w.T), vals, _NTRY)
+        return d.reshape(nb, -1)
     amax, vmax = first_absmax(xt)
     vals = KVALUES_IQ4NL.astype(F32)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -67,9 +73,7 @@ def _block_scales(xs: np.ndarray, qw: np.ndarray | None) -> tuple[np.ndarray, np
             d = np.where(take, sumqx / sumq2, d).astype(F32)
             best = np.where(take, d * sumqx, best).astype(F32)
     zero = amax < GROUP_MAX_EPS
-    d = np.where(zero, F32(0), d).astype(F32)
-    codes = np.where(zero[None, :], 0, codes)
-    return d.reshape(nb, -1), np.ascontiguousarray(codes.T).reshape(nb, sbs)
+    return np.where(zero, F32(0), d).astype(F32).reshape(nb, -1)
 
 
 def _pack_nibbles(codes: np.ndarray) -> np.ndarray:
@@ -85,7 +89,7 @@ def _unpack_nibbles(b: np.ndarray) -> np.ndarray:
 
 def quantize_iq4_nl(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Blocks ``(B, 32)`` (and optional weights ``(B, 32)``) -> IQ4_NL bytes ``(B, 18)``."""
-    scales, _ = _block_scales(xs, qw)
+    scales = _block_scales(xs, qw)
     s = scales[:, 0]
     with np.errstate(divide="ignore"):
         ident = np.where(s != 0, F32(1) / s, F32(0)).astype(F32)
@@ -96,7 +100,7 @@ def quantize_iq4_nl(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
 def quantize_iq4_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` (and optional weights) -> IQ4_XS bytes ``(B, 136)``."""
     nb = xs.shape[0]
-    scales, _ = _block_scales(xs, qw)
+    scales = _block_scales(xs, qw)
     _, max_scale = first_absmax(np.ascontiguousarray(scales.T))
     d = max_scale / F32(-32)
     with np.errstate(divide="ignore", invalid="ignore"):
