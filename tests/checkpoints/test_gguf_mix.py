@@ -291,3 +291,17 @@ def test_experts_take_one_vector_each(tmp_path: Path) -> None:
     with pytest.raises(LowbitError, match="one per column and expert"):
         write_gguf(tmp_path / "f.gguf", {"x": GGUFTensor(w, "Q4_K", imatrix=im[:256])},
                    arch="llama", progress=False)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_smollm2_q4_k_m_bytes(tmp_path: Path) -> None:
+    """The shipped SmolLM2 as Q4_K_M: llama-quantize's types, and every quantized tensor's
+    bytes equal to blocks.quantize of the same (dequantized) floats (about 30 s)."""
+    from tiny_models import shipped_path
+
+    src = shipped_path("smollm2")
+    out = tmp_path / "smol.Q4_K_M.gguf"
+    write_gguf_mix(open_checkpoint(src), out, "q4_k_m", progress=False)
+    types = _check_bytes(src, out)
+    fixture = json.loads(FIXTURE.read_text())["smollm2"]["Q4_K_M"]
+    assert types == {n: t["to"].upper() for n, t in fixture.items()}
