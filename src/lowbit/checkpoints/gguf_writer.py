@@ -1,4 +1,4 @@
-"""Write GGUF checkpoints that llama.cpp runs: Q8_0 / Q4_0 weights, F32 / F16 / BF16 for the rest.
+"""Write GGUF checkpoints that llama.cpp runs: any GGML block type lowbit.ggml writes, F32 / F16 / BF16.
 
 The file is written with the ``gguf`` package's own ``GGUFWriter`` (so its header, metadata and
 alignment follow the GGUF specification as llama.cpp reads it), one tensor at a time: the writer
@@ -28,6 +28,7 @@ from lowbit.checkpoints._atomic import atomic_file
 from lowbit.checkpoints._outputs import WRITER_KEY, writer_tag
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
+from lowbit.ggml import blocks as ggml_blocks
 from lowbit.ggml import legacy
 
 __all__ = ["GGUFTensor", "gguf_from_quantized", "write_gguf"]
@@ -50,15 +51,19 @@ class GGUFTensor:
     Attributes:
         data: the values (any real array or torch tensor), or with ``raw=True`` the tensor's
             stored bytes (uint8, as ``gguf.GGUFReader`` gives them), copied unchanged.
-        qtype: ``"Q8_0"``, ``"Q4_0"`` (quantized here, llama.cpp's reference rounding),
-            ``"F32"``, ``"F16"`` or ``"BF16"``; with ``raw=True`` any GGML type name
-            (``"Q4_1"``, ``"Q6_K"``, ...).
+        qtype: a block type of :data:`lowbit.ggml.blocks.TYPES` (``"Q4_K"``, ``"Q6_K"``,
+            ``"IQ4_XS"``, ``"Q8_0"``, ...: quantized here, byte for byte as llama.cpp's
+            ``ggml_quantize_chunk``), ``"F32"``, ``"F16"`` or ``"BF16"``; with ``raw=True``
+            any GGML type name.
         raw: ``data`` already holds ``qtype``'s bytes.
+        imatrix: an importance vector for the block quantizer, one weight per column (for a
+            3-D tensor of experts, one vector per expert, concatenated), or None.
     """
 
     data: Any
     qtype: str = "F32"
     raw: bool = False
+    imatrix: Any = None
 
 
 @dataclass
@@ -165,7 +170,7 @@ def _plan(name: str, value: Any) -> _Planned:
     shape = tuple(arr.shape)
     if arr.dtype.kind not in "fiu" and not _is_ml_float(arr.dtype):
         raise LowbitError(f"tensor {name!r}: expected real numbers, got dtype {arr.dtype}")
-    if qname in legacy.QTYPES:
+    if qname in legacy.QTYPES and value.imatrix is None:
         if not shape or shape[-1] % legacy.BLOCK:
             raise LowbitError(
                 f"tensor {name!r} of shape {shape}: {qname} needs a last axis that is a "
@@ -179,6 +184,8 @@ def _plan(name: str, value: Any) -> _Planned:
                 raise LowbitError(f"tensor {name!r}: {exc}") from None
 
         return _Planned(shape, gtype, legacy.nbytes(shape, qname), make)
+    if qname in ggml_blocks.TYPES:
+        return _plan_blocks(name, arr, qname, gtype, value.imatrix)
     if qname in _PLAIN:
         dtype = _PLAIN[qname]
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -194,8 +201,43 @@ def _plan(name: str, value: Any) -> _Planned:
         return _Planned(shape, gtype, nbytes, make_bf16)
     raise LowbitError(
         f"tensor {name!r}: cannot quantize to {qname} here; choose one of "
-        f"{[*legacy.QTYPES, 'F32', 'F16', 'BF16']}, or pass the bytes with raw=True"
+        f"{[*ggml_blocks.TYPES, 'F32', 'F16', 'BF16']}, or pass the bytes with raw=True"
     )
+
+
+def _plan_blocks(name: str, arr: np.ndarray, qname: str, gtype: Any, imatrix: Any) -> _Planned:
+    """A block type quantized by :mod:`lowbit.ggml.blocks`; a 3-D tensor (experts) takes one
+    importance vector per expert, as llama.cpp's quantizer does."""
+    shape = tuple(arr.shape)
+    try:
+        nbytes = ggml_blocks.nbytes(shape, qname)
+    except LowbitError as exc:
+        raise LowbitError(f"tensor {name!r} of shape {shape}: {exc}") from None
+    vectors: list[Any] = [None]
+    if imatrix is not None:
+        im = np.asarray(imatrix, dtype=np.float32).reshape(-1)
+        experts = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+        if im.size != experts * shape[-1]:
+            raise LowbitError(
+                f"tensor {name!r} of shape {shape}: the importance vector has {im.size} values, "
+                f"not {experts * shape[-1]} (one per column{' and expert' if experts > 1 else ''})"
+            )
+        vectors = list(im.reshape(experts, shape[-1]))
+
+    def make() -> np.ndarray:
+        try:
+            if len(vectors) == 1:
+                return ggml_blocks.quantize(arr, qname, imatrix=vectors[0])
+            mats = np.asarray(arr).reshape(len(vectors), -1, shape[-1])
+            out = [
+                ggml_blocks.quantize(m, qname, imatrix=v)
+                for m, v in zip(mats, vectors, strict=False)
+            ]
+            return np.stack(out).reshape(*shape[:-1], -1)
+        except LowbitError as exc:
+            raise LowbitError(f"tensor {name!r}: {exc}") from None
+
+    return _Planned(shape, gtype, nbytes, make)
 
 
 _INT_TYPES = {"int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -12,13 +11,13 @@ from typing import Any
 from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.calibration.data import Calibration
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
-from lowbit.checkpoints.readers import Checkpoint
-from lowbit.cli import _budget, _common
+from lowbit.cli import _budget, _common, _gguf_mix
 from lowbit.cli._calibrated import add_calibration_options, awq_run, method_summary
+from lowbit.cli._quantize_report import _mb, _print_files, _print_plan, _print_warnings, _summary
 from lowbit.cli._stopwatch import Stopwatch
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ
-from lowbit.plans.plan import AppliedPlan, PrecisionPlan
+from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label, activation_format, calibrated_method, parse_action
 
 _EPILOG = """\
@@ -39,6 +38,7 @@ examples:
   lowbit quantize smollm2 --to int4 --group 128 --out smol-int4
   lowbit quantize minilm --to int8 --out-format compressed-tensors --out minilm-w8
   lowbit quantize smollm2 --to q4_0 --out-format gguf --out smol.Q4_0.gguf
+  lowbit quantize model.gguf --to q4_k_m --out-format gguf --imatrix imatrix.gguf --out m.gguf
   lowbit quantize model_dir --plan plan.yaml --to int4 --group 64 --asym --json
   lowbit quantize smollm2 --budget 4.5 --schemes int3:g128,int4:g128,int8:ch --out smol-mixed
   lowbit quantize smollm2 --budget 4.5 --sensitivity sens.json --eval --out smol-mixed
@@ -57,7 +57,9 @@ Output formats: lowbit (any scheme; lowbit.load / lowbit.load_model read it back
 compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8_0/Q4_0,
 or bf16/f16/f32, from a GGUF source or a Hugging Face llama/mistral/mixtral/qwen2/qwen3/
 gemma2/gemma3/phi3 folder, converted as llama.cpp's convert_hf_to_gguf.py does; llama.cpp
-runs it; --to q4_0 / q8_0 use llama.cpp's own rounding).
+runs it; --to q4_0 / q8_0 use llama.cpp's own rounding; --to q2_k..q6_k, q3_k_m, q4_k_m,
+q5_k_m, iq4_xs, ... from a GGUF source choose every tensor's type as llama-quantize's mix of
+that name and write llama.cpp's bytes, with --imatrix used as llama-quantize uses it).
 GPTQ, AWQ and SmoothQuant write all three (--smooth: not gguf), AWQ's and SmoothQuant's
 folded norms and biases in place of the originals. Plan rules may say method: gptq or
 method: awq (not both in one plan); such rules calibrate without --method.
@@ -79,7 +81,8 @@ def register(sub: Any) -> None:
         metavar="FORMAT",
         help="scheme for the linear weights: int8, int4, nf4, fp8_e4m3, mxfp4, q4_0, or a "
         "scheme string such as int4:g128:fp16 (no granularity: per output channel, NF4 in "
-        "blocks of 64); bf16/fp16/fp32 alone are plain casts",
+        "blocks of 64); bf16/fp16/fp32 alone are plain casts; with --out-format gguf also a "
+        "llama.cpp mix (q4_k_m, q5_k_s, iq4_xs, ...: every tensor as llama-quantize does it)",
     )
     p.add_argument("--group", type=int, metavar="N", help="values per scale along each row")
     p.add_argument(
@@ -158,6 +161,7 @@ def register(sub: Any) -> None:
         metavar="OUT.png",
         help="mixed plans: each tensor's scheme across layers, in lowbit report's colours",
     )
+    _gguf_mix.add_options(p)
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -286,11 +290,9 @@ def _out_path(args: argparse.Namespace, ckpt: Any) -> Path:
     return Path(args.out) if args.out else _default_out(ckpt.path, args)
 
 
-def _mb(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1e6:,.1f} MB"
-
-
 def run(args: argparse.Namespace) -> int:
+    if _gguf_mix.wanted(args):
+        return _gguf_mix.run(args)
     clock = Stopwatch()
     progress = False if args.no_progress or args.json else None
     if args.threads is not None and args.threads < 1:
@@ -371,82 +373,4 @@ def run(args: argparse.Namespace) -> int:
         model = args.model or "smollm2"
         print(f"  evaluate: lowbit eval {model} {out}    load: lowbit.load_model({str(out)!r})")
     _budget.print_after(args, ckpt, mixed, scan, extra)
-    return 0
-
-
-def _summary(applied: Any, sizes: list[int], t: dict[str, Any]) -> str:
-    """One line: what was quantized, cast and kept, each with its output size."""
-    parts = []
-    for action, verb in (("quantize", "quantized to"), ("cast", "cast to")):
-        rows = [(p, s) for p, s in zip(applied.tensors, sizes, strict=True) if p.action == action]
-        if not rows:
-            continue
-        labels = ", ".join(sorted({p.label for p, _ in rows}))
-        bpw = (
-            f", {t['bits_per_weight']:.3f} bits/weight"
-            if action == "quantize" and t["bits_per_weight"]
-            else ""
-        )
-        parts.append(f"{len(rows)} {verb} {labels} ({_mb(sum(s for _, s in rows))}{bpw})")
-    kept = [s for p, s in zip(applied.tensors, sizes, strict=True) if p.action == "keep"]
-    if kept:
-        parts.append(f"{len(kept)} kept at source precision ({_mb(sum(kept))})")
-    return f"{t['tensors']} tensors: {'; '.join(parts)}; source {_mb(t['source_bytes'])}"
-
-
-def _print_files(result: dict[str, Any]) -> None:
-    """One line each: what was copied from the source folder, what was left out and why."""
-    if result["copied_files"]:
-        print(f"  copied: {', '.join(result['copied_files'])}")
-    left = result["left_out"]
-    if left:
-        shown = "; ".join(f"{e['file']} ({e['why']})" for e in left[:6])
-        more = f"; and {len(left) - 6} more (--json lists them)" if len(left) > 6 else ""
-        print(f"  left out: {shown}{more}")
-
-
-def _print_warnings(args: argparse.Namespace, caught: list[Any]) -> None:
-    for w in caught:
-        print(f"lowbit {args.command}: warning: {w.message}", file=sys.stderr)
-
-
-def _print_plan(
-    args: argparse.Namespace,
-    ckpt: Checkpoint,
-    applied: AppliedPlan,
-    sizes: list[int],
-    totals: dict[str, Any],
-) -> int:
-    if args.json:
-        doc = applied.to_dict()
-        for row, size in zip(doc["tensors"], sizes, strict=True):
-            row["out_bytes"] = size
-        doc.update(source=str(ckpt.path), source_format=ckpt.format, out_format=args.out_format)
-        doc["totals"] = totals
-        _common.print_json(doc)
-        return 0
-    rows = []
-    for t, size in zip(applied.tensors, sizes, strict=True):
-        rows.append(
-            [
-                t.name,
-                "x".join(str(s) for s in t.shape),
-                t.dtype,
-                t.label + (f" +{t.activations} act" if t.activations else ""),
-                f"{size * 8 / t.numel:.3f}" if t.numel else "-",
-                size,
-                t.reason,
-            ]
-        )
-    _common.print_table(
-        rows, ["tensor", "shape", "stored", "becomes", "bits", "bytes", "why"], align="lllllrl"
-    )
-    bpw = totals["bits_per_weight"]
-    print(
-        f"\n{ckpt.path.name}: {totals['quantized']} of {totals['tensors']} tensors quantized "
-        f"({totals['quantized_params']:,} of {totals['params']:,} values"
-        + (f", {bpw:.3f} bits/weight in lowbit's layout" if bpw else "")
-        + f"), {totals['kept']} kept, {totals['cast']} cast; {args.out_format} output "
-        f"{_mb(totals['out_bytes'])} from {_mb(totals['source_bytes'])}. Dry run: nothing written."
-    )
     return 0
