@@ -100,7 +100,9 @@ def test_roundtrip_error_bound(
     assert y.shape == x.shape and np.isfinite(y).all()
     err = np.abs(y - x).reshape(-1, t.block).max(axis=1)
     amax = np.abs(x).reshape(-1, t.block).max(axis=1)
-    assert (err <= _BOUND[qtype] * amax + 1e-6 * scale).all()
+    # NVFP4 has no tensor scale: a block past E2M1's 6 x E4M3's 448 saturates at 2688
+    clip = np.maximum(amax - 2688.0, 0) if qtype == "NVFP4" else 0.0
+    assert (err <= _BOUND[qtype] * amax + clip + 1e-6 * scale).all()
 
 
 @pytest.mark.parametrize("qtype", sorted(blocks.TYPES))

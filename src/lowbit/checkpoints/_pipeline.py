@@ -94,7 +94,11 @@ def _gguf_exact(s: Any) -> bool:
     )
 
 
-def check_gguf(applied: AppliedPlan, checkpoint: Any, rounding: str) -> None:
+def check_gguf(
+    applied: AppliedPlan, checkpoint: Any, rounding: str, source_check: Any = None
+) -> None:
+    """Refuse what GGUF cannot hold (each tensor's scheme first), then run ``source_check``
+    (a Hugging Face source's family and tokenizer), then warn of llama.cpp's own rounding."""
     if checkpoint.format not in ("gguf", "huggingface", "safetensors"):
         raise LowbitError(
             f"{checkpoint.path}: GGUF output takes a GGUF or Hugging Face source; this source "
@@ -116,6 +120,8 @@ def check_gguf(applied: AppliedPlan, checkpoint: Any, rounding: str) -> None:
             )
         if rounding == "auto" and not _gguf_exact(s):
             approx.append(t)
+    if source_check is not None:
+        source_check(checkpoint)
     if approx:
         labels = sorted({t.label for t in approx})
         warnings.warn(

@@ -144,9 +144,9 @@ def plan_model(
     if out_format == "compressed-tensors":
         qw.check_ct(applied, checkpoint)
     elif out_format == "gguf":
-        if checkpoint.format != "gguf":  # converted as llama.cpp's convert_hf_to_gguf.py does
-            check_hf_source(checkpoint)
-        qw.check_gguf(applied, checkpoint, gguf_rounding)
+        # a Hugging Face source is converted as llama.cpp's convert_hf_to_gguf.py does
+        hf = check_hf_source if checkpoint.format != "gguf" else None
+        qw.check_gguf(applied, checkpoint, gguf_rounding, source_check=hf)
     return applied
 
 
