@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
+from lowbit.models._compute import exact
 
 __all__ = ["HessianCollector"]
 
@@ -119,29 +120,33 @@ class HessianCollector:
 
     def _hook(self, name: str) -> Any:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            x = args[0] if args else kwargs["input"]
-            group = self.group_of.get(name)
-            if group is None:
-                group = next((g for t, g in self._seen if _same_tensor(t, x)), name)
-                self.group_of[name] = group
-            if group in self._done:
-                return
-            self._seen.append((x, group))
-            self._done.add(group)
-            if group not in self._order:
-                self._order.append(group)
-            if self._mask is not None:
-                x = x[self._mask]
-            x2 = x.reshape(-1, x.shape[-1]).float()
-            if self._hessian:
-                self._add(group, x2)
-            self._count[group] = self._count.get(group, 0) + int(x2.shape[0])
-            if self._stats or self._rows:
-                self._more(group, x2)
-            if self._stop and group == self._last:
-                raise _Done
+            with exact():  # float32 sums under a bf16 compute precision too
+                self._take(name, args, kwargs)
 
         return hook
+
+    def _take(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = args[0] if args else kwargs["input"]
+        group = self.group_of.get(name)
+        if group is None:
+            group = next((g for t, g in self._seen if _same_tensor(t, x)), name)
+            self.group_of[name] = group
+        if group in self._done:
+            return
+        self._seen.append((x, group))
+        self._done.add(group)
+        if group not in self._order:
+            self._order.append(group)
+        if self._mask is not None:
+            x = x[self._mask]
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        if self._hessian:
+            self._add(group, x2)
+        self._count[group] = self._count.get(group, 0) + int(x2.shape[0])
+        if self._stats or self._rows:
+            self._more(group, x2)
+        if self._stop and group == self._last:
+            raise _Done
 
     def _add(self, group: str, x: Any) -> None:
         import torch
