@@ -150,3 +150,30 @@ def test_bad_compute_is_one_error_line(
     assert main([command, str(folder), *extra, "--compute", "fp16", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--compute" in err[0] and "fp16" in err[0]
+
+
+def test_sensitivity_compute(llama: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scan with compute fp32 / auto (no bf16 units) is today's, entry for entry; bf16 runs
+    (on workers too: each gets the driver's resolved precision) and ranks alike."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.evaluation.scan_samples import CalibrationSamples
+    from lowbit.evaluation.sensitivity import sensitivity, spearman
+
+    monkeypatch.setattr(_compute, "fast_bf16", lambda: False)
+    folder, _ = llama
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 256, size=(4, 24))
+    calib = CalibrationSamples("random", windows=tuple(tuple(int(t) for t in w) for w in ids))
+    ckpt = open_checkpoint(folder)
+    schemes = ("int4:g32", "int2:g32")
+    today = sensitivity(ckpt, schemes, calib, batch=4)
+    for compute in ("fp32", "auto"):
+        got = sensitivity(ckpt, schemes, calib, batch=4, compute=compute)
+        assert [(e.damage, e.proxy) for e in got.entries] == [
+            (e.damage, e.proxy) for e in today.entries
+        ]
+    bf16 = sensitivity(ckpt, schemes, calib, batch=4, compute="bf16")
+    damage = [e.damage for e in today.entries]
+    assert spearman(damage, [e.damage for e in bf16.entries]) > 0.9
+    with pytest.raises(LowbitError):
+        sensitivity(ckpt, schemes, calib, compute="fp64")
