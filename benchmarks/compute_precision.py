@@ -9,6 +9,8 @@ alternated (A B A B) where timed, medians and ratios printed as JSON lines:
   and ``--scheme`` rounded to nearest: perplexity, KL, top-1, seconds, per compute.
 - ``gptq``: ``gptq_weights`` of SmolLM2 with ``--scheme`` on ``--calib-samples`` x
   ``--calib-len`` tokens: the fraction of codes that differ between fp32 and bf16, seconds.
+- ``gptq_ppl``: GPTQ calibrated in fp32 and in bf16, both evaluated in fp32 on the first
+  ``--tokens`` tokens (held-out: calibration starts at token 32,768): perplexity and KL.
 - ``scan``: ``sensitivity`` (exact, ``--scan-tensors`` globs, ``--scan-schemes``): Spearman of
   the bf16 damages against the fp32 ones, and of the proxies.
 
@@ -116,6 +118,39 @@ def gptq(args: argparse.Namespace) -> None:
             "load": os.getloadavg()[0]})  # fmt: skip
 
 
+def gptq_ppl(args: argparse.Namespace) -> None:
+    """GPTQ calibrated in fp32 and in bf16, both measured in fp32 on the first ``--tokens``
+    tokens of the default text (calibration never overlaps them): held-out perplexity."""
+    from lowbit.calibration.data import Calibration
+    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+    from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.evaluation._compare import compare_causal
+    from lowbit.evaluation.calibrated_variants import gptq_variant
+    from lowbit.models.build import build_model
+
+    ckpt = open_model("smollm2")
+    calib = Calibration(samples=args.calib_samples, length=args.calib_len)
+    variants, secs = [], {}
+    for compute in ("fp32", "bf16"):
+        t = time.perf_counter()
+        v = gptq_variant(ckpt, args.scheme, calib, progress=False, threads=args.threads,
+                         compute=compute)  # fmt: skip
+        secs[compute] = time.perf_counter() - t
+        v.name = f"{args.scheme} gptq ({compute} calibration)"
+        variants.append(v)
+    reference = build_model(ckpt, progress=False)
+    measured, rows = compare_causal(
+        variants, reference, build_tokenizer(ckpt), max_tokens=args.tokens, window=256,
+        progress=False, threads=args.threads,
+    )  # fmt: skip
+    ppl = [r["perplexity"] for r in rows]
+    _print({"part": "gptq_ppl", "scheme": args.scheme, "samples": args.calib_samples,
+            "length": args.calib_len, "tokens": args.tokens, "eval_compute": measured["compute"],
+            "perplexity_fp32_calibration": ppl[0], "perplexity_bf16_calibration": ppl[1],
+            "rel_change": ppl[1] / ppl[0] - 1, "kl": [r["kl_mean"] for r in rows],
+            "seconds": secs, "load": os.getloadavg()[0]})  # fmt: skip
+
+
 def scan(args: argparse.Namespace) -> None:
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model
@@ -163,6 +198,8 @@ def main() -> None:
         evaluate(args)
     if "gptq" in parts:
         gptq(args)
+    if "gptq_ppl" in parts:
+        gptq_ppl(args)
     if "scan" in parts:
         scan(args)
 

@@ -181,7 +181,7 @@ def add_compute(parser: argparse.ArgumentParser, what: str) -> None:
         "--compute",
         metavar="P",
         default="fp32",
-        help=f"precision of {what}'s matrix products: fp32 (default), bf16, or auto (bf16 "
+        help=f"precision of the matrix products of {what}: fp32 (default), bf16, or auto (bf16 "
         "where the CPU has bfloat16 units, AMX or AVX512-BF16, else fp32); quantization, "
         "Hessians and everything that decides codes stay float32",
     )

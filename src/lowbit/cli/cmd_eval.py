@@ -92,7 +92,7 @@ def register(sub: Any) -> None:
         f"at most N (fewer where their float32 logits would pass 1 GiB; default "
         f"{DEFAULT_BATCH}); a batched forward may change the last bits of the numbers",
     )
-    _common.add_compute(p, "the models' forwards (and calibration's)")
+    _common.add_compute(p, "the models' forward passes (and calibration's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _common.add_json(p)
     p.set_defaults(func=run)

@@ -123,7 +123,7 @@ def register(sub: Any) -> None:
         help="torch threads of gptq/awq/--smooth and --eval (default: the usable cores; 1 on "
         "a machine shared with other work)",
     )
-    _common.add_compute(p, "gptq/awq/--smooth's and --eval's model forwards")
+    _common.add_compute(p, "the model passes of gptq, awq, --smooth and --eval")
     p.add_argument("--out", metavar="PATH", help="output folder (or .gguf file)")
     p.add_argument(
         "--out-format",
