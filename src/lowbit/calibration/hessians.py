@@ -120,33 +120,29 @@ class HessianCollector:
 
     def _hook(self, name: str) -> Any:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            with exact():  # float32 sums under a bf16 compute precision too
-                self._take(name, args, kwargs)
+            x = args[0] if args else kwargs["input"]
+            group = self.group_of.get(name)
+            if group is None:
+                group = next((g for t, g in self._seen if _same_tensor(t, x)), name)
+                self.group_of[name] = group
+            if group in self._done:
+                return
+            self._seen.append((x, group))
+            self._done.add(group)
+            if group not in self._order:
+                self._order.append(group)
+            if self._mask is not None:
+                x = x[self._mask]
+            x2 = x.reshape(-1, x.shape[-1]).float()
+            if self._hessian:
+                self._add(group, x2)
+            self._count[group] = self._count.get(group, 0) + int(x2.shape[0])
+            if self._stats or self._rows:
+                self._more(group, x2)
+            if self._stop and group == self._last:
+                raise _Done
 
-        return hook
-
-    def _take(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        x = args[0] if args else kwargs["input"]
-        group = self.group_of.get(name)
-        if group is None:
-            group = next((g for t, g in self._seen if _same_tensor(t, x)), name)
-            self.group_of[name] = group
-        if group in self._done:
-            return
-        self._seen.append((x, group))
-        self._done.add(group)
-        if group not in self._order:
-            self._order.append(group)
-        if self._mask is not None:
-            x = x[self._mask]
-        x2 = x.reshape(-1, x.shape[-1]).float()
-        if self._hessian:
-            self._add(group, x2)
-        self._count[group] = self._count.get(group, 0) + int(x2.shape[0])
-        if self._stats or self._rows:
-            self._more(group, x2)
-        if self._stop and group == self._last:
-            raise _Done
+        return _float32(hook)
 
     def _add(self, group: str, x: Any) -> None:
         import torch
@@ -239,6 +235,17 @@ class HessianCollector:
 
 class _Done(Exception):
     """Raised by the last layer's hook: the rest of the forward pass is not needed."""
+
+
+def _float32(hook: Any) -> Any:
+    """``hook`` run with autocast off: under a bf16 compute precision
+    (``lowbit.models._compute``) the sums stay float32."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with exact():
+            return hook(*args, **kwargs)
+
+    return run
 
 
 def _same_tensor(a: Any, b: Any) -> bool:
