@@ -12,7 +12,7 @@ from pathlib import Path
 # ARM "Features")
 _VECTOR = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-    "avx512_fp16", "amx_tile", "asimd", "asimdhp", "sve", "sve2",
+    "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "asimdhp", "sve", "sve2",
 )  # fmt: skip
 
 

@@ -14,3 +14,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261130)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Per-machine caches (the codec path choice) go to a temporary directory, not the
+    user's cache directory."""
+    os.environ["LOWBIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("lowbit-cache"))

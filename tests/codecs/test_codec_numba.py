@@ -240,6 +240,7 @@ def test_small_arrays_take_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> No
         return real(call, size)
 
     monkeypatch.setattr(_fast, "_split", spy)
+    monkeypatch.setattr(_fast._choice, "kernels_win", lambda kind, measure: True)  # no timing
     forced = fmt.encode(big[: n - 1])  # under the module's kernels_always()
     assert calls == [n - 1]
     monkeypatch.setattr(_fast._kernels_always, "on", False)  # the default

@@ -46,6 +46,7 @@ from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
 from lowbit.methods.folds import FOLDS, fold_family
 from lowbit.methods.smoothquant import SmoothQuant
+from lowbit.models._compute import compute_context
 from lowbit.models._threads import _threads
 from lowbit.models.build import _prefix_fix, build_model
 from lowbit.plans.plan import PrecisionPlan
@@ -112,6 +113,7 @@ def awq_weights(
     threads: int | None = None,
     progress: bool | None = None,
     default_method: str = "awq",
+    compute: str = "fp32",
 ) -> AWQRun:
     """Quantize a model's weights with AWQ, or round them after SmoothQuant's folds.
 
@@ -123,8 +125,9 @@ def awq_weights(
             None (default).
         method: :class:`~lowbit.methods.awq.AWQ` (default) or
             :class:`~lowbit.methods.smoothquant.SmoothQuant`.
-        avoid_tokens, exclude, threads, progress: as
-            :func:`lowbit.calibration.gptq.gptq_weights`.
+        avoid_tokens, exclude, threads, progress, compute: as
+            :func:`lowbit.calibration.gptq.gptq_weights` (the search runs on float32 and
+            float64 statistics whatever ``compute`` is).
         default_method: how the tensors whose plan rule names no ``method`` are quantized:
             ``awq`` (default: by ``method``, AWQ or SmoothQuant) or ``rtn`` (then only the
             rules saying ``method: awq`` use AWQ). A rule's ``method`` always wins: a
@@ -169,7 +172,7 @@ def awq_weights(
     per_pass = math.ceil(method.rows / len(samples)) if sq else 0
 
     run = AWQRun({}, {}, {})
-    with _threads(threads), torch.inference_mode():
+    with _threads(threads), compute_context(compute), torch.inference_mode():
         t = time.perf_counter()
         states = _capture(net, blocks[0], samples, causal)
         sec["capture"] = time.perf_counter() - t

@@ -34,6 +34,7 @@ from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
 from lowbit.methods.smoothquant import SmoothQuant
+from lowbit.models._compute import check_compute
 from lowbit.plans.plan import AppliedPlan, PrecisionPlan
 from lowbit.plans.rules import activation_format, calibrated_method
 
@@ -130,6 +131,7 @@ def calibrated_weights(
     default_method: str = "gptq",
     threads: int | None = None,
     progress: bool | None = None,
+    compute: str = "fp32",
 ) -> CalibratedWeights:
     """Run a calibrated method on a model and build the record the manifest keeps of it.
 
@@ -145,6 +147,8 @@ def calibrated_weights(
             use it). SmoothQuant folds and rounds every planned tensor.
         threads: torch threads (default: the usable cores).
         progress: tqdm bars (``None``: only on a terminal; ``False``: never).
+        compute: precision of the model's forward passes, ``fp32`` (default), ``bf16`` or
+            ``auto`` (see :func:`lowbit.calibration.gptq.gptq_weights`).
 
     Returns:
         A :class:`CalibratedWeights`.
@@ -158,7 +162,7 @@ def calibrated_weights(
     if isinstance(method, GPTQ):
         run = gptq_weights(
             ckpt, plan, calib, method, threads=threads, progress=progress,
-            default_method=default_method,
+            default_method=default_method, compute=compute,
         )  # fmt: skip
         done = {n: qt for n, qt in run.weights.items() if run.methods[n] == "gptq"}
         record = {
@@ -173,7 +177,7 @@ def calibrated_weights(
     if not isinstance(method, AWQ | SmoothQuant):
         raise LowbitError(f"method must be GPTQ, AWQ or SmoothQuant, got {type(method).__name__}")
     awq = awq_weights(
-        ckpt, plan, calib, method, threads=threads, progress=progress,
+        ckpt, plan, calib, method, threads=threads, progress=progress, compute=compute,
         default_method="rtn" if default_method == "rtn" and isinstance(method, AWQ) else "awq",
     )  # fmt: skip
     done = {n: qt for n, qt in awq.weights.items() if awq.methods[n] == method.name}
@@ -204,6 +208,7 @@ def quantize_model(
     threads: int | None = None,
     progress: bool | None = None,
     weights: Mapping[str, Any] | None = None,
+    compute: str = "fp32",
 ) -> dict[str, Any]:
     """Quantize a checkpoint with a precision plan, by rounding or a calibrated method, and
     write the result.
@@ -240,6 +245,9 @@ def quantize_model(
         weights: tensors already quantized as the plan says (name -> QuantizedTensor), written
             as they are, with a record ``method`` or round to nearest; not with a calibrated
             method (it makes its own).
+        compute: precision of a calibrated method's forward passes: ``fp32`` (default),
+            ``bf16`` or ``auto`` (bf16 where the CPU has bfloat16 units; see
+            ``lowbit.models._compute``). Hessians, searches and rounding stay float32.
 
     Returns:
         The summary of ``lowbit.checkpoints.quantize_model.quantize_model`` (``out``,
@@ -262,6 +270,7 @@ def quantize_model(
     Warns:
         UserWarning: as ``lowbit.checkpoints.quantize_model.quantize_model``.
     """
+    check_compute(compute)
     if isinstance(method, Mapping) or (method is None and weights is not None):
         if calibration is not None:
             raise LowbitError(
@@ -307,7 +316,7 @@ def quantize_model(
             default = "rtn" if rtn else cfg.name  # rtn: only the rules naming a method use it
             run = calibrated_weights(
                 ckpt, plan, cfg, calib, default_method=default, threads=threads,
-                progress=progress,
+                progress=progress, compute=compute,
             )  # fmt: skip
             source, done, record = run.checkpoint, run.weights, run.record
     except BaseException:

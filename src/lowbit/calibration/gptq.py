@@ -59,6 +59,7 @@ from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential
+from lowbit.models._compute import compute_context
 from lowbit.models._threads import _numpy_blas_threads, _threads
 from lowbit.models.build import build_model
 from lowbit.plans.plan import PrecisionPlan
@@ -135,6 +136,7 @@ def gptq_weights(
     threads: int | None = None,
     progress: bool | None = None,
     default_method: str = "gptq",
+    compute: str = "fp32",
 ) -> GPTQRun:
     """Quantize a model's weights with GPTQ on calibration data.
 
@@ -157,6 +159,9 @@ def gptq_weights(
         default_method: how the tensors whose plan rule names no ``method`` are quantized:
             ``gptq`` (default) or ``rtn`` (then only the rules saying ``method: gptq`` use
             GPTQ); a rule's ``method`` always wins.
+        compute: precision of the model's forward passes (capture, propagation): ``fp32``
+            (default), ``bf16`` or ``auto`` (``lowbit.models._compute``); Hessians are
+            summed and solved in float32/float64 either way.
 
     Returns:
         A :class:`GPTQRun`.
@@ -195,7 +200,12 @@ def gptq_weights(
     last = max(per_block, default=-1)  # no block after the last one GPTQ quantizes is run
     states: list[Any] = []
     # numpy's BLAS on one thread: its idle threads spin on the cores torch's are about to use
-    with _threads(threads), _numpy_blas_threads(1), torch.inference_mode():
+    with (
+        _threads(threads),
+        _numpy_blas_threads(1),
+        compute_context(compute),
+        torch.inference_mode(),
+    ):
         clock.start()
         if last >= 0:
             states = _capture(net, blocks[0], samples, causal)

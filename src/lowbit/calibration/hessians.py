@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
+from lowbit.models._compute import exact
 
 __all__ = ["HessianCollector"]
 
@@ -141,7 +142,7 @@ class HessianCollector:
             if self._stop and group == self._last:
                 raise _Done
 
-        return hook
+        return _float32(hook)
 
     def _add(self, group: str, x: Any) -> None:
         import torch
@@ -234,6 +235,17 @@ class HessianCollector:
 
 class _Done(Exception):
     """Raised by the last layer's hook: the rest of the forward pass is not needed."""
+
+
+def _float32(hook: Any) -> Any:
+    """``hook`` run with autocast off: under a bf16 compute precision
+    (``lowbit.models._compute``) the sums stay float32."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with exact():
+            return hook(*args, **kwargs)
+
+    return run
 
 
 def _same_tensor(a: Any, b: Any) -> bool:

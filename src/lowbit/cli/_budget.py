@@ -284,7 +284,12 @@ def after_write(
         extra["plot"] = args.plot
     if args.eval:
         ev = evaluate_variants(
-            args.model, [out], [], progress=progress, threads=getattr(args, "threads", None)
+            args.model,
+            [out],
+            [],
+            progress=progress,
+            threads=getattr(args, "threads", None),
+            compute=getattr(args, "compute", "fp32"),
         )
         extra["eval"] = ev
         if mixed is not None:

@@ -85,7 +85,7 @@ def awq_run(
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
-        progress=progress,
+        progress=progress, compute=getattr(args, "compute", "fp32"),
     )  # fmt: skip
     return run.checkpoint, run.weights, run.record
 

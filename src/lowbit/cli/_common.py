@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError, UnderflowWarning
+from lowbit.models._compute import check_compute
 
 #: The largest --seed: numpy's generators take any size, torch.manual_seed 0 .. 2**64 - 1,
 #: and train-lab seeds a second generator with seed + 1.
@@ -171,3 +172,24 @@ def warnings_as_lines(command: str) -> Iterator[None]:
         warnings.simplefilter("always", UnderflowWarning)
         warnings.showwarning = show
         yield
+
+
+def add_compute(parser: argparse.ArgumentParser, what: str) -> None:
+    """The ``--compute fp32|bf16|auto`` option (checked by the command, so a bad value is one
+    error line): the precision of ``what``'s matrix products."""
+    parser.add_argument(
+        "--compute",
+        metavar="P",
+        default="fp32",
+        help=f"precision of the matrix products of {what}: fp32 (default), bf16, or auto (bf16 "
+        "where the CPU has bfloat16 units, AMX or AVX512-BF16, else fp32); quantization, "
+        "Hessians and everything that decides codes stay float32",
+    )
+
+
+def compute_option(text: str) -> str:
+    """``--compute``'s value, checked: ``fp32``, ``bf16`` or ``auto`` (else one error line)."""
+    try:
+        return check_compute(text)
+    except LowbitError as exc:
+        raise LowbitError(f"--compute: {exc}") from None

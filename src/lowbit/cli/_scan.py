@@ -112,6 +112,7 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
         parse_scheme(s)
     if args.workers < 1:
         raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
+    compute = _common.compute_option(getattr(args, "compute", "fp32"))
     measure, proxy = args.measure, args.proxy or "input"
     if measure == "fisher":
         if args.proxy == "input":
@@ -137,6 +138,7 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
             tokenizer=tokenizer if kind == "encoder" else None,
             measure=measure,
             proxy=proxy,
+            compute=compute,
             progress=tick,
             workers=args.workers,
             ray=args.ray,

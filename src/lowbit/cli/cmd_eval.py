@@ -92,6 +92,7 @@ def register(sub: Any) -> None:
         f"at most N (fewer where their float32 logits would pass 1 GiB; default "
         f"{DEFAULT_BATCH}); a batched forward may change the last bits of the numbers",
     )
+    _common.add_compute(p, "the models' forward passes (and calibration's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _common.add_json(p)
     p.set_defaults(func=run)
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         if v is not None and v < 1:
             raise LowbitError(f"--{opt} must be a positive integer, got {v}")
     batch = _positive_int("--batch", args.batch)
+    compute = _common.compute_option(args.compute)
     model, quantized = split_paths(args.paths)
     for q in quantized:
         if not Path(q).exists():
@@ -160,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         awq=awq,
         smooth=smooth,
         batch=batch,
+        compute=compute,
     )
     if args.json:
         _common.print_json(result)
@@ -214,7 +217,8 @@ def print_result(result: dict[str, Any]) -> None:
         print(
             f"\nmeasured: perplexity on {m['text']}, first {m['tokens']:,} of {m['text_tokens']:,} "
             f"tokens in {m['windows']} windows of {m['window']} (stride {m['stride']}), "
-            f"{m['scored']:,} tokens scored, no BOS, {m['dtype']}, {m['threads']} threads, "
+            f"{m['scored']:,} tokens scored, no BOS, {m['dtype']}"
+            f"{', bf16 matrix products' if m.get('compute') == 'bf16' else ''}, {m['threads']} threads, "
             f"{m['batch']} {'window' if m['batch'] == 1 else 'windows'} per forward; KL = "
             f"mean KL(original || variant) of next-token distributions in nats, top-1 = same "
             f"most likely token; {m['seconds']:.0f} s."

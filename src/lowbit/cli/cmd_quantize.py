@@ -129,6 +129,7 @@ def register(sub: Any) -> None:
         help="torch threads of gptq/awq/--smooth and --eval (default: the usable cores; 1 on "
         "a machine shared with other work)",
     )
+    _common.add_compute(p, "the model passes of gptq, awq, --smooth and --eval")
     p.add_argument("--out", metavar="PATH", help="output folder (or .gguf file)")
     p.add_argument(
         "--out-format",
@@ -266,7 +267,7 @@ def _gptq(
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
-        progress=progress,
+        progress=progress, compute=args.compute,
     )  # fmt: skip
     return run.weights, run.record
 
@@ -297,6 +298,7 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress or args.json else None
     if args.threads is not None and args.threads < 1:
         raise LowbitError(f"--threads must be >= 1, got {args.threads}")
+    args.compute = _common.compute_option(args.compute)
     plan = build_plan(args)
     ckpt = open_model(args.model)
     mixed = scan = None

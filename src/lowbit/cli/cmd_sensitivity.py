@@ -61,6 +61,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="replace an --out/--plot file lowbit wrote"
     )
+    _common.add_compute(p, "the scan's model passes")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _common.add_json(p)
     p.set_defaults(func=run)

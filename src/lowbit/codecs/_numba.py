@@ -21,7 +21,11 @@ coarse format kind, and the input and output dtypes, and built on first use.
 Integer formats get one kernel (``round_to_integer``, then clamp or wrap). Decoding is a
 lookup in the numpy path's own value table, or arithmetic for float16-like, bfloat16,
 TF32 and E8M0 codes. Each entry point returns False/None when numba is missing or no
-kernel applies, and the caller takes the numpy path. ``numpy_only()`` forces that path;
+kernel applies, and the caller takes the numpy path. Where the caller's numpy path has a
+fast route of its own (code tables, exact casts), the two are timed against each other
+once per kind of kernel, on one thread, and the faster runs: on some CPUs (an Intel Xeon
+with AMX, issue 28) the numpy path's table encodes faster than the kernels; the verdict is
+cached per machine (``lowbit.codecs._path_choice``, docs/benchmarks.md). ``numpy_only()`` forces that path;
 it exists so tests can compare the two (they agree bit for bit, so it never changes what
 a caller gets). This module chooses and parameterises the kernels; their definitions
 are in ``lowbit.codecs._kernels``.
@@ -38,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from lowbit._parallel import Switch, map_chunks, threads
+from lowbit._parallel import Switch, map_chunks, serial, threads
+from lowbit.codecs import _path_choice
 from lowbit.codecs._common import nan_error, negative_error, value_table
 from lowbit.errors import NaNPolicyError
 
@@ -115,6 +120,26 @@ def numba_loaded() -> bool:
 
 
 _rental = _Rental(KERNEL_WORTH, numba_loaded)
+
+#: Which path is faster, per kind of kernel, on this machine (measured once, cached per
+#: machine: ``lowbit.codecs._path_choice``).
+_choice = _path_choice.PathChoice()
+
+
+def _faster(kind: str, run: Any, numpy_path: Any, sample: np.ndarray, out_dtype: Any) -> bool:
+    """Whether the kernel ``run(x, out)`` beats ``numpy_path(x)`` on this machine for
+    ``kind``: measured once (on one thread, ``sample`` tiled to a few MB), then cached.
+    Without a numpy fast route (``numpy_path`` None), or under ``kernels_always()``, yes."""
+    if numpy_path is None or _kernels_always.on:
+        return True
+
+    def measure() -> tuple[float, float]:
+        x = np.resize(sample, _path_choice.SAMPLE_VALUES)
+        out = np.empty(x.size, dtype=out_dtype)
+        with serial(), np.errstate(all="ignore"):
+            return _path_choice.time_pair(lambda: run(x, out), lambda: numpy_path(x))
+
+    return _choice.kernels_win(kind, measure)
 
 
 def numpy_only() -> contextlib.AbstractContextManager[None]:
@@ -339,8 +364,10 @@ def encode_float(
     *,
     nan_check: bool = False,
     neg_check: bool = False,
+    numpy_path: Any = None,
 ) -> bool:
-    """Fill ``out`` with the codes of ``x`` if a compiled kernel applies; else return False.
+    """Fill ``out`` with the codes of ``x`` if a compiled kernel applies and is the faster
+    path on this machine; else return False.
 
     Args:
         fmt: the FloatFormat.
@@ -351,6 +378,9 @@ def encode_float(
         out: flat array of ``fmt.code_dtype`` to fill.
         nan_check: raise NaNPolicyError if ``x`` holds a NaN.
         neg_check: raise LowbitError if ``x`` holds a negative value.
+        numpy_path: the numpy path's fast route for this call (``x`` -> codes), where one
+            applies: the kernel is used only if it is the faster of the two on this
+            machine (:func:`_faster`).
 
     Raises:
         NaNPolicyError, LowbitError: as ``codec.encode_float`` does for the same input.
@@ -365,22 +395,31 @@ def encode_float(
     wide = _wide_params(fmt, saturate) if x.dtype == np.float32 and mode != 5 else None
     p32 = _round32_params(fmt, mode) if x.dtype == np.float32 and wide is None else None
     if wide is not None:
-        k = _k()._kernel("wide", kmode, 0)
-        has_nan = _split(lambda a, b: k(x[a:b], out[a:b], wide, mode), x.size)
+        family, k = "wide", _k()._kernel("wide", kmode, 0)
+
+        def run(xs: np.ndarray, os_: np.ndarray) -> bool:
+            return _split(lambda a, b: k(xs[a:b], os_[a:b], wide, mode), xs.size)
     elif p32 is not None:
-        k = _k()._kernel("32", kmode, _kind(fmt))
-        has_nan = _split(lambda a, b: k(x[a:b], out[a:b], p32, tail, mode), x.size)
+        family, k = "32", _k()._kernel("32", kmode, _kind(fmt))
+
+        def run(xs: np.ndarray, os_: np.ndarray) -> bool:
+            return _split(lambda a, b: k(xs[a:b], os_[a:b], p32, tail, mode), xs.size)
     else:
-        if rbits is None:
-            rbits = np.zeros(1, dtype=np.uint64)
+        rb = np.zeros(1, dtype=np.uint64) if rbits is None else rbits
         kmode = 5 if mode == 5 else -1
-        k = _k()._kernel("64", kmode, 0)
+        family, k = "64", _k()._kernel("64", kmode, 0)
         P64 = _round64_params(fmt, mode)
-        rb = rbits
-        has_nan = _split(
-            lambda a, b: k(x[a:b], out[a:b], rb if rb.size == 1 else rb[a:b], P64, tail, mode),
-            x.size,
-        )
+
+        def run(xs: np.ndarray, os_: np.ndarray) -> bool:
+            return _split(
+                lambda a, b: k(xs[a:b], os_[a:b], rb if rb.size == 1 else rb[a:b], P64, tail, mode),
+                xs.size,
+            )
+
+    kind = f"encode {family} {x.dtype} {'nearest-even' if kmode == 0 else 'other modes'}"
+    if not _faster(kind, run, numpy_path, x, out.dtype):
+        return False
+    has_nan = run(x, out)
     if nan_check and has_nan:
         raise nan_error(fmt)
     if neg_check and (x < 0).any():  # unsigned formats without NaN only: rare
@@ -430,8 +469,10 @@ def encode_int(
     return True
 
 
-def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
-    """Values of validated codes in ``dtype`` by a compiled loop, or None if none applies.
+def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype, numpy_path: Any = None) -> Any:
+    """Values of validated codes in ``dtype`` by a compiled loop, or None if none applies
+    or the numpy path's route ``numpy_path`` (flat codes -> values; None: there is none)
+    is the faster on this machine (:func:`_faster`).
 
     Formats of at most 16 bits: a lookup in ``codec.value_table`` (the numpy path's own
     table, so results are the same bits). To float32, some layouts skip the table:
@@ -443,22 +484,31 @@ def decode_float(fmt: Any, codes: np.ndarray, dtype: np.dtype) -> Any:
     if not use_kernels(codes.size):
         return None
     if dtype == np.float32 and _wide_params(fmt, False) is not None:
-        out = _decode_with(_k()._wide_decode, codes, fmt.code_dtype, np.float32, 23 - fmt.mbits)
+        family, args = "wide", (_k()._wide_decode, fmt.code_dtype, np.float32, 23 - fmt.mbits)
     elif fmt.bits > 16:
         return None
     elif dtype == np.float32 and _is_e8m0(fmt):
-        out = _decode_with(_k()._e8m0_decode, codes, np.uint8, np.float32)
+        family, args = "e8m0", (_k()._e8m0_decode, np.uint8, np.float32)
     elif dtype == np.float32 and _ieee_decode_params(fmt) is not None:
-        out = _decode_with(
-            _k()._ieee_decode, codes, np.uint16, np.float32, _ieee_decode_params(fmt)
-        )
+        params = _ieee_decode_params(fmt)
+        family, args = "ieee", (_k()._ieee_decode, np.uint16, np.float32, params)
     else:
         table = value_table(fmt, dtype)
         if table.itemsize not in (2, 4, 8):
             return None
         uint = np.dtype(f"u{table.itemsize}")
         narrow = np.uint8 if fmt.bits <= 8 and codes.dtype != np.uint16 else np.uint16
-        out = _decode_with(_k()._take_kernel, codes, narrow, table.dtype, table.view(uint))
+        family = f"table {np.dtype(narrow)}"
+        args = (_k()._take_kernel, narrow, table.dtype, table.view(uint))
+    kind = f"decode {family} {np.dtype(args[2])}"
+    flat = np.ascontiguousarray(codes).reshape(-1)
+
+    def run(c: np.ndarray, _out: np.ndarray) -> Any:
+        return _decode_with(args[0], c, *args[1:])
+
+    if not _faster(kind, run, numpy_path, flat, np.uint8):
+        return None
+    out = _decode_with(args[0], codes, *args[1:])
     return out[()] if out.ndim == 0 and fmt.bits <= 16 else out
 
 

@@ -281,6 +281,19 @@ def _cast_peer(fmt: FloatFields, mode: Rounding) -> str | None:
     return _CAST_LAYOUTS.get((fmt.ebits, fmt.mbits, fmt.bias))
 
 
+def applies(fmt: FloatFields, dtype: np.dtype, mode: Rounding) -> bool:
+    """Whether :func:`encode` has a route (a keyed table or an exact cast) for ``dtype``
+    input in ``fmt`` and ``mode`` once it has seen enough values: the choice between it
+    and the compiled kernels (``lowbit.codecs._numba``) is then measured."""
+    if mode is Rounding.STOCHASTIC or np.dtype(fmt.code_dtype) not in (np.uint8, np.uint16):
+        return False
+    if fmt.bits > 16 or dtype not in (_F64, _F32):
+        return False
+    return key_prefix(fmt, dtype) is not None or (
+        dtype == _F32 and _cast_peer(fmt, mode) is not None
+    )
+
+
 def encode(
     fmt: FloatFields,
     x: np.ndarray,

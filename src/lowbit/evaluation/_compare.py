@@ -31,6 +31,7 @@ from lowbit.evaluation.perplexity import (
     batch_size,
     embed,
 )
+from lowbit.models._compute import compute_context, resolve_compute
 from lowbit.models._threads import _threads
 from lowbit.models.activations import simulate_activations
 
@@ -98,6 +99,7 @@ def compare_causal(
     progress: bool | None = None,
     batch: int = DEFAULT_BATCH,
     max_logits_bytes: int = MAX_LOGITS_BYTES,
+    compute: str = "fp32",
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Perplexity, KL and top-1 agreement of every variant against ``reference``, in one pass.
 
@@ -117,9 +119,12 @@ def compare_causal(
     ``lowbit.evaluation.perplexity.batch_size``); each window's log-probabilities are still
     taken and summed one window at a time, in window order.
 
+    ``compute`` is the precision of the models' matrix products: ``fp32`` (default),
+    ``bf16`` or ``auto`` (``lowbit.models._compute``).
+
     Returns:
         ``(measured, rows)``: what was measured (text, text_tokens, tokens, scored, window,
-        stride, windows, bos, dtype, batch, threads, seconds), and per variant a dict with
+        stride, windows, bos, dtype, batch, threads, compute, seconds), and per variant a dict with
         perplexity, nll, kl_mean, kl_max, top1_agreement, seconds.
 
     Raises:
@@ -130,7 +135,7 @@ def compare_causal(
     measured, pairs = _compare_causal_groups(
         groups, len(variants), reference, tokenizer, text, label=label, window=window,
         stride=stride, max_tokens=max_tokens, threads=threads, progress=progress,
-        batch=batch, max_logits_bytes=max_logits_bytes,
+        batch=batch, max_logits_bytes=max_logits_bytes, compute=compute,
     )  # fmt: skip
     return measured, [row for _, row in pairs]
 
@@ -150,6 +155,7 @@ def _compare_causal_groups(
     progress: bool | None,
     batch: int = DEFAULT_BATCH,
     max_logits_bytes: int = MAX_LOGITS_BYTES,
+    compute: str = "fp32",
 ) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
     """:func:`compare_causal` over variants built one group at a time.
 
@@ -177,7 +183,7 @@ def _compare_causal_groups(
     bar = progress_bar(len(ids) * (count + 1), progress, "evaluating", "tok")
     with bar, tempfile.TemporaryFile() as cache:
         shapes = []
-        with _threads(threads) as used_threads, torch.inference_mode():
+        with _threads(threads) as used_threads, compute_context(compute), torch.inference_mode():
             for group in batches:
                 t0 = time.perf_counter()
                 refs = _batch_log_probs(reference, tokens, group)
@@ -193,7 +199,7 @@ def _compare_causal_groups(
         for make in groups:
             # built outside the measuring contexts, as when every variant was built up front
             for v in make():
-                with _threads(threads), torch.inference_mode():
+                with _threads(threads), compute_context(compute), torch.inference_mode():
                     row = _measure_causal(v, reference, tokens, batches, shapes, cache, bar)
                 out.append((v.row(), row))
                 del v
@@ -202,6 +208,7 @@ def _compare_causal_groups(
         **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, reference),
         "batch": size,
         "threads": used_threads,
+        "compute": resolve_compute(compute),
         "seconds": time.perf_counter() - start,
         "reference_seconds": ref_secs,
     }
@@ -287,6 +294,7 @@ def compare_encoder(
     batch_size: int = 32,
     threads: int | None = None,
     progress: bool | None = None,
+    compute: str = "fp32",
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Embedding fidelity of every variant against ``reference`` (embedded once).
 
@@ -300,7 +308,7 @@ def compare_encoder(
     groups = [(lambda v=v: [v]) for v in variants]
     measured, pairs = _compare_encoder_groups(
         groups, reference, tokenizer, sentences, n=n, seed=seed, text=text, label=label,
-        batch_size=batch_size, threads=threads, progress=progress,
+        batch_size=batch_size, threads=threads, progress=progress, compute=compute,
     )  # fmt: skip
     return measured, [row for _, row in pairs]
 
@@ -318,12 +326,13 @@ def _compare_encoder_groups(
     batch_size: int,
     threads: int | None,
     progress: bool | None,
+    compute: str = "fp32",
 ) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
     """:func:`compare_encoder` over variants built one group at a time (each group released
     before the next is built, as in :func:`_compare_causal_groups`)."""
     start = time.perf_counter()
     sentences, label = _fidelity_sentences(sentences, text, label, n, seed)
-    kw = {"batch_size": batch_size, "threads": threads, "progress": progress}
+    kw = {"batch_size": batch_size, "threads": threads, "progress": progress, "compute": compute}
     ref = embed(reference, tokenizer, sentences, **kw)
     ref_nn = _nearest(ref)
     out: list[tuple[dict[str, Any], dict[str, Any]]] = []
@@ -350,6 +359,7 @@ def _compare_encoder_groups(
         "sentences": len(sentences),
         "seed": seed,
         "pooling": "mean over the attention mask, L2-normalised (max 256 tokens)",
+        "compute": resolve_compute(compute),
         "seconds": time.perf_counter() - start,
     }
     return measured, out

@@ -41,6 +41,7 @@ import numpy as np
 from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
+from lowbit.models._compute import exact
 
 __all__ = ["Runner", "TensorWeights", "block_of", "sample_next"]
 
@@ -201,8 +202,11 @@ class Runner:
         return float((1.0 - cos).sum()), cos.numel()
 
     def _logits(self, h: Any) -> Any:
+        """The head's logits of ``h``, in float32 whatever the compute precision (the
+        shortcut's log-sum-exp needs them; with fp32 compute this is the model's own map)."""
         assert self.head is not None
-        return self.torch.nn.functional.linear(h, self.head.weight, self.head.bias)
+        with exact():
+            return self.torch.nn.functional.linear(h.float(), self.head.weight, self.head.bias)
 
     def _head_reference(self, logits: Any) -> tuple[Any, Any]:
         """``(const, mu)`` per position (flattened) from the reference logits, in float64 so
@@ -273,6 +277,7 @@ class Runner:
         if self.head is not None:
             hooks.append(self.head.register_forward_pre_hook(lambda _m, a: head_in.append(a[0])))
         try:
+            low = torch.is_autocast_enabled("cpu")  # a bf16 compute precision
             with torch.inference_mode():
                 for inputs in self.batches:
                     captured.clear()
@@ -282,10 +287,14 @@ class Runner:
                     summary = self._summary(out, inputs)
                     if self.head is not None and not self.ref:  # the map is the same for all
                         mine = torch.log_softmax(self._logits(head_in[0][:, :-1]), dim=-1)
-                        if len(head_in) != 1 or not torch.allclose(mine, summary, atol=1e-4):
+                        # bf16 logits (--compute bf16) carry about 3 significant digits
+                        tol = 0.25 if low else 1e-4
+                        if len(head_in) != 1 or not torch.allclose(mine, summary, atol=tol):
                             self.head = None  # the logits are not the head's linear map
                     if self.head is not None:
-                        const, mu = self._head_reference(out.logits[:, :-1])
+                        # with bf16 compute the reference takes the head in float32, as trials do
+                        logits = self._logits(head_in[0][:, :-1]) if low else out.logits[:, :-1]
+                        const, mu = self._head_reference(logits)
                         # the rounding residual of the original itself (about 1e-7 nats per
                         # position), taken off so that the original scores 0 exactly
                         zero, _ = self._head_kl(head_in[0][:, :-1], (const, mu))

@@ -88,6 +88,7 @@ def distributed_scan(
     select: tuple[str, ...] = (),
     exact_schemes: tuple[str, ...] = (),
     proxy: str = "input",
+    compute: str = "fp32",
     scan_type: Any,
     plans: Any,
 ) -> tuple[str, list[Any], dict[str, float]]:
@@ -109,7 +110,7 @@ def distributed_scan(
     count = len(applied) * len(names)
     exact = {i for i, s in enumerate(schemes) if not exact_schemes or s in exact_schemes}
     costs = _costs(count, len(names), measure, exact)
-    args = (schemes, calibration, tokenizer, measure, batch, select, exact_schemes, proxy)
+    args = (schemes, calibration, tokenizer, measure, batch, select, exact_schemes, proxy, compute)
     t0 = time.perf_counter()
     if ray is not False:
         kind, results, worker_seconds, used = _ray_scan(

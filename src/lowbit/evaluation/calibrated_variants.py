@@ -45,8 +45,10 @@ def gptq_variant(
     exclude: Collection[str] = (),
     threads: int | None = None,
     progress: bool | None = None,
+    compute: str = "fp32",
 ) -> Any:
-    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by GPTQ.
+    """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by GPTQ
+    (``compute``: the precision of its calibration's forward passes, as ``gptq_weights``).
 
     Returns:
         A :class:`lowbit.evaluation.variants.Variant` named ``"{spec} gptq"``; its extra fields
@@ -65,6 +67,7 @@ def gptq_variant(
         exclude=exclude,
         threads=threads,
         progress=progress,
+        compute=compute,
     )
     qbytes = sum(qt.nbytes for qt in run.weights.values())
     qnumel = sum(qt.numel for qt in run.weights.values())
@@ -103,9 +106,10 @@ def awq_variant(
     exclude: Collection[str] = (),
     threads: int | None = None,
     progress: bool | None = None,
+    compute: str = "fp32",
 ) -> Any:
     """A ``lowbit eval`` row: the model with ``spec``'s tensors quantized by AWQ, or rounded
-    after SmoothQuant's folds.
+    after SmoothQuant's folds (``compute``: as :func:`gptq_variant`).
 
     Returns:
         A :class:`~lowbit.evaluation._compare.Variant` named ``"{spec} awq"`` or ``"{spec}
@@ -116,7 +120,7 @@ def awq_variant(
     plan = PrecisionPlan.uniform(spec)
     run = awq_weights(
         checkpoint, plan, calibration, method, avoid_tokens=avoid_tokens, exclude=exclude,
-        threads=threads, progress=progress,
+        threads=threads, progress=progress, compute=compute,
     )  # fmt: skip
     ckpt = open_model(checkpoint)
     qbytes = sum(qt.nbytes for qt in run.weights.values())

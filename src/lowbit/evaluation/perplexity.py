@@ -30,6 +30,7 @@ from lowbit.calibration.text import (
     tokenize,
 )
 from lowbit.errors import LowbitError
+from lowbit.models._compute import compute_context
 from lowbit.models._threads import _threads, default_threads
 
 __all__ = [
@@ -86,6 +87,7 @@ def perplexity(
     progress: bool | None = None,
     batch: int = DEFAULT_BATCH,
     max_logits_bytes: int = MAX_LOGITS_BYTES,
+    compute: str = "fp32",
 ) -> dict[str, Any]:
     """Perplexity of a causal LM over a text, and its KL divergence from a reference model.
 
@@ -114,10 +116,12 @@ def perplexity(
             way, so only the forward's own rounding can differ between batch sizes.
         max_logits_bytes: fewer windows per forward where their float32 logits (of the model
             and of the reference together) would take more than this.
+        compute: precision of the models' matrix products, ``fp32`` (default), ``bf16`` or
+            ``auto`` (``lowbit.models._compute``); the result's ``compute`` says which ran.
 
     Returns:
         A dict: text, text_tokens (in the whole text), tokens (used), scored, window, stride,
-        windows, bos (False), dtype, batch (windows per forward used), perplexity, nll (mean,
+        windows, bos (False), dtype, batch (windows per forward used), compute, perplexity, nll (mean,
         nats), seconds, tokens_per_second, and with a reference the KL entries above.
 
     Raises:
@@ -140,7 +144,7 @@ def perplexity(
     scored = 0
     start = time.perf_counter()
     bar = progress_bar(len(ids), progress, "perplexity", "tok")
-    with _threads(threads), torch.inference_mode(), bar:
+    with _threads(threads), compute_context(compute) as used, torch.inference_mode(), bar:
         for group in _batches(spans, size):
             logps = _batch_log_probs(model, tokens, group)
             refs = [None] * len(group)
@@ -168,6 +172,7 @@ def perplexity(
     result: dict[str, Any] = {
         **_window_facts(label, text_tokens, len(ids), scored, window, stride, spans, model),
         "batch": size,
+        "compute": used,
         "perplexity": math.exp(nll_sum / scored),
         "nll": nll_sum / scored,
         "seconds": seconds,
@@ -305,11 +310,13 @@ def embed(
     max_length: int = 256,
     threads: int | None = None,
     progress: bool | None = None,
+    compute: str = "fp32",
 ) -> np.ndarray:
     """Sentence embeddings: last hidden state averaged over the attention mask, L2-normalised.
 
     This is all-MiniLM-L6-v2's pooling (its ``1_Pooling/config.json``: mean tokens; then the
-    ``Normalize`` module); ``max_length`` 256 is its ``max_seq_length``.
+    ``Normalize`` module); ``max_length`` 256 is its ``max_seq_length``. ``compute`` is
+    the precision of the model's matrix products (``fp32``, ``bf16``, ``auto``).
 
     Returns:
         float32 array ``[len(sentences), hidden]`` of unit vectors.
@@ -318,7 +325,7 @@ def embed(
 
     out = []
     bar = progress_bar(len(sentences), progress, "embedding", "sent")
-    with _threads(threads), torch.inference_mode(), bar:
+    with _threads(threads), compute_context(compute), torch.inference_mode(), bar:
         for i in range(0, len(sentences), batch_size):
             out.append(_embed_batch(model, tokenizer, sentences[i : i + batch_size], max_length))
             bar.update(len(sentences[i : i + batch_size]))

@@ -55,6 +55,7 @@ from lowbit.evaluation.sensitivity_result import (
     _check_proxy,
     spearman,
 )
+from lowbit.models._compute import compute_context, resolve_compute
 from lowbit.models.build import build_model
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.quant.tensor import quantize
@@ -145,6 +146,7 @@ class _Scan:
         select: Sequence[str] = (),
         exact_schemes: Sequence[str] = (),
         proxy: str = "input",
+        compute: str = "fp32",
     ) -> None:
         if measure not in ("exact", "proxy"):
             raise LowbitError(f"measure must be 'exact' or 'proxy', got {measure!r}")
@@ -152,6 +154,7 @@ class _Scan:
         self.seconds: dict[str, float] = {}
         self.checkpoint = checkpoint
         self.measure = measure
+        self.compute = resolve_compute(compute)
         t0 = time.perf_counter()
         self.plans, self.names = _plans(checkpoint, schemes, select)
         self.exact = _exact_indices(schemes, exact_schemes) if measure == "exact" else set()
@@ -166,16 +169,19 @@ class _Scan:
         self.seconds["build"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         modules = [self.weights.module(n) for n in self.names]
-        self.moments = self.runner.input_moments(modules)
+        with compute_context(self.compute):
+            self.moments = self.runner.input_moments(modules)
         self.seconds["proxy_pass"] = time.perf_counter() - t0
         self.grads: dict[str, np.ndarray] = {}
         if self.proxy == "fisher":
             t0 = time.perf_counter()
-            self.grads = self.runner.output_moments(modules)
+            with compute_context(self.compute):
+                self.grads = self.runner.output_moments(modules)
             self.seconds["gradient_pass"] = time.perf_counter() - t0
         if measure == "exact":
             t0 = time.perf_counter()
-            self.runner.reference()
+            with compute_context(self.compute):
+                self.runner.reference()
             self.seconds["reference"] = time.perf_counter() - t0
         self._source: tuple[str, Any] = ("", None)  # the last tensor read, in source layout
         self.start_of = {n: block_of(self.weights, self.runner.blocks, n) for n in self.names}
@@ -296,7 +302,8 @@ class _Scan:
         with torch.no_grad():
             p.copy_(torch.from_numpy(self.weights.model_layout(t.name, w_hat).copy()))
         try:
-            return self.runner.trial(self.start_of[t.name] if cached else -1)
+            with compute_context(self.compute):
+                return self.runner.trial(self.start_of[t.name] if cached else -1)
         finally:
             with torch.no_grad():
                 p.copy_(saved)
@@ -352,6 +359,7 @@ def sensitivity(
     tensors: Sequence[str] = (),
     exact_schemes: Sequence[str] = (),
     proxy: str = "input",
+    compute: str = "fp32",
 ) -> SensitivityResult:
     """Measure every quantizable tensor under every candidate scheme, one tensor at a time.
 
@@ -385,6 +393,9 @@ def sensitivity(
             ``input`` (``sum_j E[x_j^2] ||W_j - Q(W)_j||^2``, one forward pass) or ``fisher``
             (``sum_ij E[g_i^2] E[x_j^2] (W - Q(W))_ij^2``, one more forward and backward pass;
             causal LMs only).
+        compute: precision of the model's matrix products in the moment passes and the
+            trials: ``fp32`` (default), ``bf16`` or ``auto`` (``lowbit.models._compute``);
+            the moments are summed in float32/float64 and the quantization is numpy.
 
     Returns:
         A :class:`SensitivityResult`.
@@ -400,6 +411,7 @@ def sensitivity(
         raise LowbitError(f"workers must be a positive integer, got {workers!r}")
     _check_proxy(proxy)
     _exact_indices(schemes, exact_schemes)
+    compute = resolve_compute(compute)  # once, here: every worker runs what this machine chose
     if ray is not False or workers > 1:
         labels = [a.quantized[0].scheme.label for a in _plans(checkpoint, schemes, tensors)[0]]
         kind, entries, seconds = distributed_scan(
@@ -416,6 +428,7 @@ def sensitivity(
             select=tuple(tensors),
             exact_schemes=tuple(exact_schemes),
             proxy=proxy,
+            compute=compute,
             scan_type=_Scan,
             plans=_plans,
         )
@@ -430,6 +443,7 @@ def sensitivity(
             tensors,
             exact_schemes,
             proxy,
+            compute,
         )
         labels = [a.quantized[0].scheme.label for a in scan.plans]
         t0 = time.perf_counter()

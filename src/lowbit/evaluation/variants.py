@@ -62,6 +62,7 @@ from lowbit.evaluation.perplexity import (
 )
 from lowbit.methods.awq import AWQ
 from lowbit.methods.smoothquant import SmoothQuant
+from lowbit.models._compute import check_compute
 from lowbit.models.build import build_model, load_model
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label, activation_format
@@ -200,6 +201,7 @@ def _methods(methods: Sequence[str]) -> list[str]:
 def _gptq_variant(
     ckpt: Any, spec: str, calibration: Any, gptq: Any, text: Any, tokens: int | None,
     body: str, label: str, causal: bool, sentences: int, seed: int, threads: Any, progress: Any,
+    compute: str = "fp32",
 ) -> Variant:  # fmt: skip
     """The GPTQ row of a scheme (or AWQ's, SmoothQuant's, when ``gptq`` is their settings),
     calibrated on data this evaluation never measures."""
@@ -217,7 +219,7 @@ def _gptq_variant(
     make = awq_variant if isinstance(gptq, (AWQ, SmoothQuant)) else gptq_variant
     return make(
         ckpt, spec, calib, gptq, avoid_tokens=avoid, exclude=exclude, threads=threads,
-        progress=progress,
+        progress=progress, compute=compute,
     )  # fmt: skip
 
 
@@ -259,6 +261,7 @@ def evaluate_variants(
     awq: Any = None,
     smooth: Any = None,
     batch: int = DEFAULT_BATCH,
+    compute: str = "fp32",
 ) -> dict[str, Any]:
     """Measure a model and its quantized variants; what ``lowbit eval`` prints.
 
@@ -293,6 +296,9 @@ def evaluate_variants(
         batch: causal LMs: windows per forward, at most (fewer where their float32 logits
             would pass 1 GiB; ``lowbit.evaluation.perplexity.batch_size``). The measured
             facts say the batch used.
+        compute: precision of the models' matrix products (and of calibration's forward
+            passes): ``fp32`` (default), ``bf16`` or ``auto`` (bf16 where the CPU has
+            bfloat16 units; ``lowbit.models._compute``). The measured facts say which ran.
 
     Returns:
         ``{"model", "kind", "measured", "rows"}``; each row has name, format, activations,
@@ -310,6 +316,7 @@ def evaluate_variants(
     for spec in schemes:  # a bad scheme string fails before any model loads
         variant_plan(spec)
     _check_positive("batch", batch)
+    check_compute(compute)
     methods = _methods(methods)
     act = activation_format(w8a8) if w8a8 else None
     if smooth is not None and smooth is not False:
@@ -346,7 +353,7 @@ def evaluate_variants(
                 makers.append(
                     lambda spec=spec, cfg=cfg: _gptq_variant(
                         ckpt, spec, calibration, cfg, text, tokens, body, label, causal,
-                        sentences, seed, threads, progress,
+                        sentences, seed, threads, progress, compute,
                     )
                 )  # fmt: skip
     per_group = 1 if act is None else 2
@@ -355,12 +362,12 @@ def evaluate_variants(
         measured, pairs = _compare_causal_groups(
             groups, len(groups) * per_group, reference, tokenizer, body, label=label,
             window=window, stride=stride, max_tokens=tokens, threads=threads,
-            progress=progress, batch=batch,
+            progress=progress, batch=batch, compute=compute,
         )  # fmt: skip
     else:
         measured, pairs = _compare_encoder_groups(
             groups, reference, tokenizer, None, n=sentences, seed=seed, text=body,
-            label=label, batch_size=32, threads=threads, progress=progress,
+            label=label, batch_size=32, threads=threads, progress=progress, compute=compute,
         )  # fmt: skip
     # rows: every model, then every model with simulated activations
     pairs = [pairs[i] for j in range(per_group) for i in range(j, len(pairs), per_group)]
