@@ -72,6 +72,7 @@ OPTIONAL = {
     "yaml", "matplotlib", "compressed_tensors", "accelerate", "gfloat", "bitsandbytes",
 }  # fmt: skip
 
+
 @dataclass(frozen=True)
 class Edge:
     """One import statement: ``importer`` imports ``imported`` at ``line``."""

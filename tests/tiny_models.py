@@ -122,18 +122,24 @@ def save_hf_folder(model: Any, folder: Path, *, tokenizer: bool = True) -> Path:
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(model.config.to_json_string())
     if tokenizer:
-        (folder / "tokenizer.json").write_text(byte_tokenizer_json())
-        (folder / "tokenizer_config.json").write_text(
-            json.dumps(
-                {
-                    "tokenizer_class": "PreTrainedTokenizerFast",
-                    "bos_token": "<s>",
-                    "eos_token": "</s>",
-                    "unk_token": "<unk>",
-                    "pad_token": "<pad>",
-                }
-            )
+        write_byte_tokenizer(folder)
+    return folder
+
+
+def write_byte_tokenizer(folder: Path) -> Path:
+    """tokenizer.json and tokenizer_config.json of the byte-level tokenizer into ``folder``."""
+    (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "pad_token": "<pad>",
+            }
         )
+    )
     return folder
 
 
@@ -256,3 +262,62 @@ def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
     path = shipped_path(name)
     ckpt = open_checkpoint(path)
     return path, ckpt, build_model(ckpt, progress=False), build_tokenizer(ckpt)
+
+
+#: Tiny mixtures of experts: model_type -> (config class, model class, config keywords).
+MOE_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        {"num_experts": 4, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64},
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"num_experts": 4, "moe_intermediate_size": 32, "head_dim": 16},
+    ),
+}
+
+
+def tiny_moe(model_type: str, seed: int = 0) -> Any:
+    """A random 2-layer mixture of experts (hidden 64, 4 experts, 2 per token) of a family of
+    :data:`MOE_FAMILIES`, as transformers builds it (fused 3-D experts in transformers 5)."""
+    import torch
+    import transformers
+
+    cfg_name, cls_name, extra = MOE_FAMILIES[model_type]
+    cfg = getattr(transformers, cfg_name)(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        bos_token_id=257,
+        eos_token_id=258,
+        tie_word_embeddings=False,
+        **extra,
+    )
+    cfg.architectures = [cls_name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.08)
+    return model
+
+
+def save_moe_folder(model: Any, folder: Path, *, fused: bool = False) -> Path:
+    """A mixture of experts as a Hugging Face folder with the byte tokenizer: per-expert tensors
+    as ``save_pretrained`` writes them (Mixtral's ``block_sparse_moe.experts.N.w1``), or with
+    ``fused`` the model's own state dict (3-D ``experts.gate_up_proj`` / ``down_proj``)."""
+    if fused:
+        return save_hf_folder(model, folder)
+    model.save_pretrained(str(folder))
+    return write_byte_tokenizer(folder)

@@ -51,10 +51,11 @@ from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
-from lowbit.methods.folds import FOLDS, fold_family
+from lowbit.methods.folds import FOLDS, expand_experts, fold_family
 from lowbit.methods.smoothquant import SmoothQuant
 from lowbit.models._threads import _threads
 from lowbit.models.build import _prefix_fix, build_model
+from lowbit.models.moe import route_all_tokens
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import calibrated_method, method_name
 
@@ -168,6 +169,9 @@ def awq_weights(
     names = _param_names(net, ckpt)
     folds = FOLDS.get(fold_family((ckpt.config or {}).get("model_type")) or "", ())
     cfg = net.config
+    experts = max((getattr(m, "num_experts", 0) for m in net.modules() if hasattr(m, "route_all")),
+                  default=0)  # fmt: skip
+    folds = expand_experts(folds, experts)
     head_dim = int(getattr(cfg, "head_dim", 0) or cfg.hidden_size // cfg.num_attention_heads)
     limit = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
@@ -192,7 +196,10 @@ def awq_weights(
                             hooked[lead + lin] = mod
                 if hooked:
                     t = time.perf_counter()
-                    with HessianCollector(hooked, hessian=not sq, stats=True, rows=per_pass) as col:
+                    with (
+                        route_all_tokens(block, calib.experts == "all"),
+                        HessianCollector(hooked, hessian=not sq, stats=True, rows=per_pass) as col,
+                    ):
                         for (h, a, k), (_, mask) in zip(states, samples, strict=True):
                             col.next_sample(mask)
                             block(h, *a, **k)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._progress import progress_bar
+from lowbit.calibration._experts import expert_floor, unreached_experts
 from lowbit.calibration._group_walk import walk_groups
 from lowbit.calibration.data import (
     Calibration,
@@ -56,6 +57,7 @@ from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential
 from lowbit.models._threads import _numpy_blas_threads, _threads
 from lowbit.models.build import _prefix_fix, build_model
+from lowbit.models.moe import expert_of, route_all_tokens
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import calibrated_method, method_name
 from lowbit.quant.tensor import quantize
@@ -207,6 +209,7 @@ def gptq_weights(
         parked = _Parked(blocks, range(1, last + 1))  # each block's weights come back in turn
         # where the llama walk cannot decompose the block, the layers order runs group by group
         groupwise = walk is None and last >= 0 and method.sequential is Sequential.LAYERS
+        all_experts = calib.experts == "all"
         sequential = "layers" if walk is not None or groupwise else "blocks"
 
         def solve(
@@ -215,6 +218,11 @@ def gptq_weights(
             clock.stop("collect")
             for group in col.groups().values():
                 H = col.hessian(group[0])
+                experts = [m for m in group if expert_of(mine[m])]
+                if experts:
+                    group = expert_floor(group, experts, col, H, mine, calib, layers)
+                    if not group:
+                        continue
                 ws = {mine[m]: np.asarray(ckpt.get(mine[m]), dtype=np.float64) for m in group}
                 schemes = {mine[m]: todo[mine[m]].scheme for m in group}
                 qts = method.quantize_shared(ws, H, schemes)
@@ -223,7 +231,10 @@ def gptq_weights(
                 for m in group:
                     name = mine[m]
                     deq = qts[name].dequantize(np.float64)
-                    layers[name] = _errors(ws[name], deq, H32, schemes[name], col.tokens(m))
+                    layers[name] = {
+                        **_errors(ws[name], deq, H32, schemes[name], col.tokens(m)),
+                        **layers.get(name, {}),
+                    }
                     _set_weight(linears[m], _model_layout(ckpt, name, deq, model))
                     weights[name] = qts[name]
                     methods[name] = "gptq"
@@ -246,11 +257,12 @@ def gptq_weights(
                     bar.update(1)
                     continue
                 if mine and groupwise:  # layers order, group by group of the block's passes
-                    walk_groups(
-                        block, states, samples, linears, lambda c, ls, m=mine: solve(c, m, ls)
-                    )
+                    with route_all_tokens(block, all_experts):
+                        walk_groups(
+                            block, states, samples, linears, lambda c, ls, m=mine: solve(c, m, ls)
+                        )
                 elif mine:
-                    with HessianCollector(linears) as col:
+                    with route_all_tokens(block, all_experts), HessianCollector(linears) as col:
                         for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
                             col.next_sample(mask)
                             col.run(block, hidden, *args, **kwargs)
@@ -264,6 +276,7 @@ def gptq_weights(
                 bar.update(1)
     del net, states
     clock.start()
+    unreached_experts(wanted, weights, layers)
     for name, tp in todo.items():
         if name not in weights:
             weights[name] = qw.read_quantized(ckpt, tp)
@@ -350,7 +363,8 @@ class _LayerWalk:
             if not inputs:
                 return None
             last, z = inputs[-1]
-            if not torch.allclose(last(z), y, rtol=1e-5, atol=1e-6):
+            lz = last(z)  # a mixture of experts: the last expert's rows only, another shape
+            if lz.shape != y.shape or not torch.allclose(lz, y, rtol=1e-5, atol=1e-6):
                 return None
             lasts.append(paths[id(last)])
             x = x + y
@@ -469,12 +483,15 @@ def _calibration(calibration: Any, cls: Any) -> Any:
 
 def _find_blocks(net: Any) -> tuple[str, Any]:
     """The model's stack of blocks: the longest ``ModuleList`` of modules of one class that
-    hold linear layers (``model.layers`` of a llama, ``encoder.layer`` of a BERT)."""
+    hold linear layers (``model.layers`` of a llama, ``encoder.layer`` of a BERT), a block's
+    list of experts excepted."""
     import torch
 
     best: tuple[str, Any] | None = None
     for name, mod in net.named_modules():
         if not isinstance(mod, torch.nn.ModuleList) or len(mod) == 0:
+            continue
+        if hasattr(mod, "route_all"):  # a block's experts (lowbit.models.moe), not blocks
             continue
         kinds = {type(m) for m in mod}
         if len(kinds) != 1:

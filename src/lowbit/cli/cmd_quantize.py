@@ -10,11 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.calibration.calibrated import calibrated_weights
-from lowbit.calibration.data import Calibration
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.cli import _budget, _common
-from lowbit.cli._calibrated import add_calibration_options, awq_run, method_summary
+from lowbit.cli._calibrated import (
+    add_calibration_options,
+    awq_run,
+    calibration_of,
+    method_summary,
+)
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ
 from lowbit.plans.plan import AppliedPlan, PrecisionPlan
@@ -252,7 +256,7 @@ def _gptq(
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     cfg = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
-    calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
+    calib = calibration_of(args)
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
         progress=progress,

@@ -31,6 +31,7 @@ from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.models.activations import fake_quantize_per_token
+from lowbit.models.moe import checkpoint_rename, split_fused, unfuse_experts
 
 __all__ = [
     "attach_activation_quantization",
@@ -145,6 +146,7 @@ def _instantiate(config: Any, dtype: Any) -> Any:
     try:
         with no_init_weights():
             model = cls(config) if cls is not None else transformers.AutoModel.from_config(config)
+            unfuse_experts(model)  # fused 3-D experts -> one linear layer per expert
     finally:
         torch.set_default_dtype(old)
     model.tie_weights()  # post_init ties inside init_weights, which no_init_weights skips
@@ -193,20 +195,22 @@ def build_model(
     loaded: set[str] = set()
     unexpected: list[str] = []
     with torch.no_grad():
-        for name, arr in hf_tensors(checkpoint, weights, progress=progress):
+        for name, whole in hf_tensors(checkpoint, weights, progress=progress):
             key = prefix(name)
-            target = params.get(key)
-            if target is None:
-                if key not in buffers_only and not key.endswith("position_ids"):
-                    unexpected.append(name)
-                continue
-            if tuple(target.shape) != arr.shape:
-                raise LowbitError(
-                    f"{checkpoint.path}: tensor {name!r} has shape {arr.shape}, the model's "
-                    f"{key!r} wants {tuple(target.shape)}"
-                )
-            target.copy_(_readonly_tensor(arr))
-            loaded.add(key)
+            parts = split_fused(key, whole, model) if key not in params else None
+            for key, arr in parts or [(key, whole)]:  # noqa: B020 - a fused tensor: per expert
+                target = params.get(key)
+                if target is None:
+                    if key not in buffers_only and not key.endswith("position_ids"):
+                        unexpected.append(name)
+                    continue
+                if tuple(target.shape) != arr.shape:
+                    raise LowbitError(
+                        f"{checkpoint.path}: tensor {name!r} has shape {arr.shape}, the model's "
+                        f"{key!r} wants {tuple(target.shape)}"
+                    )
+                target.copy_(_readonly_tensor(arr))
+                loaded.add(key)
     missing = [k for k in params if k not in loaded and not _is_tied(params, k, loaded)]
     if strict and (missing or unexpected):
         raise LowbitError(_mismatch_message(checkpoint, missing, unexpected, list(params)))
@@ -231,11 +235,18 @@ def _is_tied(params: dict[str, Any], key: str, loaded: set[str]) -> bool:
 
 
 def _prefix_fix(model: Any, checkpoint: Checkpoint) -> Any:
-    """Map checkpoint names onto the model's when they differ by the base-model prefix."""
+    """Map checkpoint names onto the model's: the base-model prefix where they differ by it,
+    then the family's renames (``lowbit.models.moe.checkpoint_rename``: Mixtral's experts)."""
     if checkpoint.format == "gguf":
         return lambda n: n
+    rename = checkpoint_rename(getattr(model.config, "model_type", None))
+    prefix = _base_prefix(model, checkpoint, rename)
+    return lambda n: rename(prefix(n))
+
+
+def _base_prefix(model: Any, checkpoint: Checkpoint, rename: Any) -> Any:
     keys = set(model.state_dict())
-    names = checkpoint.names()
+    names = [rename(n) for n in checkpoint.names()]
     base = getattr(model, "base_model_prefix", "") or ""
     if not base or any(n in keys for n in names):
         return lambda n: n
