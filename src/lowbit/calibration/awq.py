@@ -34,6 +34,7 @@ import numpy as np
 
 from lowbit._progress import progress_bar
 from lowbit.calibration._awq_block import do_block
+from lowbit.calibration._block_args import block_args, with_block_args
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.gptq import (
     _calibration,
@@ -183,11 +184,14 @@ def awq_weights(
     with _threads(threads), torch.inference_mode():
         t = time.perf_counter()
         states = _capture(net, blocks[0], samples, causal)
+        own_args = block_args(net, blocks, samples, causal)
         sec["capture"] = time.perf_counter() - t
         with progress_bar(len(blocks), progress, method.name, "block") as bar:
             for i, block in enumerate(blocks):
                 lead = f"{prefix}.{i}."
                 mine = per_block.get(i, {})
+                if own_args is not None:  # this block's mask and rotary tables (layer types)
+                    states = with_block_args(states, own_args[i])
                 hooked = {p: net.get_submodule(p) for p in mine}
                 for f in folds:
                     for lin in f.linears:
