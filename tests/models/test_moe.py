@@ -25,7 +25,7 @@ from lowbit.models.build import build_model  # noqa: E402
 from lowbit.models.moe import expert_of, route_all_tokens  # noqa: E402
 from lowbit.plans.components import classify  # noqa: E402
 from lowbit.plans.plan import PrecisionPlan  # noqa: E402
-from tiny_models import MOE_FAMILIES, save_moe_folder, tiny_moe  # noqa: E402
+from tiny_models import MOE_BLOCKS, MOE_FAMILIES, save_moe_folder, tiny_moe  # noqa: E402
 
 WORDS = "river stone cloud garden lantern harbor meadow signal copper violet winter orchard"
 
@@ -68,12 +68,12 @@ def test_logits_equal_transformers(folders: dict, kind: str, layout: str) -> Non
     assert any(expert_of(n) for n in names) == (layout == "per-expert")
     net = build_model(open_checkpoint(folder))
     experts = [m for m in net.modules() if hasattr(m, "route_all")]
-    assert len(experts) == 2 and all(len(m) == 4 for m in experts)
+    assert len(experts) == MOE_BLOCKS[kind] and all(len(m) == 4 for m in experts)
     with torch.no_grad():
         want = model(_ids()).logits
         got = net(_ids()).logits
         with route_all_tokens(net) as n:  # every token through every expert: same output
-            assert n == 2
+            assert n == MOE_BLOCKS[kind]
             every = net(_ids()).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     torch.testing.assert_close(every, want, rtol=1e-5, atol=1e-5)
@@ -88,14 +88,14 @@ def test_routers_stay_high_precision(folders: dict) -> None:
         assert routers and all(by_name[n].action == "keep" for n in routers), kind
         assert all("MoE router" in by_name[n].reason for n in routers)
         experts = [n for n in by_name if expert_of(n)]
-        assert len(experts) == 2 * 4 * 3
+        assert len(experts) == MOE_BLOCKS[kind] * 4 * 3
         assert all(by_name[n].action == "quantize" for n in experts)
     assert classify("model.layers.0.block_sparse_moe.gate.weight") == "router"
     assert classify("model.layers.0.mlp.shared_expert_gate.weight") == "router"
     assert classify("model.layers.0.mlp.gate_proj.weight") == "mlp"
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "deepseek_v3"])
 def test_gptq_reaches_every_expert(folders: dict, calib: Calibration, kind: str) -> None:
     """With every token through every expert (the default), each expert layer is GPTQ'd on all
     calibration tokens and reports them with its Hessian's rank; routed, each sees its own
@@ -103,7 +103,7 @@ def test_gptq_reaches_every_expert(folders: dict, calib: Calibration, kind: str)
     folder = folders[kind][1]
     run = gptq_weights(folder, "int4:g32", calib, progress=False)
     experts = {n: e for n, e in run.layers.items() if expert_of(n)}
-    assert len(experts) == 24
+    assert len(experts) == 12 * MOE_BLOCKS[kind]
     total = run.calibration["tokens"]
     assert all(e["tokens"] == total and e["rank"] > 0 and "fallback" not in e
                for e in experts.values())  # fmt: skip
@@ -113,9 +113,9 @@ def test_gptq_reaches_every_expert(folders: dict, calib: Calibration, kind: str)
     routed = Calibration(**{**calib.to_dict(), "experts": "routed", "expert_min_tokens": 60})
     run = gptq_weights(folder, "int4:g32", routed, progress=False)
     experts = {n: e for n, e in run.layers.items() if expert_of(n)}
-    assert len(experts) == 24
+    assert len(experts) == 12 * MOE_BLOCKS[kind]
     tokens = [e["tokens"] for e in experts.values()]
-    assert sum(tokens) == 2 * 3 * 2 * total  # two experts per token, 3 layers each, 2 blocks
+    assert sum(tokens) == 2 * 3 * MOE_BLOCKS[kind] * total  # 2 experts a token, 3 layers each
     for n, e in experts.items():
         assert e["rank"] <= e["tokens"]
         low = e["tokens"] < 60
