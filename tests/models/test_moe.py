@@ -200,3 +200,19 @@ def test_floor_and_mode_are_checked() -> None:
     with pytest.raises(LowbitError, match="expert_min_tokens"):
         Calibration(expert_min_tokens=-1)
     assert np.isfinite(Calibration().expert_min_tokens)
+
+
+def test_sensitivity_scores_every_expert(
+    folders: dict, calib: Calibration, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``lowbit sensitivity`` of Mixtral measures each expert's tensors under their own
+    checkpoint names (w1/w2/w3), the routers not at all."""
+    rc = main([
+        "sensitivity", str(folders["mixtral"][1]), "--schemes", "int4:g32", "--calib",
+        calib.source, "--calib-samples", "2", "--calib-len", "32", "--no-progress", "--json",
+    ])  # fmt: skip
+    assert rc == 0
+    names = set(json.dumps(json.loads(capsys.readouterr().out)).split('"'))
+    experts = {n for n in names if expert_of(n)}
+    assert len(experts) == 24
+    assert not any(n.endswith("block_sparse_moe.gate.weight") for n in names)
