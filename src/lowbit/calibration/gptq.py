@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import re
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model, pl
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential
 from lowbit.models._threads import _numpy_blas_threads, _threads
-from lowbit.models.build import _prefix_fix, build_model
+from lowbit.models.build import _prefix_fix, build_model, load_deferred, param_shape
 from lowbit.models.moe import expert_of, route_all_tokens
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import calibrated_method, method_name
@@ -188,9 +189,10 @@ def gptq_weights(
     calibrated_method([t.method for t in todo.values()], default_method, run="gptq")
     wanted = {n for n, t in todo.items() if (t.method or default_method) == "gptq"}
     tokenizer = build_tokenizer(ckpt)
-    net = build_model(ckpt, progress=progress)
+    net = build_model(ckpt, progress=progress, defer=_later_block)
     causal = net.get_output_embeddings() is not None
     prefix, blocks = _find_blocks(net)
+    deferred = _Deferred(net, ckpt, prefix)
     per_block = _locate(net, ckpt, {n: t for n, t in todo.items() if n in wanted}, prefix)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
@@ -214,7 +216,6 @@ def gptq_weights(
         bar = progress_bar(last + 1, progress, "gptq", "block")
         layered = last >= 0 and method.sequential is Sequential.LAYERS
         walks: dict[Any, Any] = {}  # block signature -> its layer walk (None: group by group)
-        parked = _Parked(blocks, range(1, last + 1))  # each block's weights come back in turn
         all_experts = calib.experts == "all"
         sequential = "layers" if layered else "blocks"
 
@@ -246,9 +247,9 @@ def gptq_weights(
                     methods[name] = "gptq"
                 clock.stop("report")
 
-        with bar, parked:  # the file of parked weights is gone after the loop, whatever happens
+        with bar:
             for i, block in enumerate(blocks[: last + 1]):
-                parked.restore(block)
+                deferred.restore(i)  # this block's weights, read now
                 _release_heap()
                 if own_args is not None:  # this block's mask and rotary tables (layer types)
                     states = with_block_args(states, own_args[i])
@@ -379,7 +380,9 @@ def _locate(net: Any, ckpt: Any, todo: dict[str, Any], prefix: str) -> dict[int,
             mod = net.get_submodule(path)
         except AttributeError:
             continue
-        if not isinstance(mod, torch.nn.Linear) or tuple(mod.weight.shape) != tuple(t.shape):
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        if param_shape(net, path + ".weight") != tuple(t.shape):  # a deferred block's too
             continue
         index = int(path[len(lead) :].split(".", 1)[0])
         per_block.setdefault(index, {})[path] = name
@@ -512,52 +515,47 @@ def _own(blocks: Any, block: Any) -> list[Any]:
     return [p for p in block.parameters() if id(p) not in elsewhere]
 
 
-class _Parked:
-    """Blocks' float32 parameters in an anonymous temporary file until their block's turn.
+#: A parameter of a numbered block (``model.layers.3.``): the blocks GPTQ loads in turn.
+_BLOCK_KEY = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 
-    GPTQ runs one block at a time, so the blocks after it need not be in memory: SmolLM2's
-    30 blocks hold 427 MB of float32 weights, and parking them (written once, read back once:
-    about a second) is what keeps the run under 2 GB with the calibration data beside it.
-    Parameters shared with another block stay where they are.
+
+def _later_block(key: str) -> bool:
+    """Whether a model key belongs to a block after the first (read at its turn)."""
+    m = _BLOCK_KEY.search(key)
+    return m is not None and int(m.group(1)) > 0
+
+
+class _Deferred:
+    """The blocks after the first, read from the checkpoint only when their turn comes.
+
+    ``build_model(defer=_later_block)`` leaves them unread (no memory: their pages are never
+    written), so GPTQ holds one block's weights at a time besides the embeddings it drops after
+    the capture, whatever the model's depth (``benchmarks/bench_gptq_memory.py``). Deferred
+    parameters outside the block stack are loaded at once.
     """
 
-    def __init__(self, blocks: Any, which: range) -> None:
-        import tempfile
+    def __init__(self, net: Any, ckpt: Any, prefix: str) -> None:
+        self._net, self._ckpt = net, ckpt
+        lead = re.compile(re.escape(prefix) + r"\.(\d+)\.")
+        self._by_block: dict[int, list[str]] = {}
+        outside = []
+        for key in getattr(net, "lowbit_deferred", ()):
+            m = lead.match(key)
+            if m is None:
+                outside.append(key)
+            else:
+                self._by_block.setdefault(int(m.group(1)), []).append(key)
+        if outside:
+            load_deferred(net, ckpt, outside)
 
-        import torch
+    def restore(self, index: int) -> None:
+        """Read block ``index``'s parameters (a block never deferred: nothing to do)."""
+        keys = self._by_block.pop(index, [])
+        if keys:
+            import torch
 
-        self._file: Any = tempfile.TemporaryFile()  # closed by __exit__
-        self._where: dict[int, tuple[int, Any, Any]] = {}
-        for i in which:
-            mine = _own(blocks, blocks[i])
-            for prm in mine:
-                t = prm.detach().contiguous()
-                self._where[id(prm)] = (self._file.tell(), tuple(t.shape), t.dtype)
-                self._file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-            _drop(mine)
-
-    def restore(self, block: Any) -> None:
-        """Put ``block``'s parked parameters back (a block never parked: nothing to do)."""
-        import torch
-
-        for prm in block.parameters():
-            got = self._where.pop(id(prm), None)
-            if got is None:
-                continue
-            offset, shape, dtype = got
-            t = torch.empty(shape, dtype=dtype)
-            buf = t.reshape(-1).view(torch.uint8).numpy()
-            self._file.seek(offset)
-            if self._file.readinto(memoryview(buf)) != buf.nbytes:  # pragma: no cover - disk
-                raise LowbitError("GPTQ's temporary file of parked weights came back short")
             with torch.inference_mode(False), torch.no_grad():
-                prm.data = t
-
-    def __enter__(self) -> _Parked:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._file.close()
+                load_deferred(self._net, self._ckpt, keys)
 
 
 def _drop(params: Any) -> None:

@@ -33,6 +33,7 @@ from lowbit.errors import LowbitError
 __all__ = [
     "checkpoint_rename",
     "expert_of",
+    "fused_base",
     "route_all_tokens",
     "split_fused",
     "unfuse_experts",
@@ -186,6 +187,12 @@ def unfuse_experts(model: Any) -> list[str]:
         setattr(parent, child, cls(mod))
         done.append(name)
     return done
+
+
+def fused_base(key: str) -> str | None:
+    """The experts module path of a fused experts tensor name (``...mlp.experts``), or None."""
+    m = _FUSED.match(key)
+    return m.group(1) if m else None
 
 
 def split_fused(key: str, arr: np.ndarray, model: Any) -> list[tuple[str, np.ndarray]] | None:
