@@ -216,3 +216,26 @@ def test_sensitivity_scores_every_expert(
     experts = {n for n in names if expert_of(n)}
     assert len(experts) == 24
     assert not any(n.endswith("block_sparse_moe.gate.weight") for n in names)
+
+
+@pytest.mark.parametrize("experts", ["all", "routed"])
+def test_staged_walk_equals_the_group_walk(
+    folders: dict, calib: Calibration, experts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MoE sublayer's two stages (every gate/up in one pass, every down in the next) give
+    the group-by-group walk's codes and scales bit for bit: each expert's down projection reads
+    only its own gate/up outputs, so what the other experts hold does not change its input."""
+    import lowbit.calibration._layer_walk as lw
+
+    data = Calibration(**{**calib.to_dict(), "experts": experts, "expert_min_tokens": 0})
+    folder = folders["qwen2_moe"][1]
+    staged = gptq_weights(folder, "int4:g32", data, progress=False)
+    monkeypatch.setattr(lw, "_staged", lambda mine: False)
+    grouped = gptq_weights(folder, "int4:g32", data, progress=False)
+    assert set(staged.weights) == set(grouped.weights)
+    assert sum(bool(expert_of(n)) for n in staged.weights) == 24
+    for name, qt in staged.weights.items():
+        np.testing.assert_array_equal(qt.codes, grouped.weights[name].codes, err_msg=name)
+        np.testing.assert_array_equal(qt.scale, grouped.weights[name].scale, err_msg=name)
+    for name, e in staged.layers.items():
+        assert e["tokens"] == grouped.layers[name]["tokens"], name

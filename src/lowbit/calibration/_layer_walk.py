@@ -20,9 +20,11 @@ what that layer reads (o_proj, down_proj, through the post-norm), run the sublay
 those quantized, keeping the last layer's inputs (:class:`_Stash`) and collecting its ``H``,
 quantize it and add its outputs to the residual: one forward pass per block where the
 ``blocks`` order costs two. A sublayer whose output is not one linear layer's (a mixture of
-experts: a routed sum) is walked group by group inside the sublayer
-(``lowbit.calibration._group_walk.walk_groups`` on the sublayer alone), then run once more for
-the residual. Blocks of another structure (DeepSeek's dense first layers before its MoE ones)
+experts: a routed sum) is walked in two stages, every gate/up projection in one pass and every
+down projection in the next (with the first stage quantized: each expert's down projection
+reads only its own gate/up), then run once more for the residual; another sublayer of that
+kind is walked group by group (``lowbit.calibration._group_walk.walk_groups`` on the sublayer
+alone). Blocks of another structure (DeepSeek's dense first layers before its MoE ones)
 get their own walk (:meth:`LayerWalk.fits`).
 """
 
@@ -206,7 +208,14 @@ class LayerWalk:
             inner_ids = {id(m) for m in block.get_submodule(part.sub).modules()}
             mine = {n: m for n, m in linears.items() if id(m) in inner_ids}
             if not part.last:
-                if mine:
+                if mine and _staged(mine):
+                    for stage in _stages(mine):
+                        with collecting(), HessianCollector(stage) as col:
+                            for (h, _, k), (_, mask) in zip(states, samples, strict=True):
+                                col.next_sample(mask)
+                                col.run(_call, block, part, h, k)
+                        solve(col)
+                elif mine:
 
                     def sub(hidden: Any, *_a: Any, part: Part = part, **kw: Any) -> Any:
                         return _call(block, part, hidden, kw)
@@ -250,6 +259,25 @@ class LayerWalk:
                 h, a, k = states[j]
                 y = last(z)
                 states[j] = (h + (post(y) if post is not None else y), a, k)
+
+
+#: The projections that read an MLP's (or an expert's) hidden activations: the second stage.
+_SECOND = ("down_proj", "w2")
+
+
+def _staged(mine: dict[str, Any]) -> bool:
+    """A mixture of experts' sublayer: its layers quantized in two stages (see _stages)."""
+    return any(".experts." in n for n in mine)
+
+
+def _stages(mine: dict[str, Any]) -> list[dict[str, Any]]:
+    """A mixture's layers in the order their inputs depend on each other: every expert's (and
+    shared expert's) gate/up projections read the sublayer's input, each down projection only
+    its own expert's gate/up outputs; so all of a stage are collected in one pass, the second
+    with the first quantized, where a group-by-group walk takes a pass per expert."""
+    second = {n: m for n, m in mine.items() if n.rsplit(".", 1)[-1] in _SECOND}
+    first = {n: m for n, m in mine.items() if n not in second}
+    return [s for s in (first, second) if s]
 
 
 def _call(block: Any, part: Part, h: Any, kwargs: dict[str, Any]) -> Any:
