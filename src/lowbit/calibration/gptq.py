@@ -519,8 +519,15 @@ def _own(blocks: Any, block: Any) -> list[Any]:
 _BLOCK_KEY = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 
 
+_HEAD_KEY = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.weight$")
+
+
 def _later_block(key: str) -> bool:
-    """Whether a model key belongs to a block after the first (read at its turn)."""
+    """Whether a model key belongs to a block after the first (read at its turn) or is the LM
+    head (never run: the capture stops at the first block; a head tied to the embedding is
+    loaded with it)."""
+    if _HEAD_KEY.search(key):
+        return True
     m = _BLOCK_KEY.search(key)
     return m is not None and int(m.group(1)) > 0
 
@@ -541,6 +548,8 @@ class _Deferred:
         outside = []
         for key in getattr(net, "lowbit_deferred", ()):
             m = lead.match(key)
+            if m is None and _HEAD_KEY.search(key):
+                continue  # never needed
             if m is None:
                 outside.append(key)
             else:
