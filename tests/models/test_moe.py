@@ -239,3 +239,16 @@ def test_staged_walk_equals_the_group_walk(
         np.testing.assert_array_equal(qt.scale, grouped.weights[name].scale, err_msg=name)
     for name, e in staged.layers.items():
         assert e["tokens"] == grouped.layers[name]["tokens"], name
+
+
+def test_unknown_family_is_one_error(folders: dict, tmp_path: Path) -> None:
+    """A config naming an architecture transformers does not have is one LowbitError line
+    naming it and the closest it knows."""
+    src = folders["qwen3_moe"][1]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cfg = json.loads((src / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3_moee"}))
+    (bad / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+    with pytest.raises(LowbitError, match=r"'qwen3_moee' is no architecture.*closest: qwen3_moe"):
+        build_model(open_checkpoint(bad))

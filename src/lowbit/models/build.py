@@ -117,6 +117,16 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
         raise LowbitError(f"{checkpoint.path}: config has no model_type")
     for key in ("transformers_version", "_name_or_path"):
         cfg.pop(key, None)
+    known = getattr(transformers, "CONFIG_MAPPING", None)
+    if known is not None and model_type not in known:
+        import difflib
+
+        close = difflib.get_close_matches(str(model_type), list(known.keys()), n=3)
+        hint = f" (closest: {', '.join(close)})" if close else ""
+        raise LowbitError(
+            f"{checkpoint.path}: model_type {model_type!r} is no architecture transformers "
+            f"{transformers.__version__} knows, so the model cannot be built{hint}"
+        )
     try:
         return transformers.AutoConfig.for_model(model_type, **cfg)
     except ValueError as exc:
