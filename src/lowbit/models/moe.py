@@ -21,6 +21,7 @@ use so that each expert's linear layers see all calibration tokens (``--moe-cali
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -89,7 +90,9 @@ class _Expert:
         return mod
 
 
+@functools.cache
 def _experts_class() -> Any:
+    """The ``Experts`` class (built on first use: torch is imported then, not with lowbit)."""
     import torch
 
     class Experts(torch.nn.ModuleList):
