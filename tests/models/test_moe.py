@@ -252,3 +252,15 @@ def test_unknown_family_is_one_error(folders: dict, tmp_path: Path) -> None:
     (bad / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
     with pytest.raises(LowbitError, match=r"'qwen3_moee' is no architecture.*closest: qwen3_moe"):
         build_model(open_checkpoint(bad))
+
+
+def test_awq_routed_floor(folders: dict, calib: Calibration) -> None:
+    """AWQ with routed tokens rounds the expert layers under the floor to nearest (a fold that
+    would change them is skipped) and says so; the others are AWQ's."""
+    routed = Calibration(**{**calib.to_dict(), "experts": "routed", "expert_min_tokens": 60})
+    run = awq_weights(folders["qwen2_moe"][1], "int4:g32", routed, progress=False)
+    low = {n for n, e in run.layers.items() if "fallback" in e}
+    assert low and all(expert_of(n) for n in low)
+    assert all(run.methods[n] == "rtn" for n in low)
+    assert all(run.methods[n] == "awq" for n in run.methods if expert_of(n) and n not in low)
+    assert all(run.layers[n]["tokens"] < 60 for n in low)

@@ -56,7 +56,7 @@ from lowbit.methods.folds import FOLDS, expand_experts, fold_family
 from lowbit.methods.smoothquant import SmoothQuant
 from lowbit.models._threads import _threads
 from lowbit.models.build import _prefix_fix, build_model
-from lowbit.models.moe import route_all_tokens
+from lowbit.models.moe import expert_of, route_all_tokens
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import calibrated_method, method_name
 
@@ -208,6 +208,7 @@ def awq_weights(
                             col.next_sample(mask)
                             block(h, *a, **k)
                     sec["collect"] += time.perf_counter() - t
+                    mine = _expert_floor(mine, col, calib, run.layers)
                     do_block(net, ckpt, i, lead, mine, todo, names, folds, head_dim, col,
                               method, run, sec)  # fmt: skip
                 t = time.perf_counter()
@@ -235,6 +236,26 @@ def awq_weights(
         else sum(int(m.sum()) for _, m in samples),
     }
     return run
+
+
+def _expert_floor(
+    mine: dict[str, str], col: Any, calib: Any, layers: dict[str, Any]
+) -> dict[str, str]:
+    """``mine`` without the expert layers that saw fewer tokens than the calibration's floor
+    (never routed to, or under ``expert_min_tokens``): rounded to nearest, the report says so."""
+    keep = {}
+    for path, name in mine.items():
+        tokens = col.tokens(path)
+        if expert_of(name) and (tokens == 0 or tokens < calib.expert_min_tokens):
+            layers[name] = {
+                "tokens": tokens,
+                "fallback": f"rtn: {tokens} tokens < floor {calib.expert_min_tokens}"
+                if tokens
+                else "rtn: no calibration token",
+            }
+            continue
+        keep[path] = name
+    return keep
 
 
 def _wanted(todo: dict[str, Any], default: str, smooth: bool) -> set[str]:
