@@ -122,18 +122,24 @@ def save_hf_folder(model: Any, folder: Path, *, tokenizer: bool = True) -> Path:
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(model.config.to_json_string())
     if tokenizer:
-        (folder / "tokenizer.json").write_text(byte_tokenizer_json())
-        (folder / "tokenizer_config.json").write_text(
-            json.dumps(
-                {
-                    "tokenizer_class": "PreTrainedTokenizerFast",
-                    "bos_token": "<s>",
-                    "eos_token": "</s>",
-                    "unk_token": "<unk>",
-                    "pad_token": "<pad>",
-                }
-            )
+        write_byte_tokenizer(folder)
+    return folder
+
+
+def write_byte_tokenizer(folder: Path) -> Path:
+    """tokenizer.json and tokenizer_config.json of the byte-level tokenizer into ``folder``."""
+    (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "pad_token": "<pad>",
+            }
         )
+    )
     return folder
 
 
@@ -256,3 +262,141 @@ def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
     path = shipped_path(name)
     ckpt = open_checkpoint(path)
     return path, ckpt, build_model(ckpt, progress=False), build_tokenizer(ckpt)
+
+
+#: Tiny mixtures of experts: model_type -> (config class, model class, config keywords).
+MOE_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        {"num_experts": 4, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64},
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"num_experts": 4, "moe_intermediate_size": 32, "head_dim": 16},
+    ),
+    "deepseek_v3": (  # a dense first layer, shared experts, multi-head latent attention
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 32,
+            "first_k_dense_replace": 1,
+            "kv_lora_rank": 16,
+            "q_lora_rank": 32,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+    ),
+}
+
+#: MoE blocks of each tiny mixture (DeepSeek's first layer is dense).
+MOE_BLOCKS = {"mixtral": 2, "qwen2_moe": 2, "qwen3_moe": 2, "deepseek_v3": 1}
+
+
+def tiny_moe(model_type: str, seed: int = 0) -> Any:
+    """A random 2-layer mixture of experts (hidden 64, 4 experts, 2 per token) of a family of
+    :data:`MOE_FAMILIES`, as transformers builds it (fused 3-D experts in transformers 5)."""
+    import torch
+    import transformers
+
+    cfg_name, cls_name, extra = MOE_FAMILIES[model_type]
+    cfg = getattr(transformers, cfg_name)(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        bos_token_id=257,
+        eos_token_id=258,
+        tie_word_embeddings=False,
+        **extra,
+    )
+    cfg.architectures = [cls_name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.08)
+    return model
+
+
+def save_moe_folder(model: Any, folder: Path, *, fused: bool = False) -> Path:
+    """A mixture of experts as a Hugging Face folder with the byte tokenizer: per-expert tensors
+    as ``save_pretrained`` writes them (Mixtral's ``block_sparse_moe.experts.N.w1``), or with
+    ``fused`` the model's own state dict (3-D ``experts.gate_up_proj`` / ``down_proj``)."""
+    if fused:
+        return save_hf_folder(model, folder)
+    model.save_pretrained(str(folder))
+    return write_byte_tokenizer(folder)
+
+
+#: Tiny dense families: model_type -> (config class, model class, config keywords). Gemma 2/3
+#: get a sliding window shorter than the calibration windows, so their layer types differ.
+DENSE_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 16}),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16, "pad_token_id": 260},
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "head_dim": 16,
+            "sliding_window": 8,
+            "query_pre_attn_scalar": 16,
+            "pad_token_id": 260,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 260}),
+}
+
+
+def tiny_family(model_type: str, seed: int = 0) -> Any:
+    """A random 2-layer causal LM (hidden 64, float32) of a family of :data:`DENSE_FAMILIES`,
+    norms and biases random too (so a mix-up shows)."""
+    import torch
+    import transformers
+
+    cfg_name, cls_name, extra = DENSE_FAMILIES[model_type]
+    kwargs: dict[str, Any] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "bos_token_id": 257,
+        "eos_token_id": 258,
+        "tie_word_embeddings": False,
+        **extra,
+    }
+    cfg = getattr(transformers, cfg_name)(**kwargs)
+    cfg.architectures = [cls_name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5) if "gemma" not in model_type else p.uniform_(-0.5, 0.5)
+            else:
+                p.normal_(0.0, 0.08)
+    return model

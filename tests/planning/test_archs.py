@@ -79,6 +79,7 @@ def test_smollm2_components_by_hand() -> None:
         "mlp": 30 * 3 * h * inter,
         "norms": 30 * 2 * h + h,
         "lm_head": 0,
+        "router": 0,
         "other": 0,
     }
     assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim) == (30, 9, 3, 64)

@@ -1,13 +1,14 @@
-"""Memory of a whole-model calibration run: blocks parked in a temporary file until their turn, parameters freed once used, the C heap trimmed."""
+"""Memory of a whole-model calibration run: blocks read from the checkpoint only at their turn, parameters freed once used, the C heap trimmed."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
+import re
 from typing import Any
 
-from lowbit.errors import LowbitError
+from lowbit.models.build import load_deferred
 
 
 def _release_heap() -> bool:
@@ -41,52 +42,56 @@ def _own(blocks: Any, block: Any) -> list[Any]:
     return [p for p in block.parameters() if id(p) not in elsewhere]
 
 
-class _Parked:
-    """Blocks' float32 parameters in an anonymous temporary file until their block's turn.
+#: A parameter of a numbered block (``model.layers.3.``): the blocks GPTQ loads in turn.
+_BLOCK_KEY = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 
-    GPTQ runs one block at a time, so the blocks after it need not be in memory: SmolLM2's
-    30 blocks hold 427 MB of float32 weights, and parking them (written once, read back once:
-    about a second) is what keeps the run under 2 GB with the calibration data beside it.
-    Parameters shared with another block stay where they are.
+
+_HEAD_KEY = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.weight$")
+
+
+def _later_block(key: str) -> bool:
+    """Whether a model key belongs to a block after the first (read at its turn) or is the LM
+    head (never run: the capture stops at the first block; a head tied to the embedding is
+    loaded with it)."""
+    if _HEAD_KEY.search(key):
+        return True
+    m = _BLOCK_KEY.search(key)
+    return m is not None and int(m.group(1)) > 0
+
+
+class _Deferred:
+    """The blocks after the first, read from the checkpoint only when their turn comes.
+
+    ``build_model(defer=_later_block)`` leaves them unread (no memory: their pages are never
+    written), so GPTQ holds one block's weights at a time besides the embeddings it drops after
+    the capture, whatever the model's depth (``benchmarks/bench_gptq_memory.py``). Deferred
+    parameters outside the block stack are loaded at once.
     """
 
-    def __init__(self, blocks: Any, which: range) -> None:
-        import tempfile
+    def __init__(self, net: Any, ckpt: Any, prefix: str) -> None:
+        self._net, self._ckpt = net, ckpt
+        lead = re.compile(re.escape(prefix) + r"\.(\d+)\.")
+        self._by_block: dict[int, list[str]] = {}
+        outside = []
+        for key in getattr(net, "lowbit_deferred", ()):
+            m = lead.match(key)
+            if m is None and _HEAD_KEY.search(key):
+                continue  # never needed
+            if m is None:
+                outside.append(key)
+            else:
+                self._by_block.setdefault(int(m.group(1)), []).append(key)
+        if outside:
+            load_deferred(net, ckpt, outside)
 
-        import torch
+    def restore(self, index: int) -> None:
+        """Read block ``index``'s parameters (a block never deferred: nothing to do)."""
+        keys = self._by_block.pop(index, [])
+        if keys:
+            import torch
 
-        self._file: Any = tempfile.TemporaryFile()  # closed by __exit__
-        self._where: dict[int, tuple[int, Any, Any]] = {}
-        for i in which:
-            mine = _own(blocks, blocks[i])
-            for prm in mine:
-                t = prm.detach().contiguous()
-                self._where[id(prm)] = (self._file.tell(), tuple(t.shape), t.dtype)
-                self._file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-            _drop(mine)
-
-    def restore(self, block: Any) -> None:
-        """Put ``block``'s parked parameters back (a block never parked: nothing to do)."""
-        import torch
-
-        for prm in block.parameters():
-            got = self._where.pop(id(prm), None)
-            if got is None:
-                continue
-            offset, shape, dtype = got
-            t = torch.empty(shape, dtype=dtype)
-            buf = t.reshape(-1).view(torch.uint8).numpy()
-            self._file.seek(offset)
-            if self._file.readinto(memoryview(buf)) != buf.nbytes:  # pragma: no cover - disk
-                raise LowbitError("GPTQ's temporary file of parked weights came back short")
             with torch.inference_mode(False), torch.no_grad():
-                prm.data = t
-
-    def __enter__(self) -> _Parked:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._file.close()
+                load_deferred(self._net, self._ckpt, keys)
 
 
 def _drop(params: Any) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from lowbit._progress import progress_bar
 from lowbit.calibration._awq_block import do_block
+from lowbit.calibration._block_args import block_args, with_block_args
 from lowbit.calibration.blocks import _calibration, _capture, _find_blocks, _locate, _out, _samples
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.hessians import HessianCollector
@@ -44,11 +45,12 @@ from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
-from lowbit.methods.folds import FOLDS, fold_family
+from lowbit.methods.folds import FOLDS, expand_experts, fold_family
 from lowbit.methods.smoothquant import SmoothQuant
 from lowbit.models._compute import compute_context
 from lowbit.models._threads import _threads
 from lowbit.models.build import _prefix_fix, build_model
+from lowbit.models.moe import expert_of, route_all_tokens
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import calibrated_method, method_name
 
@@ -164,6 +166,9 @@ def awq_weights(
     names = _param_names(net, ckpt)
     folds = FOLDS.get(fold_family((ckpt.config or {}).get("model_type")) or "", ())
     cfg = net.config
+    experts = max((getattr(m, "num_experts", 0) for m in net.modules() if hasattr(m, "route_all")),
+                  default=0)  # fmt: skip
+    folds = expand_experts(folds, experts)
     head_dim = int(getattr(cfg, "head_dim", 0) or cfg.hidden_size // cfg.num_attention_heads)
     limit = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
@@ -175,11 +180,14 @@ def awq_weights(
     with _threads(threads), compute_context(compute), torch.inference_mode():
         t = time.perf_counter()
         states = _capture(net, blocks[0], samples, causal)
+        own_args = block_args(net, blocks, samples, causal)
         sec["capture"] = time.perf_counter() - t
         with progress_bar(len(blocks), progress, method.name, "block") as bar:
             for i, block in enumerate(blocks):
                 lead = f"{prefix}.{i}."
                 mine = per_block.get(i, {})
+                if own_args is not None:  # this block's mask and rotary tables (layer types)
+                    states = with_block_args(states, own_args[i])
                 hooked = {p: net.get_submodule(p) for p in mine}
                 for f in folds:
                     for lin in f.linears:
@@ -188,11 +196,15 @@ def awq_weights(
                             hooked[lead + lin] = mod
                 if hooked:
                     t = time.perf_counter()
-                    with HessianCollector(hooked, hessian=not sq, stats=True, rows=per_pass) as col:
+                    with (
+                        route_all_tokens(block, calib.experts == "all"),
+                        HessianCollector(hooked, hessian=not sq, stats=True, rows=per_pass) as col,
+                    ):
                         for (h, a, k), (_, mask) in zip(states, samples, strict=True):
                             col.next_sample(mask)
                             block(h, *a, **k)
                     sec["collect"] += time.perf_counter() - t
+                    mine = _expert_floor(mine, col, calib, run.layers)
                     do_block(net, ckpt, i, lead, mine, todo, names, folds, head_dim, col,
                               method, run, sec)  # fmt: skip
                 t = time.perf_counter()
@@ -220,6 +232,26 @@ def awq_weights(
         else sum(int(m.sum()) for _, m in samples),
     }
     return run
+
+
+def _expert_floor(
+    mine: dict[str, str], col: Any, calib: Any, layers: dict[str, Any]
+) -> dict[str, str]:
+    """``mine`` without the expert layers that saw fewer tokens than the calibration's floor
+    (never routed to, or under ``expert_min_tokens``): rounded to nearest, the report says so."""
+    keep = {}
+    for path, name in mine.items():
+        tokens = col.tokens(path)
+        if expert_of(name) and (tokens == 0 or tokens < calib.expert_min_tokens):
+            layers[name] = {
+                "tokens": tokens,
+                "fallback": f"rtn: {tokens} tokens < floor {calib.expert_min_tokens}"
+                if tokens
+                else "rtn: no calibration token",
+            }
+            continue
+        keep[path] = name
+    return keep
 
 
 def _wanted(todo: dict[str, Any], default: str, smooth: bool) -> set[str]:

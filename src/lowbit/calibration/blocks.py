@@ -15,7 +15,7 @@ from lowbit.calibration.text import evaluated_sentences
 from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.quantize_model import checkpoint_tensors
 from lowbit.errors import LowbitError
-from lowbit.models.build import _prefix_fix
+from lowbit.models.build import _prefix_fix, param_shape
 from lowbit.quant.tensor import quantize
 
 
@@ -37,12 +37,15 @@ def _calibration(calibration: Any, cls: Any) -> Any:
 
 def _find_blocks(net: Any) -> tuple[str, Any]:
     """The model's stack of blocks: the longest ``ModuleList`` of modules of one class that
-    hold linear layers (``model.layers`` of a llama, ``encoder.layer`` of a BERT)."""
+    hold linear layers (``model.layers`` of a llama, ``encoder.layer`` of a BERT), a block's
+    list of experts excepted."""
     import torch
 
     best: tuple[str, Any] | None = None
     for name, mod in net.named_modules():
         if not isinstance(mod, torch.nn.ModuleList) or len(mod) == 0:
+            continue
+        if hasattr(mod, "route_all"):  # a block's experts (lowbit.models.moe), not blocks
             continue
         kinds = {type(m) for m in mod}
         if len(kinds) != 1:
@@ -83,7 +86,9 @@ def _locate(net: Any, ckpt: Any, todo: dict[str, Any], prefix: str) -> dict[int,
             mod = net.get_submodule(path)
         except AttributeError:
             continue
-        if not isinstance(mod, torch.nn.Linear) or tuple(mod.weight.shape) != tuple(t.shape):
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        if param_shape(net, path + ".weight") != tuple(t.shape):  # a deferred block's too
             continue
         index = int(path[len(lead) :].split(".", 1)[0])
         per_block.setdefault(index, {})[path] = name

@@ -63,10 +63,17 @@ class Calibration:
         start: first token of a text source used (default: :data:`DEFAULT_START` for the
             default text, 0 for a file).
         seed: the draw of encoder sentences.
+        experts: mixtures of experts: ``all`` (default) runs every calibration token through
+            every expert while collecting statistics (the block's output still sums only the
+            routed experts), so each expert's layers see all tokens; ``routed``: each expert
+            sees only the tokens its router sends it.
+        expert_min_tokens: with ``routed``, an expert layer that saw fewer tokens is rounded
+            to nearest instead (its GPTQ/AWQ statistics would rest on too few tokens); the run's
+            ``layers`` report says so (``fallback``). Default 32.
 
     Raises:
         LowbitError: non-positive sizes, a negative start, a file that does not exist or is
-            neither ``.txt`` nor ``.jsonl``.
+            neither ``.txt`` nor ``.jsonl``, an unknown ``experts`` mode.
     """
 
     source: str = "default"
@@ -74,6 +81,8 @@ class Calibration:
     length: int | None = None
     start: int | None = None
     seed: int = 0
+    experts: str = "all"
+    expert_min_tokens: int = 32
 
     def __post_init__(self) -> None:
         src = os.fspath(self.source) if not isinstance(self.source, str) else self.source
@@ -94,6 +103,15 @@ class Calibration:
                 raise LowbitError(f"calibration {key} must be a positive integer, got {v!r}")
         if self.start is not None and (not isinstance(self.start, int) or self.start < 0):
             raise LowbitError(f"calibration start must be an integer >= 0, got {self.start!r}")
+        mode = str(self.experts).strip().lower()
+        if mode not in ("all", "routed"):
+            raise LowbitError(
+                f"calibration experts must be 'all' or 'routed', got {self.experts!r}"
+            )
+        object.__setattr__(self, "experts", mode)
+        floor = self.expert_min_tokens
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise LowbitError(f"expert_min_tokens must be an integer >= 0, got {floor!r}")
 
     @property
     def is_default(self) -> bool:
@@ -162,6 +180,8 @@ class Calibration:
             "length": self.length,
             "start": self.start,
             "seed": self.seed,
+            "experts": self.experts,
+            "expert_min_tokens": self.expert_min_tokens,
         }
 
 

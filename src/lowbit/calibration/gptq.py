@@ -8,10 +8,12 @@ before it), in one of two orders (:class:`lowbit.methods.gptq.Sequential`):
 
 ``layers`` (default): group by group of layers that read one input (q/k/v, then o_proj,
 gate/up, down_proj), collect ``H = 2 X^T X / n`` with forward hooks on the outputs of the
-groups already quantized, quantize the group, go on. In pre-norm residual blocks (the llama
-family) the block's outputs come from the same pass (:class:`_LayerWalk`); every other block
-(BERT's post-norm layers) is run once per group, each pass stopped at the group's input, and
-once more for its outputs (``lowbit.calibration._group_walk``).
+groups already quantized, quantize the group, go on. In pre-norm residual blocks (llama,
+Mistral, Qwen2/3, Phi-3, Gemma 2/3 and their mixtures of experts, found from the block's own
+structure) the block's outputs come from the same pass
+(``lowbit.calibration._layer_walk.LayerWalk``); every other block (BERT's post-norm layers) is
+run once per group, each pass stopped at the group's input, and once more for its outputs
+(``lowbit.calibration._group_walk``).
 
 ``blocks``:
 
@@ -37,8 +39,12 @@ from typing import Any
 import numpy as np
 
 from lowbit._progress import progress_bar
+from lowbit.calibration._block_args import block_args, with_block_args
+from lowbit.calibration._experts import expert_floor, unreached_experts
 from lowbit.calibration._group_walk import walk_groups
-from lowbit.calibration._memory import _drop, _own, _Parked, _release_heap
+from lowbit.calibration._layer_walk import LayerWalk as _LayerWalk
+from lowbit.calibration._layer_walk import block_signature
+from lowbit.calibration._memory import _Deferred, _drop, _later_block, _own, _release_heap
 from lowbit.calibration.blocks import (
     _calibration,
     _capture,
@@ -62,6 +68,7 @@ from lowbit.methods.gptq import GPTQ, Sequential
 from lowbit.models._compute import compute_context
 from lowbit.models._threads import _numpy_blas_threads, _threads
 from lowbit.models.build import build_model
+from lowbit.models.moe import expert_of, route_all_tokens
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import calibrated_method, method_name
 
@@ -186,9 +193,10 @@ def gptq_weights(
     calibrated_method([t.method for t in todo.values()], default_method, run="gptq")
     wanted = {n for n, t in todo.items() if (t.method or default_method) == "gptq"}
     tokenizer = build_tokenizer(ckpt)
-    net = build_model(ckpt, progress=progress)
+    net = build_model(ckpt, progress=progress, defer=_later_block)
     causal = net.get_output_embeddings() is not None
     prefix, blocks = _find_blocks(net)
+    deferred = _Deferred(net, ckpt, prefix)
     per_block = _locate(net, ckpt, {n: t for n, t in todo.items() if n in wanted}, prefix)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
@@ -199,6 +207,7 @@ def gptq_weights(
     layers: dict[str, dict[str, float]] = {}
     last = max(per_block, default=-1)  # no block after the last one GPTQ quantizes is run
     states: list[Any] = []
+    own_args: list[Any] | None = None
     # numpy's BLAS on one thread: its idle threads spin on the cores torch's are about to use
     with (
         _threads(threads),
@@ -209,15 +218,15 @@ def gptq_weights(
         clock.start()
         if last >= 0:
             states = _capture(net, blocks[0], samples, causal)
+            own_args = block_args(net, blocks[: last + 1], samples, causal)
         inside = {id(p) for p in blocks.parameters()}
         _drop(p for p in net.parameters() if id(p) not in inside)  # embeddings, head: done
         clock.stop("capture")
         bar = progress_bar(last + 1, progress, "gptq", "block")
-        walk = _LayerWalk.of(blocks[0], states, method) if last >= 0 else None
-        parked = _Parked(blocks, range(1, last + 1))  # each block's weights come back in turn
-        # where the llama walk cannot decompose the block, the layers order runs group by group
-        groupwise = walk is None and last >= 0 and method.sequential is Sequential.LAYERS
-        sequential = "layers" if walk is not None or groupwise else "blocks"
+        layered = last >= 0 and method.sequential is Sequential.LAYERS
+        walks: dict[Any, Any] = {}  # block signature -> its layer walk (None: group by group)
+        all_experts = calib.experts == "all"
+        sequential = "layers" if layered else "blocks"
 
         def solve(
             col: HessianCollector, mine: dict[str, str], linears: dict[str, Any], model: Any = net
@@ -225,6 +234,11 @@ def gptq_weights(
             clock.stop("collect")
             for group in col.groups().values():
                 H = col.hessian(group[0])
+                experts = [m for m in group if expert_of(mine[m])]
+                if experts:
+                    group = expert_floor(group, experts, col, H, mine, calib, layers)
+                    if not group:
+                        continue
                 ws = {mine[m]: np.asarray(ckpt.get(mine[m]), dtype=np.float64) for m in group}
                 schemes = {mine[m]: todo[mine[m]].scheme for m in group}
                 qts = method.quantize_shared(ws, H, schemes)
@@ -233,34 +247,47 @@ def gptq_weights(
                 for m in group:
                     name = mine[m]
                     deq = qts[name].dequantize(np.float64)
-                    layers[name] = _errors(ws[name], deq, H32, schemes[name], col.tokens(m))
+                    layers[name] = {
+                        **_errors(ws[name], deq, H32, schemes[name], col.tokens(m)),
+                        **layers.get(name, {}),
+                    }
                     _set_weight(linears[m], _model_layout(ckpt, name, deq, model))
                     weights[name] = qts[name]
                     methods[name] = "gptq"
                 clock.stop("report")
 
-        with bar, parked:  # the file of parked weights is gone after the loop, whatever happens
+        with bar:
             for i, block in enumerate(blocks[: last + 1]):
-                parked.restore(block)
+                deferred.restore(i)  # this block's weights, read now
                 _release_heap()
+                if own_args is not None:  # this block's mask and rotary tables (layer types)
+                    states = with_block_args(states, own_args[i])
                 mine = per_block.get(i, {})
                 linears = {m: net.get_submodule(m) for m in mine}
                 clock.start()
+                sig = block_signature(block)
+                if layered and sig not in walks:  # the structure of this kind of block
+                    walks[sig] = _LayerWalk.of(block, states, method)
+                walk = walks.get(sig)
+                # where the walk cannot decompose the block, the layers order runs group by group
+                groupwise = walk is None and layered
                 if walk is not None:  # one pass: collect, solve, propagate, layer group by group
                     walk.run(
                         block, states, samples, linears,
                         lambda c, m=mine, ls=linears: solve(c, m, ls), outputs=i < last,
+                        collecting=lambda b=block: route_all_tokens(b, all_experts),
                     )  # fmt: skip
                     _drop(_own(blocks, block))  # never run again
                     clock.stop("propagate")
                     bar.update(1)
                     continue
                 if mine and groupwise:  # layers order, group by group of the block's passes
-                    walk_groups(
-                        block, states, samples, linears, lambda c, ls, m=mine: solve(c, m, ls)
-                    )
+                    with route_all_tokens(block, all_experts):
+                        walk_groups(
+                            block, states, samples, linears, lambda c, ls, m=mine: solve(c, m, ls)
+                        )
                 elif mine:
-                    with HessianCollector(linears) as col:
+                    with route_all_tokens(block, all_experts), HessianCollector(linears) as col:
                         for (hidden, args, kwargs), (_, mask) in zip(states, samples, strict=True):
                             col.next_sample(mask)
                             col.run(block, hidden, *args, **kwargs)
@@ -274,6 +301,7 @@ def gptq_weights(
                 bar.update(1)
     del net, states
     clock.start()
+    unreached_experts(wanted, weights, layers)
     for name, tp in todo.items():
         if name not in weights:
             weights[name] = qw.read_quantized(ckpt, tp)
@@ -296,170 +324,3 @@ def gptq_weights(
 # ---------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class _LayerWalk:
-    """GPTQ's ``layers`` order (:class:`~lowbit.methods.gptq.Sequential`) through pre-norm
-    residual blocks (the llama family: llama, mistral, qwen2 ...)::
-
-        h' = h + attn(input_layernorm(h))        out = h' + mlp(post_attention_layernorm(h'))
-
-    where each sublayer's output is its last linear layer (o_proj, down_proj) applied to what
-    that layer reads. Per sublayer, over all samples: collect ``H`` of the layers that read
-    the sublayer's input (q/k/v, gate/up) and quantize them; run the sublayer again, now with
-    those quantized, keeping the last layer's inputs and collecting its ``H``; quantize it;
-    add its outputs to the residual. So every group sees the groups before it quantized, and
-    a block costs one forward pass (plus the cheap norms and the matmuls before the last
-    layer once more) where ``blocks`` costs two. The last layer's inputs of every sample wait
-    in one reused buffer (:class:`_Stash`), ``N * L * width * 4`` bytes (SmolLM2, 128 x 512
-    tokens: 403 MB for down_proj's 1,536 inputs).
-
-    :meth:`of` checks the decomposition on the first sample of the first block (the staged
-    float computation equals the block's own output, and each sublayer's output its last
-    layer of its input) and returns None where it does not hold: then ``blocks`` runs.
-    """
-
-    parts: tuple[tuple[str, str, bool], ...]  # (norm, sublayer, takes the block's kwargs)
-    lasts: tuple[str, ...] = ()  # each sublayer's last linear layer, its path in the block
-    stash: _Stash = field(default_factory=lambda: _Stash())
-
-    CANDIDATE = (("input_layernorm", "self_attn", True), ("post_attention_layernorm", "mlp", False))
-
-    @classmethod
-    def of(cls, block: Any, states: list[Any], method: GPTQ) -> _LayerWalk | None:
-        """The walk for blocks shaped like ``block`` (checked on ``states[0]``), or None."""
-        import torch
-
-        if method.sequential is not Sequential.LAYERS or not states:
-            return None
-        h, a, k = states[0]
-        if a or any(getattr(block, n, None) is None for p in cls.CANDIDATE for n in p[:2]):
-            return None
-        walk = cls(cls.CANDIDATE)
-        paths = {id(m): n for n, m in block.named_modules()}
-        lasts: list[str] = []
-        inside = {id(m) for _, sub, _ in walk.parts for m in getattr(block, sub).modules()}
-        if any(isinstance(m, torch.nn.Linear) and id(m) not in inside for m in block.modules()):
-            return None  # a linear layer outside both sublayers: not this structure
-        want = _out(block(h, *a, **k))
-        x = h
-        for norm, sub, takes in walk.parts:
-            inputs: list[tuple[Any, Any]] = []
-            mod = getattr(block, sub)
-            handles = [
-                m.register_forward_pre_hook(lambda m, args, got=inputs: got.append((m, args[0])))
-                for m in mod.modules()
-                if isinstance(m, torch.nn.Linear)
-            ]
-            try:
-                y = walk._call(block, norm, sub, takes, x, k)
-            finally:
-                for hd in handles:
-                    hd.remove()
-            if not inputs:
-                return None
-            last, z = inputs[-1]
-            if not torch.allclose(last(z), y, rtol=1e-5, atol=1e-6):
-                return None
-            lasts.append(paths[id(last)])
-            x = x + y
-        if x.shape != want.shape or not torch.allclose(x, want, rtol=1e-5, atol=1e-5):
-            return None
-        return cls(walk.parts, tuple(lasts))
-
-    @staticmethod
-    def _call(block: Any, norm: str, sub: str, takes: bool, h: Any, kwargs: dict[str, Any]) -> Any:
-        x = getattr(block, norm)(h)
-        return _out(
-            getattr(block, sub)(hidden_states=x, **kwargs) if takes else getattr(block, sub)(x)
-        )
-
-    def run(
-        self,
-        block: Any,
-        states: list[Any],
-        samples: list[Any],
-        linears: dict[str, Any],
-        solve: Any,
-        outputs: bool = True,
-    ) -> None:
-        """Quantize ``linears`` (module path -> linear of this block) in layer order; with
-        ``outputs``, replace ``states`` by the quantized block's outputs."""
-        for p, (norm, sub, takes) in enumerate(self.parts):
-            inner_ids = {id(m) for m in getattr(block, sub).modules()}
-            mine = {n: m for n, m in linears.items() if id(m) in inner_ids}
-            last = block.get_submodule(self.lasts[p])
-            final = {n: m for n, m in mine.items() if m is last}
-            inner = {n: m for n, m in mine.items() if m is not last}
-            if inner:
-                with HessianCollector(inner) as col:
-                    for (h, _, k), (_, mask) in zip(states, samples, strict=True):
-                        col.next_sample(mask)
-                        col.run(self._call, block, norm, sub, takes, h, k)
-                solve(col)
-            if not outputs and p == len(self.parts) - 1 and not final:
-                return
-            if not final:
-                for j, (h, a, k) in enumerate(states):
-                    states[j] = (h + self._call(block, norm, sub, takes, h, k), a, k)
-                continue
-            zs = self.stash.start(len(states))
-            cap = last.register_forward_pre_hook(lambda m, args, keep=zs: keep.add(args[0]))
-            try:
-                with HessianCollector(final) as col:
-                    for (h, _, k), (_, mask) in zip(states, samples, strict=True):
-                        col.next_sample(mask)
-                        col.run(self._call, block, norm, sub, takes, h, k)
-            finally:
-                cap.remove()
-            solve(col)
-            if not outputs and p == len(self.parts) - 1:
-                return
-            for j, z in enumerate(zs.kept()):  # the residual plus the quantized last layer
-                h, a, k = states[j]
-                states[j] = (h + last(z), a, k)
-
-
-class _Stash:
-    """The last layer's inputs of every calibration sample, copied into one float buffer that
-    every sublayer of every block reuses (allocated once, at the largest size asked).
-
-    SmolLM2 with 128 x 512 tokens: 403 MB for down_proj's 1,536 inputs, the o_proj's 576 in
-    the same memory (one buffer, not a tensor per sample, so the allocator keeps no freed
-    pages between sublayers). Written to a temporary file instead, they cost about 2.5 s of
-    page-cache copies per block on 2 cores, a fifth of a block's time.
-    """
-
-    def __init__(self) -> None:
-        self._buf: Any = None
-        self._views: list[Any] = []
-        self._used = 0
-        self._count = 0
-
-    def start(self, count: int) -> _Stash:
-        """Forget what was kept (the buffer stays); ``count`` tensors of one shape follow."""
-        self._views, self._used, self._count = [], 0, int(count)
-        return self
-
-    def add(self, t: Any) -> None:
-        """Copy one tensor in (a tensor that does not fit gets its own copy)."""
-        import torch
-
-        n = t.numel()
-        if self._used == 0 and (
-            self._buf is None or self._buf.dtype != t.dtype or self._buf.numel() < n * self._count
-        ):
-            self._buf = None  # free the smaller one first
-            self._buf = torch.empty(n * max(1, self._count), dtype=t.dtype)
-        if self._buf.dtype == t.dtype and self._used + n <= self._buf.numel():
-            view = self._buf[self._used : self._used + n].view(t.shape)
-            view.copy_(t)
-            self._used += n
-        else:  # another shape or dtype than the first: rare, kept apart
-            view = t.detach().clone()
-        self._views.append(view)
-
-    def kept(self) -> list[Any]:
-        """The tensors added since :meth:`start`, in order (views into the buffer)."""
-        return list(self._views)

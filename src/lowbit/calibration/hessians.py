@@ -100,8 +100,10 @@ class HessianCollector:
 
     def next_sample(self, mask: Any = None) -> None:
         """Start a forward pass; ``mask`` (bool, the input's leading shape) marks real tokens."""
-        if self._passes == 1 and self._order:
-            self._last = self._order[-1]  # the first pass showed which group comes last
+        if self._passes == 1 and self._order and len(self.group_of) == len(self.linears):
+            # the first pass showed which group comes last; where it did not reach every layer
+            # (a mixture's routing sent no token to some expert) passes are never cut short
+            self._last = self._order[-1]
         self._passes += 1
         self._seen.clear()  # references kept during a pass, so a data pointer is never reused
         self._done.clear()

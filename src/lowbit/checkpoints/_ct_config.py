@@ -81,6 +81,23 @@ def _compact_targets(members: set[str], modules: set[str]) -> list[str]:
     return targets
 
 
+_W_TO_PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_EXPERT_W = re.compile(r"^(.*experts(?:\\)?\.(?:\\d\+|\d+)(?:\\)?\.)(w[123])(\$?)$")
+
+
+def _expert_aliases(targets: list[str]) -> list[str]:
+    """Mixtral-style expert targets (``...experts.N.w1``) again under the names vLLM's fused
+    MoE layer asks the config for (``...experts.0.gate_proj``, ``up_proj`` for ``w3``,
+    ``down_proj`` for ``w2``): it looks its scheme up by those, whatever the checkpoint calls
+    them. compressed-tensors only warns about a target that matches no module."""
+    out = []
+    for t in targets:
+        m = _EXPERT_W.match(t)
+        if m:
+            out.append(m.group(1) + _W_TO_PROJ[m.group(2)] + m.group(3))
+    return out
+
+
 def quantization_config(
     tensors: Mapping[str, Any], *, version: str = CT_FORMAT_VERSION
 ) -> dict[str, Any]:
@@ -106,7 +123,8 @@ def _config(schemes: Mapping[str, tuple[Any, ...] | None], version: str) -> dict
             groups.setdefault(key, set()).add(_module_name(name))
     config_groups = {}
     for i, (key, members) in enumerate(sorted(groups.items(), key=lambda kv: sorted(kv[1])[0])):
-        config_groups[f"group_{i}"] = _scheme_dict(key, _compact_targets(members, modules))
+        targets = _compact_targets(members, modules)
+        config_groups[f"group_{i}"] = _scheme_dict(key, targets + _expert_aliases(targets))
     formats = {g["format"] for g in config_groups.values()}
     return {
         "config_groups": config_groups,

@@ -13,7 +13,13 @@ from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
 from lowbit.methods.smoothquant import SmoothQuant
 
-__all__ = ["add_calibration_options", "awq_run", "method_summary", "parse_alpha"]
+__all__ = [
+    "add_calibration_options",
+    "awq_run",
+    "calibration_of",
+    "method_summary",
+    "parse_alpha",
+]
 
 
 def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
@@ -51,6 +57,33 @@ def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
         "it quantized; one pass per llama block) or blocks (the whole block on float weights, then "
         "run again; two passes)",
     )
+    p.add_argument(
+        "--moe-calibrate",
+        choices=("all", "routed"),
+        default="all",
+        help="mixtures of experts, gptq/awq: all (default: every calibration token through "
+        "every expert while collecting statistics; outputs stay routed) or routed (each expert "
+        "sees the tokens its router picks)",
+    )
+    p.add_argument(
+        "--moe-min-tokens",
+        type=int,
+        default=32,
+        metavar="N",
+        help="with --moe-calibrate routed: an expert layer that saw fewer tokens is rounded to "
+        "nearest instead (default 32; the run's report names them)",
+    )
+
+
+def calibration_of(args: argparse.Namespace) -> Calibration:
+    """The :class:`~lowbit.calibration.data.Calibration` the shared options describe."""
+    return Calibration(
+        source=args.calib,
+        samples=args.calib_samples,
+        length=args.calib_len,
+        experts=args.moe_calibrate,
+        expert_min_tokens=args.moe_min_tokens,
+    )
 
 
 def awq_run(
@@ -82,7 +115,7 @@ def awq_run(
         cfg: Any = SmoothQuant(alpha=parse_alpha(args.smooth), activations=acts.pop())
     else:
         cfg = AWQ(clip=not args.no_clip)
-    calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
+    calib = calibration_of(args)
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
         progress=progress, compute=getattr(args, "compute", "fp32"),
@@ -99,7 +132,7 @@ def method_summary(method: dict[str, Any]) -> str:
             f"{method.get('sequential', 'blocks')}-sequential) of "
             f"{method['gptq_tensors']} tensors on {data}: {sec['total']:.0f} s (collect "
             f"{sec['collect']:.0f} s, solve {sec['solve']:.0f} s)"
-        )
+        ) + expert_summary(method)
     how = "AWQ" if method["method"] == "awq" else "SmoothQuant"
     folds = [f for f in method["folds"] if "skipped" not in f]
     layers = method["layers"].values()
@@ -109,6 +142,24 @@ def method_summary(method: dict[str, Any]) -> str:
         f"{how} of {method['method_tensors']} tensors ({len(folds)} folds) on {data}: "
         f"{sec['total']:.0f} s (collect {sec['collect']:.0f} s, search {sec['search']:.0f} s); "
         f"mean layer-output error {after:.4g} vs {before:.4g} rounding to nearest"
+    )
+
+
+def expert_summary(method: dict[str, Any]) -> str:
+    """``; experts: ...`` on a mixture of experts' calibration (tokens per expert layer,
+    Hessian ranks, fallbacks), else empty."""
+    rows = [e for e in method.get("layers", {}).values() if "expert" in e or "fallback" in e]
+    if not rows:
+        return ""
+    tokens = sorted(int(e["tokens"]) for e in rows)
+    ranks = [e["rank"] for e in rows if e.get("rank") is not None]
+    fell = sum("fallback" in e for e in rows)
+    mode = method.get("calibration", {}).get("experts", "all")
+    rank = f", Hessian rank {min(ranks)}-{max(ranks)}" if ranks else ""
+    return (
+        f"; {len(rows)} expert layers ({mode} tokens): {tokens[0]}-{tokens[-1]} tokens each"
+        f"{rank}, {fell} rounded to nearest (under "
+        f"{method.get('calibration', {}).get('expert_min_tokens', 0)} tokens)"
     )
 
 

@@ -6,10 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lowbit.calibration.data import Calibration
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.cli import _common
-from lowbit.cli._calibrated import add_calibration_options, parse_alpha
+from lowbit.cli._calibrated import add_calibration_options, calibration_of, parse_alpha
 from lowbit.errors import LowbitError
 from lowbit.evaluation.perplexity import DEFAULT_BATCH
 from lowbit.evaluation.variants import evaluate_variants
@@ -139,9 +138,7 @@ def run(args: argparse.Namespace) -> int:
             raise LowbitError("--smooth prepares activations for W8A8: add --w8a8 [int8|fp8]")
         smooth = SmoothQuant(alpha=parse_alpha(args.smooth), activations=args.w8a8)
     if wanted & {"gptq", "awq"} or smooth is not None:
-        calibration = Calibration(
-            source=args.calib, samples=args.calib_samples, length=args.calib_len
-        )
+        calibration = calibration_of(args)
         gptq = GPTQ(act_order=args.act_order, sequential=args.sequential)
         awq = AWQ(clip=not args.no_clip)
     result = evaluate_variants(

@@ -9,10 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.calibration.calibrated import calibrated_weights
-from lowbit.calibration.data import Calibration
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.cli import _budget, _common, _gguf_mix
-from lowbit.cli._calibrated import add_calibration_options, awq_run, method_summary
+from lowbit.cli._calibrated import (
+    add_calibration_options,
+    awq_run,
+    calibration_of,
+    method_summary,
+)
 from lowbit.cli._quantize_report import _mb, _print_files, _print_plan, _print_warnings, _summary
 from lowbit.cli._stopwatch import Stopwatch
 from lowbit.errors import LowbitError
@@ -264,7 +268,7 @@ def _gptq(
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     cfg = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
-    calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
+    calib = calibration_of(args)
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
         progress=progress, compute=args.compute,

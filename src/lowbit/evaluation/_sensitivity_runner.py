@@ -42,6 +42,7 @@ from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.models._compute import exact
+from lowbit.models.build import _prefix_fix
 
 __all__ = ["Runner", "TensorWeights", "block_of", "sample_next"]
 
@@ -86,23 +87,11 @@ class TensorWeights:
         self.modules = dict(model.named_modules())
         self.gguf = checkpoint.format == "gguf"
         self.cfg = checkpoint.config or {}
-        keys = set(self.params)
-        base = getattr(model, "base_model_prefix", "") or ""
-        self.prefix = ""
-        self.strip = ""
-        if not self.gguf and base:
-            names = checkpoint.names()
-            if not any(n in keys for n in names):
-                if any(f"{base}.{n}" in keys for n in names):
-                    self.prefix = f"{base}."
-                else:
-                    self.strip = f"{base}."
+        # the model's names: the base-model prefix and the family's renames (Mixtral's experts)
+        self._fix = None if self.gguf else _prefix_fix(model, checkpoint)
 
     def key(self, name: str) -> str:
-        hf = gguf_to_hf_name(name, self.cfg) if self.gguf else name
-        if self.strip and hf.startswith(self.strip):
-            hf = hf[len(self.strip) :]
-        return self.prefix + hf
+        return gguf_to_hf_name(name, self.cfg) if self._fix is None else self._fix(name)
 
     def param(self, name: str) -> Any:
         p = self.params.get(self.key(name))

@@ -16,6 +16,9 @@ such a fold is *exact*, one :class:`Fold` per group of linears that read the sam
     input, so ``o_proj``'s scales are one per ``v`` channel, repeated per head, see
     :func:`head_repeat`); ``post_attention_layernorm -> gate_proj, up_proj``; ``up_proj ->
     down_proj`` (``down``'s input is ``act(gate) * up``, linear in ``up``'s output).
+``moe`` (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3, OLMoE: llama's attention folds, and in
+    each expert and shared expert ``up_proj -> down_proj``; the norm before the experts also
+    feeds the router, which stays high precision, so that fold is not made)
 ``bert`` (BERT, RoBERTa encoders: post-norm blocks)
     ``attention.self.value -> attention.output.dense`` only. The LayerNorms of a post-norm block
     feed the residual connection as well as the next linear layers, so dividing them by ``s``
@@ -43,6 +46,7 @@ __all__ = [
     "NO_CLIP",
     "Fold",
     "FoldKind",
+    "expand_experts",
     "fold_family",
     "fold_scales",
     "head_reduce",
@@ -87,9 +91,16 @@ _LLAMA = (
     Fold("mlp.up_proj", ("mlp.down_proj",), FoldKind.LINEAR),
 )  # fmt: skip
 _BERT = (Fold("attention.self.value", ("attention.output.dense",), FoldKind.HEADS),)
+_MOE = (
+    *_LLAMA,  # the attention's; the MLP's where a layer is dense (first_k_dense, mlp_only)
+    Fold("mlp.experts.{e}.up_proj", ("mlp.experts.{e}.down_proj",), FoldKind.LINEAR),
+    Fold("mlp.shared_expert.up_proj", ("mlp.shared_expert.down_proj",), FoldKind.LINEAR),
+    Fold("mlp.shared_experts.up_proj", ("mlp.shared_experts.down_proj",), FoldKind.LINEAR),
+)
 
-#: Architecture family -> its exact folds, in the order a block computes them.
-FOLDS: dict[str, tuple[Fold, ...]] = {"llama": _LLAMA, "bert": _BERT}
+#: Architecture family -> its exact folds, in the order a block computes them (``{e}``: one
+#: fold per expert, see :func:`expand_experts`).
+FOLDS: dict[str, tuple[Fold, ...]] = {"llama": _LLAMA, "bert": _BERT, "moe": _MOE}
 
 #: config ``model_type`` -> family of :data:`FOLDS`.
 _FAMILY = {
@@ -97,6 +108,12 @@ _FAMILY = {
     "mistral": "llama",
     "qwen2": "llama",
     "qwen3": "llama",
+    "mixtral": "moe",
+    "qwen2_moe": "moe",
+    "qwen3_moe": "moe",
+    "deepseek_v2": "moe",
+    "deepseek_v3": "moe",
+    "olmoe": "moe",
     "bert": "bert",
     "roberta": "bert",
     "xlm-roberta": "bert",
@@ -110,6 +127,24 @@ NO_CLIP = ("q_proj", "k_proj", "attention.self.query", "attention.self.key")
 def fold_family(model_type: str | None) -> str | None:
     """The :data:`FOLDS` family of a config ``model_type`` (None: no exact folds known)."""
     return _FAMILY.get(str(model_type or "").lower())
+
+
+def expand_experts(folds: tuple[Fold, ...], experts: int) -> tuple[Fold, ...]:
+    """``folds`` with each fold naming ``{e}`` repeated for experts ``0 .. experts - 1``."""
+    out: list[Fold] = []
+    for f in folds:
+        if "{e}" not in f.prev and not any("{e}" in lin for lin in f.linears):
+            out.append(f)
+            continue
+        for e in range(experts):
+            out.append(
+                Fold(
+                    f.prev.replace("{e}", str(e)),
+                    tuple(lin.replace("{e}", str(e)) for lin in f.linears),
+                    f.kind,
+                )
+            )
+    return tuple(out)
 
 
 def head_repeat(s: np.ndarray, width: int, head_dim: int) -> np.ndarray:

@@ -19,7 +19,7 @@ Everything runs offline: configs and tokenizers come from the files, never from 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,12 +33,15 @@ from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.models.activations import fake_quantize_per_token
+from lowbit.models.moe import checkpoint_rename, fused_base, split_fused, unfuse_experts
 
 __all__ = [
     "attach_activation_quantization",
     "build_model",
     "hf_tensors",
+    "load_deferred",
     "load_model",
+    "param_shape",
 ]
 
 
@@ -47,6 +50,7 @@ def hf_tensors(
     weights: Mapping[str, np.ndarray] | None = None,
     *,
     progress: bool | None = None,
+    names: list[str] | None = None,
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hugging_face_name, float32 array)`` for every tensor, one at a time.
 
@@ -56,6 +60,7 @@ def hf_tensors(
         checkpoint: an open checkpoint.
         weights: replacements keyed by the checkpoint's own names (each the checkpoint's shape).
         progress: tqdm bar (``None``: only on a terminal).
+        names: only these checkpoint names (default: all).
 
     Raises:
         LowbitError: a replacement for a name the checkpoint lacks, or of the wrong shape.
@@ -64,7 +69,8 @@ def hf_tensors(
     _check_replacements(checkpoint, weights)
     is_gguf = checkpoint.format == "gguf"
     cfg = checkpoint.config or {}
-    names = [n for n in checkpoint.names() if not (is_gguf and n == ROPE_FREQS)]
+    names = checkpoint.names() if names is None else names
+    names = [n for n in names if not (is_gguf and n == ROPE_FREQS)]
     for name in progress_iter(names, progress, f"loading {checkpoint.path.name}", "tensor"):
         arr = weights[name] if name in weights else checkpoint.get(name)
         arr = np.asarray(arr, dtype=np.float32)
@@ -112,6 +118,16 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
         raise LowbitError(f"{checkpoint.path}: config has no model_type")
     for key in ("transformers_version", "_name_or_path"):
         cfg.pop(key, None)
+    known = getattr(transformers, "CONFIG_MAPPING", None)
+    if known is not None and model_type not in known:
+        import difflib
+
+        close = difflib.get_close_matches(str(model_type), list(known.keys()), n=3)
+        hint = f" (closest: {', '.join(close)})" if close else ""
+        raise LowbitError(
+            f"{checkpoint.path}: model_type {model_type!r} is no architecture transformers "
+            f"{transformers.__version__} knows, so the model cannot be built{hint}"
+        )
     try:
         return transformers.AutoConfig.for_model(model_type, **cfg)
     except ValueError as exc:
@@ -145,6 +161,7 @@ def _instantiate(config: Any, dtype: Any) -> Any:
     try:
         with no_init_weights():
             model = cls(config) if cls is not None else transformers.AutoModel.from_config(config)
+            unfuse_experts(model)  # fused 3-D experts -> one linear layer per expert
     finally:
         torch.set_default_dtype(old)
     model.tie_weights()  # post_init ties inside init_weights, which no_init_weights skips
@@ -158,6 +175,7 @@ def build_model(
     dtype: Any = None,
     strict: bool = True,
     progress: bool | None = None,
+    defer: Callable[[str], bool] | None = None,
 ) -> Any:
     """Build a transformers model from a checkpoint, optionally with replaced weights.
 
@@ -171,6 +189,10 @@ def build_model(
             every checkpoint tensor must find a parameter (known buffers such as
             ``position_ids`` excepted).
         progress: tqdm bar while loading (``None``: only on a terminal).
+        defer: model parameter keys for which it is true are not read: they hold no memory
+            (the model's ``lowbit_deferred`` lists them) until :func:`load_deferred` fills
+            them. GPTQ defers every block but the first, so a model's blocks are in memory
+            one at a time.
 
     Returns:
         The model (a ``transformers.PreTrainedModel``) in eval mode on the CPU.
@@ -188,31 +210,25 @@ def build_model(
     config = _hf_config(checkpoint)
     model = _instantiate(config, dtype)
     params = model.state_dict(keep_vars=True)
-    buffers_only = {n for n, _ in model.named_buffers()} - set(params)
-    prefix = _prefix_fix(model, checkpoint)
-    loaded: set[str] = set()
-    unexpected: list[str] = []
-    with torch.no_grad():
-        for name, arr in hf_tensors(checkpoint, weights, progress=progress):
-            key = prefix(name)
-            target = params.get(key)
-            if target is None:
-                if key not in buffers_only and not key.endswith("position_ids"):
-                    unexpected.append(name)
-                continue
-            if tuple(target.shape) != arr.shape:
-                raise LowbitError(
-                    f"{checkpoint.path}: tensor {name!r} has shape {arr.shape}, the model's "
-                    f"{key!r} wants {tuple(target.shape)}"
-                )
-            target.copy_(_readonly_tensor(arr))
-            loaded.add(key)
-    missing = [k for k in params if k not in loaded and not _is_tied(params, k, loaded)]
+    loaded, unexpected, deferred = _load(
+        model, checkpoint, weights, params, progress=progress, defer=defer
+    )
+    done = loaded | deferred
+    missing = [k for k in params if k not in done and not _is_tied(params, k, loaded)]
     if strict and (missing or unexpected):
         raise LowbitError(_mismatch_message(checkpoint, missing, unexpected, list(params)))
     if checkpoint.format == "gguf" and ROPE_FREQS in checkpoint:
         _scale_rotary(model, np.asarray(checkpoint.get(ROPE_FREQS), dtype=np.float32))
+    if deferred:  # never touched: their pages were never written (see load_deferred)
+        import torch
+
+        kept = {params[k].data_ptr() for k in loaded}
+        with torch.no_grad():
+            for k in deferred:
+                if params[k].data_ptr() not in kept:
+                    params[k].data = torch.empty(0, dtype=params[k].dtype)
     model.eval()
+    model.lowbit_deferred = sorted(deferred)
     return model
 
 
@@ -242,6 +258,128 @@ def _scale_rotary(model: Any, factors: np.ndarray) -> None:
         )
 
 
+def load_deferred(
+    model: Any,
+    checkpoint: Checkpoint,
+    keys: Collection[str],
+    weights: Mapping[str, np.ndarray] | None = None,
+) -> list[str]:
+    """Load parameters :func:`build_model` deferred (``defer=``), by model key, now.
+
+    Args:
+        model: the model ``build_model(checkpoint, defer=...)`` returned.
+        checkpoint: the same checkpoint.
+        keys: model parameter keys to fill (each one deferred).
+        weights: replacements as for :func:`build_model`.
+
+    Returns:
+        The keys filled.
+    """
+    if checkpoint.format == "lowbit":
+        checkpoint = checkpoint.as_source()  # type: ignore[attr-defined]
+    params = model.state_dict(keep_vars=True)  # buffers too (DeepSeek's routing bias)
+    want = set(keys)
+    for k in want:
+        p = params[k]
+        if p.numel() == 0:  # dropped after the build: its shape again, uninitialised
+            import torch
+
+            with torch.no_grad():
+                p.data = torch.empty(_shapes(model)[k], dtype=p.dtype)
+    loaded, _, _ = _load(model, checkpoint, weights, params, only=want)
+    return sorted(loaded)
+
+
+def _shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    return model.__dict__.setdefault("_lowbit_shapes", {})
+
+
+def param_shape(model: Any, key: str) -> tuple[int, ...]:
+    """A parameter's shape, also while it is deferred (see :func:`build_model`'s ``defer``)."""
+    shape = _shapes(model).get(key)
+    return shape if shape is not None else tuple(model.state_dict(keep_vars=True)[key].shape)
+
+
+def _load(
+    model: Any,
+    checkpoint: Checkpoint,
+    weights: Mapping[str, np.ndarray] | None,
+    params: dict[str, Any],
+    *,
+    progress: bool | None = False,
+    defer: Callable[[str], bool] | None = None,
+    only: set[str] | None = None,
+) -> tuple[set[str], list[str], set[str]]:
+    """Copy the checkpoint's tensors into ``params``; (loaded keys, unused checkpoint names,
+    deferred keys). ``only``: just these keys (the names that map elsewhere are not read)."""
+    import torch
+
+    buffers_only = {n for n, _ in model.named_buffers()} - set(params)
+    prefix = _prefix_fix(model, checkpoint)
+    names = None
+    if only is not None or defer is not None:  # decide by name, so deferred ones are not read
+        names, later = [], set()
+        for name in checkpoint.names():
+            key = _model_key(checkpoint, prefix, name)
+            skip = defer is not None and key is not None and defer(key)
+            if only is not None:
+                skip = key is None or not any(_covers(key, k) for k in only)
+            if skip and defer is not None and key is not None:
+                later.add(key)
+            if not skip:
+                names.append(name)
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    deferred: set[str] = set()
+    with torch.no_grad():
+        for name, whole in hf_tensors(checkpoint, weights, progress=progress, names=names):
+            key = prefix(name)
+            parts = split_fused(key, whole, model) if key not in params else None
+            for key, arr in parts or [(key, whole)]:  # noqa: B020 - a fused tensor: per expert
+                target = params.get(key)
+                if target is None:
+                    if key not in buffers_only and not key.endswith("position_ids"):
+                        unexpected.append(name)
+                    continue
+                if tuple(target.shape) != arr.shape:
+                    raise LowbitError(
+                        f"{checkpoint.path}: tensor {name!r} has shape {arr.shape}, the model's "
+                        f"{key!r} wants {tuple(target.shape)}"
+                    )
+                target.copy_(_readonly_tensor(arr))
+                loaded.add(key)
+    if defer is not None:
+        shapes = _shapes(model)
+        for key in later:
+            covered = [k for k in params if _covers(key, k)]
+            if not covered and key not in buffers_only:
+                unexpected.append(key)
+            for k in covered:
+                if k not in loaded:
+                    deferred.add(k)
+                    shapes[k] = tuple(params[k].shape)
+    return loaded, unexpected, deferred
+
+
+def _covers(key: str, k: str) -> bool:
+    """Whether the checkpoint tensor at model key ``key`` fills parameter ``k`` (itself, or a
+    fused experts tensor one of its experts' weights)."""
+    if k == key:
+        return True
+    base = fused_base(key)
+    return base is not None and k.startswith(base + ".")
+
+
+def _model_key(checkpoint: Checkpoint, prefix: Any, name: str) -> str | None:
+    """The model key a checkpoint name fills (before a fused tensor is split), or None."""
+    if checkpoint.format != "gguf":
+        return prefix(name)
+    try:
+        return gguf_to_hf_name(name)
+    except LowbitError:
+        return None
+
+
 def _readonly_tensor(arr: np.ndarray) -> Any:
     """A torch view of a (possibly read-only, memory-mapped) array, for reading only."""
     import warnings
@@ -259,11 +397,18 @@ def _is_tied(params: dict[str, Any], key: str, loaded: set[str]) -> bool:
 
 
 def _prefix_fix(model: Any, checkpoint: Checkpoint) -> Any:
-    """Map checkpoint names onto the model's when they differ by the base-model prefix."""
+    """Map checkpoint names onto the model's: the base-model prefix where they differ by it,
+    then the family's renames (``lowbit.models.moe.checkpoint_rename``: Mixtral's experts)."""
     if checkpoint.format == "gguf":
         return lambda n: n
+    rename = checkpoint_rename(getattr(model.config, "model_type", None))
+    prefix = _base_prefix(model, checkpoint, rename)
+    return lambda n: rename(prefix(n))
+
+
+def _base_prefix(model: Any, checkpoint: Checkpoint, rename: Any) -> Any:
     keys = set(model.state_dict())
-    names = checkpoint.names()
+    names = [rename(n) for n in checkpoint.names()]
     base = getattr(model, "base_model_prefix", "") or ""
     if not base or any(n in keys for n in names):
         return lambda n: n

@@ -5,8 +5,9 @@ gets the first rule that matches it; tensors no rule names follow the defaults a
 
 - 2-D floating-point weights of linear layers (attention, MLP, other ``*.weight`` matrices)
   get the plan's ``default`` scheme;
-- embeddings, the LM head, norms, biases, 1-D tensors, integer tensors and buffers are kept
-  exactly as stored.
+- embeddings, the LM head, norms, mixture-of-experts routers (``component: router``: Mixtral's
+  ``block_sparse_moe.gate``, Qwen-MoE's ``mlp.gate`` and ``shared_expert_gate``), biases,
+  1-D tensors, integer tensors and buffers are kept exactly as stored.
 
 Rules (:class:`~lowbit.plans.rules.Rule`: ``match`` globs, ``regex``, ``component``, ``ndim``,
 ``format``, ``scale_method``, ``activations``, ``pad``) come from the one plan-file reader,
@@ -22,7 +23,7 @@ Rules (:class:`~lowbit.plans.rules.Rule`: ``match`` globs, ``regex``, ``componen
       - regex: 'model\\.layers\\.(0|1)\\..*'   # regex (full match) on tensor names
         format: int8:ch
         scale_method: mse         # absmax | percentile | meanstd | mse
-      - component: mlp            # embeddings, attention, mlp, norms, lm_head, other
+      - component: mlp            # embeddings, attention, mlp, norms, lm_head, router, other
         ndim: 2
         format: nf4:g64:dq
         activations: fp8_e4m3     # this rule's tensors also get FP8 activations
@@ -343,6 +344,7 @@ class PrecisionPlan:
             "embeddings": "embeddings",
             "lm_head": "LM head",
             "norms": "norm",
+            "router": "MoE router",
             "buffer": "buffer",
         }.get(component)
         if why is None:
