@@ -1,0 +1,91 @@
+"""Hostile inputs from the second reliability round (issue 24): each is one ``LowbitError`` line
+and exit 2 from the CLI (and a LowbitError from the API), never a traceback or a hang."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lowbit.cli import main
+from lowbit.errors import LowbitError
+
+HUGE = "9" * 5000  # past Python's 4,300-digit limit for int(str)
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str], match: str = "") -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert "\n" not in err and "Traceback" not in err and err.startswith("lowbit "), err
+    assert match in err, err
+    return err
+
+
+# ---- special files and lying headers --------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("name", ["t.npy", "t.safetensors"])
+def test_fifo_tensor_files_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    """A FIFO named .npy/.safetensors is refused by compare and quantize-tensor (it hung)."""
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    _one_line(capsys, ["compare", "--data", str(fifo), "--formats", "int8:t"], "FIFO")
+    out = str(tmp_path / "o.safetensors")
+    _one_line(capsys, ["quantize-tensor", str(fifo), "--to", "int8:t", "--out", out], "FIFO")
+
+
+def test_npy_header_claiming_37_gib(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A 192-byte .npy whose header claims 37 GiB is refused before anything is allocated."""
+    p = tmp_path / "lie.npy"
+    with open(p, "wb") as fh:
+        np.lib.format.write_array_header_1_0(
+            fh, {"descr": "<f4", "fortran_order": False, "shape": (100_000, 100_000)}
+        )
+        fh.write(b"\0" * 64)
+    assert p.stat().st_size == 192
+    _one_line(capsys, ["compare", "--data", str(p), "--formats", "int8:t"], "header says")
+    out = str(tmp_path / "o.safetensors")
+    _one_line(capsys, ["quantize-tensor", str(p), "--to", "int8:t", "--out", out], "header says")
+
+
+def test_honest_npy_still_reads(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A plain .npy (and a Fortran-ordered one) reads as before."""
+    for order in ("C", "F"):
+        p = tmp_path / f"ok{order}.npy"
+        np.save(p, np.asarray(np.arange(64, dtype=np.float32).reshape(8, 8), order=order))
+        assert main(["compare", "--data", str(p), "--formats", "int8:t", "--json"]) == 0
+        capsys.readouterr()
+
+
+# ---- numbers past Python's 4,300-digit limit -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["decode", "e4m3", HUGE],
+        ["decode", "e4m3", "0x" + "f" * 5000],
+        ["show", "1e999999999/3"],
+        ["show", HUGE + "/3"],
+    ],
+)
+def test_huge_numbers_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """Codes and values with thousands of digits (or a billion-digit exponent) are refused."""
+    _one_line(capsys, argv)
+
+
+def test_huge_codes_from_the_api() -> None:
+    """The Python API refuses the same codes with a LowbitError."""
+    from lowbit.formats import explain
+
+    for code in (HUGE, 10**5000, "0b" + "1" * 100):
+        with pytest.raises(LowbitError):
+            explain.decode("e4m3", code)
+    with pytest.raises(LowbitError):
+        explain.parse_value(10**5000)
