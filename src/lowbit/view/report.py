@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -47,17 +46,23 @@ __all__ = [
 #: The schemes each worst tensor is re-quantized with for its error-vs-bits frontier.
 DEFAULT_CANDIDATES = ("int8:ch", "fp8_e4m3:ch", "int4:g128", "int4:g32", "nf4", "mxfp4", "fp4:g32")
 
-_LAYER = re.compile(r"^(?:.*?\.)?(?:layers|layer|blk|h|block|blocks)\.(\d+)\.(.+)$")
+_LAYER_WORDS = frozenset(("layers", "layer", "blk", "h", "block", "blocks"))
+#: Grids with more cells than this, and more than 4 per tensor shown, keep only the kinds that
+#: recur (a hostile file's one-kind-per-layer names made the grids quadratic: 1 MB, 18.8 s).
+_GRID_CELLS = 4096
 
 
 def layer_and_kind(name: str) -> tuple[int | None, str]:
     """The layer index and tensor kind of a tensor name (``model.layers.3.mlp.up_proj.weight``
     -> ``(3, "mlp.up_proj")``, ``blk.3.ffn_up.weight`` -> ``(3, "ffn_up")``); tensors outside
-    the repeated layers give ``(None, name without .weight)``."""
-    m = _LAYER.match(name)
-    if m is None:
-        return None, name.removesuffix(".weight")
-    return int(m.group(1)), m.group(2).removesuffix(".weight")
+    the repeated layers give ``(None, name without .weight)``. The first ``layers.N.``
+    segment pair counts; N has at most 9 digits (one split, linear in the name)."""
+    parts = name.split(".")
+    for i in range(len(parts) - 2):
+        n = parts[i + 1]
+        if parts[i] in _LAYER_WORDS and n.isdecimal() and len(n) <= 9:
+            return int(n), ".".join(parts[i + 2 :]).removesuffix(".weight")
+    return None, name.removesuffix(".weight")
 
 
 @dataclass(frozen=True)
@@ -178,8 +183,15 @@ class Report:
 
     def grid(self) -> tuple[list[int], list[str]]:
         """The layers and tensor kinds of the layer x kind grid (kinds in model order)."""
-        layers = sorted({r.layer for r in self.rows if r.layer is not None})
-        kinds = list(dict.fromkeys(r.kind for r in self.rows if r.layer is not None))
+        in_layers = [r for r in self.rows if r.layer is not None]
+        layers = sorted({r.layer for r in in_layers})  # type: ignore[type-var]
+        kinds = list(dict.fromkeys(r.kind for r in in_layers))
+        if len(layers) * len(kinds) > max(_GRID_CELLS, 4 * len(in_layers)):
+            # sparse: only kinds present in a quarter of the layers (then cells <= 4 x shown)
+            count = Counter(r.kind for r in in_layers)
+            kinds = [k for k in kinds if 4 * count[k] >= len(layers)]
+            keep = set(kinds)
+            layers = sorted({r.layer for r in in_layers if r.kind in keep})  # type: ignore[type-var]
         return layers, kinds
 
 
