@@ -254,6 +254,30 @@ def _check_tree(doc: Any, source: Path) -> None:
             stack.extend((v, level + 1) for v in items)
 
 
+def _shown(path: object) -> str:
+    text = repr(str(path))[1:-1]
+    return text if len(text) <= 120 else text[:100] + f"... ({len(text)} characters)"
+
+
+def path_exists(path: str | os.PathLike[str]) -> bool:
+    """Whether a path names something (a dangling link does not), like ``Path.exists`` but
+    with one LowbitError for a path the system refuses (too long, a symlink loop, a NUL or a
+    lone surrogate) instead of an OSError or a silent False.
+
+    Raises:
+        LowbitError: the path cannot name a file.
+    """
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise LowbitError(f"{_shown(path)}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise LowbitError(f"{_shown(path)}: not a path a file can have") from None
+    return True
+
+
 def check_regular_file(path: Path) -> int:
     """Refuse anything but a regular file (a FIFO would hang, a device never end); give its size.
 
@@ -266,8 +290,10 @@ def check_regular_file(path: Path) -> int:
         st = os.stat(path)
     except FileNotFoundError:
         raise LowbitError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise LowbitError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except OSError as exc:  # too long, a symlink loop, not a folder on the way
+        raise LowbitError(f"{_shown(path)}: cannot read ({exc.strerror or exc})") from None
+    except ValueError:  # a NUL, or a lone surrogate no file name can hold
+        raise LowbitError(f"{_shown(path)}: not a path a file can have") from None
     if not stat.S_ISREG(st.st_mode):
         kind = (
             "a folder"

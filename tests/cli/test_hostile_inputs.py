@@ -89,3 +89,82 @@ def test_huge_codes_from_the_api() -> None:
             explain.decode("e4m3", code)
     with pytest.raises(LowbitError):
         explain.parse_value(10**5000)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["show", "1", "--formats", "p3109_k" + HUGE + "p3"],
+        ["values", "p3109_k3p" + HUGE],
+        ["compare", "--formats", "int4:g" + HUGE, "--size", "64"],
+        ["compare", "--formats", "int4:g\u00b2", "--size", "64"],  # isdigit() but not int()
+        ["compare", "--formats", "int4:ax" + HUGE, "--size", "64"],
+    ],
+)
+def test_huge_numbers_in_names_and_schemes(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """Format names and scheme strings with numbers past the digit limit are one line."""
+    err = _one_line(capsys, argv)
+    assert len(err) < 600
+
+
+# ---- paths the system refuses ---------------------------------------------------------
+
+
+def _bad_paths(tmp_path: Path) -> list[str]:
+    loop = tmp_path / "loop"
+    os.symlink(tmp_path / "loop2", loop)
+    os.symlink(loop, tmp_path / "loop2")
+    return ["a\x00b", "\ud800x", str(tmp_path / ("a" * 300)), str(loop)]
+
+
+def test_bad_paths_through_the_api(tmp_path: Path) -> None:
+    """NUL, lone-surrogate, over-long and looping-symlink paths are one LowbitError from every
+    public reader."""
+    import lowbit
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.verify import verify_checkpoint
+    from lowbit.quant.plan import PrecisionPlan
+
+    readers = [open_checkpoint, verify_checkpoint, PrecisionPlan.from_file, lowbit.load]
+    for p in _bad_paths(tmp_path):
+        for read in readers:
+            with pytest.raises(LowbitError):
+                read(p)
+
+
+def test_bad_paths_through_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The same paths given to commands that read files are one line, exit 2."""
+    for p in _bad_paths(tmp_path):
+        if "\x00" in p:
+            continue  # no command line can hold a NUL
+        _one_line(capsys, ["verify", p])
+        _one_line(capsys, ["quantize-tensor", p, "--to", "int8:t", "--out", str(tmp_path / "o")])
+        _one_line(capsys, ["compare", "--data", p + ".npy", "--formats", "int8:t"])
+
+
+@pytest.mark.parametrize("length", [243, 250, 255, 256])
+def test_out_names_too_long_for_the_lock_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, length: int
+) -> None:
+    """An --out name of 243-255 bytes is a file name the system takes, but its lock file
+    (.NAME.lowbit-lock) is not: refused at once, one line, nothing written."""
+    src = tmp_path / "t.npy"
+    np.save(src, np.arange(64, dtype=np.float32))
+    out = tmp_path / ("o" * (length - len(".safetensors")) + ".safetensors")
+    _one_line(capsys, ["quantize-tensor", str(src), "--to", "int8:t", "--out", str(out)], "bytes")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.npy"]
+
+
+def test_out_names_that_cannot_be_paths(tmp_path: Path) -> None:
+    """quantize_model refuses an output with a NUL or a lone surrogate as a LowbitError."""
+    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.quant.plan import PrecisionPlan
+
+    safetensors = pytest.importorskip("safetensors.numpy")
+    src = tmp_path / "m.safetensors"
+    safetensors.save_file({"w.weight": np.ones((8, 32), np.float32)}, str(src))
+    for out in (str(tmp_path / "a\x00b"), str(tmp_path / "\ud800"), str(tmp_path / ("e" * 250))):
+        with pytest.raises(LowbitError, match=r"NUL|characters|bytes"):
+            quantize_model(src, PrecisionPlan.uniform("int8"), out, progress=False)

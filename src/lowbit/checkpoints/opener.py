@@ -42,7 +42,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             truncated shard, a header that lies about sizes or offsets, an unknown GGUF type.
     """
     p = Path(path)
-    if not p.exists():
+    if not _json.path_exists(p):
         raise LowbitError(f"{p}: no such file or folder")
     if p.is_dir() and (p / "lowbit.json").is_file():
         return LowbitCheckpoint(p)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit._files import read_data_file
+from lowbit._json import path_exists
 from lowbit._regex import Glob, compile_bounded
 from lowbit.errors import LowbitError
 from lowbit.formats.catalog import format as _lookup
@@ -404,7 +405,7 @@ def load_plan_file(path: str | Path) -> tuple[tuple[Rule, ...], Action, str | No
         LowbitError: a missing or malformed file, or a bad plan.
     """
     p = Path(path)
-    if not p.exists():  # other non-files (a FIFO) are refused by the reader
+    if not path_exists(p):  # other non-files (a FIFO) are refused by the reader
         raise LowbitError(f"plan file {p} does not exist")
     return parse_plan(read_data_file(p), where=str(p))
 
