@@ -168,3 +168,85 @@ def test_out_names_that_cannot_be_paths(tmp_path: Path) -> None:
     for out in (str(tmp_path / "a\x00b"), str(tmp_path / "\ud800"), str(tmp_path / ("e" * 250))):
         with pytest.raises(LowbitError, match=r"NUL|characters|bytes"):
             quantize_model(src, PrecisionPlan.uniform("int8"), out, progress=False)
+
+
+# ---- --eval / --sensitivity files ------------------------------------------------------
+
+_SENS = {"model": "m", "kind": "k", "measure": "proxy", "metric": "m", "calibration": "c",
+         "schemes": ["int4"]}  # fmt: skip
+_ENTRY = {"tensor": "w.weight", "scheme": "int4", "numel": 256, "bits": 1024, "proxy": 1.0,
+          "damage": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [1],
+        "x",
+        {**_SENS, "entries": "abc"},
+        {**_SENS, "entries": [{**_ENTRY, "numel": 0, "bits": 0}]},  # ZeroDivisionError before
+        {**_SENS, "entries": [{**_ENTRY, "numel": 1e300}]},  # OverflowError before
+        {**_SENS, "entries": [], "seconds": [1]},  # AttributeError before
+        {**_SENS, "entries": [{**_ENTRY, "proxy": "x"}]},
+        {**_SENS, "entries": [5]},
+        {**_SENS, "schemes": [1], "entries": []},
+    ],
+)
+def test_malformed_sensitivity_documents(doc: object) -> None:
+    """SensitivityResult.from_dict names the bad field in one LowbitError."""
+    from lowbit.evaluation.sensitivity_result import SensitivityResult
+
+    with pytest.raises(LowbitError, match="not a lowbit sensitivity result"):
+        SensitivityResult.from_dict(doc)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    safetensors = pytest.importorskip("safetensors.numpy")
+    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.quant.plan import PrecisionPlan
+
+    tmp = tmp_path_factory.mktemp("ck")
+    src = tmp / "m.safetensors"
+    rng = np.random.default_rng(0)
+    safetensors.save_file({"w.weight": rng.normal(size=(8, 32)).astype(np.float32)}, str(src))
+    quantize_model(src, PrecisionPlan.uniform("int8"), tmp / "q", progress=False)
+    return tmp / "q"
+
+
+@pytest.mark.parametrize("flag", ["--eval", "--sensitivity"])
+def test_eval_and_sensitivity_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, small_checkpoint: Path, flag: str
+) -> None:
+    """A FIFO (it hung), 100,000 nested brackets (RecursionError) and a bad document are
+    one line from lowbit report."""
+    import json
+
+    out = str(tmp_path / "r.html")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    files = [deep]
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo.json")
+        files.append(tmp_path / "fifo.json")
+    if flag == "--sensitivity":
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**_SENS, "entries": [{**_ENTRY, "numel": 0, "bits": 0}]}))
+        files.append(bad)
+    for f in files:
+        _one_line(capsys, ["report", str(small_checkpoint), flag, str(f), "--out", out])
+
+
+def test_eval_table_is_bounded(tmp_path: Path, small_checkpoint: Path) -> None:
+    """--eval rows that each bring their own keys (rows x keys cells) render in bounded size."""
+    import json
+    import time
+
+    doc = {"rows": [{f"k{i}": i} for i in range(20_000)]}
+    f = tmp_path / "e.json"
+    f.write_text(json.dumps(doc))
+    t0 = time.perf_counter()
+    assert main(["report", str(small_checkpoint), "--eval", str(f), "--out",
+                 str(tmp_path / "r.html")]) == 0  # fmt: skip
+    assert time.perf_counter() - t0 < 20
+    assert (tmp_path / "r.html").stat().st_size < 2_000_000

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
+from lowbit import _json
 from lowbit.checkpoints._outputs import check_output, output_file
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
@@ -63,12 +62,10 @@ def register(sub: Any) -> None:
 
 
 def _read_json(path: str, flag: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LowbitError(f"{flag} {path}: no such file") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise LowbitError(f"{flag} {path}: not JSON ({exc})") from None
+    try:  # bounded size and depth, regular files only (a FIFO hung, 10^5 brackets recursed)
+        return _json.load(path)
+    except LowbitError as exc:
+        raise LowbitError(f"{flag} {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
