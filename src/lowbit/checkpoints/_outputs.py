@@ -302,6 +302,11 @@ def _writing(target: Path, work: Path) -> Iterator[None]:
             raise LowbitError(
                 f"cannot write {target}: {exc.strerror or exc} (nothing was written)"
             ) from None
+        if exc.errno is None and "written" in str(exc):  # io's short write: a full disk
+            raise LowbitError(
+                f"cannot write {target}: the disk is full or the file too large ({exc}; "
+                f"nothing was written)"
+            ) from None
         raise
 
 
