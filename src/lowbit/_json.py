@@ -221,7 +221,7 @@ def load_yaml(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> An
     if found > MAX_DEPTH:
         raise LowbitError(f"{p}: YAML nested {found} levels deep; lowbit reads at most {MAX_DEPTH}")
     try:
-        doc = yaml.safe_load(raw)
+        doc = yaml.load(raw, Loader=_unique_key_loader(yaml))  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise LowbitError(f"malformed YAML in {p}: {short_repr(str(exc), 200)}") from None
     except RecursionError:
@@ -230,6 +230,33 @@ def load_yaml(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> An
         raise LowbitError(f"malformed YAML in {p}: {short_repr(str(exc), 200)}") from None
     _check_tree(doc, p)
     return doc
+
+
+def _unique_key_loader(yaml: Any) -> Any:
+    """PyYAML's SafeLoader refusing a key given twice in one mapping (the YAML spec forbids
+    it; PyYAML keeps the last silently, so a plan file's second ``default`` won unseen).
+    Keys a ``<<`` merge brings in may still be overridden, as YAML intends."""
+
+    class _Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    new = key not in seen
+                except TypeError:  # an unhashable key: SafeLoader says so itself
+                    continue
+                if not new:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark,
+                        f"found the key {short_repr(key, 60)} twice", key_node.start_mark,
+                    )  # fmt: skip
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return _Loader
 
 
 def _check_tree(doc: Any, source: Path) -> None:

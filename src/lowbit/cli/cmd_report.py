@@ -8,6 +8,7 @@ from typing import Any
 
 from lowbit import _json
 from lowbit.checkpoints._outputs import check_output, output_file
+from lowbit.checkpoints.quantize_model import resolve_model
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.view.html import render
@@ -44,7 +45,12 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("checkpoint", metavar="DIR", help="the quantized checkpoint")
-    p.add_argument("--against", metavar="MODEL", help="the source model (default: lowbit.json's)")
+    p.add_argument(
+        "--against",
+        metavar="MODEL",
+        help="the source model: a path or a shipped model (smollm2, minilm); default: "
+        "lowbit.json's",
+    )
     p.add_argument("--out", default="report.html", help="the HTML file (default report.html)")
     p.add_argument("--png", metavar="DIR", help="also write the figures as PNGs into DIR")
     p.add_argument("--eval", metavar="RESULTS.json", help="`lowbit eval --json` output to show")
@@ -72,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.worst < 0:
         raise LowbitError(f"--worst must be >= 0, got {args.worst}")
+    if args.against:  # a shipped model's name (smollm2, minilm) as `lowbit quantize` takes
+        args.against = str(resolve_model(args.against))
     inputs = [args.checkpoint] + ([args.against] if args.against else [])
     check_output(args.out, overwrite=args.overwrite, inputs=inputs)
     evaluation = _read_json(args.eval, "--eval") if args.eval else None
