@@ -416,11 +416,11 @@ def decode_tensor(
             v = v.reshape(dst.shape)
             if Zc is not None:
                 v -= Zc
-            with np.errstate(over="ignore"):  # an asymmetric overshoot: saturated below
+            with np.errstate(over="ignore"):  # saturated below
                 np.multiply(v, Sc, out=dst)
 
         map_chunks(decode, list(_chunks(O.shape)))
-        return _saturate(out, scale, zp)
+        return out
     # two parts (a ragged last group): rows of the P axis at a time, each part of them
     P, L, Q = layout.pqr
     c3 = unpack(packed, bits, math.prod(shape)).reshape(P, L, Q)
@@ -444,15 +444,4 @@ def decode_tensor(
             out3[p0:p1, part.start : part.stop, :] = v.reshape(p1 - p0, part.stop - part.start, Q)
 
     map_chunks(decode_rows, list(range(0, P, step)))
-    return _saturate(out, scale, zp)
-
-
-def _saturate(out: np.ndarray, scale: np.ndarray, zp: np.ndarray | None) -> np.ndarray:
-    """Clamp an asymmetric tensor's overshoot to the finite range: with finite scales and zero
-    points every decoded value is finite, but ``(q - z) * s`` for a range near ±FLT_MAX can
-    round past it (int4 of [-3.4e38, 3.4e38] decoded -3.4e38 as -inf)."""
-    if zp is None or not (np.isfinite(scale).all() and np.isfinite(zp).all()):
-        return out
-    big = np.finfo(out.dtype).max
-    np.clip(out, -big, big, out=out)  # NaN stays NaN
     return out

@@ -36,7 +36,7 @@ from typing import Any
 
 from lowbit._files import read_data_file
 from lowbit._json import path_exists
-from lowbit._regex import Glob, compile_bounded
+from lowbit._regex import Glob, check_plan_patterns, compile_bounded
 from lowbit.errors import LowbitError
 from lowbit.formats.catalog import format as _lookup
 from lowbit.quant.components import COMPONENTS, classify
@@ -385,6 +385,7 @@ def parse_plan(data: Any, where: str = "plan") -> tuple[tuple[Rule, ...], Action
     rules = data.get("rules") or []
     if not isinstance(rules, list):
         raise LowbitError(f"{where}: 'rules' must be a list")
+    check_plan_patterns(rules, where)  # before any is compiled
     parsed = []
     for i, r in enumerate(rules):
         try:
