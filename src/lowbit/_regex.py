@@ -441,6 +441,11 @@ class Glob:
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return (Glob, (self.glob,))
 
+    def key_piece(self) -> str:
+        """A literal every matching name holds: the glob's longest ``*``-separated piece ("" for
+        globs with ``?`` or ``[``, whose pieces are not literal)."""
+        return "" if self._rx is not None else max(self._pieces, key=len)
+
     def test(self, name: str) -> bool:
         """Whether ``name`` matches the glob."""
         if self._rx is not None:

@@ -95,3 +95,31 @@ def test_regex_total_is_bounded(tmp_path: Path) -> None:
     with pytest.raises(LowbitError, match="regexes hold"):
         PrecisionPlan.from_file(f)
     assert time.perf_counter() - t0 < 2.0
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    globs=st.lists(st.text(alphabet="ab.*?[]0", max_size=6), min_size=70, max_size=90),
+    names=st.lists(st.text(alphabet="ab.0c", max_size=10), min_size=1, max_size=8),
+    extra=st.integers(0, 69),
+)
+def test_rule_index_decides_as_the_loop(globs: list[str], names: list[str], extra: int) -> None:
+    """With more than 64 rules, each tensor's rule comes from an index of literal pieces; the
+    decision is the one the rule-by-rule loop makes (regex, ndim and ? / [ globs included)."""
+    import lowbit.quant.plan as plan_module
+
+    rules = [{"match": g or "*", "format": "int4"} for g in globs]
+    rules[extra] = {"regex": "a.*", "format": "int8"}
+    rules[(extra + 1) % len(rules)] = {"ndim": 1, "format": "int2"}
+    try:
+        plan = PrecisionPlan.from_dict({"default": "int8", "rules": rules})
+    except LowbitError:
+        return  # a glob fnmatch cannot use (an unclosed [)
+    indexed = [plan.decide(n, (4, 4)).rule for n in names]
+    saved = plan_module._INDEX_FROM
+    plan_module._INDEX_FROM = 10**9
+    try:
+        looped = [plan.decide(n, (4, 4)).rule for n in names]
+    finally:
+        plan_module._INDEX_FROM = saved
+    assert indexed == looped

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import warnings
@@ -86,6 +87,8 @@ DEFAULT_COMPONENTS = ("attention", "mlp", "other")
 # Applying a plan to tensors
 # ---------------------------------------------------------------------------------------
 
+#: Plans with more rules than this find each tensor's candidate rules through an index.
+_INDEX_FROM = 64
 #: Rules that match nothing are named one warning each up to here, then counted in one more.
 _MAX_RULE_WARNINGS = 20
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
@@ -324,7 +327,9 @@ class PrecisionPlan:
         shape = tuple(int(s) for s in shape)
         if nbytes is None:
             nbytes = math.prod(shape) * 4
-        for i, rule in enumerate(self.rules):
+        order = self._candidates(name, alias) if len(self.rules) > _INDEX_FROM else None
+        for i in order if order is not None else range(len(self.rules)):
+            rule = self.rules[i]
             if rule.matches(name, shape, alias):
                 return self._plan(
                     name, shape, dtype, nbytes, rule.action, rule.activations, i,
@@ -355,6 +360,35 @@ class PrecisionPlan:
             else:
                 why = f"{len(shape)}-D tensor" if len(shape) != 2 else "not a linear weight"
         return self._plan(name, shape, dtype, nbytes, None, None, None, f"default: {why} kept")
+
+    @functools.cached_property
+    def _index(self) -> tuple[list[int], dict[str, list[int]], list[int]]:
+        """Rules that may match any name, and the glob-only rules by a literal piece every
+        name they match holds (each glob's longest), with the piece lengths present."""
+        always: list[int] = []
+        by_piece: dict[str, list[int]] = {}
+        for i, r in enumerate(self.rules):
+            pieces = [g.key_piece() for g in r._globs] if r.match else []
+            if r.regex or r.component or r.ndim is not None or not pieces or "" in pieces:
+                always.append(i)
+                continue
+            for piece in set(pieces):
+                by_piece.setdefault(piece, []).append(i)
+        return always, by_piece, sorted({len(k) for k in by_piece})
+
+    def _candidates(self, name: str, alias: str | None) -> list[int]:
+        """The rules that can match ``name`` (or ``alias``), in order: with thousands of
+        rules, one dictionary look-up per substring of a piece's length, not a match per rule
+        (20,000 glob rules x 100 tensors took seconds)."""
+        always, by_piece, lengths = self._index
+        found = set(always)
+        for text in (name,) if alias is None else (name, alias):
+            for n in lengths:
+                for j in range(len(text) - n + 1):
+                    hit = by_piece.get(text[j : j + n])
+                    if hit is not None:
+                        found.update(hit)
+        return sorted(found)
 
     def _plan(
         self,
