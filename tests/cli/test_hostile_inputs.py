@@ -185,7 +185,9 @@ _ENTRY = {"tensor": "w.weight", "scheme": "int4", "numel": 256, "bits": 1024, "p
         "x",
         {**_SENS, "entries": "abc"},
         {**_SENS, "entries": [{**_ENTRY, "numel": 0, "bits": 0}]},  # ZeroDivisionError before
-        {**_SENS, "entries": [{**_ENTRY, "numel": 1e300}]},  # OverflowError before
+        {**_SENS, "entries": [{**_ENTRY, "numel": 1e300}]},  # a float count: 0 before
+        {**_SENS, "entries": [{**_ENTRY, "numel": float("inf")}]},  # OverflowError before
+        {**_SENS, "entries": [{**_ENTRY, "bits": 2.5}]},
         {**_SENS, "entries": [], "seconds": [1]},  # AttributeError before
         {**_SENS, "entries": [{**_ENTRY, "proxy": "x"}]},
         {**_SENS, "entries": [5]},

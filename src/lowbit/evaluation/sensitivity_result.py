@@ -153,6 +153,12 @@ class SensitivityResult:
                 raise LowbitError(f"{bad}: {where}{key} is {type(v).__name__}")
             return v
 
+        def count(obj: dict[str, Any], key: str, where: str) -> int:
+            v = field(obj, key, (int, float), where)  # 69632.0 is a count; 1e300 or 2.5 not
+            if isinstance(v, float) and not (math.isfinite(v) and v.is_integer() and v < 2**62):
+                raise LowbitError(f"{bad}: {where}{key} {v!r} is not a whole number")
+            return int(v)
+
         def number(obj: dict[str, Any], key: str, where: str) -> float:
             return float(field(obj, key, (int, float), where))
 
@@ -162,7 +168,7 @@ class SensitivityResult:
             where = f"entries[{i}]."
             if not isinstance(e, dict):
                 raise LowbitError(f"{bad}: entries[{i}] is {type(e).__name__}, not an object")
-            numel, bits = field(e, "numel", int, where), field(e, "bits", int, where)
+            numel, bits = count(e, "numel", where), count(e, "bits", where)
             if not 1 <= numel < 2**62 or not 0 <= bits <= 64 * numel:
                 raise LowbitError(f"{bad}: {where}numel/bits {numel}/{bits} are out of range")
             damage = e.get("damage")
