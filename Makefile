@@ -69,7 +69,7 @@ test: lint
 # Coverage-guided fuzzing (atheris/libFuzzer) of each parser of a user's file for FUZZ_SECONDS
 # each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= safetensors gguf plan manifest
+FUZZ_TARGETS ?= safetensors gguf plan manifest ct regex results explore
 fuzz: install
 	$(BIN)/pip install -q -e '.[fuzz]'
 	mkdir -p out/fuzz

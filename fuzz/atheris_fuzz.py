@@ -2,7 +2,10 @@
 
     PYTHONPATH=src python fuzz/atheris_fuzz.py gguf -max_total_time=60 [CORPUS_DIR ...]
 
-Targets: ``safetensors``, ``gguf``, ``manifest`` (lowbit.json), ``plan`` (plan files). Each
+Targets: ``safetensors``, ``gguf``, ``manifest`` (lowbit.json), ``plan`` (plan files),
+``ct`` (a compressed-tensors folder's config.json), ``regex`` (plan rules of hostile regexes,
+applied to long names), ``results`` (--eval / --sensitivity documents), ``explore`` (explorer
+API requests: the first byte picks the endpoint, the rest is the query string). Each
 input runs through everything lowbit does with such a file (``tests/fuzz_strategies.py``'s
 ``exercise_*``); a ``LowbitError`` is the expected refusal, any other exception a crash, which
 libFuzzer saves as ``crash-*`` and reports. The run starts from generated valid files (written
@@ -26,19 +29,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 with atheris.instrument_imports():
     import fuzz_strategies as fs
     import lowbit._json
+    import lowbit._regex
+    import lowbit.checkpoints._ct_layout
+    import lowbit.checkpoints._ct_read
     import lowbit.checkpoints._gguf
     import lowbit.checkpoints._safetensors
     import lowbit.checkpoints.gguf_writer
     import lowbit.checkpoints.lowbit_format
     import lowbit.checkpoints.readers
+    import lowbit.cli._explore_server
+    import lowbit.evaluation.sensitivity_result
     import lowbit.plans.plan  # noqa: F401
     from lowbit.errors import LowbitError
 
-TARGETS = ("safetensors", "gguf", "manifest", "plan")
+TARGETS = ("safetensors", "gguf", "manifest", "plan", "ct", "regex", "results", "explore")
+_ENDPOINTS = ("show", "decode", "values", "compare", "range")
 _SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 
 
-def _seeds(target: str, manifest: str) -> list[bytes]:
+def _seeds(target: str, manifest: str, ct_bases: dict[str, bytes]) -> list[bytes]:
     rnd = random.Random(0)
     if target == "safetensors":
         return [fs.random_safetensors(rnd) for _ in range(16)]
@@ -46,6 +55,20 @@ def _seeds(target: str, manifest: str) -> list[bytes]:
         return [fs.gguf_model(), *(fs.random_gguf(rnd) for _ in range(15))]
     if target == "manifest":
         return [manifest.encode()]
+    if target == "ct":
+        return [ct_bases["config.json"]]
+    if target == "regex":
+        return [fs.hostile_plan_text(rnd).encode("utf-8", "surrogatepass") for _ in range(8)]
+    if target == "results":
+        return [fs.sensitivity_text(rnd).encode("utf-8", "surrogatepass") for _ in range(8)]
+    if target == "explore":
+        out = []
+        for _ in range(16):
+            path, query = fs.explorer_request(rnd)
+            name = path.removeprefix("/api/")
+            k = _ENDPOINTS.index(name) if name in _ENDPOINTS else 5
+            out.append(bytes([k]) + query.encode("utf-8", "surrogatepass"))
+        return out
     return [fs.random_plan_text(rnd).encode("utf-8", "surrogatepass") for _ in range(16)]
 
 
@@ -57,12 +80,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix=f"lowbit-fuzz-{target}-", dir=_SHM))
     folder = work / "ckpt"
     manifest = fs.make_manifest_folder(folder).decode()
+    ct_folder = work / "ct"
+    ct_bases = fs.make_ct_folder(ct_folder) if target == "ct" else {}
+    ct_originals = {p.name: p.read_bytes() for p in ct_folder.glob("*") if p.is_file()}
     corpus = [a for a in sys.argv[1:] if not a.startswith("-")]
     seed_dir = Path(corpus[0]) if corpus else Path(tempfile.mkdtemp(dir=_SHM))
     if not corpus:
         sys.argv.append(str(seed_dir))
     seed_dir.mkdir(parents=True, exist_ok=True)
-    for i, seed in enumerate(_seeds(target, manifest)):
+    for i, seed in enumerate(_seeds(target, manifest, ct_bases)):
         (seed_dir / f"seed-{i}").write_bytes(seed)
 
     def one_input(data: bytes) -> None:
@@ -73,6 +99,15 @@ def main() -> None:
                 fs.exercise_gguf(data, work)
             elif target == "manifest":
                 fs.exercise_manifest(data, folder)
+            elif target == "ct":
+                fs.exercise_ct("config.json", data, ct_folder, ct_originals)
+            elif target == "regex":
+                fs.exercise_plan_matching(data, work)
+            elif target == "results":
+                fs.exercise_result_files(data, work)
+            elif target == "explore":
+                name = _ENDPOINTS[data[0] % 6] if data and data[0] % 6 < 5 else "nope"
+                fs.exercise_explorer("/api/" + name, data[1:].decode("utf-8", "replace"))
             else:
                 fs.exercise_plan(data, work, ".yaml" if data[:1] == b"#" else ".json")
         except LowbitError:
@@ -82,7 +117,9 @@ def main() -> None:
         rnd = random.Random(seed)
         if rnd.random() < 0.5:
             return atheris.Mutate(data, max_size)
-        if target in ("manifest", "plan") or (target == "safetensors" and rnd.random() < 0.5):
+        if target in ("manifest", "plan", "ct", "regex", "results") or (
+            target == "safetensors" and rnd.random() < 0.5
+        ):
             text = data.decode("utf-8", errors="replace")
             if target == "safetensors" and len(data) >= 8:
                 hlen = int.from_bytes(data[:8], "little")

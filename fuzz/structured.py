@@ -1,7 +1,8 @@
 """Structure-aware fuzzing of lowbit's parsers without coverage guidance, for long runs.
 
 Builds valid-ish files with ``tests/fuzz_strategies.py`` (safetensors, GGUF, lowbit.json, plan
-files), mutates them, and runs each through everything lowbit does with such a file
+files, compressed-tensors folders, plan regexes, --eval/--sensitivity documents, explorer
+requests), mutates them, and runs each through everything lowbit does with such a file
 (``exercise_*``). Any exception other than ``LowbitError`` is a finding: it is saved under
 ``--crashes`` with its traceback and the run goes on. Each input is timed; the slowest and
 the peak memory (RSS) are reported at the end.
@@ -28,10 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import fuzz_strategies as fs
 from lowbit.errors import LowbitError
 
-TARGETS = ("safetensors", "gguf", "manifest", "plan")
+TARGETS = ("safetensors", "gguf", "manifest", "plan", "ct", "regex", "results", "explore")
 
 
 def _inputs(target: str, rnd: random.Random, manifest: str) -> tuple[bytes, str]:
+    if target == "regex":
+        return fs.hostile_plan_text(rnd).encode("utf-8", "surrogatepass"), ".json"
+    if target == "results":
+        return fs.sensitivity_text(rnd).encode("utf-8", "surrogatepass"), ".json"
     if target == "safetensors":
         return fs.random_safetensors_mutant(rnd), ".json"
     if target == "gguf":
@@ -64,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         folder = work / "ckpt"
         manifest = fs.make_manifest_folder(folder).decode()
+        ct_folder = work / "ct"
+        ct_bases = fs.make_ct_folder(ct_folder)
+        ct_originals = {p.name: p.read_bytes() for p in ct_folder.iterdir() if p.is_file()}
+        ct_originals.update(ct_bases)
         counts = dict.fromkeys(targets, 0)
         errors = dict.fromkeys(targets, 0)
         found = 0
@@ -74,10 +83,24 @@ def main(argv: list[str] | None = None) -> int:
                 break
             target = targets[i % len(targets)]
             rnd = random.Random(f"{args.seed}:{i}")
-            data, suffix = _inputs(target, rnd, manifest)
+            if target == "ct":
+                name, data = fs.ct_mutant(rnd, ct_originals, ct_folder)
+            elif target == "explore":
+                path, query = fs.explorer_request(rnd)
+                data = f"{path}?{query}".encode("utf-8", "surrogatepass")
+            else:
+                data, suffix = _inputs(target, rnd, manifest)
             t0 = time.perf_counter()
             try:
-                if target == "manifest":
+                if target == "ct":
+                    fs.exercise_ct(name, data, ct_folder, ct_originals)
+                elif target == "explore":
+                    fs.exercise_explorer(path, query)
+                elif target == "regex":
+                    fs.exercise_plan_matching(data, work)
+                elif target == "results":
+                    fs.exercise_result_files(data, work)
+                elif target == "manifest":
                     run[target](data, folder)
                 elif target == "plan":
                     run[target](data, work, suffix)

@@ -473,3 +473,149 @@ def make_manifest_folder(folder: Path) -> bytes:
     text = (folder / "lowbit.json").read_text().replace(str(src), "model.safetensors")
     (folder / "lowbit.json").write_text(text)
     return text.encode()
+
+
+# ------------------------------------------------- issue 24: compressed-tensors folders,
+# plan-file regexes, --eval/--sensitivity documents, explorer requests
+
+HOSTILE_REGEXES = [
+    "(.*.*)*z", "(a+)+$", "(a|a)*b", "(?=x)x", r"(a)\1", "a{1000}{1000}", "[", "x" * 2000,
+    ".*" * 40 + "z", "(?i)A", r"\bq", "9" * 5000,
+]  # fmt: skip
+
+
+def hostile_plan_text(rnd: random.Random) -> str:
+    """A plan whose rules carry hostile regexes, globs and many rules."""
+    rules: list[dict[str, Any]] = []
+    for _ in range(rnd.choice([1, 3, 200])):
+        key = rnd.choice(["regex", "match"])
+        pattern = rnd.choice([*HOSTILE_REGEXES, "*" * 50 + "q", "*a*a*a*a*a*b", "[!x]*"])
+        rules.append({key: ("re:" + pattern) if key == "match" and rnd.random() < 0.3
+                      else pattern, "format": "int4"})  # fmt: skip
+    text = json.dumps({"default": "int8", "rules": rules})
+    return text if rnd.random() < 0.5 else mutate_json_text(text, rnd)
+
+
+def exercise_plan_matching(text: bytes, folder: Path) -> None:
+    """Read a plan file and decide a few long tensor names with it (its regexes run)."""
+    import warnings
+
+    from lowbit.plans.plan import PrecisionPlan
+
+    path = folder / "plan.json"
+    path.write_bytes(text)
+    plan = PrecisionPlan.from_file(path)
+    names = ["model.layers.0.mlp.up_proj.weight", "a" * 3000 + "!", "x" * 200 + "z"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan.apply([(n, (32, 32), "F32", 4096) for n in names])
+
+
+def make_ct_folder(folder: Path) -> dict[str, bytes]:
+    """A small compressed-tensors folder (int4 groups, asymmetric int8 channels, fp8, a bias
+    and a norm) in ``folder``; returns its config.json and index bytes, the fuzz bases."""
+    import numpy as np
+
+    import lowbit
+    from lowbit.checkpoints._ct_tensor import from_quantized
+    from lowbit.checkpoints.compressed_tensors import write_compressed_tensors
+    from lowbit.quant.scheme_text import parse_scheme
+
+    rng = np.random.default_rng(0)
+    tensors: dict[str, Any] = {}
+    for i, s in enumerate(["int4:g32", "int8:ch:asym", "fp8_e4m3:ch"]):
+        w = rng.standard_normal((8, 64)).astype(np.float32)
+        tensors[f"model.layers.0.l{i}.weight"] = from_quantized(lowbit.quantize(w, parse_scheme(s)))
+        tensors[f"model.layers.0.l{i}.bias"] = rng.standard_normal(8).astype(np.float32)
+    tensors["model.norm.weight"] = np.ones(64, np.float32)
+    write_compressed_tensors(folder, tensors, {"model_type": "llama"}, max_shard_size=700,
+                             overwrite=True, progress=False)  # fmt: skip
+    index = folder / "model.safetensors.index.json"
+    assert index.is_file(), "the fuzz base is sharded, so its index is fuzzed too"
+    return {"config.json": (folder / "config.json").read_bytes(), index.name: index.read_bytes()}
+
+
+def ct_mutant(rnd: random.Random, bases: dict[str, bytes], folder: Path) -> tuple[str, bytes]:
+    """One file of the folder and its mutated bytes: config.json (hostile targets too), the
+    shard index, or a shard."""
+    which = rnd.choice(["config.json", "config.json", "model.safetensors.index.json", "shard"])
+    if which == "shard":
+        shards = sorted(p.name for p in folder.glob("*.safetensors"))
+        name = rnd.choice(shards)
+        return name, mutate_bytes((folder / name).read_bytes(), rnd)
+    text = bases[which].decode()
+    if which == "config.json" and rnd.random() < 0.3:
+        doc = json.loads(text)
+        group = next(iter(doc["quantization_config"]["config_groups"].values()))
+        group["targets"] = ["re:" + rnd.choice(HOSTILE_REGEXES), *group["targets"]]
+        text = json.dumps(doc)
+    return which, mutate_json_text(text, rnd).encode("utf-8", "surrogatepass")
+
+
+def exercise_ct(name: str, data: bytes, folder: Path, originals: dict[str, bytes]) -> None:
+    """Replace one file of the compressed-tensors folder, then open it, read every tensor and
+    verify it; the file is put back afterwards."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.verify import verify_checkpoint
+
+    path = folder / name
+    try:
+        path.write_bytes(data)
+        with open_checkpoint(folder) as ckpt:
+            for n in ckpt.names():
+                ckpt.get(n)
+        verify_checkpoint(folder)
+    finally:
+        path.write_bytes(originals[name])
+
+
+def sensitivity_text(rnd: random.Random) -> str:
+    """A ``lowbit sensitivity --json`` document, valid or mutated."""
+    entries = [
+        {"tensor": f"w{i}", "scheme": rnd.choice(["int4", "int8", "nf4"]), "numel": 256,
+         "bits": rnd.choice([1024, 2048, 0]), "proxy": rnd.random(),
+         "damage": rnd.choice([None, 0.5])}
+        for i in range(rnd.randint(0, 4))
+    ]  # fmt: skip
+    doc = {"version": 1, "model": "m", "kind": "causal", "measure": "proxy", "metric": "kl",
+           "proxy": "input", "calibration": "c", "schemes": ["int4", "int8"], "seconds": {},
+           "entries": entries}  # fmt: skip
+    text = json.dumps(doc)
+    return text if rnd.random() < 0.2 else mutate_json_text(text, rnd)
+
+
+def exercise_result_files(text: bytes, folder: Path) -> None:
+    """Read a --sensitivity document as lowbit plan/report do, and render it as --eval."""
+    from lowbit import _json
+    from lowbit.evaluation.sensitivity_result import SensitivityResult
+    from lowbit.view.html import _evaluation
+
+    path = folder / "result.json"
+    path.write_bytes(text)
+    doc = _json.load(path)
+    _evaluation(doc)
+    SensitivityResult.from_dict(doc)
+
+
+_QUERY_VALUES = ["1", "0.3952", "-0", "nan", "1e999999/3", "9" * 900, "0x1p-3", "", "a", "1/0",
+                 "fp4", "e4m3,e5m2", "all", "int8:t", "int4:g" + "9" * 30, "normal", "/etc/passwd",
+                 "65536", "2001", "2", "0b1111", "x" * 5000]  # fmt: skip
+
+
+def explorer_request(rnd: random.Random) -> tuple[str, str]:
+    """A request path and query string for the explorer's API, valid or hostile."""
+    path = "/api/" + rnd.choice(["show", "decode", "values", "compare", "range", "nope"])
+    keys = ["value", "formats", "format", "code", "data", "size", "group", "lo", "hi", "n",
+            "rounding", "saturate"]  # fmt: skip
+    parts = [f"{rnd.choice(keys)}={rnd.choice(_QUERY_VALUES)}" for _ in range(rnd.randint(0, 5))]
+    query = "&".join(parts)
+    if rnd.random() < 0.2:
+        query = mutate_json_text(query, rnd) if query else "%ff%00&&=="
+    return path, query
+
+
+def exercise_explorer(path: str, query: str) -> None:
+    """One explorer API request: an answer or a LowbitError."""
+    from lowbit.cli._explore_server import api
+
+    api(path, query)

@@ -62,6 +62,7 @@ LAYERS = {
     "_progress": 0,
     "_files": 0,
     "_json": 0,
+    "_regex": 0,
     "_optional": 0,
     "_version": 0,
 }

@@ -24,6 +24,10 @@ LAYER_TO_GGUF = {
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
@@ -35,8 +39,9 @@ TOP_TO_GGUF = {
 }
 
 
-def tiny_llama(seed: int = 0, tie: bool = False) -> Any:
-    """A random 2-layer LlamaForCausalLM with random norms (so mix-ups show)."""
+def tiny_llama(seed: int = 0, tie: bool = False, attention_bias: bool = False) -> Any:
+    """A random 2-layer LlamaForCausalLM with random norms (so mix-ups show); with
+    ``attention_bias``, random q/k/v/o biases too (as Qwen2 has on q/k/v)."""
     import torch
     import transformers
 
@@ -53,6 +58,7 @@ def tiny_llama(seed: int = 0, tie: bool = False) -> Any:
         tie_word_embeddings=tie,
         bos_token_id=257,
         eos_token_id=258,
+        attention_bias=attention_bias,
     )
     cfg.architectures = ["LlamaForCausalLM"]
     torch.manual_seed(seed)

@@ -221,7 +221,7 @@ def load_yaml(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> An
     if found > MAX_DEPTH:
         raise LowbitError(f"{p}: YAML nested {found} levels deep; lowbit reads at most {MAX_DEPTH}")
     try:
-        doc = yaml.safe_load(raw)
+        doc = yaml.load(raw, Loader=_unique_key_loader(yaml))  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise LowbitError(f"malformed YAML in {p}: {short_repr(str(exc), 200)}") from None
     except RecursionError:
@@ -230,6 +230,33 @@ def load_yaml(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> An
         raise LowbitError(f"malformed YAML in {p}: {short_repr(str(exc), 200)}") from None
     _check_tree(doc, p)
     return doc
+
+
+def _unique_key_loader(yaml: Any) -> Any:
+    """PyYAML's SafeLoader refusing a key given twice in one mapping (the YAML spec forbids
+    it; PyYAML keeps the last silently, so a plan file's second ``default`` won unseen).
+    Keys a ``<<`` merge brings in may still be overridden, as YAML intends."""
+
+    class _Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    new = key not in seen
+                except TypeError:  # an unhashable key: SafeLoader says so itself
+                    continue
+                if not new:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark,
+                        f"found the key {short_repr(key, 60)} twice", key_node.start_mark,
+                    )  # fmt: skip
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return _Loader
 
 
 def _check_tree(doc: Any, source: Path) -> None:
@@ -254,6 +281,30 @@ def _check_tree(doc: Any, source: Path) -> None:
             stack.extend((v, level + 1) for v in items)
 
 
+def _shown(path: object) -> str:
+    text = repr(str(path))[1:-1]
+    return text if len(text) <= 120 else text[:100] + f"... ({len(text)} characters)"
+
+
+def path_exists(path: str | os.PathLike[str]) -> bool:
+    """Whether a path names something (a dangling link does not), like ``Path.exists`` but
+    with one LowbitError for a path the system refuses (too long, a symlink loop, a NUL or a
+    lone surrogate) instead of an OSError or a silent False.
+
+    Raises:
+        LowbitError: the path cannot name a file.
+    """
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise LowbitError(f"{_shown(path)}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise LowbitError(f"{_shown(path)}: not a path a file can have") from None
+    return True
+
+
 def check_regular_file(path: Path) -> int:
     """Refuse anything but a regular file (a FIFO would hang, a device never end); give its size.
 
@@ -266,8 +317,10 @@ def check_regular_file(path: Path) -> int:
         st = os.stat(path)
     except FileNotFoundError:
         raise LowbitError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise LowbitError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except OSError as exc:  # too long, a symlink loop, not a folder on the way
+        raise LowbitError(f"{_shown(path)}: cannot read ({exc.strerror or exc})") from None
+    except ValueError:  # a NUL, or a lone surrogate no file name can hold
+        raise LowbitError(f"{_shown(path)}: not a path a file can have") from None
     if not stat.S_ISREG(st.st_mode):
         kind = (
             "a folder"

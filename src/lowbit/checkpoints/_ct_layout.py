@@ -4,11 +4,11 @@ compressed-tensors reader)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
+from lowbit._regex import compile_bounded
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 
@@ -67,11 +67,8 @@ def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]
             )
         patterns = []
         for t in targets:
-            if t.startswith("re:"):
-                try:
-                    patterns.append(("re", re.compile(t[3:])))
-                except re.error as exc:
-                    raise LowbitError(f"{field}.targets: bad regex {t!r} ({exc})") from None
+            if t.startswith("re:"):  # linear-time: a downloaded config must not hang us
+                patterns.append(("re", compile_bounded(t[3:], f"{field}.targets")))
             else:
                 patterns.append(("name", t))
         out.append(
@@ -79,6 +76,9 @@ def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]
                 str(gname),
                 {
                     "targets": patterns,
+                    # for _ct_candidates: a set look-up per module, not a scan of every target
+                    "names": frozenset(t for k, t in patterns if k == "name"),
+                    "regexes": [t for k, t in patterns if k == "re"],
                     "bits": bits,
                     "type": kind,
                     "symmetric": symmetric,
@@ -99,16 +99,21 @@ def _ct_candidates(
     named = [
         (n, g)
         for n, g in groups
-        if any(
-            (k == "re" and t.match(module)) or (k == "name" and t == module)
-            for k, t in g["targets"]
-        )
+        if module in g["names"] or any(r.match(module) for r in g["regexes"])
     ]
     if named:
         return named
-    return [
-        (n, g) for n, g in groups if any(k == "name" and t not in modules for k, t in g["targets"])
-    ]
+    return [(n, g) for n, g in groups if _names_a_class(g, modules)]
+
+
+def _names_a_class(g: dict[str, Any], modules: set[str]) -> bool:
+    """Whether a group has a target that is no module's name (a layer class such as
+    ``Linear``); once per group and module set (the caller's set is kept alive with it)."""
+    held = g.get("_class_like")
+    if held is None or held[0] is not modules:
+        held = (modules, any(t not in modules for t in g["names"]))
+        g["_class_like"] = held
+    return held[1]
 
 
 def _ct_check_weight(ckpt: Checkpoint, module: str, g: dict[str, Any]) -> str | None:

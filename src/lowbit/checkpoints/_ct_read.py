@@ -26,6 +26,19 @@ from lowbit.errors import LowbitError
 __all__ = ["CompressedTensorsFolder", "unpack_int32"]
 
 _PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+# Every tensor name part compressed-tensors' own schemes store beside a module's weight
+# (compressed_tensors/quantization/lifecycle/initialize.py: {base}_scale, _zero_point,
+# _g_idx, _global_scale for base weight/input/output; weight_packed and weight_shape from
+# the pack-quantized compressor). A quantized module's other tensors (bias, anything) are
+# the model's own and read as stored.
+_QUANT_PARTS = frozenset(
+    {"weight_packed", "weight_shape"}
+    | {
+        f"{base}_{part}"
+        for base in ("weight", "input", "output")
+        for part in ("scale", "zero_point", "g_idx", "global_scale")
+    }
+)
 
 
 def unpack_int32(words: np.ndarray, num_bits: int, n: int) -> np.ndarray:
@@ -90,10 +103,10 @@ class CompressedTensorsFolder(Checkpoint):
         self._infos: dict[str, TensorInfo] = {}
         for n in names:
             module, _, part = n.rpartition(".")
-            if module in self._groups:
+            if module in self._groups and (part == "weight" or part in _QUANT_PARTS):
                 if part in ("weight_scale", "weight_packed", "weight"):
                     self._add_weight(module)
-                continue  # zero points and shapes belong to the weight
+                continue  # zero points, shapes, activation scales belong to the quantization
             self._infos[n] = self._st.info(n)
 
     def _add_weight(self, module: str) -> None:

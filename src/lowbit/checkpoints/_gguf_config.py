@@ -169,5 +169,7 @@ def derive_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str,
         if f"tokenizer.ggml.{gkey}" in metadata:
             cfg[hkey] = metadata[f"tokenizer.ggml.{gkey}"]
     cfg["tie_word_embeddings"] = "output.weight" not in tensor_names
+    if "blk.0.attn_q.bias" in tensor_names:  # llama.cpp's converter keeps q/k/v/o biases
+        cfg["attention_bias"] = True
     family_config(arch, metadata, cfg)  # model_type, architectures, family keys
     return cfg

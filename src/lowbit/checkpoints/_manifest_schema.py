@@ -48,7 +48,7 @@ _SCHEME_TYPES: dict[str, tuple[type, ...]] = {
 MAX_RANK = 32  # numpy's own limit before 2.0
 MAX_DIM = 2**62
 KINDS = ("quantized", "kept", "cast")
-SOURCE_FORMATS = ("gguf", "huggingface", "safetensors")
+SOURCE_FORMATS = ("compressed-tensors", "gguf", "huggingface", "safetensors")
 CAST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _HEX = frozenset("0123456789abcdef")
 

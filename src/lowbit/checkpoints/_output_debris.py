@@ -75,10 +75,12 @@ def recover(target: str | os.PathLike[str]) -> list[str]:
         restored = ""
         if not os.path.lexists(target):
             new, old = work / "new", work / "old"
-            if (work / COMPLETE).exists() and os.path.lexists(new):
+            # never a symbolic link: one planted there would become the output (pointing
+            # anywhere); lowbit's writers make only files and folders
+            if (work / COMPLETE).exists() and _plain(new):
                 os.rename(new, target)
                 restored = f"; moved its complete new output to {target}"
-            elif os.path.lexists(old):
+            elif _plain(old):
                 os.rename(old, target)
                 restored = f"; restored the previous {target}"
         _remove_work(work)
@@ -101,7 +103,7 @@ def _legacy(work: Path, target: Path) -> str | None:
         return None
     if work.name.startswith(f"{target.name}.old-") and entries == [target.name]:
         inner = work / target.name
-        if lowbit_made(inner) is not None:
+        if not _plain(inner) or lowbit_made(inner) is not None:
             return None
         if not os.path.lexists(target):
             os.rename(inner, target)
@@ -124,6 +126,11 @@ def _legacy(work: Path, target: Path) -> str | None:
             shutil.rmtree(work)
             return f"removed {work}, left by an interrupted lowbit run ({size / 1e6:.1f} MB)"
     return None
+
+
+def _plain(p: Path) -> bool:
+    """Whether ``p`` is a file or folder itself, not a symbolic link (or nothing)."""
+    return os.path.lexists(p) and not p.is_symlink() and (p.is_file() or p.is_dir())
 
 
 def _marked(work: Path, target_name: str) -> bool:

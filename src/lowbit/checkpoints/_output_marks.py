@@ -13,8 +13,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lowbit import _json
 from lowbit._version import __version__
 from lowbit.checkpoints import _gguf
+from lowbit.errors import LowbitError
 
 WRITER_KEY = "lowbit.writer"  # safetensors __metadata__ / GGUF metadata: which lowbit wrote it
 FILES_KEY = "lowbit.files"  # safetensors __metadata__ of a folder's shards: the folder's files
@@ -112,11 +114,9 @@ def _files_under(p: Path) -> list[str]:
 
 
 def _small_json(path: Path, limit: int = 64 * 2**20) -> Any:
-    try:
-        if path.stat().st_size > limit:
-            return None
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+    try:  # regular files only: a FIFO planted as an output's marker would hang the read
+        return _json.load(path, max_bytes=limit)
+    except (LowbitError, OSError, ValueError, RecursionError):
         return None
 
 

@@ -104,8 +104,10 @@ def check_not_input(
     """Refuse an output that is, contains or lies inside one of the inputs (real paths).
 
     Raises:
-        LowbitError: naming the output and the input it would destroy.
+        LowbitError: naming the output and the input it would destroy; an output name the
+            system cannot hold.
     """
+    _check_name(Path(out))
     target = _real(Path(out))
     clashes = []
     for given in inputs:
@@ -150,10 +152,39 @@ def check_output(
     target = Path(path)
     if not str(path) or target.name in ("", ".", ".."):
         raise LowbitError(f"output path {str(path)!r} names no file or folder")
+    _check_name(target)
     if not target.parent.is_dir():
         raise LowbitError(f"cannot write {target}: directory {target.parent} does not exist")
     check_not_input(target, inputs)
     _check_existing(target, kind, overwrite)
+
+
+#: What lowbit adds to an output's name for its lock and temporary files beside it.
+_BESIDE = max(len(".lowbit-lock") + 1, len(".tmp-") + 8)
+
+
+def _check_name(target: Path) -> None:
+    """Refuse a name its lock and temporary files cannot be made beside (a 243-255 byte name
+    passed as itself but failed on ``.NAME.lowbit-lock``), a NUL, or bytes not a path's."""
+    try:
+        raw = os.fsencode(target.name)
+        os.fsencode(str(target.parent))
+    except UnicodeEncodeError:
+        raise LowbitError(
+            f"output path {str(target)[:80]!r} holds characters no file name can"
+        ) from None
+    if b"\0" in raw or "\0" in str(target):
+        raise LowbitError(f"output path {str(target)[:80]!r} holds a NUL character")
+    try:
+        limit = os.pathconf(target.parent, "PC_NAME_MAX") if target.parent.is_dir() else 255
+    except (OSError, ValueError):
+        limit = 255
+    if len(raw) + _BESIDE > limit:
+        raise LowbitError(
+            f"output name {target.name[:40]!r}... is {len(raw)} bytes; lowbit writes "
+            f"{_BESIDE} more beside it (lock and temporary files), so the file system's "
+            f"{limit}-byte limit allows {limit - _BESIDE}"
+        )
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], *, overwrite: bool = False,
@@ -219,6 +250,7 @@ def _output(
 ) -> Iterator[Path]:
     if not str(target) or target.name in ("", ".", ".."):
         raise LowbitError(f"output path {str(target)!r} names no file or folder")
+    _check_name(target)
     parent = target.parent
     if not parent.is_dir():
         raise LowbitError(f"cannot write {target}: directory {parent} does not exist")
@@ -269,6 +301,11 @@ def _writing(target: Path, work: Path) -> Iterator[None]:
         if exc.errno in _WRITE_ERRNOS or (exc.errno in (errno.EACCES, errno.EPERM) and ours):
             raise LowbitError(
                 f"cannot write {target}: {exc.strerror or exc} (nothing was written)"
+            ) from None
+        if exc.errno is None and "written" in str(exc):  # io's short write: a full disk
+            raise LowbitError(
+                f"cannot write {target}: the disk is full or the file too large ({exc}; "
+                f"nothing was written)"
             ) from None
         raise
 

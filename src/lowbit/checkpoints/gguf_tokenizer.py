@@ -137,8 +137,20 @@ def _gguf_bpe(md: Mapping[str, Any]) -> tuple[Any, dict[str, str | None], str | 
 
     tokens = md["tokenizer.ggml.tokens"]
     types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in md["tokenizer.ggml.merges"]]
-    bpe = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for k, m in enumerate(md["tokenizer.ggml.merges"]):
+        a, sep, b = m.partition(" ")
+        # tokenizers raises a bare Exception (or a TypeError) for a merge of two tokens, or
+        # into one, that the vocabulary lacks: say which, in one line
+        if not sep or a not in vocab or b not in vocab or a + b not in vocab:
+            shown = m if len(m) <= 40 else m[:37] + "..."
+            raise LowbitError(
+                f"GGUF tokenizer: merge {k} {shown!r} does not fit the vocabulary (a merge is "
+                f"two tokens separated by one space, and both and their join are tokens)"
+            )
+        merges.append((a, b))
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     bpe.pre_tokenizer = pre_tokenizer(md.get("tokenizer.ggml.pre"))  # llama.cpp's splitting
     bpe.decoder = decoders.ByteLevel()
     # llama.cpp token types: 3 = CONTROL (special), 4 = USER_DEFINED (kept whole, not special)

@@ -272,9 +272,13 @@ def quantized_unit(
 
 
 def is_lowbit_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a folder holding a lowbit checkpoint manifest."""
+    """Whether ``path`` is a folder holding a lowbit checkpoint manifest (False for a path
+    no file can have: too long, a symlink loop, a NUL; the opener then says why)."""
     p = Path(path)
-    return p.is_dir() and (p / MANIFEST).is_file()
+    try:
+        return p.is_dir() and (p / MANIFEST).is_file()
+    except OSError:  # ENAMETOOLONG, ELOOP: is_dir() passes only some errors as False
+        return False
 
 
 class LowbitCheckpoint(Checkpoint):

@@ -42,7 +42,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             truncated shard, a header that lies about sizes or offsets, an unknown GGUF type.
     """
     p = Path(path)
-    if not p.exists():
+    if not _json.path_exists(p):
         raise LowbitError(f"{p}: no such file or folder")
     if p.is_dir() and (p / "lowbit.json").is_file():
         return LowbitCheckpoint(p)
@@ -56,10 +56,22 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 f"{p}: several GGUF files ({', '.join(g.name for g in ggufs)}); name one"
             )
         folder = _not_lowbit_shards(HuggingFaceFolder(p))
-        qc = (folder.config or {}).get("quantization_config")
-        if isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors":
+        cfg = folder.config or {}
+        if "quantization_config" not in cfg:
+            return folder
+        qc = cfg["quantization_config"]
+        where = f"{p / 'config.json'}: quantization_config"
+        if not isinstance(qc, dict):
+            raise LowbitError(f"{where} is {type(qc).__name__}, not an object")
+        method = qc.get("quant_method")
+        if method == "compressed-tensors":
             return CompressedTensorsFolder(p)  # weights read back dequantized
-        return folder
+        # read as a plain model, its packed codes and scales would pass for weights
+        shown = method if isinstance(method, str) and len(method) <= 40 else type(method).__name__
+        raise LowbitError(
+            f"{where}.quant_method {shown!r}: lowbit reads compressed-tensors quantized folders "
+            f"(and unquantized ones), not this kind"
+        )
     _json.check_regular_file(p)  # a FIFO or device would hang the read below
     with open(p, "rb") as fh:
         magic = fh.read(4)

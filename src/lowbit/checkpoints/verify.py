@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lowbit._json import path_exists
 from lowbit.checkpoints import _gguf
 from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_check_weight, _ct_groups
 from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
@@ -53,7 +54,7 @@ def verify_checkpoint(path: str | os.PathLike[str], *, hashes: bool = True) -> d
         LowbitError: the first problem found, naming the file and what is wrong.
     """
     p = Path(path)
-    if not p.exists():
+    if not path_exists(p):
         raise LowbitError(f"{p}: no such file or folder")
     if is_lowbit_checkpoint(p):
         return _lowbit(p, hashes)

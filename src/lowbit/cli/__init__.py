@@ -8,6 +8,7 @@ adds its parser to the argparse sub-parsers and sets ``func=run`` with
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
@@ -73,6 +74,15 @@ def _command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+#: OSErrors that are one line: the path, not lowbit, is at fault (the safety net; readers and
+#: writers turn these into LowbitErrors themselves where they can).
+_PATH_ERRNOS = {
+    errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.ENOSPC, errno.EROFS, errno.EFBIG,
+    errno.EXDEV, errno.EINVAL, getattr(errno, "EDQUOT", errno.ENOSPC),
+}  # fmt: skip
+_VALUE_MESSAGES = ("embedded null", "surrogates not allowed", "integer string conversion")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for bad input, with a one-line message)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -95,6 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         print(f"lowbit {args.command}: error: {exc.strerror}: {exc.filename}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path the system refuses: too long, a symlink loop, a full disk
+        if exc.errno not in _PATH_ERRNOS:
+            raise
+        name = str(exc.filename or "")
+        shown = name if len(name) <= 80 else name[:60] + f"... ({len(name)} characters)"
+        print(f"lowbit {args.command}: error: {exc.strerror}: {shown}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a path with a NUL or lone surrogate; a 4,300-digit number
+        if not any(m in str(exc) for m in _VALUE_MESSAGES):
+            raise
+        why = "a path or name lowbit cannot use" if "digits" not in str(exc) else "a number"
+        print(f"lowbit {args.command}: error: {why}: {str(exc)[:120]}", file=sys.stderr)
         return 2
     except ImportError as exc:
         if "pip install" in str(exc):

@@ -4,11 +4,11 @@ the options, solving, and the table."""
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 from pathlib import Path
 from typing import Any
 
+from lowbit import _json
 from lowbit.checkpoints._outputs import check_output
 from lowbit.checkpoints.quantize_model import checkpoint_tensors
 from lowbit.cli import _common
@@ -104,12 +104,7 @@ def solve(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> tuple[A
     """Read or run the scan and solve: ``(MixedPlan, SensitivityResult)``."""
     tensors = checkpoint_tensors(ckpt)
     if args.sensitivity:
-        try:
-            doc = json.loads(Path(args.sensitivity).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise LowbitError(
-                f"{args.sensitivity}: cannot read a sensitivity result: {exc}"
-            ) from None
+        doc = _json.load(args.sensitivity)  # bounded size and depth, regular files only
         result = SensitivityResult.from_dict(doc)
     else:
         result = scan(args, ckpt, progress)

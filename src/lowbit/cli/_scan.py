@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from lowbit import _json
 from lowbit._progress import progress_bar
 from lowbit.checkpoints._outputs import check_not_input
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
@@ -157,7 +158,7 @@ def _is_plan(path: Path) -> bool:
 
 def _is_scan(path: Path) -> bool:
     try:
-        SensitivityResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        SensitivityResult.from_dict(_json.load(path))  # a FIFO planted there: refused
     except (LowbitError, OSError, UnicodeDecodeError, ValueError, AttributeError):
         return False
     return True

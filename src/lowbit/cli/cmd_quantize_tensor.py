@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lowbit
+from lowbit._json import check_regular_file
 from lowbit.checkpoints._outputs import output_file, writer_metadata
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
@@ -148,20 +149,54 @@ def build_scheme(
     return scheme
 
 
+def _load_npy(p: Path, size: int) -> Any:
+    """A numeric .npy file whose header agrees with its size (a 192-byte file may claim 37 GiB:
+    refused before anything is allocated)."""
+    import numpy as np
+
+    fmt = np.lib.format
+    try:
+        with open(p, "rb") as fh:
+            version = fmt.read_magic(fh)
+            if version == (1, 0):
+                shape, _, dtype = fmt.read_array_header_1_0(fh)
+            elif version == (2, 0):
+                shape, _, dtype = fmt.read_array_header_2_0(fh)
+            else:
+                raise ValueError(f"version {version} of the .npy format")
+            offset = fh.tell()
+            if dtype.hasobject:
+                raise ValueError("it holds Python objects (lowbit reads numbers only)")
+            count = 1
+            for d in shape:
+                count *= int(d)
+            need = count * dtype.itemsize
+            if need != size - offset:
+                raise ValueError(
+                    f"its header says {shape} {dtype} ({need:,} bytes) but it holds "
+                    f"{size - offset:,} bytes of data"
+                )
+            fh.seek(0)
+            return np.load(fh, allow_pickle=False)
+    except (ValueError, EOFError, SyntaxError, OverflowError, MemoryError) as exc:
+        raise LowbitError(f"cannot read {p} as a numeric .npy file: {_one_line(exc)}") from None
+    except OSError as exc:
+        raise LowbitError(f"cannot read {p}: {exc.strerror or exc}") from None
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def load_tensor(source: str) -> tuple[Any, str]:
     """(array, name) from FILE.npy or FILE.safetensors[:TENSOR]."""
-    import numpy as np
 
     path, _, name = source.partition(":") if ".safetensors:" in source else (source, "", "")
     p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(2, "No such file or directory", path)
+    size = check_regular_file(p)  # a FIFO would block for good, a device never end
     if p.suffix == ".npy":
-        try:
-            arr = np.load(p, allow_pickle=False)
-        except (ValueError, EOFError) as exc:  # EOFError: an empty (0-byte) file
-            raise LowbitError(f"cannot read {path} as a numeric .npy file: {exc}") from None
-        return arr, p.stem
+        return _load_npy(p, size), p.stem
     if p.suffix != ".safetensors":
         raise LowbitError(f"{path}: expected a .npy or .safetensors file")
     try:

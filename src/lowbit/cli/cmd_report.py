@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
+from lowbit import _json
 from lowbit.checkpoints._outputs import check_output, output_file
+from lowbit.checkpoints.quantize_model import resolve_model
 from lowbit.cli import _common
 from lowbit.cli._stopwatch import Stopwatch
 from lowbit.errors import LowbitError
@@ -47,7 +47,12 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("checkpoint", metavar="DIR", help="the quantized checkpoint")
-    p.add_argument("--against", metavar="MODEL", help="the source model (default: lowbit.json's)")
+    p.add_argument(
+        "--against",
+        metavar="MODEL",
+        help="the source model: a path or a shipped model (smollm2, minilm); default: "
+        "lowbit.json's",
+    )
     p.add_argument("--out", default="report.html", help="the HTML file (default report.html)")
     p.add_argument("--png", metavar="DIR", help="also write the figures as PNGs into DIR")
     p.add_argument("--eval", metavar="RESULTS.json", help="`lowbit eval --json` output to show")
@@ -65,18 +70,18 @@ def register(sub: Any) -> None:
 
 
 def _read_json(path: str, flag: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LowbitError(f"{flag} {path}: no such file") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise LowbitError(f"{flag} {path}: not JSON ({exc})") from None
+    try:  # bounded size and depth, regular files only (a FIFO hung, 10^5 brackets recursed)
+        return _json.load(path)
+    except LowbitError as exc:
+        raise LowbitError(f"{flag} {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     clock = Stopwatch()
     if args.worst < 0:
         raise LowbitError(f"--worst must be >= 0, got {args.worst}")
+    if args.against:  # a shipped model's name (smollm2, minilm) as `lowbit quantize` takes
+        args.against = str(resolve_model(args.against))
     inputs = [args.checkpoint] + ([args.against] if args.against else [])
     check_output(args.out, overwrite=args.overwrite, inputs=inputs)
     evaluation = _read_json(args.eval, "--eval") if args.eval else None

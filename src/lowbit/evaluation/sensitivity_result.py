@@ -134,32 +134,74 @@ class SensitivityResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SensitivityResult:
-        """Read back :meth:`to_dict` (a ``lowbit sensitivity --json`` file)."""
-        try:
-            entries = tuple(
+        """Read back :meth:`to_dict` (a ``lowbit sensitivity --json`` file), checking every
+        field's type and range (a file is a user's input: ``numel`` 0 divided by zero, a
+        list for ``seconds`` had no ``items``).
+
+        Raises:
+            LowbitError: naming the first field that is missing or wrong.
+        """
+        bad = "not a lowbit sensitivity result"
+        if not isinstance(d, dict):
+            raise LowbitError(f"{bad}: the document is {type(d).__name__}, not an object")
+
+        def field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+            if key not in obj:
+                raise LowbitError(f"{bad}: {where}{key} is missing")
+            v = obj[key]
+            if isinstance(v, bool) or not isinstance(v, kind):
+                raise LowbitError(f"{bad}: {where}{key} is {type(v).__name__}")
+            return v
+
+        def count(obj: dict[str, Any], key: str, where: str) -> int:
+            v = field(obj, key, (int, float), where)  # 69632.0 is a count; 1e300 or 2.5 not
+            if isinstance(v, float) and not (math.isfinite(v) and v.is_integer() and v < 2**62):
+                raise LowbitError(f"{bad}: {where}{key} {v!r} is not a whole number")
+            return int(v)
+
+        def number(obj: dict[str, Any], key: str, where: str) -> float:
+            return float(field(obj, key, (int, float), where))
+
+        raw = field(d, "entries", list, "")
+        entries = []
+        for i, e in enumerate(raw):
+            where = f"entries[{i}]."
+            if not isinstance(e, dict):
+                raise LowbitError(f"{bad}: entries[{i}] is {type(e).__name__}, not an object")
+            numel, bits = count(e, "numel", where), count(e, "bits", where)
+            if not 1 <= numel < 2**62 or not 0 <= bits <= 64 * numel:
+                raise LowbitError(f"{bad}: {where}numel/bits {numel}/{bits} are out of range")
+            damage = e.get("damage")
+            entries.append(
                 SensitivityEntry(
-                    tensor=str(e["tensor"]),
-                    scheme=str(e["scheme"]),
-                    numel=int(e["numel"]),
-                    bits=int(e["bits"]),
-                    proxy=float(e["proxy"]),
-                    damage=None if e["damage"] is None else float(e["damage"]),
+                    tensor=field(e, "tensor", str, where),
+                    scheme=field(e, "scheme", str, where),
+                    numel=numel,
+                    bits=bits,
+                    proxy=number(e, "proxy", where),
+                    damage=None if damage is None else number(e, "damage", where),
                 )
-                for e in d["entries"]
             )
-            return cls(
-                model=str(d["model"]),
-                kind=str(d["kind"]),
-                measure=str(d["measure"]),
-                metric=str(d["metric"]),
-                calibration=str(d["calibration"]),
-                schemes=tuple(str(s) for s in d["schemes"]),
-                entries=entries,
-                seconds={str(k): float(v) for k, v in d.get("seconds", {}).items()},
-                proxy=_check_proxy(str(d.get("proxy", "input"))),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise LowbitError(f"not a lowbit sensitivity result: {type(e).__name__}: {e}") from None
+        schemes = field(d, "schemes", list, "")
+        if not all(isinstance(x, str) for x in schemes):
+            raise LowbitError(f"{bad}: schemes is not a list of strings")
+        seconds = d.get("seconds", {})
+        if not isinstance(seconds, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in seconds.values()
+        ):
+            raise LowbitError(f"{bad}: seconds is not an object of numbers")
+        proxy = d.get("proxy", "input")
+        return cls(
+            model=field(d, "model", str, ""),
+            kind=field(d, "kind", str, ""),
+            measure=field(d, "measure", str, ""),
+            metric=field(d, "metric", str, ""),
+            calibration=field(d, "calibration", str, ""),
+            schemes=tuple(schemes),
+            entries=tuple(entries),
+            seconds={str(k): float(v) for k, v in seconds.items()},
+            proxy=_check_proxy(proxy if isinstance(proxy, str) else repr(proxy)[:40]),
+        )
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:

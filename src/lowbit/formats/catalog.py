@@ -196,7 +196,7 @@ def mx_format(name: str) -> MXFormat:
     return MX_FORMATS[key]
 
 
-_P3109 = re.compile(r"p3109_k(\d+)p(\d+)([su]?)([ef]?)$")
+_P3109 = re.compile(r"p3109_k(\d{1,4})p(\d{1,4})([su]?)([ef]?)$")  # int() takes 4 digits
 
 
 def format(name: str | Format) -> Format:
@@ -230,4 +230,5 @@ def format(name: str | Format) -> Format:
     choices = list(FORMATS) + list(ALIASES)
     close = difflib.get_close_matches(key, choices, n=5, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise UnknownFormatError(f"unknown format {name!r}{hint} (`lowbit formats` lists them all)")
+    shown = repr(name) if len(name) <= 80 else repr(name[:60]) + f" (... {len(name):,} characters)"
+    raise UnknownFormatError(f"unknown format {shown}{hint} (`lowbit formats` lists them all)")

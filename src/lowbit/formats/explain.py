@@ -37,6 +37,7 @@ Vocabulary of ``status`` (what happened to a value):
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -77,21 +78,46 @@ def parse_value(text: str | float) -> float:
     Raises:
         LowbitError: the text is not a number.
     """
+    bad = LowbitError(
+        f"cannot read {_clip(text)} as a number; write a decimal (0.3952, -1e-3), "
+        "a hex float (0x1.8p-3), a fraction (1/3), inf, -inf or nan"
+    )
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
+        try:
+            return float(text)
+        except OverflowError:
+            raise bad from None
     s = str(text).strip().replace(" ", "")
+    if len(s) > MAX_NUMBER_CHARS:
+        raise LowbitError(
+            f"a number of {len(s):,} characters; lowbit reads at most {MAX_NUMBER_CHARS}"
+        )
     low = s.lower()
     try:
         if "0x" in low:
             return float.fromhex(s)
         if "/" in s:
+            # Fraction("1e999999999/3") would build a billion-digit integer: only plain
+            # decimals with exponents of up to 4 digits (float64 needs 324)
+            if not all(_FRACTION_PART.fullmatch(p) for p in s.split("/", 1)):
+                raise ValueError(s)
             return float(Fraction(s))
         return float(s)
     except (ValueError, ZeroDivisionError, OverflowError):
-        raise LowbitError(
-            f"cannot read {text!r} as a number; write a decimal (0.3952, -1e-3), "
-            "a hex float (0x1.8p-3), a fraction (1/3), inf, -inf or nan"
-        ) from None
+        raise bad from None
+
+
+#: The longest number or code ``lowbit show``/``decode`` read (float64's exact decimals have
+#: at most 767 significant digits; codes at most 64 bits).
+MAX_NUMBER_CHARS = 1100
+_FRACTION_PART = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,4})?")
+
+
+def _clip(text: object) -> str:
+    if isinstance(text, int) and text.bit_length() > 600:
+        return f"an integer of {text.bit_length():,} bits"
+    r = repr(text) if isinstance(text, str) else repr(str(text)[:200])
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def parse_code(text: str | int) -> int:
@@ -108,6 +134,10 @@ def parse_code(text: str | int) -> int:
         code = int(text)
     else:
         s = str(text).strip().replace("_", "").replace(" ", "")
+        if len(s) > MAX_NUMBER_CHARS:
+            raise CodeRangeError(
+                f"a code of {len(s):,} characters; no format's codes are wider than 64 bits"
+            )
         try:
             code = int(s, 0)
         except ValueError:
@@ -117,9 +147,13 @@ def parse_code(text: str | int) -> int:
                 code = int(s, 10)
             else:
                 raise LowbitError(
-                    f"cannot read code {str(text)!r}; write it in hex (0x7e), "
+                    f"cannot read code {_clip(text)}; write it in hex (0x7e), "
                     "binary (0b01111110) or decimal (126)"
                 ) from None
+    if code.bit_length() > 64:  # no format has wider codes (and 4,300+ digits cannot print)
+        raise CodeRangeError(
+            f"a code of {code.bit_length():,} bits; no format's codes are wider than 64"
+        )
     if code < 0:
         raise CodeRangeError(f"code {code} is negative; codes are unsigned bit patterns")
     return code

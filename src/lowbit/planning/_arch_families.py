@@ -8,6 +8,8 @@ reports every missing field at once) and naming tensors as ``transformers`` does
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +19,26 @@ from lowbit.planning.modelspec import ModelSpec, TensorInfo, _with_use, classify
 __all__: list[str] = []
 
 _TIED_DEFAULT = {"gemma": True, "gemma2": True, "gemma3_text": True, "gpt2": True, "bert": True}
+
+
+#: Stated ceilings on the counts a config gives, checked before any tensor is listed (a
+#: 300-byte config.json with num_hidden_layers 10^9 grew ``lowbit plan`` by 1 GB per 30 s).
+#: The largest published models have 126 layers, 384 experts and 128 heads.
+MAX_LAYERS = 4096
+MAX_EXPERTS = 4096
+MAX_HEADS = 65536
+#: The most tensors one config may describe (a 61-layer, 384-expert model such as Kimi K2
+#: lists about 72,000).
+MAX_TENSORS = 120_000
+_CEILINGS = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers"), MAX_LAYERS),
+    **dict.fromkeys(
+        ("num_local_experts", "num_experts", "num_experts_per_tok", "decoder_sparse_step"),
+        MAX_EXPERTS,
+    ),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_key_value_heads"), MAX_HEADS),
+}
+_POSITIVE = {"num_attention_heads", "n_head", "n_heads", "num_key_value_heads"}
 
 
 class _Cfg:
@@ -30,9 +52,18 @@ class _Cfg:
             v = self.cfg.get(k)
             if v is not None:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    shown = v if isinstance(v, (int, float)) and abs(v) < 1e15 else type(v).__name__
                     raise LowbitError(
-                        f"malformed config: {k} must be a non-negative integer, got {v!r}"
+                        f"malformed config: {k} must be a non-negative integer, got {shown!r}"
                     )
+                ceiling = _CEILINGS.get(k)
+                if ceiling is not None and v > ceiling:
+                    raise LowbitError(
+                        f"config {k} is {v:,}; lowbit plans models of at most {ceiling:,} "
+                        f"(a larger count is a damaged or hostile config)"
+                    )
+                if v == 0 and k in _POSITIVE:
+                    raise LowbitError(f"malformed config: {k} is 0")
                 return v
         if default is None and required:
             self.missing.append(keys[0])
@@ -50,6 +81,20 @@ class _Cfg:
             )
 
 
+_NUMBER_SEGMENT = re.compile(r"(?<=\.)\d+(?=\.)")
+
+
+@functools.lru_cache(maxsize=4096)
+def _classify_template(template: str, ndim: int) -> str:
+    return classify(template, ndim)
+
+
+def _classify(name: str, ndim: int) -> str:
+    """``classify``, once per name with its layer and expert numbers set to 0 (no component
+    pattern looks at a number segment; 70,000 expert tensors classified one by one took s)."""
+    return _classify_template(_NUMBER_SEGMENT.sub("0", name), ndim)
+
+
 class _Builder:
     """Collects tensors with their components."""
 
@@ -57,10 +102,15 @@ class _Builder:
         self.tensors: list[TensorInfo] = []
 
     def add(self, name: str, *shape: int, bias: bool = False) -> None:
-        self.tensors.append(TensorInfo(name, tuple(shape), classify(name, len(shape))))
+        if len(self.tensors) >= MAX_TENSORS:
+            raise LowbitError(
+                f"the config describes more than {MAX_TENSORS:,} tensors; lowbit plans models "
+                f"of at most that many"
+            )
+        self.tensors.append(TensorInfo(name, tuple(shape), _classify(name, len(shape))))
         if bias:
             b = name.rsplit(".", 1)[0] + ".bias"
-            self.tensors.append(TensorInfo(b, (shape[0],), classify(b, 1)))
+            self.tensors.append(TensorInfo(b, (shape[0],), _classify(b, 1)))
 
     def norm(self, name: str, size: int, bias: bool = False) -> None:
         self.tensors.append(TensorInfo(name + ".weight", (size,), "norms"))
@@ -84,6 +134,11 @@ def _llama_like(cfg: Mapping[str, Any], arch: str) -> ModelSpec:
     c.check()
     if n_heads == 0 or h == 0:
         raise LowbitError("malformed config: hidden_size and num_attention_heads must be positive")
+    if n_layers * (3 * moe_experts + 16) > MAX_TENSORS:  # checked before listing any
+        raise LowbitError(
+            f"config: {n_layers:,} layers of {moe_experts:,} experts are more than the "
+            f"{MAX_TENSORS:,} tensors lowbit plans"
+        )
     kv_heads = c.int("num_key_value_heads", default=n_heads)
     head_dim = c.int("head_dim", default=h // n_heads)
     q_dim, kv_dim = n_heads * head_dim, kv_heads * head_dim
@@ -93,7 +148,10 @@ def _llama_like(cfg: Mapping[str, Any], arch: str) -> ModelSpec:
     mlp_bias = c.flag("mlp_bias", False)
     top_k = c.int("num_experts_per_tok", default=2 if moe_experts else 0) if moe_experts else 0
     sparse_step = c.int("decoder_sparse_step", default=1) or 1
-    mlp_only = set(cfg.get("mlp_only_layers") or [])
+    mlp_only_list = cfg.get("mlp_only_layers") or []
+    if not isinstance(mlp_only_list, list) or not all(type(i) is int for i in mlp_only_list):
+        raise LowbitError("malformed config: mlp_only_layers must be a list of layer numbers")
+    mlp_only = set(mlp_only_list)
     shared_inter = c.int("shared_expert_intermediate_size", default=0)
     norms = ["input_layernorm", "post_attention_layernorm"]
     if arch in ("gemma2", "gemma3_text"):

@@ -63,6 +63,8 @@ def tensor_decisions(
             d = plan.decide(t.name, t.shape, t.dtype or "F32", t.nbytes, _alias(spec, t.name))
             out.append((t, d.rule, d.decision))
         return out
+    if not rules:  # the common case, without a generator per tensor (100,000 experts)
+        return [(t, None, scheme) for t in spec.parameters]
     for t in spec.parameters:
         alias = _alias(spec, t.name)
         idx = next(

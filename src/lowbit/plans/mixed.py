@@ -403,8 +403,14 @@ def _check(
     """The plan file must give every chosen tensor its scheme and method (else the file would
     lie)."""
     applied = plan.apply(items, source="the model")
+    labels: dict[str, str] = {}  # a scan's scheme as typed ("int4") -> its full label
     for p in applied.tensors:
-        if p.name in chosen and (p.label, p.method) != (chosen[p.name].scheme, method):
+        if p.name not in chosen:
+            continue
+        typed = chosen[p.name].scheme
+        if typed not in labels:
+            labels[typed] = parse_scheme(typed).label
+        if (p.label, p.method) != (labels[typed], method):
             raise LowbitError(
                 f"internal: the written plan gives {p.name!r} {p.label} (method {p.method}), "
                 f"the solver chose {chosen[p.name].scheme} (method {method})"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import warnings
@@ -87,6 +88,10 @@ DEFAULT_COMPONENTS = ("attention", "mlp", "other")
 # Applying a plan to tensors
 # ---------------------------------------------------------------------------------------
 
+#: Plans with more rules than this find each tensor's candidate rules through an index.
+_INDEX_FROM = 64
+#: Rules that match nothing are named one warning each up to here, then counted in one more.
+_MAX_RULE_WARNINGS = 20
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
@@ -323,7 +328,9 @@ class PrecisionPlan:
         shape = tuple(int(s) for s in shape)
         if nbytes is None:
             nbytes = math.prod(shape) * 4
-        for i, rule in enumerate(self.rules):
+        order = self._candidates(name, alias) if len(self.rules) > _INDEX_FROM else None
+        for i in order if order is not None else range(len(self.rules)):
+            rule = self.rules[i]
             if rule.matches(name, shape, alias):
                 return self._plan(
                     name, shape, dtype, nbytes, rule.action, rule.activations, i,
@@ -355,6 +362,35 @@ class PrecisionPlan:
             else:
                 why = f"{len(shape)}-D tensor" if len(shape) != 2 else "not a linear weight"
         return self._plan(name, shape, dtype, nbytes, None, None, None, f"default: {why} kept")
+
+    @functools.cached_property
+    def _index(self) -> tuple[list[int], dict[str, list[int]], list[int]]:
+        """Rules that may match any name, and the glob-only rules by a literal piece every
+        name they match holds (each glob's longest), with the piece lengths present."""
+        always: list[int] = []
+        by_piece: dict[str, list[int]] = {}
+        for i, r in enumerate(self.rules):
+            pieces = [g.key_piece() for g in r._globs] if r.match else []
+            if r.regex or r.component or r.ndim is not None or not pieces or "" in pieces:
+                always.append(i)
+                continue
+            for piece in set(pieces):
+                by_piece.setdefault(piece, []).append(i)
+        return always, by_piece, sorted({len(k) for k in by_piece})
+
+    def _candidates(self, name: str, alias: str | None) -> list[int]:
+        """The rules that can match ``name`` (or ``alias``), in order: with thousands of
+        rules, one dictionary look-up per substring of a piece's length, not a match per rule
+        (20,000 glob rules x 100 tensors took seconds)."""
+        always, by_piece, lengths = self._index
+        found = set(always)
+        for text in (name,) if alias is None else (name, alias):
+            for n in lengths:
+                for j in range(len(text) - n + 1):
+                    hit = by_piece.get(text[j : j + n])
+                    if hit is not None:
+                        found.update(hit)
+        return sorted(found)
 
     def _plan(
         self,
@@ -406,20 +442,28 @@ class PrecisionPlan:
         plans = tuple(self.decide(*item) for item in items)
         aliases = {item[0]: item[4] for item in items if len(item) > 4}
         used = {p.rule for p in plans if p.rule is not None}
-        for i, rule in enumerate(self.rules):
-            if i in used:
-                continue
+        unused = [i for i in range(len(self.rules)) if i not in used]
+        hints = _Hints(items)
+        for i in unused[:_MAX_RULE_WARNINGS]:
+            rule = self.rules[i]
             hit = next(
                 (p for p in plans if rule.matches(p.name, p.shape, aliases.get(p.name))), None
             )
             if hit is None:
-                msg = f"matches no tensor of {source}{_close_hint(rule, items)}"
+                msg = f"matches no tensor of {source}{hints.close(rule)}"
             else:
                 msg = (
                     f"decides no tensor: earlier rules take every tensor it matches (e.g. "
                     f"{hit.name!r}, decided by rule {hit.rule + 1})"  # type: ignore[operator]
                 )
             warnings.warn(f"plan rule {i + 1} ({rule.describe()}) {msg}", UserWarning, stacklevel=2)
+        if len(unused) > _MAX_RULE_WARNINGS:  # one line, not one per rule (and no O(rules^2))
+            warnings.warn(
+                f"{len(unused) - _MAX_RULE_WARNINGS} more plan rules decide no tensor (rules "
+                f"{', '.join(str(i + 1) for i in unused[_MAX_RULE_WARNINGS:][:5])} ...)",
+                UserWarning,
+                stacklevel=2,
+            )
         problems = [(p, why) for p in plans if (why := unquantizable(p)) is not None]
         if problems:
             p, why = problems[0]
@@ -460,32 +504,49 @@ def unquantizable(p: TensorPlan) -> str | None:
     return None
 
 
-def _close_hint(rule: Rule, items: list[tuple[Any, ...]]) -> str:
-    """'; close names: ...' for a rule that matched nothing.
+def _in_order(pieces: list[str], text: str) -> bool:
+    """Whether ``text`` holds every piece, in order (leftmost finds: linear, no regex)."""
+    pos = 0
+    for p in pieces:
+        j = text.find(p, pos)
+        if j < 0:
+            return False
+        pos = j + len(p)
+    return True
+
+
+class _Hints:
+    """'; close names: ...' for a rule that matched nothing (the name templates built once).
 
     Names that contain every literal piece of a pattern in order come first (``*.mlp.gate``
     finds ``model.layers.0.mlp.gate_proj.weight``), then difflib's closest, per layer-number
     template so that one layer's names stand for all."""
-    names = [n for n, *_ in items] + [t[4] for t in items if len(t) > 4 and t[4]]
-    templates = list(dict.fromkeys(re.sub(r"\d+", "*", n) for n in names))
-    probes = [(g, r"[*?\[\]]+") for g in rule.match] + [
-        (r, r"[\\^$.*+?()\[\]{}|]+") for r in rule.regex
-    ]
-    close: list[str] = []
-    for probe, meta in probes:
-        pieces = [p for p in re.split(meta, probe) if p]
-        if pieces:
-            pattern = ".*".join(re.escape(p) for p in pieces)
-            close += [t for t in templates if re.search(pattern, t)][:3]
-        close += difflib.get_close_matches(probe, templates, n=3, cutoff=0.5)
-    close = list(dict.fromkeys(close))[:3]
-    if close:
-        examples = []
-        for t in close:
-            rx = re.compile("^" + re.escape(t).replace(r"\*", r"\d+") + "$")
-            examples.append(next(n for n in names if rx.match(n)))
-        return f"; close names: {', '.join(examples)}"
-    if rule.component:
-        present = sorted({classify(n, len(sh)) for n, sh, *_ in items} - {"buffer"})
-        return f"; components present: {', '.join(present)}"
-    return f"; names look like: {', '.join(n for n, *_ in items[:3])}"
+
+    def __init__(self, items: list[tuple[Any, ...]]) -> None:
+        self.items = items
+        self.names = [n for n, *_ in items] + [t[4] for t in items if len(t) > 4 and t[4]]
+        self.templates = list(dict.fromkeys(re.sub(r"\d+", "*", n) for n in self.names))
+
+    def close(self, rule: Rule) -> str:
+        names, templates, items = self.names, self.templates, self.items
+        probes = [(g, r"[*?\[\]]+") for g in rule.match] + [
+            (r, r"[\\^$.*+?()\[\]{}|]+") for r in rule.regex
+        ]
+        close: list[str] = []
+        for probe, meta in probes:
+            pieces = [p for p in re.split(meta, probe[:200]) if p][:20]
+            if pieces:
+                close += [t for t in templates if _in_order(pieces, t)][:3]
+            if len(probe) <= 200:  # difflib is quadratic in the lengths it compares
+                close += difflib.get_close_matches(probe, templates, n=3, cutoff=0.5)
+        close = list(dict.fromkeys(close))[:3]
+        if close:
+            examples = []
+            for t in close:
+                rx = re.compile("^" + re.escape(t).replace(r"\*", r"\d+") + "$")
+                examples.append(next(n for n in names if rx.match(n)))
+            return f"; close names: {', '.join(examples)}"
+        if rule.component:
+            present = sorted({classify(n, len(sh)) for n, sh, *_ in items} - {"buffer"})
+            return f"; components present: {', '.join(present)}"
+        return f"; names look like: {', '.join(n for n, *_ in items[:3])}"

@@ -29,7 +29,8 @@ PRESETS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
-_LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blk|h|block|blocks)\.(\d+)\.")
+# at most 9 digits: a layer number past Python's 4,300-digit int() limit is no layer
+_LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blk|h|block|blocks)\.(\d{1,9})\.")
 
 
 def tensor_group(name: str) -> tuple[int | None, str]:

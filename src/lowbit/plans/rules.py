@@ -28,14 +28,15 @@ Formats are scheme strings (:func:`lowbit.quant.scheme_text.parse_scheme`), ``ke
 
 from __future__ import annotations
 
-import fnmatch
-import re
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lowbit._files import read_data_file
+from lowbit._json import path_exists
+from lowbit._regex import Glob, check_plan_patterns, compile_bounded
 from lowbit.errors import LowbitError
 from lowbit.formats.catalog import format as _lookup
 from lowbit.plans.components import COMPONENTS, classify
@@ -214,11 +215,10 @@ class Rule:
             )
         if not (self.match or self.regex or self.component or self.ndim is not None):
             raise LowbitError("a plan rule needs match, regex, component or ndim")
-        for r in self.regex:
-            try:
-                re.compile(r)
-            except re.error as exc:
-                raise LowbitError(f"plan rule regex {r!r} does not compile: {exc}") from None
+        # linear-time matchers (lowbit._regex): a rule's regex may come from a file
+        compiled = tuple(compile_bounded(r, "plan rule") for r in self.regex)
+        object.__setattr__(self, "_compiled", compiled)
+        object.__setattr__(self, "_globs", tuple(Glob(g) for g in self.match))
         bad = [c for c in self.component if c not in COMPONENTS]
         if bad:
             raise LowbitError(f"unknown component(s) {bad}; choose from {', '.join(COMPONENTS)}")
@@ -243,11 +243,18 @@ class Rule:
             component: its component when the caller knows it (the planner's model spec);
                 default: :func:`~lowbit.plans.components.classify` of the name.
         """
-        names = (name,) if alias is None else (name, alias)
-        if self.match and not any(fnmatch.fnmatchcase(n, g) for n in names for g in self.match):
-            return False
-        if self.regex and not any(re.fullmatch(r, n) for n in names for r in self.regex):
-            return False
+        for g in self._globs:  # plain loops: called rules x tensors times
+            if g.test(name) or (alias is not None and g.test(alias)):
+                break
+        else:
+            if self._globs:
+                return False
+        for r in self._compiled:
+            if r.fullmatch(name) or (alias is not None and r.fullmatch(alias)):
+                break
+        else:
+            if self._compiled:
+                return False
         if self.component:
             comp = component if component is not None else classify(name, len(shape))
             if comp not in self.component:
@@ -292,6 +299,11 @@ class Rule:
         return out
 
 
+@functools.lru_cache(maxsize=256)
+def _parse_text_action(spec: str, method: ScaleMethod | None, pad: bool | None) -> Action:
+    return parse_action(spec, scale_method=method, pad=pad)  # frozen results: safe to share
+
+
 def parse_rule(d: Any) -> Rule:
     """A :class:`Rule` from a plan-file entry (fields: see the module docstring).
 
@@ -327,7 +339,10 @@ def parse_rule(d: Any) -> Rule:
                 f"plan rule {_rule_text(d)}: unknown scale_method {method!r}; allowed: {allowed}"
             ) from None
     try:
-        action = parse_action(spec, scale_method=method, pad=pad)
+        if isinstance(spec, str):  # 10,000 rules of one format parse it once
+            action = _parse_text_action(spec, method, pad)
+        else:
+            action = parse_action(spec, scale_method=method, pad=pad)
         if action is None and d.get("activations"):
             raise LowbitError("'keep' takes no activations")
         return Rule(
@@ -370,6 +385,7 @@ def parse_plan(data: Any, where: str = "plan") -> tuple[tuple[Rule, ...], Action
     rules = data.get("rules") or []
     if not isinstance(rules, list):
         raise LowbitError(f"{where}: 'rules' must be a list")
+    check_plan_patterns(rules, where)  # before any is compiled
     parsed = []
     for i, r in enumerate(rules):
         try:
@@ -390,7 +406,7 @@ def load_plan_file(path: str | Path) -> tuple[tuple[Rule, ...], Action, str | No
         LowbitError: a missing or malformed file, or a bad plan.
     """
     p = Path(path)
-    if not p.exists():  # other non-files (a FIFO) are refused by the reader
+    if not path_exists(p):  # other non-files (a FIFO) are refused by the reader
         raise LowbitError(f"plan file {p} does not exist")
     return parse_plan(read_data_file(p), where=str(p))
 

@@ -416,7 +416,8 @@ def decode_tensor(
             v = v.reshape(dst.shape)
             if Zc is not None:
                 v -= Zc
-            np.multiply(v, Sc, out=dst)
+            with np.errstate(over="ignore"):  # saturated below
+                np.multiply(v, Sc, out=dst)
 
         map_chunks(decode, list(_chunks(O.shape)))
         return out
@@ -438,7 +439,8 @@ def decode_tensor(
                 Z4 = None if Z4 is None else Z4[..., 0]
             if Z4 is not None:
                 v -= Z4
-            v *= S4
+            with np.errstate(over="ignore"):  # an asymmetric overshoot: saturated below
+                v *= S4
             out3[p0:p1, part.start : part.stop, :] = v.reshape(p1 - p0, part.stop - part.start, Q)
 
     map_chunks(decode_rows, list(range(0, P, step)))

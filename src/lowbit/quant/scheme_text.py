@@ -181,12 +181,16 @@ def _parse_text(text: str) -> dict[str, Any]:
     for tok in parts[1:]:
         if not tok:
             raise LowbitError(f"scheme {text!r}: empty token (two ':' in a row)")
-        if tok.startswith("g") and tok[1:].isdigit():
+        if tok.startswith("g") and tok[1:].isdecimal():  # isdigit() passes "²", int() not
+            if len(tok) > 10:  # and int() refuses 4,300 digits
+                raise LowbitError(f"scheme {_clip(text)}: group size {_clip(tok[1:])} is too large")
             put("granularity", "group", tok)
             kw["group_size"] = int(tok[1:])
         elif tok in GRANULARITY_TOKENS:
             put("granularity", GRANULARITY_TOKENS[tok], tok)
-        elif tok.startswith("ax") and tok[2:].lstrip("-").isdigit():
+        elif tok.startswith("ax") and tok[2:].lstrip("-").isdecimal():
+            if len(tok) > 6:
+                raise LowbitError(f"scheme {_clip(text)}: axis {_clip(tok[2:])} is out of range")
             put("axis", int(tok[2:]), tok)
         elif tok == "asym":
             put("symmetric", False, tok)
@@ -262,3 +266,9 @@ def _field_names(names: Any) -> list[str]:
     """Field names as an error message shows them: plain when they are plain words, else
     ``repr`` (a key with a newline or control character must not break the one-line error)."""
     return [k if str(k).isidentifier() else repr(k) for k in sorted(names, key=str)]
+
+
+def _clip(text: str) -> str:
+    """A user's text for a message: its repr, cut to 60 characters."""
+    r = repr(text)
+    return r if len(r) <= 60 else r[:57] + "..."

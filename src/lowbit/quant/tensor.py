@@ -360,6 +360,8 @@ class QuantizedTensor:
             raise LowbitError(f"dequantize needs a float dtype, got {np_dtype}")
         work = np.float64 if np_dtype == np.float64 else np.float32
         out = decode_tensor(self.codes, self.scale, self.zero_point, self.shape, self.scheme, work)
+        if self.zero_point is not None:  # an asymmetric overshoot past ±max (±3.4e38 gave -inf)
+            _saturate(out, self.scale, self.zero_point)
         if np_dtype != work:
             out = out.astype(np_dtype)
         if self._source_torch or torch_dtype is not None:
@@ -547,3 +549,11 @@ __all__ = [
     "quantize",
     "quantize_dynamic",
 ]
+
+
+def _saturate(out: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> None:
+    """Clamp values past ±max to it when every scale and zero point is finite (then no decoded
+    value can be infinite; ``(q - z) * s`` for a range near ±FLT_MAX rounds past it)."""
+    if np.isfinite(scale).all() and np.isfinite(zp).all():
+        big = np.finfo(out.dtype).max
+        np.clip(out, -big, big, out=out)

@@ -13,15 +13,25 @@ from lowbit.errors import LowbitError
 
 __all__ = ["ct_scheme", "ct_weight"]
 
+_GROUPS: dict[int, tuple[Any, Any]] = {}  # the last config's parsed groups (it is kept alive)
+_NO_MODULES: set[str] = set()
+
 
 def ct_scheme(ckpt: Any, qc: dict[str, Any], module: str) -> dict[str, Any] | None:
     """The config group whose targets name ``module`` (None: no group, or a malformed config)."""
 
-    try:
-        groups = _ct_groups(qc, str(ckpt.path))
-    except LowbitError:
+    held = _GROUPS.get(id(qc))
+    if held is None or held[0] is not qc:  # parsed once per config, not once per module
+        try:
+            held = (qc, _ct_groups(qc, str(ckpt.path)))
+        except LowbitError:
+            held = (qc, None)
+        _GROUPS.clear()
+        _GROUPS[id(qc)] = held
+    groups = held[1]
+    if groups is None:
         return None
-    found = _ct_candidates(module, groups, set())
+    found = _ct_candidates(module, groups, _NO_MODULES)
     return found[0][1] if len(found) == 1 else None
 
 

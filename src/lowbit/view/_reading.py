@@ -29,6 +29,7 @@ class QuantizedReader:
         self.format = self.ckpt.format
         self.manifest: dict[str, Any] | None = getattr(self.ckpt, "manifest", None)
         self.ct: dict[str, Any] | None = None
+        self._index: tuple[set[str], dict[str, list[str]]] | None = None
         if self.format == "huggingface":
             self.ct = _ct_config(path)
             if self.ct is not None:
@@ -79,15 +80,29 @@ class QuantizedReader:
         stored = "kept" if info.dtype in ("F32", "F16", "BF16", "F64") else "quantized"
         return stored, info.dtype, None, info.shape, info.nbytes * 8, None
 
+    def _parts(self) -> tuple[set[str], dict[str, list[str]]]:
+        """The stored names, and each module's ``weight_*`` parts (built once: a look-up per
+        tensor, not a scan of every name, which made the report quadratic in tensors)."""
+        if self._index is None:
+            names = set(self.ckpt.names())
+            parts: dict[str, list[str]] = {}
+            for n in self.ckpt.names():
+                module, _, part = n.rpartition(".")
+                if part.startswith("weight_"):
+                    parts.setdefault(module, []).append(n)
+            self._index = (names, parts)
+        return self._index
+
     def _ct_quantized(self, name: str) -> bool:
         """A compressed-tensors weight stored as codes and scales (not as plain values)."""
         module = name.removesuffix(".weight")
-        return self.ct is not None and f"{module}.weight_scale" in self.ckpt.names()
+        return self.ct is not None and f"{module}.weight_scale" in self._parts()[0]
 
     def _ct_tensor(self, name: str) -> tuple[str, str, str | None, tuple[int, ...], int, Any]:
         module = name.removesuffix(".weight")
-        parts = [n for n in self.ckpt.names() if n.startswith(f"{module}.weight_") and n != name]
-        if f"{module}.weight" in self.ckpt.names():
+        names, by_module = self._parts()
+        parts = [n for n in by_module.get(module, []) if n != name]
+        if f"{module}.weight" in names:
             parts.append(f"{module}.weight")
         bits = sum(self.ckpt.info(n).nbytes * 8 for n in parts)
         shape: tuple[int, ...] = ()

@@ -190,7 +190,11 @@ def _nth(rules: list[Any], label: str) -> Any:
 def _evaluation(ev: Any) -> str:
     rows = ev.get("rows") if isinstance(ev, dict) else ev
     if isinstance(rows, list) and rows and all(isinstance(x, dict) for x in rows):
+        # at most 1,000 rows of 40 columns: a file of rows with their own keys each made the
+        # table rows x keys (quadratic in the file)
+        rows = rows[:1000]
         keys = list(dict.fromkeys(k for x in rows for k in x if not isinstance(x[k], (dict, list))))
+        keys = keys[:40]
         head = "".join(f"<th>{_e(k)}</th>" for k in keys)
         body = "".join(
             "<tr>" + "".join(f"<td>{_e(_cell(x.get(k)))}</td>" for k in keys) + "</tr>"

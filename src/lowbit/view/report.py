@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,17 +49,23 @@ __all__ = [
 #: The schemes each worst tensor is re-quantized with for its error-vs-bits frontier.
 DEFAULT_CANDIDATES = ("int8:ch", "fp8_e4m3:ch", "int4:g128", "int4:g32", "nf4", "mxfp4", "fp4:g32")
 
-_LAYER = re.compile(r"^(?:.*?\.)?(?:layers|layer|blk|h|block|blocks)\.(\d+)\.(.+)$")
+_LAYER_WORDS = frozenset(("layers", "layer", "blk", "h", "block", "blocks"))
+#: Grids with more cells than this, and more than 4 per tensor shown, keep only the kinds that
+#: recur (a hostile file's one-kind-per-layer names made the grids quadratic: 1 MB, 18.8 s).
+_GRID_CELLS = 4096
 
 
 def layer_and_kind(name: str) -> tuple[int | None, str]:
     """The layer index and tensor kind of a tensor name (``model.layers.3.mlp.up_proj.weight``
     -> ``(3, "mlp.up_proj")``, ``blk.3.ffn_up.weight`` -> ``(3, "ffn_up")``); tensors outside
-    the repeated layers give ``(None, name without .weight)``."""
-    m = _LAYER.match(name)
-    if m is None:
-        return None, name.removesuffix(".weight")
-    return int(m.group(1)), m.group(2).removesuffix(".weight")
+    the repeated layers give ``(None, name without .weight)``. The first ``layers.N.``
+    segment pair counts; N has at most 9 digits (one split, linear in the name)."""
+    parts = name.split(".")
+    for i in range(len(parts) - 2):
+        n = parts[i + 1]
+        if parts[i] in _LAYER_WORDS and n.isdecimal() and len(n) <= 9:
+            return int(n), ".".join(parts[i + 2 :]).removesuffix(".weight")
+    return None, name.removesuffix(".weight")
 
 
 @dataclass(frozen=True)
@@ -188,15 +193,30 @@ class Report:
         """The layers and tensor kinds of the layer x kind grid, kinds in the order data flows
         through a block (``lowbit.view._order``); one expert's tensors are left to
         :meth:`experts`."""
-        layers = sorted({r.layer for r in self.rows if r.layer is not None})
-        inside = (r.kind for r in self.rows if r.layer is not None)
-        return layers, block_order(k for k in inside if split_expert(k) is None)
+        in_layers = [r for r in self.rows if r.layer is not None]
+        layers = sorted({r.layer for r in in_layers})  # type: ignore[type-var]
+        kinds = block_order(k for k in (r.kind for r in in_layers) if split_expert(k) is None)
+        if len(layers) * len(kinds) > max(_GRID_CELLS, 4 * len(in_layers)):
+            # sparse: only kinds present in a quarter of the layers (then cells <= 4 x shown)
+            count = Counter(r.kind for r in in_layers)
+            kinds = [k for k in kinds if 4 * count[k] >= len(layers)]
+            keep = set(kinds)
+            layers = sorted({r.layer for r in in_layers if r.kind in keep})  # type: ignore[type-var]
+        return layers, kinds
 
     def experts(self) -> list[tuple[str, list[int]]]:
         """``(expert kind, experts)`` of a mixture-of-experts checkpoint, one grid of layers x
         experts each, in block order (``block_sparse_moe.experts.*.w1`` before ``*.w3``
         before ``*.w2``)."""
-        return expert_groups(r.kind for r in self.rows if r.layer is not None)
+        groups = expert_groups(r.kind for r in self.rows if r.layer is not None)
+        cells = self.expert_cells()
+        layers = len({r.layer for r in self.rows if r.layer is not None})
+        # a grid of layers x experts costs no more than 4 cells per tensor it shows (as grid())
+        return [
+            (kind, experts)
+            for kind, experts in groups
+            if layers * len(experts) <= max(_GRID_CELLS, 4 * len(cells.get(kind, ())))
+        ]
 
     def expert_cells(self) -> dict[str, dict[tuple[int, str], TensorRow]]:
         """Per expert kind of :meth:`experts`: ``(layer, expert as text) -> row``, in one pass
