@@ -50,6 +50,7 @@ from lowbit.quant.plan import PrecisionPlan
 from lowbit.quant.rules import activation_format
 from lowbit.quant.scheme import Scheme
 from lowbit.quant.tensor import FORMAT_VERSION as TENSOR_VERSION
+from lowbit.quant.tensor import TENSOR_SCALE_DIRECTION
 
 MANIFEST = "lowbit.json"
 GGUF_METADATA = "source_metadata.gguf"
@@ -455,6 +456,8 @@ _SCHEME_TYPES: dict[str, tuple[type, ...]] = {
     "double_quant": (bool,),
     "rounding": (str,),
     "pad": (bool,),
+    "tensor_scale": (bool,),
+    "scale_rule": (str, type(None)),
     "version": (int,),
 }
 
@@ -619,6 +622,13 @@ def _quantized(
             f"{field}.tensor.scale_shape",
             f"{show(sshape)}, but {scheme.describe()} on shape {list(shape)} makes "
             f"{list(layout.scale_shape)}",
+        )
+    if scheme.tensor_scale and meta.get("tensor_scale") != TENSOR_SCALE_DIRECTION:
+        raise _fail(
+            where,
+            f"{field}.tensor.tensor_scale",
+            f"{show(meta.get('tensor_scale'))} is not {show(TENSOR_SCALE_DIRECTION)}: the tensor "
+            "scale's direction must be stated (lowbit writes compressed-tensors' encode factor)",
         )
     keys = [f"{name}:{s.suffix}" for s in specs]
     arrays = _get(e, "arrays", list, where, f"{field}.arrays")

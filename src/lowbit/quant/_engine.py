@@ -47,6 +47,7 @@ class Encoded(NamedTuple):
     zero_point: np.ndarray | None  # int32, asymmetric integers only
     dq: tuple[np.ndarray, np.ndarray, np.float32] | None  # NF4 double-quantization state
     floored: bool  # every scale at its format's floor: the caller checks for underflow
+    ts: tuple[np.ndarray, np.float32] | None = None  # two-level: (group scales, tensor scale)
 
 
 # Elements per chunk, measured on the bench matrix: the numpy path's temporaries want
@@ -117,6 +118,52 @@ def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
     return np.where((s == 0) & (s64 > 0), tiny, s).astype(np.float32)
 
 
+def own_tensor_scale(arr: np.ndarray, scheme: Scheme) -> np.float32:
+    """The float32 tensor scale of a two-level scheme (NVFP4): ``scale_max * element_max /
+    amax`` computed in float32 as compressed-tensors' ``generate_gparam`` does, i.e.
+    ``float32(float32(1 / amax) * 2688)`` (the encode
+    direction: values are ``code * group_scale / g``); 1.0 for an all-zero tensor, as there.
+
+    Raises:
+        LowbitError: a nonzero tensor so small that the tensor scale overflows float32.
+    """
+    finite = arr[np.isfinite(arr)] if not np.isfinite(arr).all() else arr
+    amax = np.float32(np.max(np.abs(finite))) if finite.size else np.float32(0)
+    top = np.float32(lookup(scheme.scale_format).max * scheme.element_format.max)
+    if amax == 0:
+        return np.float32(1.0)
+    with np.errstate(over="ignore", divide="ignore"):
+        # torch evaluates ``2688.0 / amax`` as ``amax.reciprocal() * 2688.0``: two float32
+        # roundings, which this repeats so the tensor scale is compressed-tensors' to the bit
+        g = np.float32(np.float32(np.float32(1.0) / amax) * top)
+    if not np.isfinite(g):
+        raise LowbitError(
+            f"{scheme.label}: the tensor's largest |value| {float(amax):.4g} is too small for a "
+            f"float32 tensor scale ({float(top):g}/amax overflows); scale the tensor up or keep "
+            "it unquantized"
+        )
+    return g
+
+
+def two_level_scales(amax: np.ndarray, g: np.float32, scheme: Scheme) -> np.ndarray:
+    """Group scales of a two-level scheme, as compressed-tensors' ``calculate_qparams``
+    computes them: ``RNE_e4m3(min(g * float32(amax / element_max), 448))`` with every
+    product rounded to float32, and 0 replaced by 0.125 (its E4M3 epsilon)."""
+    f = lookup(scheme.scale_format)
+    per = (amax.astype(np.float32) / np.float32(scheme.element_format.max)).astype(np.float32)
+    s = np.minimum(per * np.float32(g), np.float32(f.max)).astype(np.float32)
+    s = f.decode(f.encode(s, saturate=True), dtype=np.float32)
+    return np.where(s == 0, np.float32(0.125), s).astype(np.float32)
+
+
+def effective_scale(block: np.ndarray, g: np.float32 | None) -> np.ndarray:
+    """What the codes multiply: ``float32(group_scale / g)`` (the group scale without a
+    tensor scale)."""
+    if g is None:
+        return block
+    return (block.astype(np.float32) / np.float32(g)).astype(np.float32)
+
+
 def choose_scale(
     V: np.ndarray,
     axes: tuple[int, ...],
@@ -124,9 +171,13 @@ def choose_scale(
     mx: np.ndarray,
     scheme: Scheme,
     fmt: Format,
+    g: np.float32 | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """(float32 scale, float64 zero point or None, float64 threshold or None) per group."""
+    """(float32 scale, float64 zero point or None, float64 threshold or None) per group;
+    under a tensor scale ``g`` the scale is the stored group scale (not divided by ``g``)."""
     method = scheme.scale_method
+    if g is not None:
+        return two_level_scales(np.maximum(mx, -mn), g, scheme), None, None
     if scheme.is_mx:
         return mx_scales(np.maximum(mx, -mn), scheme), None, None
     if method is ScaleMethod.MEANABS:
@@ -204,13 +255,18 @@ def _extremes(
 
 
 def _scales_for(
-    V: np.ndarray, axes: tuple[int, ...], scheme: Scheme, fmt: Format, nan: str
+    V: np.ndarray,
+    axes: tuple[int, ...],
+    scheme: Scheme,
+    fmt: Format,
+    nan: str,
+    g: np.float32 | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray]:
     """Scale, zero point, threshold per group of ``V``; the non-finite mask (or None) and
     the data to encode (non-finite values replaced by 0 under nan='propagate')."""
     if V.ndim == 4 and V.shape[3] == 1:
         # a trailing axis of length 1 makes numpy's inner loops one element long
-        out = _scales_for(V[..., 0], tuple(a for a in axes if a != 3), scheme, fmt, nan)
+        out = _scales_for(V[..., 0], tuple(a for a in axes if a != 3), scheme, fmt, nan, g)
         return tuple(None if a is None else a[..., None] for a in out)  # type: ignore[return-value]
     mn, mx = _extremes(V, axes, scheme)
     mask = None
@@ -224,11 +280,13 @@ def _scales_for(
             )
         V = np.where(mask, V.dtype.type(0), V)
         mn, mx = _extremes(V, axes, scheme)
-    s32, zp, thresh = choose_scale(V, axes, mn, mx, scheme, fmt)
+    s32, zp, thresh = choose_scale(V, axes, mn, mx, scheme, fmt, g)
     return s32, zp, thresh, mask, V
 
 
-def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> Encoded:
+def encode_tensor(
+    arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str, tensor_scale: Any = None
+) -> Encoded:
     """Quantize a C-contiguous float32/float64 array (see ``lowbit.quant.tensor.quantize``).
 
     When the groups do not cross chunks (groups along an axis, per-channel on the first
@@ -249,6 +307,15 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
             raise LowbitError(f"seed {seed!r}: {exc} (or pass a numpy Generator)") from None
     axes = layout.reduce_axes
     parts = layout.parts
+    g = None
+    if scheme.tensor_scale:
+        if nan == "raise" and not np.isfinite(arr).all():
+            raise LowbitError(
+                f"input contains {int(np.isnan(arr).sum())} NaN and "
+                f"{int(np.isinf(arr).sum())} infinite values; pass nan='propagate' to keep "
+                "them (NaN group scales)"
+            )
+        g = tensor_scale if tensor_scale is not None else own_tensor_scale(arr, scheme)
     direct = len(parts) == 1  # chunks are contiguous ranges of the tensor: pack as we go
     packed = np.empty(packed_nbytes(arr.size, bits), dtype=np.uint8) if direct else None
     codes3 = None if direct else np.empty(layout.pqr, dtype=fmt.code_dtype)
@@ -277,8 +344,10 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
 
             def fused(item: Any, V: np.ndarray = V, part_out: Any = part_out) -> tuple[Any, Any]:
                 idx, e0, e1 = item
-                s32, zp, thresh, mask, Vc = _scales_for(V[idx], axes, scheme, fmt, nan)
-                codes = encode_chunk(Vc, s32, zp, thresh, fmt, scheme, mode, rng)
+                s32, zp, thresh, mask, Vc = _scales_for(V[idx], axes, scheme, fmt, nan, g)
+                codes = encode_chunk(
+                    Vc, effective_scale(s32, g), zp, thresh, fmt, scheme, mode, rng
+                )
                 if mask is not None:
                     s32 = _patch_nonfinite(V[idx], mask, codes, s32, fmt, axes)
                 emit(codes, e0, e1, part_out, idx)
@@ -291,19 +360,20 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
             if z_list:
                 zps.append(np.concatenate(z_list, axis=k) if len(z_list) > 1 else z_list[0])
         else:
-            s32, zp, thresh, mask, Vz = _scales_for(V, axes, scheme, fmt, nan)
+            s32, zp, thresh, mask, Vz = _scales_for(V, axes, scheme, fmt, nan, g)
+            eff = effective_scale(s32, g)
 
             def encode(
                 item: Any, V: np.ndarray = V, Vz: np.ndarray = Vz, part_out: Any = part_out,
-                s32: np.ndarray = s32, zp: Any = zp, thresh: Any = thresh, mask: Any = mask,
+                eff: np.ndarray = eff, zp: Any = zp, thresh: Any = thresh, mask: Any = mask,
             ) -> None:  # fmt: skip
                 idx, e0, e1 = item
                 codes = encode_chunk(
-                    Vz[idx], _take(s32, idx), _take(zp, idx), _take(thresh, idx),
+                    Vz[idx], _take(eff, idx), _take(zp, idx), _take(thresh, idx),
                     fmt, scheme, mode, rng,
                 )  # fmt: skip
                 if mask is not None and mask[idx].any():  # NaN/inf codes (scales below)
-                    _patch_nonfinite(V[idx], mask[idx], codes, s32[:0], fmt, axes)
+                    _patch_nonfinite(V[idx], mask[idx], codes, eff[:0], fmt, axes)
                 emit(codes, e0, e1, part_out, idx)
 
             _ = [encode(c) for c in chunks] if serial else map_chunks(encode, chunks)
@@ -328,7 +398,11 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
     if packed is None:
         assert codes3 is not None
         packed = _pack_unchecked(codes3.reshape(-1), bits)
-    return Encoded(codes=packed, scale=scale, zero_point=zero_point, dq=dq, floored=floored)
+    ts = None
+    if g is not None:
+        ts = (scale, g)
+        scale = effective_scale(scale, g)
+    return Encoded(codes=packed, scale=scale, zero_point=zero_point, dq=dq, floored=floored, ts=ts)
 
 
 def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:

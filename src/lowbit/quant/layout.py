@@ -174,6 +174,7 @@ _SCALE_DTYPES = {
     "float16": np.dtype("<f2"),
     "bfloat16": np.dtype("<u2"),  # bit patterns, as QuantizedTensor.to_arrays stores them
     "float8_e8m0fnu": np.dtype("u1"),
+    "float8_e4m3fn": np.dtype("u1"),  # E4M3 codes
 }
 
 
@@ -217,6 +218,8 @@ def quantized_arrays(shape: Sequence[int], scheme: Scheme) -> list[ArraySpec]:
         ]
     else:
         out.append(ArraySpec("scale", _SCALE_DTYPES[scheme.scale_format], layout.scale_shape))
+    if scheme.tensor_scale:
+        out.append(ArraySpec("tensor_scale", np.dtype("<f4"), (1,)))
     if not scheme.symmetric:
         out.append(ArraySpec("zero_point", np.dtype("u1"), (packed_nbytes(nscale, bits),)))
     return out

@@ -38,6 +38,7 @@ __all__ = [
     "CAST_FORMATS",
     "DQ_BLOCK",
     "GGML_NAMES",
+    "MX_SCALE_RULES",
     "SCALE_FORMATS",
     "SCHEME_VERSION",
     "Cast",
@@ -51,7 +52,15 @@ __all__ = [
 SCHEME_VERSION = 1
 
 #: Formats a scale may be stored in (canonical names).
-SCALE_FORMATS = ("float32", "float16", "bfloat16", "float8_e8m0fnu")
+SCALE_FORMATS = ("float32", "float16", "bfloat16", "float8_e8m0fnu", "float8_e4m3fn")
+#: How an MX block's E8M0 scale is chosen from its largest magnitude ``amax`` (``X0`` is
+#: OCP's ``2**(floor(log2 amax) - emax_elem)``): ``floor`` OCP MX v1.0 §6.3 (``X0``; values
+#: above the element maximum saturate); ``carry`` round-up-on-carry (``2*X0`` when
+#: ``amax/X0`` rounded to the element's precision would exceed its maximum, else ``X0``);
+#: ``ceil`` the smallest power of two with ``amax/X <= max`` (NVIDIA's RCEIL: nothing clips);
+#: ``ct`` compressed-tensors 0.20's ``generate_mx_scales`` (amax rounded half-up to 1
+#: mantissa bit, 3 for E2M3, then floored; defined for mxfp4, mxfp6_e2m3, mxfp8_e4m3).
+MX_SCALE_RULES = ("floor", "carry", "ceil", "ct")
 #: Formats a plain cast (no scale) may store, with their safetensors dtype names.
 CAST_FORMATS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # QLoRA double quantization (lowbit.quant.nf4): each block scale becomes an index into the
@@ -144,7 +153,7 @@ def canonical_scale_format(name: str) -> str:
         canon = str(name)
     if canon not in SCALE_FORMATS:
         raise LowbitError(
-            f"unsupported scale format {name!r}; allowed: float32, float16, bfloat16, e8m0"
+            f"unsupported scale format {name!r}; allowed: float32, float16, bfloat16, e8m0, e4m3"
         )
     return canon
 
@@ -171,6 +180,15 @@ class Scheme:
         double_quant: NF4 only: 8-bit block scales in blocks of 256 (QLoRA §3).
         rounding: element rounding mode (``nearest_even``, ..., ``stochastic``).
         pad: True handles a last group shorter than ``group_size``; False makes it an error.
+        tensor_scale: two-level scales (NVIDIA NVFP4): one float32 tensor scale
+            ``g = scale_max * element_max / amax(tensor)`` (the *encode* direction, as
+            compressed-tensors stores it) and per-group scales
+            ``RNE_scalefmt(g * amax(group) / element_max)``; a value is
+            ``code * group_scale / g``. Needs groups, ``scale_format="float8_e4m3fn"``,
+            absmax, a float element format. Codes are rounded from the float32 quotient and
+            a zero input gives code 0 (+0), as compressed-tensors and vLLM do.
+        scale_rule: MX formats only: how the E8M0 scale is chosen (:data:`MX_SCALE_RULES`,
+            default ``floor``, OCP's).
     """
 
     format: str
@@ -186,6 +204,8 @@ class Scheme:
     double_quant: bool = False
     rounding: str = "nearest_even"
     pad: bool = True
+    tensor_scale: bool = False
+    scale_rule: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -223,6 +243,27 @@ class Scheme:
                 gran = Granularity.TENSOR
         gran = _enum(Granularity, gran, "granularity")
         set_(self, "granularity", gran)
+
+        rule = self.scale_rule
+        if rule is not None:
+            rule = str(rule).strip().lower()
+            if rule not in MX_SCALE_RULES:
+                raise LowbitError(
+                    f"unknown MX scale rule {self.scale_rule!r}; allowed: {', '.join(MX_SCALE_RULES)}"
+                )
+            if not mx:
+                raise LowbitError(
+                    f"scale_rule {rule!r} chooses MX blocks' E8M0 scales; {name} is not an MX format"
+                )
+        if mx:
+            rule = rule or "floor"
+            if rule == "ct" and name not in ("mxfp4", "mxfp6_e2m3", "mxfp8_e4m3"):
+                raise LowbitError(
+                    f"compressed-tensors' scale rule is defined for mxfp4, mxfp6_e2m3 and "
+                    f"mxfp8_e4m3, not {name}; use floor, carry or ceil"
+                )
+        set_(self, "scale_rule", rule)
+        set_(self, "tensor_scale", bool(self.tensor_scale))
 
         if gran is Granularity.BLOCK:
             if not mx:
@@ -310,6 +351,23 @@ class Scheme:
             raise LowbitError(f"{fmt.name} is unsigned and has no zero: it cannot be scaled")
         if fmt.kind == "int" and fmt.bits > 16:
             raise LowbitError(f"{fmt.name} is too wide to quantize to (at most 16 bits)")
+        if sf == "float8_e4m3fn" and not self.tensor_scale:
+            raise LowbitError(
+                "scales cannot be stored in float8_e4m3fn without a float32 tensor scale over "
+                "them (add ts, as nvfp4 = fp4:g16:e4m3:ts does); scale formats: fp32, fp16, "
+                "bf16, e8m0"
+            )
+        if self.tensor_scale:
+            ok = {"granularity": gran is Granularity.GROUP, "scale_format": sf == "float8_e4m3fn",
+                  "scale_method": method is ScaleMethod.ABSMAX, "symmetric": self.symmetric,
+                  "format": fmt.kind == "float", "rounding": self.rounding == "nearest_even"}  # fmt: skip
+            bad = [k for k, v in ok.items() if not v]
+            if bad:
+                raise LowbitError(
+                    "tensor_scale is NVFP4's two-level scaling: a float format in groups with "
+                    "float8_e4m3fn (e4m3) group scales, absmax, nearest rounding (write nvfp4 "
+                    f"or fp4:g16:e4m3:ts); wrong: {', '.join(bad)}"
+                )
 
     # ---- derived -------------------------------------------------------------------
 
@@ -317,6 +375,12 @@ class Scheme:
     def is_mx(self) -> bool:
         """Whether this is an OCP MX block format."""
         return self.granularity is Granularity.BLOCK
+
+    @property
+    def served_rounding(self) -> bool:
+        """Whether codes are rounded as compressed-tensors/vLLM round them (the float32
+        quotient; a zero is code 0): two-level schemes and the MX ``ct`` rule."""
+        return self.tensor_scale or self.scale_rule == "ct"
 
     @property
     def element_format(self) -> Format:
@@ -389,6 +453,8 @@ class Scheme:
         n = math.prod(int(s) for s in shape)
         s = self.n_scales(shape)
         scale_bits = s * self.scale_bits
+        if self.tensor_scale and s:
+            scale_bits += 32  # the float32 tensor scale
         if self.double_quant:
             scale_bits += (-(-s // DQ_BLOCK) + 1) * _bits(_DQ_STATE_FORMAT)
         return (
@@ -409,6 +475,8 @@ class Scheme:
         """
         if self.scale_method is ScaleMethod.GGML:
             return GGML_NAMES[self.format]
+        if self == _NVFP4:
+            return "nvfp4"
         parts = [self.format if self.is_mx else short_name(self.format)]
         if self.granularity is Granularity.GROUP:
             parts.append(f"g{self.group_size}")
@@ -427,6 +495,10 @@ class Scheme:
             parts.append("dq")
         if self.restricted_range:
             parts.append("restricted")
+        if self.tensor_scale:
+            parts.append("ts")
+        if self.scale_rule not in (None, "floor"):
+            parts.append(str(self.scale_rule))
         if self.scale_method is not _default_method(self.format):
             parts.append(self.scale_method.value)
         return ":".join(parts)
@@ -436,6 +508,11 @@ class Scheme:
         d = asdict(self)
         d["granularity"] = self.granularity.value
         d["scale_method"] = self.scale_method.value
+        # fields added after version 1 appear only when set, so older files stay as they were
+        if not self.tensor_scale:
+            d.pop("tensor_scale")
+        if self.scale_rule in (None, "floor"):
+            d.pop("scale_rule")
         d["version"] = SCHEME_VERSION
         return d
 
@@ -475,6 +552,13 @@ class Scheme:
 
 def _default_method(name: str) -> ScaleMethod:
     return ScaleMethod.MEANABS if name in ("binary", "ternary") else ScaleMethod.ABSMAX
+
+
+#: NVIDIA NVFP4 (the ``nvfp4`` label): E2M1 in groups of 16 along the rows, E4M3 group scales
+#: under a float32 tensor scale (compressed-tensors' ``nvfp4-pack-quantized``).
+_NVFP4 = Scheme(
+    format="float4_e2m1fn", group_size=16, scale_format="float8_e4m3fn", tensor_scale=True
+)
 
 
 @dataclass(frozen=True)
