@@ -143,7 +143,7 @@ def test_shared_global_scale_matches() -> None:
     """With q/k/v's tensor scales replaced by their minimum (llm-compressor's fused update,
     as vLLM requires one per fused layer) compressed-tensors' bytes follow the shared scale;
     quantize_shared_tensor_scale gives the same bytes."""
-    from lowbit.quant.tensor import quantize_shared_tensor_scale
+    from lowbit.quant.shared_scale import quantize_shared_tensor_scale
 
     rng = np.random.default_rng(5)
     xs = [(rng.standard_normal((16, 64)) * s).astype(np.float32) for s in (1.0, 3.0, 0.2)]

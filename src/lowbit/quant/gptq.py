@@ -46,8 +46,9 @@ import numpy as np
 from lowbit.codecs.packing import _pack_unchecked
 from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
+from lowbit.quant._choose import value_table
 from lowbit.quant._elements import encode_chunk
-from lowbit.quant._engine import _scales_for, value_table
+from lowbit.quant._engine import _scales_for
 from lowbit.quant.gguf_q import _F16_MAX, _inverse, _round_half_away
 from lowbit.quant.layout import make_layout
 from lowbit.quant.nf4 import double_dequantize, double_quantize

@@ -8,7 +8,8 @@ everywhere (``lowbit quantize``, ``quantize-tensor``, ``compare``, ``eval --sche
   block format (``mxfp4``, ``mxfp6``, ``mxfp8``, ``mxint8``), or a preset (:data:`PRESETS`:
   llama.cpp's ``q8_0``, ``q4_0``, ``q5_0``), which takes no further tokens.
 - Granularity: ``gN`` (groups of N along the rows), ``ch`` (one scale per output channel),
-  ``t`` (one scale per tensor). **Left out, a format gets the weight layout**: per output
+  ``t`` (one scale per tensor), ``bRxC`` (tiles of R rows by C columns: ``fp8_block`` is
+  ``fp8_e4m3:b128x128``, DeepSeek-V3's and compressed-tensors' FP8 blocks). **Left out, a format gets the weight layout**: per output
   channel (axis 0) for integer and float formats, QLoRA's blocks of 64 for ``nf4``, blocks of
   32 for MX formats; ``fp32``/``fp16``/``bf16`` alone are plain casts (:class:`Cast`).
 - ``axA``: the channel axis, or the axis groups run along (default 0 per channel, -1 groups).
@@ -31,6 +32,7 @@ planner prices only what the quantizer makes.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,13 +75,15 @@ REFUSED: dict[str, str] = {
     "integers at the element width; use int5:g32:fp16:asym",
 }
 #: Names that stand for a longer text form (and may take further tokens after them).
-ALIASES: dict[str, str] = {"nvfp4": "fp4:g16:e4m3:ts"}
+ALIASES: dict[str, str] = {"nvfp4": "fp4:g16:e4m3:ts", "fp8_block": "fp8_e4m3:b128x128"}
+_TILE = re.compile(r"b(\d+)x(\d+)")
 #: MX scale-rule tokens.
 _RULES = ("floor", "carry", "ceil", "ct")
 #: Granularity tokens of the text form.
 GRANULARITY_TOKENS = {"ch": "channel", "channel": "channel", "t": "tensor", "tensor": "tensor"}
 _TOKENS_HELP = (
-    "tokens: gN (groups of N), ch (per channel), t (per tensor), axA (axis), a scale format "
+    "tokens: gN (groups of N), ch (per channel), t (per tensor), bRxC (tiles), axA (axis), "
+    "a scale format "
     "(fp32, fp16, bf16, e8m0, e4m3), ts (tensor scale), asym, dq, restricted, an MX scale "
     "rule (floor, carry, ceil, ct), a scale method (absmax, percentile, meanstd, mse, "
     "meanabs, ggml)"
@@ -192,6 +196,10 @@ def _parse_text(text: str) -> dict[str, Any]:
         if tok.startswith("g") and tok[1:].isdigit():
             put("granularity", "group", tok)
             kw["group_size"] = int(tok[1:])
+        elif _TILE.fullmatch(tok):
+            rows, cols = _TILE.fullmatch(tok).groups()  # type: ignore[union-attr]
+            put("granularity", "tile", tok)
+            kw["block_shape"] = (int(rows), int(cols))
         elif tok in GRANULARITY_TOKENS:
             put("granularity", GRANULARITY_TOKENS[tok], tok)
         elif tok.startswith("ax") and tok[2:].lstrip("-").isdigit():

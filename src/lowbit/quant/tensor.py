@@ -33,15 +33,13 @@ from typing import Any
 import numpy as np
 
 from lowbit import _json
-from lowbit._arrays import _is_ml_float, as_float64, bfloat16
+from lowbit._arrays import _is_ml_float, as_float64
 from lowbit.codecs.packing import pack, packed_nbytes, unpack
 from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as lookup
-from lowbit.formats.catalog import mx_format
-from lowbit.formats.mx import e8m0_codes
 from lowbit.quant._engine import decode_tensor, encode_tensor
-from lowbit.quant.layout import Layout, make_layout
+from lowbit.quant.layout import Layout, _load_scale, _store_scale, make_layout
 from lowbit.quant.nf4 import DQ_BLOCK, double_dequantize
 from lowbit.quant.scheme import Granularity, Scheme
 
@@ -53,7 +51,6 @@ TENSOR_SCALE_DIRECTION = "value = code * scale / tensor_scale"
 _CHUNK = 1 << 16  # elements per chunk: a few hundred KiB of temporaries, cache-sized
 _NAN_POLICIES = ("raise", "propagate")
 _UNDERFLOW_POLICIES = ("warn", "raise", "ignore")
-_STORE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 # ---- input -------------------------------------------------------------------------
@@ -166,7 +163,7 @@ def quantize(
             :class:`~lowbit.errors.UnderflowError`, ``"ignore"`` neither.
         tensor_scale: two-level schemes (``nvfp4``) only: use this float32 tensor scale
             (encode direction) instead of the tensor's own, e.g. one shared by q/k/v
-            (:func:`quantize_shared_tensor_scale`).
+            (:func:`lowbit.quant.shared_scale.quantize_shared_tensor_scale`).
 
     Returns:
         A :class:`QuantizedTensor`.
@@ -254,23 +251,6 @@ def quantize(
     if enc.floored and underflow != "ignore":
         _check_underflow(arr, qt, underflow)
     return qt
-
-
-def quantize_shared_tensor_scale(xs: Any, scheme: Scheme, **kw: Any) -> list[QuantizedTensor]:
-    """Quantize tensors that one kernel reads as one (q/k/v, gate/up) with one tensor scale:
-    the smallest of their own (the largest magnitude wins), as llm-compressor's
-    ``update_fused_layer_weight_global_scales`` makes them and vLLM requires.
-
-    Raises:
-        LowbitError: a scheme without a tensor scale, or as :func:`quantize`.
-    """
-    from lowbit.quant._engine import own_tensor_scale as _own
-
-    if not isinstance(scheme, Scheme) or not scheme.tensor_scale:
-        raise LowbitError("quantize_shared_tensor_scale needs a two-level scheme such as nvfp4")
-    arrs = [_as_input(x)[0] for x in xs]
-    g = min(_own(a, scheme) for a in arrs)
-    return [quantize(x, scheme, tensor_scale=g, **kw) for x in xs]
 
 
 def quantize_dynamic(x: Any, fmt: str = "int8", *, axis: int = -1) -> QuantizedTensor:
@@ -563,41 +543,6 @@ def _is_torch_dtype(dtype: Any) -> bool:
     return type(dtype).__module__.startswith("torch")
 
 
-def _store_scale(scale: np.ndarray, scheme: Scheme) -> np.ndarray:
-    sf = scheme.scale_format
-    if sf == "float8_e4m3fn":
-        return lookup(sf).encode(scale.astype(np.float32), saturate=False).astype(np.uint8)
-    if sf == "float8_e8m0fnu":
-        shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
-        s = scale.astype(np.float64)
-        nanm = ~np.isfinite(s)
-        _, e = np.frexp(np.where(nanm, 1.0, s))
-        codes = e8m0_codes(e.astype(np.int64) - 1 + shift)
-        return np.where(nanm, np.uint8(0xFF), codes).astype(np.uint8)
-    if sf == "bfloat16":
-        return scale.astype(bfloat16()).view(np.uint16)
-    return scale.astype(_STORE_DTYPE[sf])
-
-
-def _load_scale(stored: np.ndarray, scheme: Scheme, prefix: str) -> np.ndarray:
-    sf = scheme.scale_format
-    expect = np.uint8 if sf in ("float8_e8m0fnu", "float8_e4m3fn") else _STORE_DTYPE[sf]
-    if stored.dtype != np.dtype(expect):
-        raise LowbitError(
-            f"array {prefix}scale has dtype {stored.dtype}; a {sf} scale is stored as {np.dtype(expect)}"
-        )
-    if sf == "float8_e4m3fn":
-        return lookup(sf).decode(stored, dtype=np.float32)
-    if sf == "float8_e8m0fnu":
-        shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
-        e = stored.astype(np.int32) - 127 - shift
-        out = np.ldexp(np.float32(1.0), e).astype(np.float32)
-        return np.where(stored == 0xFF, np.float32(np.nan), out)
-    if sf == "bfloat16":
-        return stored.view(bfloat16()).astype(np.float32)
-    return stored.astype(np.float32)
-
-
 def _check_underflow(arr: np.ndarray, qt: QuantizedTensor, policy: str) -> None:
     """Warn (or raise, under ``policy="raise"``) when a nonzero tensor became all zeros."""
     nonzero = int(np.count_nonzero(arr))
@@ -623,5 +568,4 @@ __all__ = [
     "dequantize",
     "quantize",
     "quantize_dynamic",
-    "quantize_shared_tensor_scale",
 ]
