@@ -219,3 +219,44 @@ def test_model_folder_loads_in_compressed_tensors_and_transformers(
                           ("mlp.gate_proj", "mlp.up_proj")):  # fmt: skip
                 gs = {float(raw[f"{p}.{m}.weight_global_scale"]) for m in group}
                 assert len(gs) == 1, (p, group, gs)
+
+
+def test_w4a4_config_and_input_global_scale(tmp_path: Path) -> None:
+    """NVFP4 W4A4: input_global_scale is written beside the weight's parts and the config
+    group's input_activations are compressed-tensors' NVFP4 preset's."""
+    from compressed_tensors.quantization.quant_scheme import NVFP4
+
+    x = np.random.default_rng(4).standard_normal((16, 64)).astype(np.float32)
+    qt = lowbit.quantize(x, parse_scheme("nvfp4"))
+    t = from_quantized(qt, activations="nvfp4", input_global_scale=np.float32(123.5))
+    out = write_compressed_tensors(tmp_path / "w4a4", {"m.weight": t}, {}, progress=False)
+    raw = _read(out)
+    assert raw["m.input_global_scale"].tolist() == [123.5]
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    group = QuantizationConfig.model_validate(qc).config_groups["group_0"]
+    assert group.input_activations == NVFP4["input_activations"]
+    assert group.weights == NVFP4["weights"]
+    assert infer_module_format(torch.nn.Linear, group).value == "nvfp4-pack-quantized"
+    with pytest.raises(LowbitError, match="input_global_scale"):
+        from_quantized(qt, activations="nvfp4")
+
+
+def test_verify_refuses_unshared_fused_scales(hf: Path, tmp_path: Path) -> None:
+    """lowbit verify: q/k/v with different NVFP4 global scales is one LowbitError saying
+    what vLLM needs; lowbit's own output passes."""
+    from safetensors.torch import save_file
+
+    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.verify import verify_checkpoint
+    from lowbit.quant.plan import PrecisionPlan
+
+    out = tmp_path / "ct"
+    quantize_model(hf, PrecisionPlan.uniform("nvfp4"), out, out_format="compressed-tensors",
+                   progress=False)  # fmt: skip
+    assert verify_checkpoint(out)["kind"] == "compressed-tensors"
+    raw = _read(out)
+    raw["model.layers.0.self_attn.k_proj.weight_global_scale"] *= 2
+    save_file(raw, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(LowbitError, match="different NVFP4 global scales") as info:
+        verify_checkpoint(out)
+    assert "\n" not in str(info.value)

@@ -42,6 +42,26 @@ def fused_siblings(name: str) -> tuple[str, ...]:
     return ()
 
 
+def fused_scales_differ(get: Callable[[str], Any], names: set[str]) -> str | None:
+    """What is wrong when layers vLLM fuses (q/k/v, gate/up) carry different NVFP4 global
+    scales (None: nothing): vLLM loads them as one weight with one scale."""
+    for name in sorted(n for n in names if n.endswith(".weight_global_scale")):
+        weight = name[: -len("_global_scale")]
+        group = [s + "_global_scale" for s in fused_siblings(weight)]
+        if not group or (name != group[0] and group[0] in names):
+            continue  # checked from the group's first member
+        present = [n for n in group if n in names]
+        values = {n: float(np.ravel(np.asarray(get(n), np.float32))[0]) for n in present}
+        if len(set(values.values())) > 1:
+            shown = ", ".join(f"{n.rsplit('.', 2)[-2]} {v:.9g}" for n, v in values.items())
+            return (
+                f"{weight.rsplit('.', 2)[0]}: fused layers have different NVFP4 global scales "
+                f"({shown}); vLLM needs one: re-export with lowbit quantize --out-format "
+                "compressed-tensors, which shares them"
+            )
+    return None
+
+
 def e2m1_values(codes: np.ndarray) -> np.ndarray:
     """float32 values of E2M1 nibbles (bit 3 the sign)."""
     mag = E2M1[codes & 7]

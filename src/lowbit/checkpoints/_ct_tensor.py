@@ -315,7 +315,7 @@ def _int_zero_point(zp: Any, bits: int, signed: bool) -> np.ndarray | None:
 
 
 def _served(
-    qt: Any, scheme: Any, name: str, granularity: str, activations: str | None
+    qt: Any, scheme: Any, name: str, granularity: str, activations: str | None, igs: Any
 ) -> CTTensor | None:
     """NVFP4, MXFP4 and FP8 blocks as compressed-tensors stores them (None: another kind)."""
     label = getattr(scheme, "label", "")
@@ -336,7 +336,7 @@ def _served(
         t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8), scale=qt.group_scale,
                      kind="fp4", num_bits=4, group_size=16, activations=activations,
                      global_scale=np.array([qt.tensor_scale], np.float32),
-                     input_global_scale=getattr(qt, "input_global_scale", None))  # fmt: skip
+                     input_global_scale=igs)  # fmt: skip
     elif getattr(scheme, "format", None) == "mxfp4":
         if scheme.axis % 2 != 1:
             raise LowbitError(
@@ -350,17 +350,23 @@ def _served(
     return t
 
 
-def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
+def from_quantized(
+    qt: Any, *, activations: str | None = None, input_global_scale: Any = None
+) -> CTTensor:
     """Map a lowbit ``QuantizedTensor`` of a 2-D weight ``[out, in]`` to a :class:`CTTensor`.
 
     Supported (compressed-tensors' schemes): integer formats of 1..8 bits, symmetric or with a
     zero point, per tensor, per output channel (``axis=0``) or in groups along the input axis
-    (``axis=-1``); ``float8_e4m3fn`` per tensor or per output channel. Unsigned integer codes
-    (``uint4`` with a zero point) are shifted to the signed range, which changes no value.
+    (``axis=-1``); ``float8_e4m3fn`` per tensor, per output channel or in tiles (FP8 blocks);
+    ``nvfp4`` (W4A4 with ``activations="nvfp4"`` and the static ``input_global_scale``,
+    float32 in the encode direction) and ``mxfp4`` in blocks along the input axis. Unsigned
+    integer codes (``uint4`` with a zero point) are shifted to the signed range, which changes
+    no value.
 
     Raises:
-        LowbitError: any other format or layout (NF4, MX blocks, fp4, e5m2, channels along the
-            input axis, ...), naming what compressed-tensors would need.
+        LowbitError: any other format or layout (NF4, other MX formats, e5m2, channels along
+            the input axis, an input width a block cannot hold, ...), naming what
+            compressed-tensors would need.
     """
     fmt = qt.format
     name = getattr(fmt, "name", str(fmt))
@@ -370,7 +376,7 @@ def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
     granularity = str(getattr(qt.granularity, "value", qt.granularity))
     if len(shape) != 2:
         raise LowbitError(f"compressed-tensors stores 2-D weights [out, in]; got shape {shape}")
-    served = _served(qt, scheme, name, granularity, activations)
+    served = _served(qt, scheme, name, granularity, activations, input_global_scale)
     if served is not None:
         return served
     axis = getattr(scheme, "axis", None)
