@@ -260,3 +260,21 @@ def test_verify_refuses_unshared_fused_scales(hf: Path, tmp_path: Path) -> None:
     with pytest.raises(LowbitError, match="different NVFP4 global scales") as info:
         verify_checkpoint(out)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("spec", "out_format"), [("nvfp4", "compressed-tensors"),
+                                                  ("mxfp4:ct", "compressed-tensors"),
+                                                  ("fp8_block", "compressed-tensors"),
+                                                  ("nvfp4", "lowbit"), ("fp8_block", "lowbit")])  # fmt: skip
+def test_report_and_verify_read_them(hf: Path, tmp_path: Path, spec: str, out_format: str) -> None:
+    """lowbit report writes its page and lowbit verify passes for every new layout."""
+    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.cli import main
+    from lowbit.quant.plan import PrecisionPlan
+
+    out = tmp_path / "q"
+    quantize_model(hf, PrecisionPlan.uniform(spec), out, out_format=out_format, progress=False)
+    page = tmp_path / "r.html"
+    argv = ["report", str(out), "--out", str(page), "--against", str(hf), "--json"]
+    assert main(argv) == 0 and page.stat().st_size > 0
+    assert main(["verify", str(out), "--json"]) == 0

@@ -65,8 +65,7 @@ class CTTensor:
         block_structure: FP8 blocks: ``(rows, columns)`` of each scale's tile (strategy
             ``block``, scales ``[ceil(out/rows), ceil(in/columns)]``).
 
-    ``kind="fp4"`` codes are E2M1 nibbles (uint8 0..15, sign in bit 3) ``[out, in]``.
-    """
+    ``kind="fp4"`` codes are E2M1 nibbles (uint8 0..15, sign in bit 3) ``[out, in]``."""
 
     codes: Any
     scale: Any
@@ -364,9 +363,8 @@ def from_quantized(
     no value.
 
     Raises:
-        LowbitError: any other format or layout (NF4, other MX formats, e5m2, channels along
-            the input axis, an input width a block cannot hold, ...), naming what
-            compressed-tensors would need.
+        LowbitError: any other format or layout (NF4, other MX formats, e5m2, input-axis
+            channels, a width a block cannot hold, ...), naming what compressed-tensors needs.
     """
     fmt = qt.format
     name = getattr(fmt, "name", str(fmt))

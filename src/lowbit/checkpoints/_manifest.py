@@ -458,6 +458,7 @@ _SCHEME_TYPES: dict[str, tuple[type, ...]] = {
     "pad": (bool,),
     "tensor_scale": (bool,),
     "scale_rule": (str, type(None)),
+    "block_shape": (list, type(None)),
     "version": (int,),
 }
 
