@@ -46,13 +46,15 @@ from lowbit.evaluation._compare import (
     DEFAULT_SENTENCES,
     DEFAULT_TOKENS,
     Variant,
+    _act_spec,
     _compare_causal_groups,
     _compare_encoder_groups,
+    _with_activations,
     compare_causal,
     compare_encoder,
 )
 from lowbit.evaluation.awq_model import awq_variant
-from lowbit.evaluation.calibration import Calibration
+from lowbit.evaluation.calibration import Calibration, decoder_windows
 from lowbit.evaluation.gptq_model import _calibration, _tensors, gptq_weights
 from lowbit.evaluation.models import build_model, load_model
 from lowbit.evaluation.perplexity import (
@@ -235,30 +237,14 @@ def _gptq_variant(
     )  # fmt: skip
 
 
-def _with_activations(make: Callable[[], Variant], act: str | None) -> list[Variant]:
-    """The variant ``make`` builds, and with ``act`` its twin measured with simulated
-    per-token activations (the same model)."""
-    v = make()
-    if act is None:
-        return [v]
-    twin = Variant(
-        name=f"{v.name} + {act} act",
-        format=f"{v.format}, {act} per-token activations",
-        model=v.model,
-        activations=act,
-        bits_per_weight=v.bits_per_weight,
-        nbytes=v.nbytes,
-        source=v.source,
-    )
-    return [v, twin]
-
-
 def evaluate_variants(
     model: Any = None,
     quantized: Sequence[str | Path] = (),
     schemes: Sequence[str] | None = None,
     *,
     w8a8: str | None = None,
+    act: str | None = None,
+    kv: str | None = None,
     tokens: int | None = DEFAULT_TOKENS,
     window: int = 512,
     stride: int | None = None,
@@ -284,6 +270,11 @@ def evaluate_variants(
             none).
         w8a8: also measure every model with per-token activations in this format (``int8``,
             ``fp8_e4m3``) on every linear layer but the LM head.
+        act: instead, an activation mode as vLLM's references compute it (``int8``,
+            ``fp8_token``, ``fp8_block``, ``mxfp4``, ``nvfp4``:
+            ``lowbit.evaluation.act_modes``); NVFP4's static input scales are calibrated on
+            16 windows of the calibration data (``calibration``) for causal LMs.
+        kv: also simulate the KV cache in ``fp8`` or ``int8`` (with ``act``/``w8a8``, or alone).
         tokens, window, stride: perplexity data (causal LMs): the first ``tokens`` tokens,
             windows of ``window`` every ``stride``.
         text: a UTF-8 text file (default: CPython's ``pydoc_data.topics``).
@@ -325,6 +316,7 @@ def evaluate_variants(
         variant_plan(spec)
     _check_positive("batch", batch)
     methods = _methods(methods)
+    sim = _act_spec(w8a8, act, kv)
     act = activation_format(w8a8) if w8a8 else None
     if smooth is not None and smooth is not False:
         if act is None:
@@ -363,8 +355,13 @@ def evaluate_variants(
                         sentences, seed, threads, progress,
                     )
                 )  # fmt: skip
-    per_group = 1 if act is None else 2
-    groups = [functools.partial(_with_activations, make, act) for make in makers]
+    per_group = 1 if sim is None else 2
+    windows = None
+    if sim is not None and "nvfp4" in sim.split("+") and causal:
+        calib = calibration if calibration is not None else Calibration(samples=16)
+        same = calib.is_default and text is None
+        windows = decoder_windows(tokenizer, calib, avoid=(tokens or 0) if same else 0)
+    groups = [functools.partial(_with_activations, make, sim, windows) for make in makers]
     if causal:
         measured, pairs = _compare_causal_groups(
             groups, len(groups) * per_group, reference, tokenizer, body, label=label,
