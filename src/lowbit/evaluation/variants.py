@@ -63,6 +63,7 @@ from lowbit.evaluation.perplexity import (
     _fidelity_sentences,
     load_text,
 )
+from lowbit.evaluation.rotated import rotated_variant
 from lowbit.quant.awq import AWQ
 from lowbit.quant.gptq import GPTQ
 from lowbit.quant.plan import PrecisionPlan
@@ -200,7 +201,7 @@ def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
     )
 
 
-METHODS = ("rtn", "gptq", "awq")
+METHODS = ("rtn", "gptq", "awq", "hadamard")
 
 
 def _methods(methods: Sequence[str]) -> list[str]:
@@ -270,11 +271,8 @@ def evaluate_variants(
             none).
         w8a8: also measure every model with per-token activations in this format (``int8``,
             ``fp8_e4m3``) on every linear layer but the LM head.
-        act: instead, an activation mode as vLLM's references compute it (``int8``,
-            ``fp8_token``, ``fp8_block``, ``mxfp4``, ``nvfp4``:
-            ``lowbit.evaluation.act_modes``); NVFP4's static input scales are calibrated on
-            16 windows of the calibration data (``calibration``) for causal LMs.
-        kv: also simulate the KV cache in ``fp8`` or ``int8`` (with ``act``/``w8a8``, or alone).
+        act, kv: instead of ``w8a8``, an activation mode as vLLM computes it, and/or the KV
+            cache in ``fp8``/``int8`` (``lowbit.evaluation.act_modes``).
         tokens, window, stride: perplexity data (causal LMs): the first ``tokens`` tokens,
             windows of ``window`` every ``stride``.
         text: a UTF-8 text file (default: CPython's ``pydoc_data.topics``).
@@ -283,8 +281,8 @@ def evaluate_variants(
             ``lowbit.evaluation.perplexity.default_threads``).
         progress: tqdm bars (``None``: only on a terminal).
         methods: how each scheme is quantized: ``rtn`` (round to nearest), ``gptq``
-            (``lowbit.evaluation.gptq_model``; one more row per scheme, named ``"{scheme} gptq"``)
-            and/or ``awq``.
+            (``lowbit.evaluation.gptq_model``; one more row per scheme, named ``"{scheme} gptq"``),
+            ``awq``, ``hadamard`` (``lowbit.evaluation.rotated``).
         calibration: GPTQ's, AWQ's and SmoothQuant's calibration data (``lowbit.evaluation.calibration.Calibration``;
             default: the default text from token 32,768, never a token or sentence this
             evaluation measures).
@@ -347,6 +345,10 @@ def evaluate_variants(
     for spec in schemes:
         if "rtn" in methods:
             makers.append(lambda spec=spec: _scheme_variant(ckpt, spec, progress))
+        if "hadamard" in methods:
+            makers.append(
+                lambda spec=spec: rotated_variant(ckpt, variant_plan(spec), spec, progress)
+            )
         for how, cfg in (("gptq", gptq), ("awq", awq or AWQ()), ("smooth", smooth)):
             if how in methods or (how == "smooth" and smooth is not None):
                 makers.append(
