@@ -400,7 +400,7 @@ def test_from_quantized_refuses_other_schemes(rng: np.random.Generator) -> None:
     w = rng.standard_normal((8, 96)).astype(np.float32)
     cases = [
         (quant.quantize(w, "nf4", axis=-1, group_size=32), "no scheme for nf4"),
-        (quant.quantize(w, "mxfp4", axis=-1), "granularity block"),
+        (quant.quantize(w, "mxfp6_e2m3", axis=-1), "granularity block"),
         (quant.quantize(w, "fp8_e5m2", axis=0), "no scheme for float8_e5m2"),
         (quant.quantize(w, "int8", axis=1), "granularity channel on axis 1"),
         (quant.quantize(w[0], "int8"), "2-D weights"),

@@ -175,7 +175,7 @@ def test_static_act_order_keeps_the_layout(spec: str) -> None:
 @pytest.mark.parametrize(
     "spec",
     ["int4:g16", "int4:g16:asym", "nf4", "fp4:g32", "mxfp4", "fp8_e4m3:ch", "int8", "int4:g40",
-     "int4:t", "nf4:dq", "ternary"],
+     "int4:t", "nf4:dq", "ternary", "nvfp4", "mxfp4:ct", "mxfp8_e4m3:carry"],
 )  # fmt: skip
 @pytest.mark.parametrize("order", ["none", "static"])
 def test_uncorrelated_inputs_give_round_to_nearest(spec: str, order: str) -> None:
@@ -273,6 +273,7 @@ def test_config() -> None:
         (np.ones((2, 3, 4)), np.eye(4), "int4", "2-D"),
         (np.ones((2, 4)), np.eye(3), "int4", r"\[in, in\]"),
         (np.full((2, 4), np.nan), np.eye(4), "int4", "finite"),
+        (np.ones((2, 4)), np.eye(4), "fp8_block", "not 2-D tiles"),
         (np.ones((2, 4)), np.full((4, 4), np.inf), "int4", "NaN or inf"),
         (np.ones((2, 4)), -np.eye(4), "int4", "negative"),
         (np.ones((2, 4)), np.eye(4), Scheme(format="int4", axis=1), "axis=0"),

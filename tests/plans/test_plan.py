@@ -143,7 +143,7 @@ def test_scheme_strings(spec: str, expected: object) -> None:
         ("int77", {}, "int77"),
         ("int4:g128:banana", {}, "unknown token 'banana'"),
         ("q4_1", {}, "FP16 minimum"),
-        ("nvfp4", {}, "not supported"),
+        ("q5_1", {}, "not supported"),
         ("mxfp4", {"group": 16}, "MX block format"),
         ("fp8_e4m3", {"asym": True}, "integer format"),
         ("keep", {"group": 32}, "'keep' takes no"),

@@ -130,7 +130,7 @@ def test_action_helpers() -> None:
         ({"match": "*", "format": "keep", "scale_method": "mse"}, "'keep' takes no"),
         ({"match": "*", "format": "keep", "activations": "int8"}, "'keep' takes no activations"),
         ({"match": "*", "format": "int8", "activations": "nf4"}, "activations 'nf4'"),
-        ({"match": "*", "format": "nvfp4"}, "nvfp4 is not supported"),
+        ({"match": "*", "format": "q5_1"}, "q5_1 is not supported"),
         ({"match": "*", "format": "fp8_e4m3", "scale_method": "meanabs"}, None),
         ({"match": "*", "format": "int4", "method": "awq2"}, "unknown method 'awq2'; allowed: rtn"),
         ({"match": "*", "format": "int4", "method": 1}, "unknown method 1"),

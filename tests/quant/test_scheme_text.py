@@ -103,7 +103,7 @@ def test_overrides_apply_on_top_of_the_text() -> None:
             ["preset q4_0 takes no options", "llama.cpp's rounding", "int4:g32:fp16"],
         ),
         ("int4:g64:fp16:ggml", {}, ["scale_method 'ggml'", "group_size"]),
-        ("nvfp4", {}, ["nvfp4 is not supported", "E4M3", "mxfp4"]),
+        ("nvfp4:g32:g16", {}, ["repeats"]),
         ("q4_1", {}, ["FP16 minimum", "int4:g32:fp16:asym"]),
         ("int4:g16:e4m3", {}, ["scales cannot be stored in float8_e4m3fn", "fp16"]),
         ("fp8_e4m3:asym", {}, ["'fp8_e4m3:asym'", "integer format"]),

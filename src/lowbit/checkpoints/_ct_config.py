@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from lowbit.checkpoints._ct_fp4 import input_args, weights_args
 from lowbit.checkpoints._ct_tensor import CTTensor, _format
 
 __all__ = ["CT_FORMAT_VERSION", "quantization_config"]
@@ -27,11 +28,20 @@ def _scheme_key(t: CTTensor) -> tuple[Any, ...]:
         t.resolved_strategy(),
         t.group_size,
         t.activations,
+        t.block_structure,
     )
 
 
 def _scheme_dict(key: tuple[Any, ...], targets: list[str]) -> dict[str, Any]:
-    kind, bits, symmetric, strategy, group_size, activations = key
+    kind, bits, symmetric, strategy, group_size, activations, block = key
+    if kind == "fp4" or strategy == "block":
+        return {
+            "targets": targets,
+            "weights": weights_args(kind, bits, strategy, group_size, block),
+            "input_activations": None if activations is None else input_args(activations, strategy),
+            "output_activations": None,
+            "format": _format(kind, activations, group_size),
+        }
     weights = {
         "num_bits": bits,
         "type": kind,

@@ -9,14 +9,16 @@ from typing import Any
 import numpy as np
 
 from lowbit._regex import compile_bounded
+from lowbit.checkpoints._ct_fp4 import FP4_FORMATS, check_fp4_weight
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 
 __all__: list[str] = []
 
 
-_CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
-_CT_STRATEGIES = ("tensor", "channel", "group")
+_CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized",
+               *FP4_FORMATS)  # fmt: skip
+_CT_STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block")
 
 
 def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
@@ -44,8 +46,8 @@ def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]
         bits, kind = w.get("num_bits"), w.get("type")
         if type(bits) is not int or not 1 <= bits <= 8:
             raise LowbitError(f"{field}.weights.num_bits {bits!r} is not an integer 1..8")
-        if kind not in ("int", "float") or (kind == "float" and bits != 8):
-            raise LowbitError(f"{field}.weights.type {kind!r} is not int or float (fp8)")
+        if kind not in ("int", "float") or (kind == "float" and bits not in (4, 8)):
+            raise LowbitError(f"{field}.weights.type {kind!r} is not int or float (fp8, fp4)")
         strategy = w.get("strategy")
         if strategy not in _CT_STRATEGIES:
             raise LowbitError(
@@ -56,6 +58,15 @@ def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]
         if strategy == "group" and (type(group_size) is not int or group_size < 1):
             raise LowbitError(
                 f"{field}.weights.group_size {group_size!r} is not a positive integer"
+            )
+        block = w.get("block_structure")
+        if strategy == "block" and (
+            not isinstance(block, list)
+            or len(block) != 2
+            or not all(type(b) is int and b > 0 for b in block)
+        ):
+            raise LowbitError(
+                f"{field}.weights.block_structure {block!r} is not two positive integers"
             )
         symmetric = w.get("symmetric", True)
         if not isinstance(symmetric, bool):
@@ -85,6 +96,7 @@ def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]
                     "strategy": strategy,
                     "group_size": group_size,
                     "format": fmt,
+                    "block": tuple(block) if strategy == "block" else None,
                 },
             )
         )
@@ -125,6 +137,8 @@ def _ct_check_weight(ckpt: Checkpoint, module: str, g: dict[str, Any]) -> str | 
         key = f"{module}.{suffix}"
         return ckpt.info(key) if key in names else None
 
+    if fmt in FP4_FORMATS:
+        return check_fp4_weight(info, module, g)
     if fmt == "pack-quantized":
         if g["type"] != "int":
             return "pack-quantized holds integer weights only"
@@ -162,6 +176,10 @@ def _ct_check_weight(ckpt: Checkpoint, module: str, g: dict[str, Any]) -> str | 
     elif strategy == "channel":
         ok = scale.shape in ((out, 1), (out,))
         want_s = f"[{out}, 1]"
+    elif strategy == "block":
+        want_b = (-(-out // g["block"][0]), -(-cols // g["block"][1]))
+        ok = scale.shape == want_b
+        want_s = str(list(want_b))
     else:
         groups = -(-cols // g["group_size"])
         ok = scale.shape == (out, groups)

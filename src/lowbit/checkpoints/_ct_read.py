@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints._ct_fp4 import FP4_FORMATS, read_fp4
 from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_check_weight, _ct_groups
 from lowbit.checkpoints._ct_tensor import CTTensor
 from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, TensorInfo
@@ -25,7 +26,8 @@ from lowbit.errors import LowbitError
 
 __all__ = ["CompressedTensorsFolder", "unpack_int32"]
 
-_PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+_PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
+          "weight_global_scale", "input_global_scale")  # fmt: skip
 # Every tensor name part compressed-tensors' own schemes store beside a module's weight
 # (compressed_tensors/quantization/lifecycle/initialize.py: {base}_scale, _zero_point,
 # _g_idx, _global_scale for base weight/input/output; weight_packed and weight_shape from
@@ -117,13 +119,16 @@ class CompressedTensorsFolder(Checkpoint):
         parts = [f"{module}.{p}" for p in (*_PARTS, "weight")]
         have = set(self._st.names())
         infos = [self._st.info(p) for p in parts if p in have]
-        if g["format"] == "pack-quantized":
+        if g["format"] in FP4_FORMATS:
+            data = self._st.info(f"{module}.weight_packed")
+            shape = (data.shape[0], data.shape[1] * 2)
+        elif g["format"] == "pack-quantized":
             shape = tuple(int(v) for v in np.asarray(self._st.get(f"{module}.weight_shape")))
             data = self._st.info(f"{module}.weight_packed")
         else:
             data = self._st.info(f"{module}.weight")
             shape = data.shape
-        kind = f"CT_INT{g['bits']}" if g["type"] == "int" else "CT_FP8"
+        kind = f"CT_INT{g['bits']}" if g["type"] == "int" else f"CT_FP{g['bits']}"
         self._infos[name] = TensorInfo(
             name, shape, kind, sum(i.nbytes for i in infos), data.file, data.offset
         )
@@ -152,6 +157,8 @@ class CompressedTensorsFolder(Checkpoint):
         g = self._groups[module]
         bits, strategy = g["bits"], g["strategy"]
         get = self._st.get
+        if g["format"] in FP4_FORMATS:
+            return CTTensor(**read_fp4(get, module, g))
         if g["format"] == "pack-quantized":
             out, cols = (int(v) for v in np.asarray(get(f"{module}.weight_shape")))
             codes: Any = unpack_int32(get(f"{module}.weight_packed"), bits, cols)
@@ -174,6 +181,7 @@ class CompressedTensorsFolder(Checkpoint):
             zero_point=zp,
             group_size=g["group_size"] if strategy == "group" else None,
             strategy=strategy,
+            block_structure=g.get("block"),
         )
 
     def _dequantize(self, module: str) -> np.ndarray:

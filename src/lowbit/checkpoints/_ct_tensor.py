@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import ml_dtype
+from lowbit.checkpoints._ct_fp4 import checked_fp4, e2m1_values
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.codecs.packing import unpack
 from lowbit.errors import LowbitError
@@ -21,9 +22,9 @@ from lowbit.quant.tensor import QuantizedTensor
 
 __all__ = ["CTTensor", "from_quantized", "pack_int32"]
 
-_KINDS = ("int", "float")
-_STRATEGIES = ("tensor", "channel", "group")
-_ACTIVATIONS = ("int8", "fp8")
+_KINDS = ("int", "float", "fp4")
+_STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block")
+_ACTIVATIONS = ("int8", "fp8", "nvfp4")
 
 
 def _fp8() -> np.dtype:
@@ -51,9 +52,20 @@ class CTTensor:
         strategy: ``"tensor"``, ``"channel"`` or ``"group"``; derived from ``group_size`` and
             the scale's size when omitted.
         activations: ``None`` (weight-only), ``"int8"`` or ``"fp8"``: declares dynamic per-token
-            symmetric quantization of the layer's inputs (W8A8), which also selects the
-            ``int-quantized`` / ``float-quantized`` storage compressed-tensors uses for it.
-    """
+            symmetric quantization of the layer's inputs (W8A8; per group of 128 for FP8
+            blocks), which also selects the ``int-quantized`` / ``float-quantized`` storage
+            compressed-tensors uses for it; ``"nvfp4"`` (NVFP4 weights only): W4A4, NVFP4
+            inputs with dynamic E4M3 group scales under the static ``input_global_scale``.
+        global_scale: NVFP4 (``kind="fp4"``, groups of 16): the float32 tensor scale in
+            compressed-tensors' direction, the encode factor ``448 * 6 / amax``: a value is
+            ``code * scale / global_scale``. ``kind="fp4"`` without it is MXFP4 (groups of
+            32, power-of-two ``scale``).
+        input_global_scale: the static float32 tensor scale of NVFP4 inputs (W4A4), same
+            direction.
+        block_structure: FP8 blocks: ``(rows, columns)`` of each scale's tile (strategy
+            ``block``, scales ``[ceil(out/rows), ceil(in/columns)]``).
+
+    ``kind="fp4"`` codes are E2M1 nibbles (uint8 0..15, sign in bit 3) ``[out, in]``."""
 
     codes: Any
     scale: Any
@@ -63,6 +75,9 @@ class CTTensor:
     group_size: int | None = None
     strategy: str | None = None
     activations: str | None = None
+    global_scale: Any = None
+    input_global_scale: Any = None
+    block_structure: tuple[int, int] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -77,17 +92,24 @@ class CTTensor:
         """The strategy, derived when not given: group if ``group_size``, else by scale size."""
         if self.strategy is not None:
             return self.strategy
+        if self.block_structure is not None:
+            return "block"
         if self.group_size is not None:
-            return "group"
+            return "tensor_group" if self.global_scale is not None else "group"
         return "tensor" if np.size(self.scale) == 1 else "channel"
 
     def format(self) -> str:
         """The compressed-tensors storage format (as its ``infer_module_format`` chooses)."""
-        return _format(self.kind, self.activations)
+        return _format(self.kind, self.activations, self.group_size)
 
     def dequantize(self) -> np.ndarray:
-        """float32 values, computed as compressed-tensors does with float32 scales."""
+        """float32 values, computed as compressed-tensors does with float32 scales (NVFP4:
+        ``code * float32(scale / global_scale)``)."""
         codes, scale, zp = _checked(self, "<tensor>")
+        if self.kind == "fp4":
+            g = None if self.global_scale is None else np.float32(np.ravel(self.global_scale)[0])
+            eff = scale if g is None else (scale / g).astype(np.float32)
+            return e2m1_values(codes) * _expand(eff, self, codes.shape)
         if self.kind == "float":
             values = codes.view(_fp8()).astype(np.float32)
         else:
@@ -97,9 +119,12 @@ class CTTensor:
         return values * _expand(scale.astype(np.float32), self, codes.shape)
 
 
-def _format(kind: str, activations: str | None) -> str:
-    # compressed-tensors' priority order (compressors/format.py): weights with input
-    # activations -> int-/float-quantized; integer weights alone -> pack-quantized; others naive
+def _format(kind: str, activations: str | None, group_size: int | None = None) -> str:
+    # compressed-tensors' priority order (compressors/format.py): FP4 in groups of 32 ->
+    # mxfp4-pack-quantized, of 16 -> nvfp4-pack-quantized; weights with input activations ->
+    # int-/float-quantized; integer weights alone -> pack-quantized; others naive
+    if kind == "fp4":
+        return "mxfp4-pack-quantized" if group_size == 32 else "nvfp4-pack-quantized"
     if kind == "int":
         return "int-quantized" if activations else "pack-quantized"
     return "float-quantized" if activations else "naive-quantized"
@@ -108,17 +133,28 @@ def _format(kind: str, activations: str | None) -> str:
 def _expand(per: np.ndarray, t: CTTensor, shape: tuple[int, ...]) -> np.ndarray:
     """Scale/zero point in compressed-tensors' layout -> broadcast to the weight's shape."""
     strategy = t.resolved_strategy()
-    if strategy == "group":
+    if strategy in ("group", "tensor_group"):
         return np.repeat(per, t.group_size, axis=1)
+    if strategy == "block":
+        bh, bw = t.block_structure  # type: ignore[misc]
+        return np.repeat(np.repeat(per, bh, axis=0)[: shape[0]], bw, axis=1)[:, : shape[1]]
     return np.broadcast_to(per, shape)
 
 
-def _layout(strategy: str, shape: tuple[int, ...], group_size: int | None) -> tuple[int, ...]:
+def _layout(
+    strategy: str,
+    shape: tuple[int, ...],
+    group_size: int | None,
+    block: tuple[int, int] | None = None,
+) -> tuple[int, ...]:
     out, cols = shape
     if strategy == "tensor":
         return (1,)
     if strategy == "channel":
         return (out, 1)
+    if strategy == "block":
+        assert block is not None
+        return (-(-out // block[0]), -(-cols // block[1]))
     assert group_size is not None
     return (out, cols // group_size)
 
@@ -140,6 +176,12 @@ def _checked(t: CTTensor, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
     strategy = t.resolved_strategy()
     if strategy not in _STRATEGIES:
         raise bad(f"strategy must be one of {list(_STRATEGIES)}, got {strategy!r}")
+    if t.kind == "fp4":
+        return checked_fp4(t, codes, strategy, bad)
+    if (strategy == "block") != (t.block_structure is not None):
+        raise bad("block_structure goes with strategy 'block' (and only with it)")
+    if strategy == "tensor_group" or t.global_scale is not None or t.activations == "nvfp4":
+        raise bad("tensor_group scales and global scales are NVFP4's (kind 'fp4')")
     if (strategy == "group") != (t.group_size is not None):
         raise bad("group_size goes with strategy 'group' (and only with it)")
     if strategy == "group" and (
@@ -165,7 +207,7 @@ def _checked(t: CTTensor, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
         if t.zero_point is not None:
             raise bad("float weights are symmetric: no zero point")
         if strategy == "group":
-            raise bad("fp8 weights take tensor or channel scales here")
+            raise bad("fp8 weights take tensor, channel or block scales here")
         if codes.dtype.kind == "V" and codes.dtype == _fp8():
             codes = codes.view(np.uint8)
         elif codes.dtype != np.uint8:
@@ -173,7 +215,18 @@ def _checked(t: CTTensor, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
         if np.any((codes & 0x7F) == 0x7F):
             raise bad("fp8 codes contain NaN (0x7F/0xFF)")
 
-    want = _layout(strategy, codes.shape, t.group_size)
+    if strategy == "block":
+        bs = t.block_structure
+        if (
+            t.kind != "float"
+            or not isinstance(bs, tuple)
+            or len(bs) != 2
+            or not all(isinstance(b, (int, np.integer)) and b > 0 for b in bs)
+        ):
+            raise bad(
+                f"block scales are fp8 weights' with block_structure (rows, cols), got {bs!r}"
+            )
+    want = _layout(strategy, codes.shape, t.group_size, t.block_structure)
     scale = as_numpy(t.scale)
     if scale.dtype.kind != "f" and scale.dtype.name != "bfloat16":
         raise bad(f"scale must be floating point, got {scale.dtype}")
@@ -260,17 +313,58 @@ def _int_zero_point(zp: Any, bits: int, signed: bool) -> np.ndarray | None:
     return (z if signed else z - (1 << (bits - 1))).astype(np.int8)
 
 
-def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
+def _served(
+    qt: Any, scheme: Any, name: str, granularity: str, activations: str | None, igs: Any
+) -> CTTensor | None:
+    """NVFP4, MXFP4 and FP8 blocks as compressed-tensors stores them (None: another kind)."""
+    label = getattr(scheme, "label", "")
+    if granularity == "tile":
+        if name != "float8_e4m3fn" or scheme.scale_format not in ("float32", "float8_e8m0fnu"):
+            raise LowbitError(
+                f"compressed-tensors stores blocks of float8_e4m3fn weights with float scales; "
+                f"got {label}"
+            )
+        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8), scale=np.asarray(qt.scale),
+                     kind="float", num_bits=8, strategy="block", activations=activations,
+                     block_structure=tuple(scheme.block_shape))  # fmt: skip
+    elif name == "float4_e2m1fn" and getattr(scheme, "tensor_scale", False):
+        if scheme.group_size != 16 or scheme.axis % 2 != 1:
+            raise LowbitError(
+                f"compressed-tensors' NVFP4 is groups of 16 along the rows; got {label}"
+            )
+        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8), scale=qt.group_scale,
+                     kind="fp4", num_bits=4, group_size=16, activations=activations,
+                     global_scale=np.array([qt.tensor_scale], np.float32),
+                     input_global_scale=igs)  # fmt: skip
+    elif getattr(scheme, "format", None) == "mxfp4":
+        if scheme.axis % 2 != 1:
+            raise LowbitError(
+                f"compressed-tensors' MXFP4 is blocks of 32 along the rows; got {label}"
+            )
+        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8), scale=np.asarray(qt.scale),
+                     kind="fp4", num_bits=4, group_size=32, activations=activations)  # fmt: skip
+    else:
+        return None
+    _checked(t, "<QuantizedTensor>")
+    return t
+
+
+def from_quantized(
+    qt: Any, *, activations: str | None = None, input_global_scale: Any = None
+) -> CTTensor:
     """Map a lowbit ``QuantizedTensor`` of a 2-D weight ``[out, in]`` to a :class:`CTTensor`.
 
     Supported (compressed-tensors' schemes): integer formats of 1..8 bits, symmetric or with a
     zero point, per tensor, per output channel (``axis=0``) or in groups along the input axis
-    (``axis=-1``); ``float8_e4m3fn`` per tensor or per output channel. Unsigned integer codes
-    (``uint4`` with a zero point) are shifted to the signed range, which changes no value.
+    (``axis=-1``); ``float8_e4m3fn`` per tensor, per output channel or in tiles (FP8 blocks);
+    ``nvfp4`` (W4A4 with ``activations="nvfp4"`` and the static ``input_global_scale``,
+    float32 in the encode direction) and ``mxfp4`` in blocks along the input axis. Unsigned
+    integer codes (``uint4`` with a zero point) are shifted to the signed range, which changes
+    no value.
 
     Raises:
-        LowbitError: any other format or layout (NF4, MX blocks, fp4, e5m2, channels along the
-            input axis, ...), naming what compressed-tensors would need.
+        LowbitError: any other format or layout (NF4, other MX formats, e5m2, input-axis
+            channels, a width a block cannot hold, ...), naming what compressed-tensors needs.
     """
     fmt = qt.format
     name = getattr(fmt, "name", str(fmt))
@@ -280,6 +374,9 @@ def from_quantized(qt: Any, *, activations: str | None = None) -> CTTensor:
     granularity = str(getattr(qt.granularity, "value", qt.granularity))
     if len(shape) != 2:
         raise LowbitError(f"compressed-tensors stores 2-D weights [out, in]; got shape {shape}")
+    served = _served(qt, scheme, name, granularity, activations, input_global_scale)
+    if served is not None:
+        return served
     axis = getattr(scheme, "axis", None)
     axis = None if axis is None else axis % 2
     if granularity == "tensor":

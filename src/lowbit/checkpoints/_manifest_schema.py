@@ -16,6 +16,7 @@ from lowbit.plans.rules import activation_format
 from lowbit.quant.layout import make_layout, quantized_arrays
 from lowbit.quant.scheme import Scheme
 from lowbit.quant.tensor import FORMAT_VERSION as TENSOR_VERSION
+from lowbit.quant.tensor import TENSOR_SCALE_DIRECTION
 
 MANIFEST = "lowbit.json"  # the manifest's file name (lowbit.checkpoints._manifest.MANIFEST)
 
@@ -43,6 +44,9 @@ _SCHEME_TYPES: dict[str, tuple[type, ...]] = {
     "double_quant": (bool,),
     "rounding": (str,),
     "pad": (bool,),
+    "tensor_scale": (bool,),
+    "scale_rule": (str, type(None)),
+    "block_shape": (list, type(None)),
     "version": (int,),
 }
 MAX_RANK = 32  # numpy's own limit before 2.0
@@ -266,6 +270,13 @@ def _quantized(
             f"{field}.tensor.scale_shape",
             f"{show(sshape)}, but {scheme.describe()} on shape {list(shape)} makes "
             f"{list(layout.scale_shape)}",
+        )
+    if scheme.tensor_scale and meta.get("tensor_scale") != TENSOR_SCALE_DIRECTION:
+        raise _fail(
+            where,
+            f"{field}.tensor.tensor_scale",
+            f"{show(meta.get('tensor_scale'))} is not {show(TENSOR_SCALE_DIRECTION)}: the tensor "
+            "scale's direction must be stated (lowbit writes compressed-tensors' encode factor)",
         )
     keys = [f"{name}:{s.suffix}" for s in specs]
     arrays = _get(e, "arrays", list, where, f"{field}.arrays")

@@ -19,6 +19,7 @@ import numpy as np
 from lowbit._arrays import bfloat16
 from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints import lowbit_format as lf
+from lowbit.checkpoints._ct_fp4 import fused_siblings
 from lowbit.checkpoints._model_files import ModelFiles
 from lowbit.checkpoints._safetensors_write import dtype_code
 from lowbit.checkpoints.compressed_tensors import from_quantized, write_compressed_tensors
@@ -32,6 +33,7 @@ from lowbit.ggml import legacy
 from lowbit.plans.plan import AppliedPlan, TensorPlan
 from lowbit.quant.layout import quantized_arrays
 from lowbit.quant.scheme import Granularity
+from lowbit.quant.shared_scale import tensor_scale_of
 from lowbit.quant.tensor import QuantizedTensor, quantize
 
 GGUF_Q = {4: "Q4_0", 8: "Q8_0"}
@@ -43,8 +45,11 @@ def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
         assert s is not None
         fmt = s.element_format
         why = None
+        served = s.tensor_scale or s.format == "mxfp4" or s.granularity is Granularity.TILE
         if len(t.shape) != 2:
             why = "compressed-tensors stores 2-D weights [out, in]"
+        elif served:
+            why = _served_why(s, t.shape)
         elif fmt.kind == "int" and fmt.bits <= 8:
             if s.granularity is Granularity.CHANNEL and s.axis % 2 != 0:
                 why = "channel scales must run along the output axis (axis 0)"
@@ -62,7 +67,7 @@ def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
                 why = "fp8 weights take per-tensor or per-output-channel scales"
         else:
             why = "compressed-tensors defines int1..int8 and fp8 (float8_e4m3fn) weights"
-        if why is None and s.scale_format != "float32":
+        if why is None and s.scale_format != "float32" and not served:
             why = "lowbit writes compressed-tensors scales as float32: use fp32 scales"
         if why is None and s.double_quant:
             why = "double quantization has no compressed-tensors layout"
@@ -76,6 +81,22 @@ def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
     if checkpoint.format == "gguf":
         for t in applied.tensors:
             gguf_to_hf_name(t.name, checkpoint.config)  # raises for ones with no counterpart
+
+
+def _served_why(s: Any, shape: tuple[int, ...]) -> str | None:
+    """What keeps an NVFP4 / MXFP4 / FP8-block weight from compressed-tensors (None: fits)."""
+    cols = shape[1]
+    if s.tensor_scale:
+        if s.format != "float4_e2m1fn" or s.group_size != 16 or s.axis % 2 != 1:
+            return "compressed-tensors' two-level scales are NVFP4's: fp4 in groups of 16 (nvfp4)"
+        if cols % 16:
+            return f"NVFP4 needs the input width to be a multiple of 16, got {cols}"
+    elif s.format == "mxfp4":
+        if cols % 32:
+            return f"MXFP4 needs the input width to be a multiple of 32, got {cols}"
+    elif s.format != "float8_e4m3fn":
+        return "compressed-tensors stores blocks (tiles) of fp8 (float8_e4m3fn) weights"
+    return None
 
 
 def _gguf_exact(s: Any) -> bool:
@@ -424,6 +445,18 @@ def write_ct(
 
     acts = {"int8": "int8", "float8_e4m3fn": "fp8", None: None}
     planned: set[str] = set()
+    shared: dict[tuple[str, ...], Any] = {}
+    plans = {t.name: t for t in applied.quantized}
+
+    def shared_scale(t: TensorPlan) -> Any:
+        """NVFP4: one tensor scale for q/k/v and for gate/up (the smallest of theirs), as
+        llm-compressor writes them and vLLM, which fuses those layers, requires."""
+        group = tuple(
+            n for n in fused_siblings(t.name) if n in plans and plans[n].scheme == t.scheme
+        ) or (t.name,)
+        if group not in shared:
+            shared[group] = min(tensor_scale_of(ckpt.get(n), t.scheme) for n in group)
+        return shared[group]
 
     def make(hf: str) -> Any:
         t = by_out[hf]
@@ -443,7 +476,8 @@ def write_ct(
             return from_quantized(_layout_of(t), activations=acts[t.activations])
         if t.action == "quantize":
             arr = unpermute(hf, ckpt.get(t.name))
-            qt = quantize(arr, t.scheme)
+            g = shared_scale(t) if t.scheme.tensor_scale else None
+            qt = quantize(arr, t.scheme, tensor_scale=g)
             del arr
             return from_quantized(qt, activations=acts[t.activations])
         if t.action == "cast":
@@ -490,12 +524,14 @@ def _layout_of(t: TensorPlan) -> QuantizedTensor:
     assert t.scheme is not None
     arrays = {a.suffix: a for a in quantized_arrays(t.shape, t.scheme)}
     scale = arrays["scale"]  # compressed-tensors output has no double-quantized scales
+    ones = np.ones(scale.shape, dtype=np.float32)
     return QuantizedTensor(
         codes=np.zeros(arrays["codes"].shape, dtype=np.uint8),
-        scale=np.ones(scale.shape, dtype=scale.dtype),
+        scale=ones,
         zero_point=np.zeros(scale.shape, dtype=np.uint8) if "zero_point" in arrays else None,
         shape=t.shape,
         scheme=t.scheme,
+        ts=(ones, np.float32(1.0)) if t.scheme.tensor_scale else None,
     )
 
 

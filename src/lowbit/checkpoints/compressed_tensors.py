@@ -51,6 +51,7 @@ from lowbit.checkpoints._ct_config import (
     _scheme_key,
     quantization_config,
 )
+from lowbit.checkpoints._ct_fp4 import e8m0_bytes, pack_fp4
 from lowbit.checkpoints._ct_tensor import CTTensor, _checked, _fp8, from_quantized, pack_int32
 from lowbit.checkpoints._outputs import writer_metadata
 from lowbit.checkpoints._write_arrays import as_numpy
@@ -94,6 +95,8 @@ def _entries(name: str, t: CTTensor, scale_dtype: Any) -> list[_safetensors.Entr
         )
     module = name[: -len(".weight")]
     _, scale, _ = _checked(t, name)  # validate now: nothing is written for bad input
+    if t.kind == "fp4":
+        return _fp4_entries(module, t, name)
     if not np.array_equal(scale.astype(scale_dtype).astype(np.float32), scale):
         raise LowbitError(
             f"compressed-tensors weight {name!r}: its scales are not exact in "
@@ -148,6 +151,37 @@ def _entries(name: str, t: CTTensor, scale_dtype: Any) -> list[_safetensors.Entr
             entries.append(
                 E(f"{module}.weight_zero_point", np.dtype(np.int8), sshape, lambda: p.get()[2])
             )
+    last = entries[-1]
+    make_last = last.produce
+    last.produce = lambda: p.release(make_last())
+    return entries
+
+
+def _fp4_entries(module: str, t: CTTensor, name: str) -> list[_safetensors.Entry]:
+    """NVFP4 / MXFP4: ``weight_packed`` uint8 ``[out, in/2]``, ``weight_scale`` (E4M3 values,
+    or E8M0 bytes for MXFP4), NVFP4's float32 ``weight_global_scale`` (and W4A4's
+    ``input_global_scale``), as compressed-tensors' NVFP4/MXFP4 compressors write them."""
+    out, cols = t.shape
+    p = _Parts(t, name)
+    E = _safetensors.Entry
+    groups = cols // int(t.group_size)  # type: ignore[arg-type]
+    nv = t.global_scale is not None
+
+    def scale_() -> np.ndarray:
+        s = p.get()[1]
+        return s.astype(_fp8()) if nv else e8m0_bytes(s)
+
+    entries = [
+        E(f"{module}.weight_packed", np.dtype(np.uint8), (out, cols // 2),
+          lambda: pack_fp4(p.get()[0])),
+        E(f"{module}.weight_scale", _fp8() if nv else np.dtype(np.uint8), (out, groups), scale_),
+    ]  # fmt: skip
+    if nv:
+        g = np.asarray(as_numpy(t.global_scale), np.float32).reshape(1)
+        entries.append(E(f"{module}.weight_global_scale", np.dtype(np.float32), (1,), lambda: g))
+    if t.input_global_scale is not None:
+        ig = np.asarray(as_numpy(t.input_global_scale), np.float32).reshape(1)
+        entries.append(E(f"{module}.input_global_scale", np.dtype(np.float32), (1,), lambda: ig))
     last = entries[-1]
     make_last = last.produce
     last.produce = lambda: p.release(make_last())

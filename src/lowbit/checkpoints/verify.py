@@ -26,6 +26,7 @@ from typing import Any
 
 from lowbit._json import path_exists
 from lowbit.checkpoints import _gguf
+from lowbit.checkpoints._ct_fp4 import fused_scales_differ
 from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_check_weight, _ct_groups
 from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
@@ -139,7 +140,8 @@ def _compressed_tensors(p: Path) -> dict[str, Any]:
     groups = _ct_groups(qc, where)
     ckpt = HuggingFaceFolder(p)
     names = ckpt.names()
-    suffixes = (".weight_scale", ".weight_packed", ".weight_zero_point", ".weight_shape")
+    suffixes = (".weight_scale", ".weight_packed", ".weight_zero_point", ".weight_shape",
+                ".weight_global_scale")  # fmt: skip
     modules = sorted({n.rsplit(".", 1)[0] for n in names if n.endswith(suffixes)})
     all_modules = {n.rsplit(".", 1)[0] for n in names}
     per_format: dict[str, int] = {}
@@ -158,6 +160,9 @@ def _compressed_tensors(p: Path) -> dict[str, Any]:
         raise LowbitError(
             f"{p}: quantization_config names compressed-tensors but no weight is quantized"
         )
+    why = fused_scales_differ(ckpt.get, set(names))
+    if why:
+        raise LowbitError(f"{p}: {why}")
     files = [
         {"file": f.name, "bytes": f.stat().st_size, "sha256": "not recorded"}
         for f in sorted({ckpt.info(n).file for n in names})
@@ -170,6 +175,7 @@ def _compressed_tensors(p: Path) -> dict[str, Any]:
             "quantization_config",
             "safetensors headers",
             "weights, scales and zero points match their group's scheme",
+            "fused layers (q/k/v, gate/up) share one NVFP4 global scale",
         ],
         "files": files,
         "summary": {

@@ -65,6 +65,19 @@ def register(sub: Any) -> None:
         help="also measure each model with per-token activations in FMT (default int8)",
     )
     p.add_argument(
+        "--act",
+        metavar="MODE",
+        help="also measure each model with activations as vLLM computes them: int8, "
+        "fp8_token, fp8_block (groups of 128), mxfp4, nvfp4 (static input scales from 16 "
+        "calibration windows)",
+    )
+    p.add_argument(
+        "--kv",
+        metavar="MODE",
+        help="also simulate the KV cache: fp8 (E4M3, scale 1, as vLLM without calibrated "
+        "scales) or int8 (per token and head)",
+    )
+    p.add_argument(
         "--methods",
         metavar="LIST",
         default="rtn",
@@ -146,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         quantized,
         schemes,
         w8a8=args.w8a8,
+        act=args.act,
+        kv=args.kv,
         tokens=args.tokens,
         window=args.window,
         stride=args.stride,

@@ -29,7 +29,8 @@ schemes: FORMAT[:gN|:ch|:t][:SCALEFMT][:asym][:dq], as every lowbit command read
 no granularity a format gets the weight layout lowbit quantize gives it (int8 = int8:ch, one
 FP32 scale per output channel; nf4 = nf4:g64; MX formats blocks of 32); bf16, fp16, fp32 alone
 are plain casts. E.g. int4:g128:fp16 (4.125 bits/weight), nf4:dq (~4.127), int8:ch:fp16; MX:
-mxfp8, mxfp6, mxfp4, mxint8; presets: q8_0, q4_0, q5_0 (nvfp4, q4_1, q5_1: not supported).
+mxfp8, mxfp6, mxfp4, mxint8 (E8M0 rule: mxfp4:ct, :carry, :ceil); nvfp4 (fp4:g16:e4m3:ts,
+4.5 bits); presets: q8_0, q4_0, q5_0 (q4_1, q5_1: not supported).
 A plan file (--plan-file, the format lowbit quantize --plan reads) is priced tensor by tensor
 as lowbit quantize decides it: its rules, its default (or each --precisions row) for the 2-D
 linear weights, the rest kept as stored.

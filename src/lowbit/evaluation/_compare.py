@@ -19,6 +19,14 @@ import numpy as np
 from lowbit._progress import progress_bar
 from lowbit.calibration.text import DEFAULT_SENTENCES, DEFAULT_TOKENS
 from lowbit.errors import LowbitError
+from lowbit.evaluation.act_modes import (
+    ACT_MODES,
+    KV_MODES,
+    act_mode,
+    calibrate_input_scales,
+    simulate_act_mode,
+    simulate_kv_cache,
+)
 from lowbit.evaluation.perplexity import (
     DEFAULT_BATCH,
     MAX_LOGITS_BYTES,
@@ -34,6 +42,7 @@ from lowbit.evaluation.perplexity import (
 from lowbit.models._compute import compute_context, resolve_compute
 from lowbit.models._threads import _threads
 from lowbit.models.activations import simulate_activations
+from lowbit.plans.rules import activation_format
 
 __all__ = ["DEFAULT_SENTENCES", "DEFAULT_TOKENS", "Variant", "compare_causal", "compare_encoder"]
 
@@ -61,6 +70,7 @@ class Variant:
     nbytes: int | None = None
     source: str = "memory"
     extra: dict[str, Any] = field(default_factory=dict)
+    act_calibration: Any = None  # NVFP4 activations: token windows for the static input scales
 
     def row(self) -> dict[str, Any]:
         return {
@@ -74,10 +84,60 @@ class Variant:
         }
 
 
-def _act_context(model: Any, fmt: str | None) -> Any:
+def _act_context(model: Any, fmt: str | None, calibration: Any = None) -> Any:
+    """The simulation ``fmt`` names: a per-token format (``int8``, ``float8_e4m3fn``), an
+    ``lowbit eval --act`` mode, ``kv:MODE``, or several joined by ``+``."""
     if fmt is None:
         return contextlib.nullcontext()
-    return simulate_activations(model, fmt)
+    stack = contextlib.ExitStack()
+    for part in fmt.split("+"):
+        if part.startswith("kv:"):
+            stack.enter_context(simulate_kv_cache(model, part[3:]))
+        elif part in ACT_MODES and part != "int8":
+            scales = None
+            if part == "nvfp4" and calibration:
+                scales = calibrate_input_scales(model, calibration)
+            stack.enter_context(simulate_act_mode(model, part, global_scales=scales))
+        else:
+            stack.enter_context(simulate_activations(model, part))
+    return stack
+
+
+def _with_activations(
+    make: Callable[[], Variant], act: str | None, calibration: Any = None
+) -> list[Variant]:
+    """The variant ``make`` builds, and with ``act`` its twin measured with simulated
+    activations (per token, an ``--act`` mode and/or a ``kv:`` cache; the same model)."""
+    v = make()
+    if act is None:
+        return [v]
+    plain = "+" not in act and not act.startswith("kv:") and (act == "int8" or act not in ACT_MODES)
+    twin = Variant(
+        name=f"{v.name} + {act} act" if plain else f"{v.name} + {act}",
+        format=f"{v.format}, {act} per-token activations" if plain else f"{v.format}, {act}",
+        model=v.model,
+        activations=act,
+        bits_per_weight=v.bits_per_weight,
+        nbytes=v.nbytes,
+        source=v.source,
+        act_calibration=calibration,
+    )
+    return [v, twin]
+
+
+def _act_spec(w8a8: str | None, act: str | None, kv: str | None) -> str | None:
+    """The simulation every twin row runs: ``w8a8``'s per-token format or an ``--act`` mode,
+    and ``kv:MODE``, joined by ``+`` (None: no twin rows)."""
+    if w8a8 and act:
+        raise LowbitError("--act and --w8a8 both choose the activations: give one")
+    parts = [activation_format(w8a8)] if w8a8 else []
+    if act:
+        parts.append(act_mode(act))
+    if kv:
+        if str(kv).strip().lower() not in KV_MODES:
+            raise LowbitError(f"unknown KV-cache mode {kv!r}; allowed: {', '.join(KV_MODES)}")
+        parts.append(f"kv:{str(kv).strip().lower()}")
+    return "+".join(p for p in parts if p) or None
 
 
 # ---------------------------------------------------------------------------------------
@@ -241,7 +301,7 @@ def _measure_causal(
         if same:
             logps = iter([None] * len(group))
         else:
-            with _act_context(v.model, v.activations):
+            with _act_context(v.model, v.activations, v.act_calibration):
                 logps = _batch_log_probs(v.model, tokens, group)
         secs += time.perf_counter() - t0
         for begin, end, first in group:
@@ -342,7 +402,7 @@ def _compare_encoder_groups(
             if v.model is reference and v.activations is None:
                 a = ref
             else:
-                with _act_context(v.model, v.activations):
+                with _act_context(v.model, v.activations, v.act_calibration):
                     a = embed(v.model, tokenizer, sentences, **kw)
             cos = np.sum(a.astype(np.float64) * ref, axis=1)
             row = {

@@ -32,7 +32,7 @@ import numpy as np
 
 from lowbit._optional import require
 from lowbit.calibration.blocks import _calibration
-from lowbit.calibration.data import Calibration
+from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
@@ -48,8 +48,10 @@ from lowbit.evaluation._compare import (
     DEFAULT_SENTENCES,
     DEFAULT_TOKENS,
     Variant,
+    _act_spec,
     _compare_causal_groups,
     _compare_encoder_groups,
+    _with_activations,
     compare_causal,
     compare_encoder,
 )
@@ -60,6 +62,7 @@ from lowbit.evaluation.perplexity import (
     _fidelity_sentences,
     load_text,
 )
+from lowbit.evaluation.rotated import rotated_variant
 from lowbit.methods.awq import AWQ
 from lowbit.methods.smoothquant import SmoothQuant
 from lowbit.models._compute import check_compute
@@ -185,7 +188,7 @@ def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
     )
 
 
-METHODS = ("rtn", "gptq", "awq")
+METHODS = ("rtn", "gptq", "awq", "hadamard")
 
 
 def _methods(methods: Sequence[str]) -> list[str]:
@@ -223,30 +226,14 @@ def _gptq_variant(
     )  # fmt: skip
 
 
-def _with_activations(make: Callable[[], Variant], act: str | None) -> list[Variant]:
-    """The variant ``make`` builds, and with ``act`` its twin measured with simulated
-    per-token activations (the same model)."""
-    v = make()
-    if act is None:
-        return [v]
-    twin = Variant(
-        name=f"{v.name} + {act} act",
-        format=f"{v.format}, {act} per-token activations",
-        model=v.model,
-        activations=act,
-        bits_per_weight=v.bits_per_weight,
-        nbytes=v.nbytes,
-        source=v.source,
-    )
-    return [v, twin]
-
-
 def evaluate_variants(
     model: Any = None,
     quantized: Sequence[str | Path] = (),
     schemes: Sequence[str] | None = None,
     *,
     w8a8: str | None = None,
+    act: str | None = None,
+    kv: str | None = None,
     tokens: int | None = DEFAULT_TOKENS,
     window: int = 512,
     stride: int | None = None,
@@ -273,6 +260,8 @@ def evaluate_variants(
             none).
         w8a8: also measure every model with per-token activations in this format (``int8``,
             ``fp8_e4m3``) on every linear layer but the LM head.
+        act, kv: instead of ``w8a8``, an activation mode as vLLM computes it, and/or the KV
+            cache in ``fp8``/``int8`` (``lowbit.evaluation.act_modes``).
         tokens, window, stride: perplexity data (causal LMs): the first ``tokens`` tokens,
             windows of ``window`` every ``stride``.
         text: a UTF-8 text file (default: CPython's ``pydoc_data.topics``).
@@ -282,7 +271,7 @@ def evaluate_variants(
         progress: tqdm bars (``None``: only on a terminal).
         methods: how each scheme is quantized: ``rtn`` (round to nearest), ``gptq``
             (``lowbit.calibration.gptq``; one more row per scheme, named ``"{scheme} gptq"``)
-            and/or ``awq``.
+            ``awq``, ``hadamard`` (``lowbit.evaluation.rotated``).
         calibration: GPTQ's, AWQ's and SmoothQuant's calibration data (``lowbit.calibration.data.Calibration``;
             default: the default text from token 32,768, never a token or sentence this
             evaluation measures).
@@ -318,6 +307,7 @@ def evaluate_variants(
     _check_positive("batch", batch)
     check_compute(compute)
     methods = _methods(methods)
+    sim = _act_spec(w8a8, act, kv)
     act = activation_format(w8a8) if w8a8 else None
     if smooth is not None and smooth is not False:
         if act is None:
@@ -348,6 +338,10 @@ def evaluate_variants(
     for spec in schemes:
         if "rtn" in methods:
             makers.append(lambda spec=spec: _scheme_variant(ckpt, spec, progress))
+        if "hadamard" in methods:
+            makers.append(
+                lambda spec=spec: rotated_variant(ckpt, variant_plan(spec), spec, progress)
+            )
         for how, cfg in (("gptq", gptq), ("awq", awq or AWQ()), ("smooth", smooth)):
             if how in methods or (how == "smooth" and smooth is not None):
                 makers.append(
@@ -356,8 +350,13 @@ def evaluate_variants(
                         sentences, seed, threads, progress, compute,
                     )
                 )  # fmt: skip
-    per_group = 1 if act is None else 2
-    groups = [functools.partial(_with_activations, make, act) for make in makers]
+    per_group = 1 if sim is None else 2
+    windows = None
+    if sim is not None and "nvfp4" in sim.split("+") and causal:
+        calib = calibration if calibration is not None else Calibration(samples=16)
+        same = calib.is_default and text is None
+        windows = decoder_windows(tokenizer, calib, avoid=(tokens or 0) if same else 0)
+    groups = [functools.partial(_with_activations, make, sim, windows) for make in makers]
     if causal:
         measured, pairs = _compare_causal_groups(
             groups, len(groups) * per_group, reference, tokenizer, body, label=label,

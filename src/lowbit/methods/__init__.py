@@ -1,1 +1,1 @@
-"""Calibrated methods, the maths on one layer: GPTQ, AWQ, SmoothQuant and the exact scale folds."""
+"""Calibrated methods and rotations, the maths on one layer: GPTQ, AWQ, SmoothQuant, Hadamard rotations and the exact scale folds."""

@@ -154,6 +154,18 @@ def _float_nearest(V: np.ndarray, S: np.ndarray, fmt: Format, mode: Rounding) ->
     return code
 
 
+def served_codes(V: np.ndarray, S: np.ndarray, fmt: Format) -> np.ndarray:
+    """Codes as compressed-tensors and vLLM's references compute them for NVFP4 and its MX
+    rule and FP8 tiles: the quotient rounded to float32 first (``x / s`` in float32), then to
+    the nearest element (ties to even, saturating); an FP4 zero quotient of either sign is
+    code 0."""
+    t = np.divide(V.astype(np.float32, copy=False), S.astype(np.float32, copy=False))
+    codes = fmt.encode(t, saturate=True, nan="zero")
+    if fmt.bits != 4:  # torch's FP8 cast and compressed-tensors' FP6 cast keep -0's sign
+        return codes
+    return np.where(t == 0, codes.dtype.type(0), codes)  # its FP4 cast drops it
+
+
 # A clip far below an outlier makes x/s overflow: that saturates, and is no error.
 @np.errstate(over="ignore", invalid="ignore")
 def encode_chunk(
@@ -173,6 +185,8 @@ def encode_chunk(
         T3 = None if T is None else T[..., 0]
         return encode_chunk(V[..., 0], S[..., 0], Z3, T3, fmt, scheme, mode, rng)[..., None]
     kind = fmt.kind
+    if scheme.served_rounding:
+        return served_codes(V, S, fmt)
     if T is not None and mode in _NEAREST:  # binary / ternary thresholds (BNN, TWN)
         if fmt.name == "binary":
             return (V >= 0).astype(np.uint8)

@@ -21,22 +21,23 @@ from lowbit.codecs.packing import _pack_unchecked, packed_nbytes, unpack
 from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
-from lowbit.formats.catalog import format as lookup
 from lowbit.quant import _numba as _fastquant
+from lowbit.quant._choose import (
+    choose_scale,
+    effective_scale,
+    own_tensor_scale,
+    value_table,
+)
 from lowbit.quant._elements import encode_chunk
 from lowbit.quant._ggml import encode_ggml
-from lowbit.quant._range import mx_scales, scales_at_floor
+from lowbit.quant._range import scales_at_floor
+from lowbit.quant._tiles import decode_tiles, encode_tiles
 from lowbit.quant.layout import Layout, make_layout
 from lowbit.quant.nf4 import double_dequantize, double_quantize
 from lowbit.quant.scales import (
-    asymmetric_range,
-    grid_quantizer,
-    int_range,
-    meanabs,
     minmax,
-    symmetric_clip,
 )
-from lowbit.quant.scheme import ScaleMethod, Scheme
+from lowbit.quant.scheme import Granularity, ScaleMethod, Scheme
 
 
 class Encoded(NamedTuple):
@@ -47,6 +48,7 @@ class Encoded(NamedTuple):
     zero_point: np.ndarray | None  # int32, asymmetric integers only
     dq: tuple[np.ndarray, np.ndarray, np.float32] | None  # NF4 double-quantization state
     floored: bool  # every scale at its format's floor: the caller checks for underflow
+    ts: tuple[np.ndarray, np.float32] | None = None  # two-level: (group scales, tensor scale)
 
 
 # Elements per chunk, measured on the bench matrix: the numpy path's temporaries want
@@ -88,72 +90,6 @@ def _take(a: np.ndarray | None, idx: tuple[slice, ...]) -> Any:
 
 
 # ---- scales ----------------------------------------------------------------------------
-
-
-def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
-    """Round float64 scales to the scale format (float32 values); never to zero. A scale
-    beyond the format's range is a LowbitError (saturating it would clip its group)."""
-    if scale_format == "float32":
-        with np.errstate(over="ignore"):
-            s = s64.astype(np.float32)
-        tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
-    elif scale_format == "float8_e8m0fnu":
-        # round up to a power of two (NVIDIA's RCEIL rule): nothing that absmax keeps clips
-        m, e = np.frexp(s64)
-        exp = np.where(m == 0.5, e - 1, e).astype(np.int64)
-        s = np.ldexp(np.float32(1.0), np.clip(exp, -127, 127).astype(np.int32)).astype(np.float32)
-        s = np.where(exp > 127, np.float32(np.inf), s)  # 2**128 and up: no E8M0 code
-        tiny = np.float32(2.0**-127)
-    else:
-        f = lookup(scale_format)
-        # not saturating: a scale past the format's max is an error, as in float32
-        s = f.decode(f.encode(s64, saturate=False), dtype=np.float32)
-        tiny = np.float32(f.smallest_positive)
-    if not np.isfinite(s).all():
-        raise LowbitError(
-            f"a scale overflows {scale_format} (the input's range is too large for it): "
-            f"a group needs a scale of {float(np.max(s64)):.4g}"
-        )
-    return np.where((s == 0) & (s64 > 0), tiny, s).astype(np.float32)
-
-
-def choose_scale(
-    V: np.ndarray,
-    axes: tuple[int, ...],
-    mn: np.ndarray,
-    mx: np.ndarray,
-    scheme: Scheme,
-    fmt: Format,
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """(float32 scale, float64 zero point or None, float64 threshold or None) per group."""
-    method = scheme.scale_method
-    if scheme.is_mx:
-        return mx_scales(np.maximum(mx, -mn), scheme), None, None
-    if method is ScaleMethod.MEANABS:
-        if fmt.name not in ("binary", "ternary"):
-            raise LowbitError(
-                f"the meanabs scale is for binary and ternary formats, not {fmt.name}"
-            )
-        s64, thresh = meanabs(V, axes, fmt.name == "ternary")
-        return round_scale(np.where(s64 > 0, s64, 1.0), scheme.scale_format), None, thresh
-    if not scheme.symmetric:
-        qmin, qmax = int_range(fmt, scheme.restricted_range)
-        lo, hi = asymmetric_range(
-            V, axes, method, mn, mx, percentile=scheme.percentile, k_std=scheme.k_std,
-            qrange=(qmin, qmax),
-        )  # fmt: skip
-        span = hi - lo
-        s32 = round_scale(np.where(span > 0, span / (qmax - qmin), 1.0), scheme.scale_format)
-        zp = np.clip(np.rint(qmin - lo / s32.astype(np.float64)), qmin, qmax)
-        return s32, zp, None
-    qrange = int_range(fmt, scheme.restricted_range) if fmt.kind == "int" else None
-    qmax = float(fmt.max)
-    quantizer = grid_quantizer(fmt, qrange) if method is ScaleMethod.MSE else None
-    c = symmetric_clip(
-        V, axes, method, mn, mx, percentile=scheme.percentile, k_std=scheme.k_std,
-        quantizer=quantizer, qmax=qmax,
-    )  # fmt: skip
-    return round_scale(np.where(c > 0, c / qmax, 1.0), scheme.scale_format), None, None
 
 
 def _patch_nonfinite(
@@ -204,13 +140,18 @@ def _extremes(
 
 
 def _scales_for(
-    V: np.ndarray, axes: tuple[int, ...], scheme: Scheme, fmt: Format, nan: str
+    V: np.ndarray,
+    axes: tuple[int, ...],
+    scheme: Scheme,
+    fmt: Format,
+    nan: str,
+    g: np.float32 | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray]:
     """Scale, zero point, threshold per group of ``V``; the non-finite mask (or None) and
     the data to encode (non-finite values replaced by 0 under nan='propagate')."""
     if V.ndim == 4 and V.shape[3] == 1:
         # a trailing axis of length 1 makes numpy's inner loops one element long
-        out = _scales_for(V[..., 0], tuple(a for a in axes if a != 3), scheme, fmt, nan)
+        out = _scales_for(V[..., 0], tuple(a for a in axes if a != 3), scheme, fmt, nan, g)
         return tuple(None if a is None else a[..., None] for a in out)  # type: ignore[return-value]
     mn, mx = _extremes(V, axes, scheme)
     mask = None
@@ -224,11 +165,13 @@ def _scales_for(
             )
         V = np.where(mask, V.dtype.type(0), V)
         mn, mx = _extremes(V, axes, scheme)
-    s32, zp, thresh = choose_scale(V, axes, mn, mx, scheme, fmt)
+    s32, zp, thresh = choose_scale(V, axes, mn, mx, scheme, fmt, g)
     return s32, zp, thresh, mask, V
 
 
-def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> Encoded:
+def encode_tensor(
+    arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str, tensor_scale: Any = None
+) -> Encoded:
     """Quantize a C-contiguous float32/float64 array (see ``lowbit.quant.tensor.quantize``).
 
     When the groups do not cross chunks (groups along an axis, per-channel on the first
@@ -237,6 +180,9 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
     """
     if scheme.scale_method is ScaleMethod.GGML:
         return Encoded(*encode_ggml(arr, scheme))
+    if scheme.granularity is Granularity.TILE:
+        codes, tile_scale = encode_tiles(arr, scheme, nan)
+        return Encoded(codes=codes, scale=tile_scale, zero_point=None, dq=None, floored=False)
     layout = make_layout(arr.shape, scheme)
     fmt = scheme.element_format
     bits = fmt.bits
@@ -249,6 +195,15 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
             raise LowbitError(f"seed {seed!r}: {exc} (or pass a numpy Generator)") from None
     axes = layout.reduce_axes
     parts = layout.parts
+    g = None
+    if scheme.tensor_scale:
+        if nan == "raise" and not np.isfinite(arr).all():
+            raise LowbitError(
+                f"input contains {int(np.isnan(arr).sum())} NaN and "
+                f"{int(np.isinf(arr).sum())} infinite values; pass nan='propagate' to keep "
+                "them (NaN group scales)"
+            )
+        g = tensor_scale if tensor_scale is not None else own_tensor_scale(arr, scheme)
     direct = len(parts) == 1  # chunks are contiguous ranges of the tensor: pack as we go
     packed = np.empty(packed_nbytes(arr.size, bits), dtype=np.uint8) if direct else None
     codes3 = None if direct else np.empty(layout.pqr, dtype=fmt.code_dtype)
@@ -277,8 +232,10 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
 
             def fused(item: Any, V: np.ndarray = V, part_out: Any = part_out) -> tuple[Any, Any]:
                 idx, e0, e1 = item
-                s32, zp, thresh, mask, Vc = _scales_for(V[idx], axes, scheme, fmt, nan)
-                codes = encode_chunk(Vc, s32, zp, thresh, fmt, scheme, mode, rng)
+                s32, zp, thresh, mask, Vc = _scales_for(V[idx], axes, scheme, fmt, nan, g)
+                codes = encode_chunk(
+                    Vc, effective_scale(s32, g), zp, thresh, fmt, scheme, mode, rng
+                )
                 if mask is not None:
                     s32 = _patch_nonfinite(V[idx], mask, codes, s32, fmt, axes)
                 emit(codes, e0, e1, part_out, idx)
@@ -291,19 +248,20 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
             if z_list:
                 zps.append(np.concatenate(z_list, axis=k) if len(z_list) > 1 else z_list[0])
         else:
-            s32, zp, thresh, mask, Vz = _scales_for(V, axes, scheme, fmt, nan)
+            s32, zp, thresh, mask, Vz = _scales_for(V, axes, scheme, fmt, nan, g)
+            eff = effective_scale(s32, g)
 
             def encode(
                 item: Any, V: np.ndarray = V, Vz: np.ndarray = Vz, part_out: Any = part_out,
-                s32: np.ndarray = s32, zp: Any = zp, thresh: Any = thresh, mask: Any = mask,
+                eff: np.ndarray = eff, zp: Any = zp, thresh: Any = thresh, mask: Any = mask,
             ) -> None:  # fmt: skip
                 idx, e0, e1 = item
                 codes = encode_chunk(
-                    Vz[idx], _take(s32, idx), _take(zp, idx), _take(thresh, idx),
+                    Vz[idx], _take(eff, idx), _take(zp, idx), _take(thresh, idx),
                     fmt, scheme, mode, rng,
                 )  # fmt: skip
                 if mask is not None and mask[idx].any():  # NaN/inf codes (scales below)
-                    _patch_nonfinite(V[idx], mask[idx], codes, s32[:0], fmt, axes)
+                    _patch_nonfinite(V[idx], mask[idx], codes, eff[:0], fmt, axes)
                 emit(codes, e0, e1, part_out, idx)
 
             _ = [encode(c) for c in chunks] if serial else map_chunks(encode, chunks)
@@ -328,7 +286,11 @@ def encode_tensor(arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str) -> En
     if packed is None:
         assert codes3 is not None
         packed = _pack_unchecked(codes3.reshape(-1), bits)
-    return Encoded(codes=packed, scale=scale, zero_point=zero_point, dq=dq, floored=floored)
+    ts = None
+    if g is not None:
+        ts = (scale, g)
+        scale = effective_scale(scale, g)
+    return Encoded(codes=packed, scale=scale, zero_point=zero_point, dq=dq, floored=floored, ts=ts)
 
 
 def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:
@@ -346,16 +308,6 @@ def _lost_mask(V: np.ndarray, mask: np.ndarray, fmt: Format) -> np.ndarray:
 
 
 # ---- dequantize -------------------------------------------------------------------------
-
-
-def value_table(fmt: Format, dtype: Any) -> np.ndarray:
-    """Value of every code 0 .. 2**bits - 1 in ``dtype`` (NaN for codes a value set lacks)."""
-    n = 1 << fmt.bits
-    if fmt.kind == "valueset":
-        t = np.full(n, np.nan, dtype=dtype)
-        t[: fmt.finite_count] = fmt.values().astype(dtype)
-        return t
-    return fmt.decode(np.arange(n, dtype=np.uint32), dtype=dtype)
 
 
 @cache
@@ -381,6 +333,8 @@ def decode_tensor(
     if bits > 16:  # pragma: no cover - the scheme rejects them
         raise LowbitError(f"cannot dequantize {bits}-bit codes")
     work = np.dtype(work)
+    if scheme.granularity is Granularity.TILE:
+        return decode_tiles(packed, scale, shape, scheme, work)
     layout: Layout = make_layout(shape, scheme)
     table = value_table(fmt, work)
     scale = scale.astype(work)

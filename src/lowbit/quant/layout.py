@@ -7,6 +7,9 @@ tensor with a scale array ``S`` that broadcasts against ``V``:
 * channel along ``a``: ``V = x.reshape(P, C, 1, Q)``, ``S`` ``(1, C, 1, 1)``;
 * group/block of ``G`` along ``a``: ``V = x.reshape(P, L//G, G, Q)``, ``S``
   ``(P, L//G, 1, Q)``, plus a second view ``(P, 1, L%G, Q)`` for a ragged last group;
+* tiles of ``(bh, bw)``: handled apart (``lowbit.quant._tiles``), scale ``(ceil(R/bh),
+  ceil(C/bw))`` for ``R`` rows and ``C`` columns (``(ceil(C/bw),)`` for 1-D), the layout of
+  compressed-tensors' FP8 block scales;
 
 where ``P`` and ``Q`` are the products of the dimensions before and after ``a``. The
 stored scale keeps the tensor's rank: tensor ``(1,)*ndim``; channel ``C`` at ``a`` and
@@ -22,10 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lowbit._arrays import bfloat16
 from lowbit.codecs.packing import packed_nbytes
 from lowbit.errors import LowbitError
+from lowbit.formats.catalog import format as lookup
+from lowbit.formats.catalog import mx_format
+from lowbit.formats.mx import e8m0_codes
 from lowbit.quant.nf4 import DQ_BLOCK
-from lowbit.quant.scheme import Granularity, Scheme
+from lowbit.quant.scheme import Granularity, Scheme, tile_grid
 
 __all__ = [
     "REDUCE_CHANNEL",
@@ -57,6 +64,7 @@ class Layout:
     granularity: Granularity
     axis: int | None  # normalised, None for tensor
     group: int | None
+    tiles: tuple[int, int] | None = None  # tile granularity's block shape
 
     @property
     def numel(self) -> int:
@@ -97,6 +105,9 @@ class Layout:
         nd = len(self.shape)
         if self.granularity is Granularity.TENSOR:
             return (1,) * nd
+        if self.tiles is not None:
+            rows, cols = tile_grid(self.shape, self.tiles)
+            return (rows, cols) if nd > 1 else (cols,)
         a = self.axis
         assert a is not None
         if self.granularity is Granularity.CHANNEL:
@@ -145,6 +156,10 @@ def make_layout(shape: tuple[int, ...], scheme: Scheme) -> Layout:
     g = scheme.granularity
     if g is Granularity.TENSOR:
         return Layout(shape, g, None, None)
+    if g is Granularity.TILE:
+        if nd == 0:
+            raise LowbitError("a 0-d tensor has no tiles; quantize it per tensor")
+        return Layout(shape, g, None, None, scheme.block_shape)
     axis = scheme.axis
     assert axis is not None
     if nd == 0 or not -nd <= axis < nd:
@@ -174,7 +189,46 @@ _SCALE_DTYPES = {
     "float16": np.dtype("<f2"),
     "bfloat16": np.dtype("<u2"),  # bit patterns, as QuantizedTensor.to_arrays stores them
     "float8_e8m0fnu": np.dtype("u1"),
+    "float8_e4m3fn": np.dtype("u1"),  # E4M3 codes
 }
+
+
+_STORE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def _store_scale(scale: np.ndarray, scheme: Scheme) -> np.ndarray:
+    sf = scheme.scale_format
+    if sf == "float8_e4m3fn":
+        return lookup(sf).encode(scale.astype(np.float32), saturate=False).astype(np.uint8)
+    if sf == "float8_e8m0fnu":
+        shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
+        s = scale.astype(np.float64)
+        nanm = ~np.isfinite(s)
+        _, e = np.frexp(np.where(nanm, 1.0, s))
+        codes = e8m0_codes(e.astype(np.int64) - 1 + shift)
+        return np.where(nanm, np.uint8(0xFF), codes).astype(np.uint8)
+    if sf == "bfloat16":
+        return scale.astype(bfloat16()).view(np.uint16)
+    return scale.astype(_STORE_DTYPE[sf])
+
+
+def _load_scale(stored: np.ndarray, scheme: Scheme, prefix: str) -> np.ndarray:
+    sf = scheme.scale_format
+    expect = np.uint8 if sf in ("float8_e8m0fnu", "float8_e4m3fn") else _STORE_DTYPE[sf]
+    if stored.dtype != np.dtype(expect):
+        raise LowbitError(
+            f"array {prefix}scale has dtype {stored.dtype}; a {sf} scale is stored as {np.dtype(expect)}"
+        )
+    if sf == "float8_e4m3fn":
+        return lookup(sf).decode(stored, dtype=np.float32)
+    if sf == "float8_e8m0fnu":
+        shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
+        e = stored.astype(np.int32) - 127 - shift
+        out = np.ldexp(np.float32(1.0), e).astype(np.float32)
+        return np.where(stored == 0xFF, np.float32(np.nan), out)
+    if sf == "bfloat16":
+        return stored.view(bfloat16()).astype(np.float32)
+    return stored.astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -217,6 +271,8 @@ def quantized_arrays(shape: Sequence[int], scheme: Scheme) -> list[ArraySpec]:
         ]
     else:
         out.append(ArraySpec("scale", _SCALE_DTYPES[scheme.scale_format], layout.scale_shape))
+    if scheme.tensor_scale:
+        out.append(ArraySpec("tensor_scale", np.dtype("<f4"), (1,)))
     if not scheme.symmetric:
         out.append(ArraySpec("zero_point", np.dtype("u1"), (packed_nbytes(nscale, bits),)))
     return out

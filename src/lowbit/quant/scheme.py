@@ -29,12 +29,26 @@ from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as _lookup
 from lowbit.formats.catalog import mx_format
 from lowbit.formats.mx import is_mx_name
+from lowbit.quant._scheme_checks import (
+    DEFAULT_TILE,
+    MX_SCALE_RULES,
+    SCALE_FORMATS,
+    _enum,
+    canonical_scale_format,
+    check_rule,
+    check_tile,
+    check_two_level,
+    require,
+    tile_grid,
+)
 from lowbit.quant.nf4 import DQ_BLOCK, NF4_BLOCK
 
 __all__ = [
     "CAST_FORMATS",
+    "DEFAULT_TILE",
     "DQ_BLOCK",
     "GGML_NAMES",
+    "MX_SCALE_RULES",
     "SCALE_FORMATS",
     "SCHEME_VERSION",
     "Cast",
@@ -43,12 +57,11 @@ __all__ = [
     "Scheme",
     "canonical_scale_format",
     "short_name",
+    "tile_grid",
 ]
 
 SCHEME_VERSION = 1
 
-#: Formats a scale may be stored in (canonical names).
-SCALE_FORMATS = ("float32", "float16", "bfloat16", "float8_e8m0fnu")
 #: Formats a plain cast (no scale) may store, with their safetensors dtype names.
 CAST_FORMATS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # QLoRA double quantization (lowbit.quant.nf4): each block scale becomes an index into the
@@ -80,13 +93,16 @@ class Granularity(str, Enum):
 
     ``tensor``: the whole tensor. ``channel``: every index along ``axis``.
     ``group``: ``group_size`` consecutive values along ``axis``. ``block``: an OCP MX
-    block of 32 values along ``axis`` with a power-of-two E8M0 scale.
+    block of 32 values along ``axis`` with a power-of-two E8M0 scale. ``tile``: 2-D blocks of
+    ``block_shape`` (rows, columns) over a weight ``[out, in]`` (DeepSeek-V3's and
+    compressed-tensors' FP8 blocks, 128x128 by default); the last tiles may be partial.
     """
 
     TENSOR = "tensor"
     CHANNEL = "channel"
     GROUP = "group"
     BLOCK = "block"
+    TILE = "tile"
 
 
 class ScaleMethod(str, Enum):
@@ -119,33 +135,6 @@ class ScaleMethod(str, Enum):
 GGML_NAMES = {"int4": "q4_0", "int5": "q5_0", "int8": "q8_0"}
 
 
-def _enum(cls: type[Enum], value: Any, what: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls(str(value).strip().lower())
-    except ValueError:
-        allowed = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
-        raise LowbitError(f"unknown {what} {value!r}; allowed: {allowed}") from None
-
-
-def canonical_scale_format(name: str) -> str:
-    """Canonical name of a scale format (aliases such as ``fp16``, ``bf16``, ``e8m0``).
-
-    Raises:
-        LowbitError: a format scales cannot be stored in (the message lists the allowed ones).
-    """
-    try:
-        canon = _lookup(name).name
-    except LowbitError:
-        canon = str(name)
-    if canon not in SCALE_FORMATS:
-        raise LowbitError(
-            f"unsupported scale format {name!r}; allowed: float32, float16, bfloat16, e8m0"
-        )
-    return canon
-
-
 @dataclass(frozen=True, kw_only=True)
 class Scheme:
     """How to quantize a tensor: element format, granularity, scale choice and storage.
@@ -168,6 +157,14 @@ class Scheme:
         double_quant: NF4 only: 8-bit block scales in blocks of 256 (QLoRA §3).
         rounding: element rounding mode (``nearest_even``, ..., ``stochastic``).
         pad: True handles a last group shorter than ``group_size``; False makes it an error.
+        tensor_scale: NVFP4's two-level scales: a float32 tensor scale ``g = 448 * max /
+            amax(tensor)`` (compressed-tensors' encode direction) over E4M3 group scales
+            ``RNE(g * amax(group) / max)``; a value is ``code * group_scale / g``
+            (``lowbit.quant._choose``; groups, e4m3 scales, absmax, a float format).
+        scale_rule: MX formats only: how the E8M0 scale is chosen (:data:`MX_SCALE_RULES`,
+            default ``floor``, OCP's).
+        block_shape: ``(rows, columns)`` of ``tile`` granularity (default ``(128, 128)``);
+            ``scale_format="e8m0"`` makes tile scales powers of two (rounded up).
     """
 
     format: str
@@ -183,6 +180,9 @@ class Scheme:
     double_quant: bool = False
     rounding: str = "nearest_even"
     pad: bool = True
+    tensor_scale: bool = False
+    scale_rule: str | None = None
+    block_shape: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -220,6 +220,12 @@ class Scheme:
                 gran = Granularity.TENSOR
         gran = _enum(Granularity, gran, "granularity")
         set_(self, "granularity", gran)
+        bs = check_tile(self.block_shape, gran.value, self.axis, self.group_size, name, mx)
+        set_(self, "block_shape", bs)
+
+        rule = check_rule(self.scale_rule, name, mx)
+        set_(self, "scale_rule", rule)
+        set_(self, "tensor_scale", bool(self.tensor_scale))
 
         if gran is Granularity.BLOCK:
             if not mx:
@@ -248,6 +254,9 @@ class Scheme:
                 raise LowbitError("channel granularity takes axis, not group_size")
             if self.axis is None:
                 set_(self, "axis", 0)
+        elif gran is Granularity.TILE:
+            if not self.symmetric:
+                raise LowbitError("tiles are symmetric (no zero points), as FP8 blocks are")
         else:  # tensor
             if self.group_size is not None or self.axis is not None:
                 raise LowbitError("tensor granularity takes neither axis nor group_size")
@@ -263,13 +272,9 @@ class Scheme:
                     "scale_format": canonical_scale_format(self.scale_format) == "float16",
                     "symmetric": self.symmetric, "restricted_range": not self.restricted_range,
                     "rounding": self.rounding == "nearest_even"}  # fmt: skip
-            bad = [k for k, ok in ggml.items() if not ok]
-            if bad:
-                raise LowbitError(
-                    f"scale_method 'ggml' is llama.cpp's Q4_0/Q5_0/Q8_0 rounding: int4, int5 or "
-                    f"int8 in groups of 32 along axis -1 with float16 scales, symmetric, "
-                    f"nearest rounding (write q4_0, q5_0 or q8_0); wrong: {', '.join(bad)}"
-                )
+            require(ggml, "scale_method 'ggml' is llama.cpp's Q4_0/Q5_0/Q8_0 rounding: int4, int5 "
+                    "or int8 in groups of 32 along axis -1 with float16 scales, symmetric, "
+                    "nearest rounding (write q4_0, q5_0 or q8_0)")  # fmt: skip
         if mx and method is not ScaleMethod.ABSMAX:
             raise LowbitError(
                 "MX formats choose their scale as OCP MX v1.0 §6.3 says: scale_method must be absmax"
@@ -307,6 +312,10 @@ class Scheme:
             raise LowbitError(f"{fmt.name} is unsigned and has no zero: it cannot be scaled")
         if fmt.kind == "int" and fmt.bits > 16:
             raise LowbitError(f"{fmt.name} is too wide to quantize to (at most 16 bits)")
+        check_two_level(self.tensor_scale, sf, {
+            "granularity": gran is Granularity.GROUP, "scale_format": sf == "float8_e4m3fn",
+            "scale_method": method is ScaleMethod.ABSMAX, "symmetric": self.symmetric,
+            "format": fmt.kind == "float", "rounding": self.rounding == "nearest_even"})  # fmt: skip
 
     # ---- derived -------------------------------------------------------------------
 
@@ -314,6 +323,12 @@ class Scheme:
     def is_mx(self) -> bool:
         """Whether this is an OCP MX block format."""
         return self.granularity is Granularity.BLOCK
+
+    @property
+    def served_rounding(self) -> bool:
+        """Whether codes are rounded as compressed-tensors/vLLM round them (the float32
+        quotient; an FP4 zero is code 0): two-level schemes, tiles and the MX ``ct`` rule."""
+        return self.tensor_scale or self.scale_rule == "ct" or self.granularity is Granularity.TILE
 
     @property
     def element_format(self) -> Format:
@@ -345,8 +360,10 @@ class Scheme:
         amortised over sizes this scheme does not know, so they count as zero here
         (:meth:`tensor_bytes` and ``QuantizedTensor.bits_per_value`` have exact figures)."""
         bits = float(self.element_bits)
-        if self.granularity in (Granularity.GROUP, Granularity.BLOCK):
+        if self.granularity in (Granularity.GROUP, Granularity.BLOCK, Granularity.TILE):
             g = float(self.group_size or 1)
+            if self.block_shape is not None:
+                g = float(self.block_shape[0] * self.block_shape[1])
             scale = float(self.scale_bits)
             if self.double_quant:
                 scale += _bits(_DQ_STATE_FORMAT) / DQ_BLOCK
@@ -368,6 +385,9 @@ class Scheme:
             return 0
         if self.granularity is Granularity.TENSOR:
             return 1
+        if self.granularity is Granularity.TILE:
+            rows, cols = tile_grid(shape, self.block_shape)  # type: ignore[arg-type]
+            return rows * cols
         axis = int(self.axis)  # type: ignore[arg-type]
         if not shape or not -len(shape) <= axis < len(shape):
             raise LowbitError(f"axis {axis} is out of range for a tensor of shape {shape}")
@@ -386,6 +406,8 @@ class Scheme:
         n = math.prod(int(s) for s in shape)
         s = self.n_scales(shape)
         scale_bits = s * self.scale_bits
+        if self.tensor_scale and s:
+            scale_bits += 32  # the float32 tensor scale
         if self.double_quant:
             scale_bits += (-(-s // DQ_BLOCK) + 1) * _bits(_DQ_STATE_FORMAT)
         return (
@@ -406,6 +428,8 @@ class Scheme:
         """
         if self.scale_method is ScaleMethod.GGML:
             return GGML_NAMES[self.format]
+        if self == _NVFP4:
+            return "nvfp4"
         parts = [self.format if self.is_mx else short_name(self.format)]
         if self.granularity is Granularity.GROUP:
             parts.append(f"g{self.group_size}")
@@ -413,8 +437,11 @@ class Scheme:
             parts.append("ch")
         elif self.granularity is Granularity.TENSOR:
             parts.append("t")
+        elif self.block_shape is not None:
+            parts.append(f"b{self.block_shape[0]}x{self.block_shape[1]}")
         default_axis = 0 if self.granularity is Granularity.CHANNEL else -1
-        if self.granularity is not Granularity.TENSOR and self.axis != default_axis:
+        no_axis = (Granularity.TENSOR, Granularity.TILE)
+        if self.granularity not in no_axis and self.axis != default_axis:
             parts.append(f"ax{self.axis}")
         if not self.is_mx:
             parts.append(short_name(self.scale_format))
@@ -424,6 +451,10 @@ class Scheme:
             parts.append("dq")
         if self.restricted_range:
             parts.append("restricted")
+        if self.tensor_scale:
+            parts.append("ts")
+        if self.scale_rule not in (None, "floor"):
+            parts.append(str(self.scale_rule))
         if self.scale_method is not _default_method(self.format):
             parts.append(self.scale_method.value)
         return ":".join(parts)
@@ -433,6 +464,15 @@ class Scheme:
         d = asdict(self)
         d["granularity"] = self.granularity.value
         d["scale_method"] = self.scale_method.value
+        # fields added after version 1 appear only when set, so older files stay as they were
+        if not self.tensor_scale:
+            d.pop("tensor_scale")
+        if self.scale_rule in (None, "floor"):
+            d.pop("scale_rule")
+        if self.block_shape is None:
+            d.pop("block_shape")
+        else:
+            d["block_shape"] = list(self.block_shape)
         d["version"] = SCHEME_VERSION
         return d
 
@@ -466,6 +506,13 @@ class Scheme:
 
 def _default_method(name: str) -> ScaleMethod:
     return ScaleMethod.MEANABS if name in ("binary", "ternary") else ScaleMethod.ABSMAX
+
+
+#: NVIDIA NVFP4 (the ``nvfp4`` label): E2M1 in groups of 16 along the rows, E4M3 group scales
+#: under a float32 tensor scale (compressed-tensors' ``nvfp4-pack-quantized``).
+_NVFP4 = Scheme(
+    format="float4_e2m1fn", group_size=16, scale_format="float8_e4m3fn", tensor_scale=True
+)
 
 
 @dataclass(frozen=True)

@@ -8,26 +8,31 @@ everywhere (``lowbit quantize``, ``quantize-tensor``, ``compare``, ``eval --sche
   block format (``mxfp4``, ``mxfp6``, ``mxfp8``, ``mxint8``), or a preset (:data:`PRESETS`:
   llama.cpp's ``q8_0``, ``q4_0``, ``q5_0``), which takes no further tokens.
 - Granularity: ``gN`` (groups of N along the rows), ``ch`` (one scale per output channel),
-  ``t`` (one scale per tensor). **Left out, a format gets the weight layout**: per output
+  ``t`` (one scale per tensor), ``bRxC`` (tiles of R rows by C columns: ``fp8_block`` is
+  ``fp8_e4m3:b128x128``, DeepSeek-V3's and compressed-tensors' FP8 blocks). **Left out, a format gets the weight layout**: per output
   channel (axis 0) for integer and float formats, QLoRA's blocks of 64 for ``nf4``, blocks of
   32 for MX formats; ``fp32``/``fp16``/``bf16`` alone are plain casts (:class:`Cast`).
 - ``axA``: the channel axis, or the axis groups run along (default 0 per channel, -1 groups).
-- ``SCALEFMT``: the scales' format, ``fp32`` (default), ``fp16``, ``bf16``, ``e8m0``.
+- ``SCALEFMT``: the scales' format, ``fp32`` (default), ``fp16``, ``bf16``, ``e8m0``, ``e4m3``.
+- ``ts``: two-level scales (a float32 tensor scale over E4M3 group scales, NVFP4's);
+  ``floor``/``carry``/``ceil``/``ct``: an MX format's E8M0 scale rule
+  (:data:`lowbit.quant.scheme.MX_SCALE_RULES`; ``floor``, OCP's, is the default).
 - ``asym``: integer formats get a zero point; ``dq``: NF4 double quantization;
   ``restricted``: signed integers use the symmetric range; a scale method name
   (``mse``, ``percentile``, ``meanstd``, ``absmax``, ``meanabs``, ``ggml``: llama.cpp's
   rounding, which ``q4_0`` = ``int4:g32:fp16:ggml`` uses).
 
 :attr:`lowbit.quant.scheme.Scheme.label` writes this form back; :func:`format_scheme` is the
-same. NVIDIA NVFP4 (E2M1 in blocks of 16 with FP8 E4M3 scales and a per-tensor FP32 scale) and
-llama.cpp's Q4_1/Q5_1 (an FP16 minimum per block) are refused with the reason: lowbit's
-quantizer cannot store E4M3 block scales or FP16 minimums, and the planner prices only what
-the quantizer makes.
+same. ``nvfp4`` is NVIDIA NVFP4, ``fp4:g16:e4m3:ts`` (E2M1 in groups of 16, E4M3 group scales
+under a float32 tensor scale), and may take further tokens. llama.cpp's Q4_1/Q5_1 (an FP16
+minimum per block) are refused with the reason: lowbit's zero points are integers, and the
+planner prices only what the quantizer makes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +50,7 @@ from lowbit.quant.scheme import (
 )
 
 __all__ = [
+    "ALIASES",
     "GRANULARITY_TOKENS",
     "PRESETS",
     "REFUSED",
@@ -63,20 +69,24 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 #: Names people type that lowbit cannot quantize to, with the reason and what to use instead.
 REFUSED: dict[str, str] = {
-    "nvfp4": "NVFP4 needs FP8 E4M3 block scales under a per-tensor FP32 scale, which lowbit's "
-    "quantizer does not store (scale formats: fp32, fp16, bf16, e8m0); use mxfp4 (E2M1 in "
-    "blocks of 32, E8M0 scales) or fp4:g16:fp16",
     "q4_1": "llama.cpp's Q4_1 stores an FP16 minimum per block, and lowbit's zero points are "
     "integers at the element width; use int4:g32:fp16:asym",
     "q5_1": "llama.cpp's Q5_1 stores an FP16 minimum per block, and lowbit's zero points are "
     "integers at the element width; use int5:g32:fp16:asym",
 }
+#: Names that stand for a longer text form (and may take further tokens after them).
+ALIASES: dict[str, str] = {"nvfp4": "fp4:g16:e4m3:ts", "fp8_block": "fp8_e4m3:b128x128"}
+_TILE = re.compile(r"b(\d+)x(\d+)")
+#: MX scale-rule tokens.
+_RULES = ("floor", "carry", "ceil", "ct")
 #: Granularity tokens of the text form.
 GRANULARITY_TOKENS = {"ch": "channel", "channel": "channel", "t": "tensor", "tensor": "tensor"}
 _TOKENS_HELP = (
-    "tokens: gN (groups of N), ch (per channel), t (per tensor), axA (axis), a scale format "
-    "(fp32, fp16, bf16, e8m0), asym, dq, restricted, a scale method (absmax, percentile, "
-    "meanstd, mse, meanabs, ggml)"
+    "tokens: gN (groups of N), ch (per channel), t (per tensor), bRxC (tiles), axA (axis), "
+    "a scale format "
+    "(fp32, fp16, bf16, e8m0, e4m3), ts (tensor scale), asym, dq, restricted, an MX scale "
+    "rule (floor, carry, ceil, ct), a scale method (absmax, percentile, meanstd, mse, "
+    "meanabs, ggml)"
 )
 _METHODS = {m.value for m in ScaleMethod}
 _FIELDS = {f.name for f in dataclasses.fields(Scheme)}
@@ -156,6 +166,8 @@ def parse_scheme(spec: Any, **overrides: Any) -> Scheme | Cast:
 
 def _parse_text(text: str) -> dict[str, Any]:
     parts = [p.strip() for p in text.strip().lower().split(":")]
+    if parts[0] in ALIASES:
+        parts = ALIASES[parts[0]].split(":") + parts[1:]
     head = parts[0]
     if not head:
         raise LowbitError(f"scheme {text!r}: empty format (write e.g. int4:g128)")
@@ -186,6 +198,10 @@ def _parse_text(text: str) -> dict[str, Any]:
                 raise LowbitError(f"scheme {_clip(text)}: group size {_clip(tok[1:])} is too large")
             put("granularity", "group", tok)
             kw["group_size"] = int(tok[1:])
+        elif _TILE.fullmatch(tok):
+            rows, cols = _TILE.fullmatch(tok).groups()  # type: ignore[union-attr]
+            put("granularity", "tile", tok)
+            kw["block_shape"] = (int(rows), int(cols))
         elif tok in GRANULARITY_TOKENS:
             put("granularity", GRANULARITY_TOKENS[tok], tok)
         elif tok.startswith("ax") and tok[2:].lstrip("-").isdecimal():
@@ -198,6 +214,10 @@ def _parse_text(text: str) -> dict[str, Any]:
             put("double_quant", True, tok)
         elif tok == "restricted":
             put("restricted_range", True, tok)
+        elif tok == "ts":
+            put("tensor_scale", True, tok)
+        elif tok in _RULES:
+            put("scale_rule", tok, tok)
         elif tok in _METHODS:
             put("scale_method", tok, tok)
         else:
@@ -211,7 +231,7 @@ def _parse_text(text: str) -> dict[str, Any]:
                 if known is not None:
                     raise LowbitError(
                         f"scheme {text!r}: scales cannot be stored in {known} ({tok!r}); "
-                        f"scale formats: fp32, fp16, bf16, e8m0"
+                        f"scale formats: fp32, fp16, bf16, e8m0, e4m3"
                     ) from None
                 raise LowbitError(
                     f"scheme {text!r}: unknown token {tok!r}; {_TOKENS_HELP}"
@@ -239,7 +259,8 @@ def _build(kw: dict[str, Any], given: dict[str, Any], shown: str) -> Scheme | Ca
             f"{', '.join(PRESETS)}"
         ) from None
     if gran is None and kw.get("group_size") is None:
-        scaled = {"axis", "scale_format", "scale_method", "double_quant", "restricted_range"}
+        scaled = {"axis", "scale_format", "scale_method", "double_quant", "restricted_range",
+                  "tensor_scale", "scale_rule"}  # fmt: skip
         if canon in CAST_FORMATS and kw.get("symmetric", True):
             if not scaled & set(kw):
                 return Cast(canon)

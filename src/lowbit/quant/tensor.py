@@ -33,23 +33,24 @@ from typing import Any
 import numpy as np
 
 from lowbit import _json
-from lowbit._arrays import _is_ml_float, as_float64, bfloat16
+from lowbit._arrays import _is_ml_float, as_float64
 from lowbit.codecs.packing import pack, packed_nbytes, unpack
 from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as lookup
-from lowbit.formats.catalog import mx_format
-from lowbit.formats.mx import e8m0_codes
 from lowbit.quant._engine import decode_tensor, encode_tensor
-from lowbit.quant.layout import Layout, make_layout
+from lowbit.quant.layout import Layout, _load_scale, _store_scale, make_layout
 from lowbit.quant.nf4 import DQ_BLOCK, double_dequantize
 from lowbit.quant.scheme import Granularity, Scheme
 
 FORMAT_VERSION = 1
+#: How a two-level scheme's tensor scale is applied, written into every file that stores one:
+#: compressed-tensors' direction (the encode factor ``448 * 6 / amax``), not ModelOpt's or
+#: torchao's reciprocal.
+TENSOR_SCALE_DIRECTION = "value = code * scale / tensor_scale"
 _CHUNK = 1 << 16  # elements per chunk: a few hundred KiB of temporaries, cache-sized
 _NAN_POLICIES = ("raise", "propagate")
 _UNDERFLOW_POLICIES = ("warn", "raise", "ignore")
-_STORE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 # ---- input -------------------------------------------------------------------------
@@ -125,6 +126,7 @@ def quantize(
     granularity: str | None = None,
     pad: bool = True,
     underflow: str = "warn",
+    tensor_scale: Any = None,
 ) -> QuantizedTensor:
     """Quantize a tensor to a scaled low-bit format.
 
@@ -159,6 +161,9 @@ def quantize(
             of 1e-300): ``"warn"`` (default) issues a
             :class:`~lowbit.errors.UnderflowWarning`, ``"raise"`` an
             :class:`~lowbit.errors.UnderflowError`, ``"ignore"`` neither.
+        tensor_scale: two-level schemes (``nvfp4``) only: use this float32 tensor scale
+            (encode direction) instead of the tensor's own, e.g. one shared by q/k/v
+            (:func:`lowbit.quant.shared_scale.quantize_shared_tensor_scale`).
 
     Returns:
         A :class:`QuantizedTensor`.
@@ -223,7 +228,16 @@ def quantize(
     arr, is_torch = _as_input(x)
     if arr.size == 0:
         raise LowbitError(f"cannot quantize an empty tensor (shape {arr.shape})")
-    enc = encode_tensor(arr, scheme, seed=seed, nan=nan)
+    if tensor_scale is not None:
+        g = np.float32(tensor_scale)
+        if not scheme.tensor_scale:
+            raise LowbitError(f"{scheme.label} has no tensor scale; tensor_scale= is for nvfp4")
+        if not (np.isfinite(g) and g > 0):
+            raise LowbitError(
+                f"tensor_scale must be a positive finite float32, got {tensor_scale!r}"
+            )
+        tensor_scale = g
+    enc = encode_tensor(arr, scheme, seed=seed, nan=nan, tensor_scale=tensor_scale)
     qt = QuantizedTensor(
         codes=enc.codes,
         scale=enc.scale,
@@ -232,6 +246,7 @@ def quantize(
         scheme=scheme,
         dq=enc.dq,
         source_torch=is_torch,
+        ts=enc.ts,
     )
     if enc.floored and underflow != "ignore":
         _check_underflow(arr, qt, underflow)
@@ -279,6 +294,9 @@ class QuantizedTensor:
             ``lowbit.quant.layout`` (tensor ``(1,)*ndim``; channel: C at the axis; group:
             the axis length replaced by the number of groups).
         zero_point: int32 zero points (asymmetric integers) of ``scale``'s shape, or None.
+        tensor_scale: two-level schemes (NVFP4): the float32 tensor scale ``g`` in the encode
+            direction (values are ``code * group_scale / g``), else None; ``scale`` is then
+            ``float32(group_scale / g)`` and :attr:`group_scale` holds the stored E4M3 values.
         shape: the tensor's shape.
         format: the element format (MX: the element format; MXINT8: ``int8`` with the
             scale ``X * 2**-6``).
@@ -296,6 +314,7 @@ class QuantizedTensor:
         scheme: Scheme,
         dq: tuple[np.ndarray, np.ndarray, np.float32] | None = None,
         source_torch: bool = False,
+        ts: tuple[np.ndarray, np.float32] | None = None,
     ) -> None:
         self.codes = codes
         self.scale = scale
@@ -306,6 +325,20 @@ class QuantizedTensor:
         self.granularity: Granularity = scheme.granularity  # type: ignore[assignment]
         self._dq = dq
         self._source_torch = source_torch
+        if scheme.tensor_scale and ts is None:
+            raise LowbitError(f"a {scheme.label} tensor needs its group scales and tensor scale")
+        self._ts = ts
+
+    @property
+    def tensor_scale(self) -> np.float32 | None:
+        """The float32 tensor scale of a two-level scheme (encode direction), else None."""
+        return None if self._ts is None else self._ts[1]
+
+    @property
+    def group_scale(self) -> np.ndarray:
+        """The scales as stored: a two-level scheme's group scales (before dividing by the
+        tensor scale); ``scale`` otherwise."""
+        return self.scale if self._ts is None else self._ts[0]
 
     # ---- sizes -----------------------------------------------------------------------
 
@@ -326,6 +359,8 @@ class QuantizedTensor:
             n += c.nbytes + a2.size * 4 + 4
         else:
             n += self.scale.size * self.scheme.scale_bits // 8
+        if self._ts is not None:
+            n += 4
         if self.zero_point is not None:
             n += packed_nbytes(self.zero_point.size, self.format.bits)
         return int(n)
@@ -390,7 +425,9 @@ class QuantizedTensor:
             arrays[prefix + "scale_absmax"] = a2
             arrays[prefix + "scale_offset"] = np.array([off], dtype=np.float32)
         else:
-            arrays[prefix + "scale"] = _store_scale(self.scale, self.scheme)
+            arrays[prefix + "scale"] = _store_scale(self.group_scale, self.scheme)
+        if self._ts is not None:
+            arrays[prefix + "tensor_scale"] = np.array([self._ts[1]], dtype=np.float32)
         if self.zero_point is not None:
             bits = self.format.bits
             zp = self.zero_point.astype(np.int64) & ((1 << bits) - 1)
@@ -401,6 +438,8 @@ class QuantizedTensor:
             "scale_shape": list(self.scale.shape),
             "scheme": self.scheme.to_dict(),
         }
+        if self._ts is not None:
+            meta["tensor_scale"] = TENSOR_SCALE_DIRECTION
         return arrays, meta
 
     @classmethod
@@ -470,6 +509,19 @@ class QuantizedTensor:
                     f"{scheme.describe()} needs {nscale} (shape {sshape}): shapes do not match"
                 )
             scale = scale.reshape(sshape)
+        ts = None
+        if scheme.tensor_scale:
+            direction = meta.get("tensor_scale")
+            if direction != TENSOR_SCALE_DIRECTION:
+                raise LowbitError(
+                    f"quantized tensor {prefix or '<tensor>'}: tensor_scale direction "
+                    f"{direction!r} is not {TENSOR_SCALE_DIRECTION!r} (the only one lowbit writes)"
+                )
+            g = get("tensor_scale", np.float32).reshape(-1)
+            if g.size != 1 or not (np.isfinite(g[0]) and g[0] > 0):
+                raise LowbitError(f"array {prefix}tensor_scale must be one positive finite float32")
+            ts = (scale, np.float32(g[0]))
+            scale = (scale / ts[1]).astype(np.float32)
         zero_point = None
         if not scheme.symmetric:
             zp_packed = get("zero_point", np.uint8)
@@ -478,8 +530,9 @@ class QuantizedTensor:
             raw = unpack(zp_packed, fmt.bits, nscale)
             zero_point = fmt.to_signed(raw).astype(np.int32).reshape(sshape)  # type: ignore[attr-defined]
         return cls(
-            codes=codes, scale=scale, zero_point=zero_point, shape=shape, scheme=scheme, dq=dq
-        )
+            codes=codes, scale=scale, zero_point=zero_point, shape=shape, scheme=scheme, dq=dq,
+            ts=ts,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return (
@@ -490,37 +543,6 @@ class QuantizedTensor:
 
 def _is_torch_dtype(dtype: Any) -> bool:
     return type(dtype).__module__.startswith("torch")
-
-
-def _store_scale(scale: np.ndarray, scheme: Scheme) -> np.ndarray:
-    sf = scheme.scale_format
-    if sf == "float8_e8m0fnu":
-        shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
-        s = scale.astype(np.float64)
-        nanm = ~np.isfinite(s)
-        _, e = np.frexp(np.where(nanm, 1.0, s))
-        codes = e8m0_codes(e.astype(np.int64) - 1 + shift)
-        return np.where(nanm, np.uint8(0xFF), codes).astype(np.uint8)
-    if sf == "bfloat16":
-        return scale.astype(bfloat16()).view(np.uint16)
-    return scale.astype(_STORE_DTYPE[sf])
-
-
-def _load_scale(stored: np.ndarray, scheme: Scheme, prefix: str) -> np.ndarray:
-    sf = scheme.scale_format
-    expect = np.uint8 if sf == "float8_e8m0fnu" else _STORE_DTYPE[sf]
-    if stored.dtype != np.dtype(expect):
-        raise LowbitError(
-            f"array {prefix}scale has dtype {stored.dtype}; a {sf} scale is stored as {np.dtype(expect)}"
-        )
-    if sf == "float8_e8m0fnu":
-        shift = mx_format(scheme.format).int_shift if scheme.is_mx else 0
-        e = stored.astype(np.int32) - 127 - shift
-        out = np.ldexp(np.float32(1.0), e).astype(np.float32)
-        return np.where(stored == 0xFF, np.float32(np.nan), out)
-    if sf == "bfloat16":
-        return stored.view(bfloat16()).astype(np.float32)
-    return stored.astype(np.float32)
 
 
 def _check_underflow(arr: np.ndarray, qt: QuantizedTensor, policy: str) -> None:

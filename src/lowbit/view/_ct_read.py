@@ -1,6 +1,7 @@
 """Read one weight of a compressed-tensors folder back to float32 for ``lowbit report``: the
-packed int32 words (``pack-quantized``), int8 or float8 weights, with their scales (and
-symmetric or int8 zero points), as compressed-tensors' decompressors define them."""
+packed int32 words (``pack-quantized``), int8 or float8 weights (FP8 blocks included), with
+their scales (and symmetric or int8 zero points), and NVFP4/MXFP4 nibbles, as
+compressed-tensors' decompressors define them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints._ct_fp4 import FP4_FORMATS, read_fp4
 from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_groups
+from lowbit.checkpoints._ct_tensor import CTTensor
 from lowbit.errors import LowbitError
 
 __all__ = ["ct_scheme", "ct_weight"]
@@ -36,9 +39,14 @@ def ct_scheme(ckpt: Any, qc: dict[str, Any], module: str) -> dict[str, Any] | No
 
 
 def label(g: dict[str, Any]) -> str:
-    """``int4:g32 (pack-quantized)``, ``fp8:ch (float-quantized)``, ``int8:t:asym ...``."""
+    """``int4:g32 (pack-quantized)``, ``fp8:ch (float-quantized)``, ``int8:t:asym ...``,
+    ``nvfp4 (nvfp4-pack-quantized)``, ``fp8:b128x128 (float-quantized)``."""
+    if g["format"] in FP4_FORMATS:
+        return f"{g['format'].split('-')[0]} ({g['format']})"
     fmt = "fp8" if g["type"] == "float" else f"int{g['bits']}"
     gran = {"tensor": "t", "channel": "ch"}.get(g["strategy"], f"g{g['group_size']}")
+    if g["strategy"] == "block":
+        gran = f"b{g['block'][0]}x{g['block'][1]}"
     asym = "" if g["symmetric"] else ":asym"
     return f"{fmt}:{gran}{asym} ({g['format']})"
 
@@ -60,6 +68,8 @@ def ct_weight(ckpt: Any, module: str, g: dict[str, Any]) -> np.ndarray | None:
     names = set(ckpt.names())
     if f"{module}.weight_scale" not in names:
         return None
+    if g["format"] in FP4_FORMATS:
+        return CTTensor(**read_fp4(ckpt.get, module, g)).dequantize()
     if f"{module}.weight_packed" in names and f"{module}.weight_shape" in names:
         out, cols = (int(v) for v in np.asarray(ckpt.get(f"{module}.weight_shape")))
         codes = _unpack(np.asarray(ckpt.get(f"{module}.weight_packed")), g["bits"], cols)
@@ -82,6 +92,9 @@ def ct_weight(ckpt: Any, module: str, g: dict[str, Any]) -> np.ndarray | None:
         scale = np.repeat(scale.reshape(out, -1), gs, axis=1)[:, :cols]
         if zp is not None:
             zp = np.repeat(zp.reshape(out, -1), gs, axis=1)[:, :cols]
+    elif g["strategy"] == "block":
+        bh, bw = g["block"]
+        scale = np.repeat(np.repeat(scale, bh, axis=0)[:out], bw, axis=1)[:, :cols]
     elif g["strategy"] == "channel":
         scale = scale.reshape(out, 1)
         zp = None if zp is None else zp.reshape(out, 1)

@@ -112,6 +112,9 @@ class QuantizedReader:
         g = _ct_read.ct_scheme(self.ckpt, self.ct, module)  # type: ignore[arg-type]
         if not shape and f"{module}.weight" in parts:
             shape = self.ckpt.info(f"{module}.weight").shape
+        if not shape and f"{module}.weight_packed" in parts:  # NVFP4/MXFP4: two per byte
+            rows, half = self.ckpt.info(f"{module}.weight_packed").shape
+            shape = (rows, 2 * half)
         if g is None:
             scheme = "+".join(sorted(self.ckpt.info(n).dtype for n in parts))
         else:

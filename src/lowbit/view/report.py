@@ -264,6 +264,10 @@ def group_levels(qt: Any) -> tuple[np.ndarray, np.ndarray, str]:
     zp = float(np.asarray(qt.zero_point).reshape(-1)[0]) if qt.zero_point is not None else 0.0
     lay = qt.layout
     idx = np.arange(lay.numel).reshape(lay.shape)
+    if lay.tiles is not None:
+        bh, bw = lay.tiles
+        first = idx.reshape(-1, lay.shape[-1])[:bh, :bw].reshape(-1)
+        return np.unique((vals - zp) * s), first, f"tile 0: the first {bh}x{bw} block"
     part = lay.parts[0]
     v = lay.view(idx, part)
     if lay.granularity is Granularity.TENSOR:

@@ -1,0 +1,267 @@
+"""Activations as vLLM's reference paths compute them: per-token INT8/FP8, FP8 groups of 128,
+MXFP4 and NVFP4 (``lowbit eval --act``), and the KV cache in FP8 or INT8 (``--kv``).
+
+Every mode fake-quantizes a linear layer's input ``x [..., K]`` (quantize, then dequantize in
+float32), each step rounded to float32 as the references round it:
+
+- ``int8`` / ``fp8_token``: one absmax scale per token (``lowbit.models.activations``'s
+  per-token codec: int8 ``amax/127``, FP8 E4M3 ``amax/448``), as vLLM's dynamic per-token
+  kernels;
+- ``fp8_block``: one scale per 128 values of a token (vLLM's ``per_token_group_quant_fp8``,
+  compressed-tensors' ``FP8_BLOCK`` inputs): ``s = max(amax, 1e-10) / 448``, codes the
+  E4M3 rounding (ties to even) of ``x / s`` clamped to ±448;
+- ``mxfp4``: 32 values share a power-of-two scale chosen by compressed-tensors' rule (the
+  ``ct`` rule of ``lowbit.quant.scheme.MX_SCALE_RULES``), E2M1 codes of ``x / s``;
+- ``nvfp4``: vLLM's ``ref_nvfp4_quant``: a static float32 global scale ``g`` per layer (from
+  calibration: ``448 * 6 / amax`` over the calibration inputs; without one, each call's own),
+  per 16 values ``s = RNE_E4M3(min(g * (amax * (1/6)), 448))``, codes E2M1 of
+  ``x * (1 / (s * (1/g)))`` clamped to ±6, values ``code * (s / g)``.
+
+``K`` must be a multiple of the group (16, 32, 128): a LowbitError says which layer is not.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from lowbit.errors import LowbitError
+from lowbit.models.activations import fake_quantize_per_token
+
+__all__ = [
+    "ACT_MODES",
+    "KV_MODES",
+    "calibrate_input_scales",
+    "fake_quantize_activation",
+    "simulate_act_mode",
+    "simulate_kv_cache",
+]
+
+#: The activation modes of ``lowbit eval --act`` and their group sizes (None: per token).
+ACT_MODES: dict[str, int | None] = {
+    "int8": None, "fp8_token": None, "fp8_block": 128, "mxfp4": 32, "nvfp4": 16,
+}  # fmt: skip
+#: KV-cache modes of ``lowbit eval --kv``.
+KV_MODES = ("fp8", "int8")
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_FP8_MAX = 448.0
+
+
+def act_mode(name: str) -> str:
+    """The canonical mode for ``name`` (``fp8`` is ``fp8_token``).
+
+    Raises:
+        LowbitError: an unknown mode (the message lists them).
+    """
+    key = str(name).strip().lower()
+    key = {"fp8": "fp8_token", "fp8_e4m3": "fp8_token", "w8a8": "int8"}.get(key, key)
+    if key not in ACT_MODES:
+        raise LowbitError(f"unknown activation mode {name!r}; allowed: {', '.join(ACT_MODES)}")
+    return key
+
+
+def _e2m1(t: Any) -> Any:
+    """The nearest E2M1 value of float32 ``t`` (ties to the even code), saturating at ±6."""
+    import torch
+
+    values = torch.tensor(_E2M1, dtype=torch.float32)
+    mids = (values[:-1] + values[1:]) / 2
+    a = t.abs().clamp(max=6.0)
+    idx = torch.bucketize(a, mids)  # how many midpoints lie below a (a tie stays below)
+    tie = (idx < len(mids)) & (a == mids[idx.clamp(max=len(mids) - 1)])
+    idx = torch.where(tie & (idx % 2 == 1), idx + 1, idx)
+    return torch.where(t < 0, -values[idx], values[idx])
+
+
+def input_global_scale(amax: Any) -> Any:
+    """``448 * 6 / amax`` in float32 as compressed-tensors' ``generate_gparam`` computes it
+    (``amax.reciprocal() * 2688``); 1.0 where that is not finite (an all-zero input)."""
+    import torch
+
+    a = torch.as_tensor(amax, dtype=torch.float32).clamp(min=torch.finfo(torch.float32).tiny)
+    g = a.reciprocal() * (_FP8_MAX * 6.0)
+    return torch.nan_to_num(g, nan=1.0, posinf=1.0, neginf=1.0)
+
+
+def fake_quantize_activation(x: Any, mode: str, global_scale: Any = None) -> Any:
+    """``x`` quantized and dequantized as ``mode`` (see the module docstring).
+
+    Args:
+        x: a float torch tensor ``[..., K]``.
+        mode: one of :data:`ACT_MODES`.
+        global_scale: NVFP4's static float32 input scale (encode direction); None: ``x``'s own.
+
+    Returns:
+        A tensor of ``x``'s shape and dtype.
+
+    Raises:
+        LowbitError: an unknown mode, or ``K`` not a multiple of the mode's group.
+    """
+    import torch
+
+    mode = act_mode(mode)
+    group = ACT_MODES[mode]
+    if group is None:
+        return fake_quantize_per_token(x, "int8" if mode == "int8" else "fp8_e4m3")
+    k = x.shape[-1]
+    if k % group:
+        raise LowbitError(
+            f"{mode} activations come in groups of {group}, but this input has {k} values per "
+            f"token; exclude the layer or use per-token activations (int8, fp8_token)"
+        )
+    v = x.detach().to(torch.float32).reshape(*x.shape[:-1], k // group, group)
+    amax = v.abs().amax(dim=-1, keepdim=True)
+    if mode == "fp8_block":
+        s = amax.clamp(min=1e-10) / _FP8_MAX
+        q = (v / s).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+        out = q * s
+    elif mode == "mxfp4":
+        _, e = torch.frexp(amax)  # amax = m * 2**e, m in [0.5, 1)
+        exp = e - 1 + (amax / torch.ldexp(torch.ones_like(amax), e - 1) >= 1.75).to(e.dtype) - 2
+        exp = torch.where(amax > 0, exp, torch.full_like(exp, -127)).clamp(-127, 127)
+        s = torch.ldexp(torch.ones_like(amax), exp)
+        out = _e2m1(v / s) * s
+    else:  # nvfp4
+        g = input_global_scale(v.abs().amax()) if global_scale is None else global_scale
+        g = torch.as_tensor(g, dtype=torch.float32)
+        sixth = torch.tensor(1.0 / 6.0, dtype=torch.float32)
+        s = (g * (amax * sixth)).clamp(max=_FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+        per = s * g.reciprocal()
+        inv = torch.where(per == 0, torch.zeros_like(per), per.reciprocal())
+        out = _e2m1((v * inv).clamp(-6.0, 6.0)) * (s / g)
+    return out.reshape(x.shape).to(x.dtype)
+
+
+def _linears(model: Any, exclude: Sequence[str]) -> list[tuple[str, Any]]:
+    import torch
+
+    out = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and not any(fnmatch.fnmatchcase(name, p) for p in exclude)
+    ]
+    if not out:
+        raise LowbitError("the model has no nn.Linear layers to simulate activations for")
+    return out
+
+
+@contextmanager
+def simulate_act_mode(
+    model: Any,
+    mode: str,
+    *,
+    global_scales: Mapping[str, Any] | None = None,
+    exclude: Sequence[str] = ("lm_head", "*.lm_head"),
+) -> Iterator[list[str]]:
+    """Within the ``with`` block every ``nn.Linear`` input is fake-quantized as ``mode``.
+
+    Args:
+        model: a torch module.
+        mode: one of :data:`ACT_MODES`.
+        global_scales: NVFP4: layer name -> static input scale (:func:`calibrate_input_scales`).
+        exclude: glob patterns of layers left in full precision (default: the LM head).
+
+    Yields:
+        The names of the layers hooked.
+    """
+    mode = act_mode(mode)
+    group = ACT_MODES[mode]
+    layers = _linears(model, exclude)
+    for name, module in layers:
+        k = getattr(module, "in_features", 0)
+        if group and k % group:
+            raise LowbitError(
+                f"{name}: {mode} activations come in groups of {group}, but its input has {k} "
+                "values per token; use per-token activations (int8, fp8_token) for this model"
+            )
+    handles, names = [], []
+    for name, module in layers:
+        g = None if global_scales is None else global_scales.get(name)
+
+        def hook(_m: Any, args: tuple[Any, ...], g: Any = g, name: str = name) -> tuple[Any, ...]:
+            try:
+                return (fake_quantize_activation(args[0], mode, g), *args[1:])
+            except LowbitError as exc:
+                raise LowbitError(f"{name}: {exc}") from None
+
+        handles.append(module.register_forward_pre_hook(hook))
+        names.append(name)
+    try:
+        yield names
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def calibrate_input_scales(
+    model: Any, batches: Sequence[Any], *, exclude: Sequence[str] = ("lm_head", "*.lm_head")
+) -> dict[str, Any]:
+    """NVFP4's static input scales: every linear layer's ``448 * 6 / amax`` over its inputs in
+    forward passes of ``batches`` (token id tensors), as llm-compressor's ``static_minmax``
+    observer and ``generate_gparam`` make ``input_global_scale``."""
+    import torch
+
+    amax: dict[str, Any] = {}
+    handles = []
+    for name, module in _linears(model, exclude):
+
+        def hook(_m: Any, args: tuple[Any, ...], name: str = name) -> None:
+            a = args[0].detach().abs().amax().to(torch.float32)
+            amax[name] = a if name not in amax else torch.maximum(amax[name], a)
+
+        handles.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            for ids in batches:
+                model(input_ids=torch.as_tensor(ids).reshape(1, -1))
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: input_global_scale(a) for n, a in amax.items()}
+
+
+@contextmanager
+def simulate_kv_cache(model: Any, mode: str) -> Iterator[str]:
+    """Within the ``with`` block attention reads keys and values through a ``mode`` cache:
+    ``fp8`` casts them to E4M3 with scale 1 (vLLM's fp8 KV cache without calibrated scales:
+    values beyond ±448 saturate); ``int8`` keeps one absmax scale per token and head (``amax /
+    127``). Keys are quantized after the rotary embedding, as the cache holds them.
+
+    Raises:
+        LowbitError: an unknown mode, or a model whose attention lowbit cannot wrap.
+    """
+    import torch
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    key = str(mode).strip().lower()
+    if key not in KV_MODES:
+        raise LowbitError(f"unknown KV-cache mode {mode!r}; allowed: {', '.join(KV_MODES)}")
+    config = getattr(model, "config", None)
+    orig = getattr(config, "_attn_implementation", None)
+    if orig is None:
+        raise LowbitError("this model does not say how it computes attention; --kv needs that")
+    if orig == "eager":
+        from transformers.models.llama.modeling_llama import eager_attention_forward as inner
+    else:
+        inner = ALL_ATTENTION_FUNCTIONS[orig]
+
+    def q(t: Any) -> Any:
+        t32 = t.to(torch.float32)
+        if key == "fp8":
+            return t32.clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn).to(t.dtype)
+        return fake_quantize_per_token(t32, "int8").to(t.dtype)
+
+    def attention(module: Any, query: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
+        return inner(module, query, q(k), q(v), *args, **kwargs)
+
+    name = f"lowbit_kv_{key}_{orig}"
+    AttentionInterface.register(name, attention)
+    config._attn_implementation = name
+    try:
+        yield name
+    finally:
+        config._attn_implementation = orig

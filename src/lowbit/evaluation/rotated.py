@@ -1,0 +1,64 @@
+"""``lowbit eval --methods hadamard``: a scheme's variant with block Hadamard rotations
+(``lowbit.methods.hadamard``): each quantized linear weight rotated before rounding, its input
+rotated in the forward pass, so the layer computes ``(x R) Q(W R)ᵀ``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.quantize_model import plan_model
+from lowbit.evaluation._compare import Variant
+from lowbit.methods.hadamard import rotate_rows, rotation_block
+from lowbit.models.build import build_model
+from lowbit.plans.plan import PrecisionPlan
+from lowbit.plans.rules import action_label
+from lowbit.quant.tensor import quantize
+
+__all__ = ["rotated_variant"]
+
+
+def rotated_variant(checkpoint: Any, plan: PrecisionPlan, spec: str, progress: Any) -> Variant:
+    """The model with ``plan``'s 2-D weights rotated, quantized and dequantized, and forward
+    pre-hooks rotating their layers' inputs; a row named ``"{spec} hadamard"``.
+
+    Raises:
+        LowbitError: a scheme without power-of-two groups along the input axis.
+    """
+    import torch
+
+    applied = plan_model(checkpoint, plan)
+    block = rotation_block(plan.default)
+    weights: dict[str, np.ndarray] = {}
+    rotated: list[str] = []
+    qbytes = qnumel = 0
+    for t in applied.quantized:
+        w = np.asarray(checkpoint.get(t.name), dtype=np.float32)
+        if w.ndim == 2 and w.shape[1] % block == 0:
+            w = rotate_rows(w, block)
+            name = gguf_to_hf_name(t.name) if checkpoint.format == "gguf" else t.name
+            rotated.append(name.removesuffix(".weight"))
+        qt = quantize(w, t.scheme)
+        weights[t.name] = qt.dequantize(np.float32)
+        qbytes += qt.nbytes
+        qnumel += qt.numel
+    model = build_model(checkpoint, weights=weights, progress=progress)
+    del weights
+    modules = dict(model.named_modules())
+    for name in rotated:
+        module = modules.get(name)
+        if not isinstance(module, torch.nn.Linear):
+            continue  # a weight the model does not run as a linear layer
+        module.register_forward_pre_hook(lambda _m, a: (rotate_rows(a[0], block), *a[1:]))
+    totals = applied.totals()
+    return Variant(
+        name=f"{spec} hadamard",
+        format=f"{action_label(plan.default)}, block Hadamard {block}",
+        model=model,
+        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        nbytes=totals["bytes"],
+        source="memory",
+        extra={"rotated_layers": len(rotated), "rotation_block": block},
+    )

@@ -1,0 +1,75 @@
+"""Block Hadamard rotations: orthogonal blocks that leave a linear layer's output unchanged, and
+``lowbit eval --methods hadamard``'s rows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lowbit.errors import LowbitError
+from lowbit.methods.hadamard import hadamard, rotate_rows, rotation_block
+from lowbit.quant.scheme_text import parse_scheme
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
+torch.set_num_threads(1)
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+from tiny_models import save_hf_folder, tiny_llama  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 32, 128])
+def test_hadamard_is_symmetric_orthogonal(n: int) -> None:
+    """H = Hᵀ, H H = I, entries ±1/sqrt(n)."""
+    h = hadamard(n)
+    np.testing.assert_array_equal(h, h.T)
+    np.testing.assert_allclose(h @ h, np.eye(n), atol=1e-12)
+    assert set(np.unique(np.abs(h) * np.sqrt(n)).round(12)) == {1.0}
+
+
+def test_rotation_keeps_the_layer_output() -> None:
+    """(x R)(W R)ᵀ = x Wᵀ; numpy and torch rotate alike; rotating twice is the identity."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((24, 64)).astype(np.float32)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    y = rotate_rows(x, 16) @ rotate_rows(w, 16).T
+    np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rotate_rows(torch.from_numpy(w), 16).numpy(), rotate_rows(w, 16),
+                               rtol=1e-6, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(rotate_rows(rotate_rows(w, 32), 32), w, atol=1e-5)
+
+
+def test_bad_input() -> None:
+    """Blocks that are not powers of two, schemes without input-axis groups, widths a block
+    does not divide: one LowbitError each."""
+    with pytest.raises(LowbitError, match="power-of-two"):
+        hadamard(12)
+    with pytest.raises(LowbitError, match="has none"):
+        rotation_block(parse_scheme("int4:ch"))
+    with pytest.raises(LowbitError, match="power of two"):
+        rotation_block(parse_scheme("int4:g48"))
+    assert (
+        rotation_block(parse_scheme("nvfp4")) == 16 and rotation_block(parse_scheme("mxfp4")) == 32
+    )
+    with pytest.raises(LowbitError, match="do not split"):
+        rotate_rows(np.zeros((2, 40)), 16)
+
+
+def test_eval_hadamard_rows(tmp_path: Path) -> None:
+    """--methods rtn,hadamard: a rotated row per scheme beside round-to-nearest; with 8-bit
+    groups the rotated model stays next to the original (the rotation itself is exact)."""
+    from lowbit.evaluation.variants import evaluate_variants
+
+    hf = save_hf_folder(tiny_llama(), tmp_path / "hf")
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i % 17} and {i}" for i in range(800)))
+    res = evaluate_variants(hf, [], ["int8:g16", "mxfp4"], methods=["rtn", "hadamard"],
+                            tokens=120, window=40, text=text, threads=1, progress=False)  # fmt: skip
+    rows = {r["name"]: r for r in res["rows"]}
+    assert list(rows) == ["original", "int8:g16", "int8:g16 hadamard", "mxfp4", "mxfp4 hadamard"]
+    assert rows["int8:g16 hadamard"]["kl_mean"] < 1e-3
+    assert rows["mxfp4 hadamard"]["rotation_block"] == 32
+    assert rows["mxfp4 hadamard"]["rotated_layers"] == 14
