@@ -29,6 +29,7 @@ import numpy as np
 
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import gguf_writer
+from lowbit.checkpoints._output_checks import GGUF_Q, _gguf_exact
 from lowbit.checkpoints.gguf_arch import MIXTRAL_EXPERTS, Family, family_for, permute_qk
 from lowbit.checkpoints.gguf_hparams import add_hparams, rope_factors
 from lowbit.checkpoints.gguf_tokenizer import add_hf_vocab, check_hf_tokenizer
@@ -153,7 +154,7 @@ def _gguf_type(src: _Source) -> str:
     ndim = len(first.shape) + (len(src.members) > 1)
     if first.action == "quantize":
         assert first.scheme is not None
-        return qw.GGUF_Q[first.scheme.element_format.bits]
+        return GGUF_Q[first.scheme.element_format.bits]
     if _forced_f32(src.name, ndim):
         return "F32"
     if first.action == "cast":
@@ -178,7 +179,7 @@ def _one(
     or an array (F32/F16/BF16, or float32 for llama.cpp's own rounding)."""
     if t.action == "quantize" and done is not None and t.name in done:
         qt = done[t.name]
-        if not qw._gguf_exact(qt.scheme):
+        if not _gguf_exact(qt.scheme):
             raise LowbitError(f"{t.name}: {qt.scheme.label} is not a GGUF block type")
         return qt if src.transform is None else qw._rows_permuted(qt, src.transform)
     checkpoint.close()
@@ -190,7 +191,7 @@ def _one(
     if src.transform is not None:
         arr = src.transform(arr)
     if t.action == "quantize":
-        if rounding == "auto" and qw._gguf_exact(t.scheme):
+        if rounding == "auto" and _gguf_exact(t.scheme):
             return quantize(arr, t.scheme)
         return np.asarray(arr, dtype=np.float32)
     arr = np.asarray(arr)
@@ -218,7 +219,7 @@ def _value(checkpoint: Any, src: _Source, rounding: str, done: Mapping[str, Any]
         if not isinstance(v, np.ndarray):
             return v
         return GGUFTensor(v, gtype, raw=v.dtype == np.uint8)
-    if gtype in qw.GGUF_Q.values():  # stack each expert's blocks: rows are independent
+    if gtype in GGUF_Q.values():  # stack each expert's blocks: rows are independent
         raws = [
             np.asarray((p if isinstance(p, GGUFTensor) else gguf_from_quantized(p)).data)
             if not isinstance(p, np.ndarray)

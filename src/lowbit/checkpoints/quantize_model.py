@@ -38,8 +38,8 @@ from lowbit._progress import progress_bar
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints._model_files import model_files
+from lowbit.checkpoints._output_checks import check_ct, check_gguf, output_nbytes
 from lowbit.checkpoints._outputs import check_not_input
-from lowbit.checkpoints._pipeline import output_nbytes
 from lowbit.checkpoints.gguf_convert import check_hf_source, write_gguf_from_hf
 from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
 from lowbit.checkpoints.names import gguf_to_hf_name
@@ -142,11 +142,11 @@ def plan_model(
         raise LowbitError(f"gguf_rounding must be 'auto' or 'llama.cpp', got {gguf_rounding!r}")
     applied = plan.apply(checkpoint_tensors(checkpoint), source=str(checkpoint.path.name))
     if out_format == "compressed-tensors":
-        qw.check_ct(applied, checkpoint)
+        check_ct(applied, checkpoint)
     elif out_format == "gguf":
         # a Hugging Face source is converted as llama.cpp's convert_hf_to_gguf.py does
         hf = check_hf_source if checkpoint.format != "gguf" else None
-        qw.check_gguf(applied, checkpoint, gguf_rounding, source_check=hf)
+        check_gguf(applied, checkpoint, gguf_rounding, source_check=hf)
     return applied
 
 
