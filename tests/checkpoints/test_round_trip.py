@@ -169,7 +169,9 @@ def test_tiny_models_with_biases_round_trip(kind: str, out_format: str, tmp_path
     the same names and bits back."""
     src = _source(kind, tmp_path)
     if out_format == "gguf" and not kind.endswith("gguf"):
-        pytest.skip("GGUF output copies a GGUF source's metadata")
+        # names and q/k rows change on the way (llama.cpp's converter); biases through that
+        # path are checked by logits in tests/models/test_gguf_families.py (qwen2's q/k/v)
+        pytest.skip("Hugging Face -> GGUF renames tensors: compared by logits elsewhere")
     plan = WRITERS[out_format]
     want = _expected(src, plan, out_format)
     assert any(n.endswith("bias") for n in want)
