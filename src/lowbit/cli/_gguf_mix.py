@@ -22,7 +22,9 @@ from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
 
 _OWN_PLAN = {"Q4_0", "Q8_0"}  # lowbit's plan path writes these to GGUF (scheme "ggml")
-_SCHEMES = {"Q4_0", "Q5_0", "Q8_0"}  # lowbit scheme presets too, for any output format
+# lowbit schemes too: with --out-format lowbit or compressed-tensors these are lowbit's own
+# schemes (nvfp4: E4M3 group scales under a float32 tensor scale), with gguf the mix
+_SCHEMES = {"Q4_0", "Q5_0", "Q8_0", "NVFP4"}
 _MIX_FLAGS = ("imatrix", "tensor_type", "output_tensor_type", "token_embedding_type")
 
 
