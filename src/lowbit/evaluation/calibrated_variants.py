@@ -69,8 +69,6 @@ def gptq_variant(
         progress=progress,
         compute=compute,
     )
-    qbytes = sum(qt.nbytes for qt in run.weights.values())
-    qnumel = sum(qt.numel for qt in run.weights.values())
     deq = {n: qt.dequantize(np.float32) for n, qt in run.weights.items()}
     model = build_model(checkpoint, weights=deq, progress=progress)
     del deq
@@ -80,7 +78,7 @@ def gptq_variant(
         name=f"{spec} gptq",
         format=action_label(plan.default),
         model=model,
-        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        bits_per_weight=_bits_per_weight(run.weights),
         nbytes=totals["bytes"],
         source="memory",
         extra={
@@ -90,8 +88,8 @@ def gptq_variant(
             "calibration": run.calibration,
             "phase_seconds": run.seconds,
             "phase_cpu_seconds": run.cpu_seconds,
-            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
-            "layer_error_gptq": float(np.mean([e["gptq"] for e in errs])) if errs else None,
+            "layer_error_rtn": _mean_error(errs, "rtn"),
+            "layer_error_gptq": _mean_error(errs, "gptq"),
         },
     )
 
@@ -123,8 +121,6 @@ def awq_variant(
         threads=threads, progress=progress, compute=compute,
     )  # fmt: skip
     ckpt = open_model(checkpoint)
-    qbytes = sum(qt.nbytes for qt in run.weights.values())
-    qnumel = sum(qt.numel for qt in run.weights.values())
     model = build_model(ckpt, weights=run.model_weights(), progress=progress)
     totals = plan_model(ckpt, plan).totals()
     errs = list(run.layers.values())
@@ -133,7 +129,7 @@ def awq_variant(
         name=f"{spec} {method.name}",
         format=action_label(plan.default),
         model=model,
-        bits_per_weight=qbytes * 8 / qnumel if qnumel else None,
+        bits_per_weight=_bits_per_weight(run.weights),
         nbytes=totals["bytes"],
         source="memory",
         extra={
@@ -144,7 +140,19 @@ def awq_variant(
             "folds_skipped": sorted({f["skipped"] for f in run.folds if "skipped" in f}),
             "calibration": run.calibration,
             "phase_seconds": run.seconds,
-            "layer_error_rtn": float(np.mean([e["rtn"] for e in errs])) if errs else None,
-            "layer_error_method": float(np.mean([e[method.name] for e in errs])) if errs else None,
+            "layer_error_rtn": _mean_error(errs, "rtn"),
+            "layer_error_method": _mean_error(errs, method.name),
         },
     )
+
+
+def _bits_per_weight(weights: dict[str, Any]) -> float | None:
+    """Stored bits per weight of the quantized tensors, scales included (None: none)."""
+    nbytes = sum(qt.nbytes for qt in weights.values())
+    numel = sum(qt.numel for qt in weights.values())
+    return nbytes * 8 / numel if numel else None
+
+
+def _mean_error(errs: list[dict[str, float]], key: str) -> float | None:
+    """The mean layer-output error of one rounding (``rtn``, ``gptq``, ...) over the layers."""
+    return float(np.mean([e[key] for e in errs])) if errs else None
