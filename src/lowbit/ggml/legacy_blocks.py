@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lowbit.ggml import legacy
 from lowbit.ggml._search import F32, f16_bytes, make_qkx_quants, make_qx_quants, read_f16, seqsum
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
@@ -87,13 +88,12 @@ def quantize_legacy(
         qw: importance weights of the same shape (the vector repeated per row), or None.
         n_per_row: values per row (needed with ``qw``: ``sigma2`` is per row).
     """
+    # Q8_0 (which ignores importance, as llama.cpp does) and plain Q4_0 are lowbit.ggml.legacy's,
+    # the reference rounding the scheme path and the GGUF writer use (with its compiled kernels)
     if qtype == "Q8_0":
-        d = np.abs(xs).max(axis=1) / F32(127)
-        v = xs * _inv(d)[:, None]
-        a = np.abs(v)
-        whole = np.floor(a)
-        q = np.copysign(whole + ((a - whole) >= F32(0.5)), v).astype(np.int8)  # roundf
-        return np.concatenate([f16_bytes(d), q.view(np.uint8)], axis=1)
+        return legacy.quantize_q8_0(xs)
+    if qtype == "Q4_0" and qw is None:
+        return legacy.quantize_q4_0(xs)
     bits = 4 if qtype.startswith("Q4") else 5
     affine = qtype.endswith("_1")
     m = None
