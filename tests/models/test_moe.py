@@ -18,6 +18,7 @@ from lowbit.calibration.awq import awq_weights  # noqa: E402
 from lowbit.calibration.data import Calibration  # noqa: E402
 from lowbit.calibration.gptq import gptq_weights  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
+from lowbit.checkpoints.experts_view import ExpertsView  # noqa: E402
 from lowbit.checkpoints.quantize_model import plan_model  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
@@ -61,11 +62,14 @@ def _ids() -> object:
 @pytest.mark.parametrize("layout", ["per-expert", "fused"])
 def test_logits_equal_transformers(folders: dict, kind: str, layout: str) -> None:
     """Built from either checkpoint layout, one linear layer per expert, the model gives the
-    transformers model's logits (float32, within 1e-4; here bit for bit)."""
+    transformers model's logits (float32, within 1e-4; here bit for bit). The fused layout
+    reads as per-expert tensors too (under the expert names a per-expert checkpoint has)."""
     model, per_expert, fused = folders[kind]
     folder = per_expert if layout == "per-expert" else fused
-    names = open_checkpoint(folder).names()
-    assert any(expert_of(n) for n in names) == (layout == "per-expert")
+    ckpt = open_checkpoint(folder)
+    assert isinstance(ckpt, ExpertsView) == (layout == "fused")
+    experts = {n for n in ckpt.names() if expert_of(n)}
+    assert experts == {n for n in open_checkpoint(per_expert).names() if expert_of(n)}
     net = build_model(open_checkpoint(folder))
     experts = [m for m in net.modules() if hasattr(m, "route_all")]
     assert len(experts) == MOE_BLOCKS[kind] and all(len(m) == 4 for m in experts)
