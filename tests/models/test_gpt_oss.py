@@ -247,3 +247,19 @@ def test_mxfp4_without_scales_is_one_error(made: dict, tmp_path: Path) -> None:
     save_file(tensors, str(bad / "model.safetensors"))
     with pytest.raises(LowbitError, match=r"layers\.1\.mlp\.experts\.down_proj_blocks.*no _scales"):
         open_checkpoint(bad)
+
+
+def test_plan_counts_mxfp4_as_weights(made: dict) -> None:
+    """The planner counts an MXFP4 experts tensor as the weights it holds (32 a block, its
+    scales' bytes with it), so both folders have the same parameters per tensor."""
+    import warnings
+
+    from lowbit.planning.archs import load_spec
+
+    with warnings.catch_warnings():  # gpt_oss is counted as a llama-style decoder, and says so
+        warnings.simplefilter("ignore", UserWarning)
+        mx, bf = load_spec(str(made["mxfp4"])), load_spec(str(made["bf16"]))
+    assert sum(t.numel for t in mx.tensors) == sum(t.numel for t in bf.tensors)
+    t = next(t for t in mx.tensors if t.name == "model.layers.0.mlp.experts.gate_up_proj")
+    assert t.dtype == "MXFP4" and t.shape == (4, 64, 64) and t.nbytes == 4 * 64 * 2 * 17
+    assert not any(t.name.endswith(("_blocks", "_scales")) for t in mx.tensors)
