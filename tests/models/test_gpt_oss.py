@@ -263,3 +263,15 @@ def test_plan_counts_mxfp4_as_weights(made: dict) -> None:
     t = next(t for t in mx.tensors if t.name == "model.layers.0.mlp.experts.gate_up_proj")
     assert t.dtype == "MXFP4" and t.shape == (4, 64, 64) and t.nbytes == 4 * 64 * 2 * 17
     assert not any(t.name.endswith(("_blocks", "_scales")) for t in mx.tensors)
+
+
+def test_gate_up_order_is_checked(made: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were the reader's gate/up order (from the family) not the model's, building refuses
+    with one LowbitError instead of a model with gate and up swapped."""
+    import lowbit.checkpoints.experts_view as ev
+
+    monkeypatch.setattr(ev, "INTERLEAVED_FAMILIES", frozenset())
+    ckpt = open_checkpoint(made["bf16"])
+    assert not any(lay["interleaved"] for lay in ckpt.layouts.values())
+    with pytest.raises(LowbitError, match=r"read as concatenated.*want them interleaved"):
+        build_model(ckpt)
