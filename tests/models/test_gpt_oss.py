@@ -236,7 +236,8 @@ def test_gptq_compressed_tensors_and_eval(
 
 
 def test_mxfp4_without_scales_is_one_error(made: dict, tmp_path: Path) -> None:
-    """An MXFP4 experts tensor whose scales are missing is one LowbitError naming it."""
+    """An MXFP4 experts tensor whose scales are missing, or an MXFP4 tensor outside the
+    experts, is one LowbitError naming it."""
     from safetensors.torch import load_file, save_file
 
     bad = tmp_path / "bad"
@@ -246,6 +247,15 @@ def test_mxfp4_without_scales_is_one_error(made: dict, tmp_path: Path) -> None:
     del tensors["model.layers.1.mlp.experts.down_proj_scales"]
     save_file(tensors, str(bad / "model.safetensors"))
     with pytest.raises(LowbitError, match=r"layers\.1\.mlp\.experts\.down_proj_blocks.*no _scales"):
+        open_checkpoint(bad)
+    tensors = load_file(str(made["mxfp4"] / "model.safetensors"))
+    tensors["model.layers.0.self_attn.o_proj.weight_blocks"] = torch.zeros(
+        64, 2, 16, dtype=torch.uint8
+    )
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(
+        LowbitError, match=r"'model\.layers\.0\.self_attn\.o_proj\.weight_blocks' is not"
+    ):
         open_checkpoint(bad)
 
 

@@ -143,8 +143,8 @@ class ExpertsView(Checkpoint):
 
     Raises:
         LowbitError: a fused tensor without its partner (blocks without scales, gate_up without
-            down), shapes that do not fit together, or an MXFP4 tensor outside an experts
-            module.
+            down), shapes that do not fit together, an MXFP4 tensor outside an experts
+            module, or a per-expert tensor both on disk and in a fused one.
     """
 
     def __init__(self, base: Checkpoint) -> None:
@@ -155,6 +155,14 @@ class ExpertsView(Checkpoint):
         qc = (cfg or {}).get("quantization_config")
         if isinstance(qc, dict) and qc.get("quant_method") == "mxfp4":
             cfg.pop("quantization_config")  # type: ignore[union-attr]  # read dequantized
+            stray = [n for n in base.names()
+                     if n.endswith(("_blocks", "_scales")) and not _FUSED.match(n)]  # fmt: skip
+            if stray:  # read as they are, packed codes would pass for weights
+                raise LowbitError(
+                    f"{self.path}: MXFP4 tensor {stray[0]!r} is not an experts projection; "
+                    f"lowbit reads MXFP4 experts (<...>.experts.gate_up_proj_blocks, "
+                    f"down_proj_blocks) only"
+                )
         self.config = cfg
         family = (cfg or {}).get("model_type")
         self._interleaved = family in INTERLEAVED_FAMILIES
@@ -162,6 +170,7 @@ class ExpertsView(Checkpoint):
         self._virtual: dict[str, _Virtual] = {}
         self._names: list[str] = []
         self.layouts: dict[str, dict[str, Any]] = {}
+        self._on_disk = set(base.names())
         groups: dict[str, dict[str, str]] = {}
         for n in base.names():
             m = _FUSED.match(n)
@@ -248,6 +257,9 @@ class ExpertsView(Checkpoint):
         for e in range(n):
             for p in projs:
                 name = self._name(base, e, p, kind)
+                if name in self._virtual or name in self._on_disk:
+                    raise LowbitError(f"{self.path}: {name!r} is both on disk and in a fused "
+                                      f"experts tensor ({sources[0]!r})")  # fmt: skip
                 self._virtual[name] = _Virtual(
                     base=base, dtype=dtype, expert=e, kind=suffix, nbytes=int(per),
                     part=p, shape=shape_one, sources=sources, what=what,
