@@ -406,3 +406,77 @@ def tiny_family(model_type: str, seed: int = 0) -> Any:
             else:
                 p.normal_(0.0, 0.08)
     return model
+
+
+def tiny_gpt_oss(seed: int = 0) -> Any:
+    """A random 2-layer gpt-oss (hidden 64, 4 experts of width 32, 2 per token; attention
+    sinks, biases, a sliding window of 8 on every other layer), float32 with bf16-exact values
+    (so a bf16 folder holds exactly this model)."""
+    import torch
+    import transformers
+
+    cfg = transformers.GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        max_position_embeddings=256,
+        bos_token_id=257,
+        eos_token_id=258,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "factor": 2.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 128, "rope_theta": 150000.0},
+    )  # fmt: skip
+    cfg.architectures = ["GptOssForCausalLM"]
+    torch.manual_seed(seed)
+    model = transformers.GptOssForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.08)
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+def save_mxfp4_folder(model: Any, folder: Path, seed: int = 0) -> Path:
+    """``model`` as OpenAI ships gpt-oss: every experts weight replaced by random MXFP4 codes
+    (``*_blocks`` [E, rows, cols/32, 16] uint8, two E2M1 codes a byte, element 2k in the low
+    nibble; ``*_scales`` [E, rows, cols/32] E8M0 bytes; rows are output features), the rest
+    bf16, ``quantization_config: {quant_method: mxfp4}``. Packed by lowbit's 4-bit packer,
+    whose documented order is that one."""
+    import torch
+    from safetensors.torch import save_file
+
+    from lowbit.codecs.packing import pack
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, v in model.state_dict().items():
+        if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            n, cols, rows = v.shape  # the module's [E, in, out]
+            codes = rng.integers(0, 16, (n, rows, cols), dtype=np.uint8)
+            blocks = pack(codes, 4).reshape(n, rows, cols // 32, 16)
+            scales = rng.integers(119, 124, (n, rows, cols // 32), dtype=np.uint8)
+            out[k + "_blocks"] = torch.from_numpy(blocks)
+            out[k + "_scales"] = torch.from_numpy(scales)
+        else:
+            out[k] = v.to(torch.bfloat16).contiguous()
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads(model.config.to_json_string())
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return write_byte_tokenizer(folder)

@@ -18,10 +18,12 @@ from lowbit.calibration.awq import awq_weights  # noqa: E402
 from lowbit.calibration.data import Calibration  # noqa: E402
 from lowbit.calibration.gptq import gptq_weights  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
+from lowbit.checkpoints.experts_view import ExpertsView  # noqa: E402
+from lowbit.checkpoints.lowbit_format import LowbitCheckpoint  # noqa: E402
 from lowbit.checkpoints.quantize_model import plan_model  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
-from lowbit.models.build import build_model  # noqa: E402
+from lowbit.models.build import build_model, load_model  # noqa: E402
 from lowbit.models.moe import expert_of, route_all_tokens  # noqa: E402
 from lowbit.plans.components import classify  # noqa: E402
 from lowbit.plans.plan import PrecisionPlan  # noqa: E402
@@ -61,11 +63,14 @@ def _ids() -> object:
 @pytest.mark.parametrize("layout", ["per-expert", "fused"])
 def test_logits_equal_transformers(folders: dict, kind: str, layout: str) -> None:
     """Built from either checkpoint layout, one linear layer per expert, the model gives the
-    transformers model's logits (float32, within 1e-4; here bit for bit)."""
+    transformers model's logits (float32, within 1e-4; here bit for bit). The fused layout
+    reads as per-expert tensors too (under the expert names a per-expert checkpoint has)."""
     model, per_expert, fused = folders[kind]
     folder = per_expert if layout == "per-expert" else fused
-    names = open_checkpoint(folder).names()
-    assert any(expert_of(n) for n in names) == (layout == "per-expert")
+    ckpt = open_checkpoint(folder)
+    assert isinstance(ckpt, ExpertsView) == (layout == "fused")
+    experts = {n for n in ckpt.names() if expert_of(n)}
+    assert experts == {n for n in open_checkpoint(per_expert).names() if expert_of(n)}
     net = build_model(open_checkpoint(folder))
     experts = [m for m in net.modules() if hasattr(m, "route_all")]
     assert len(experts) == MOE_BLOCKS[kind] and all(len(m) == 4 for m in experts)
@@ -264,3 +269,53 @@ def test_awq_routed_floor(folders: dict, calib: Calibration) -> None:
     assert all(run.methods[n] == "rtn" for n in low)
     assert all(run.methods[n] == "awq" for n in run.methods if expert_of(n) and n not in low)
     assert all(run.layers[n]["tokens"] < 60 for n in low)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_fused_on_disk_quantized_per_expert(
+    folders: dict, calib: Calibration, kind: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A fused folder (3-D ``experts.gate_up_proj`` / ``down_proj``) quantizes each expert as
+    its own linear layer: round-to-nearest and GPTQ give, name for name, the codes and scales
+    of the per-expert folder (the same weights one 2-D tensor per expert), every expert with a
+    Hessian; compressed-tensors output carries the per-expert names vLLM loads (Mixtral's
+    ``block_sparse_moe.experts.N.w1``), and both outputs read back to the same logits."""
+    _, per_expert, fused = folders[kind]
+    outs = {}
+    for layout, folder in (("per-expert", per_expert), ("fused", fused)):
+        out = tmp_path / layout
+        assert main(["quantize", str(folder), "--to", "int4:g32", "--out", str(out),
+                     "--no-progress"]) == 0  # fmt: skip
+        outs[layout] = LowbitCheckpoint(out)
+    capsys.readouterr()
+    names = [n for n in outs["per-expert"].names() if expert_of(n)]
+    assert len(names) == 12 * MOE_BLOCKS[kind]
+    for n in names:
+        a, b = outs["per-expert"].quantized(n), outs["fused"].quantized(n)
+        np.testing.assert_array_equal(a.unpack(), b.unpack(), err_msg=n)
+        np.testing.assert_array_equal(a.scale, b.scale, err_msg=n)
+    with torch.no_grad():
+        want = load_model(tmp_path / "per-expert")(_ids()).logits
+        got = load_model(tmp_path / "fused")(_ids()).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+    runs = [gptq_weights(f, "int4:g32", calib, progress=False) for f in (per_expert, fused)]
+    for n in names:
+        e = runs[1].layers[n]
+        assert e["tokens"] == runs[1].calibration["tokens"] and e["rank"] > 0, n
+        np.testing.assert_array_equal(runs[0].weights[n].codes, runs[1].weights[n].codes)
+
+    ct = tmp_path / "ct"
+    assert main(["quantize", str(fused), "--to", "int4:g32", "--out", str(ct),
+                 "--out-format", "compressed-tensors", "--no-progress"]) == 0  # fmt: skip
+    from safetensors import safe_open
+
+    with safe_open(str(ct / "model.safetensors"), "np") as f:
+        keys = set(f.keys())
+    stem = "block_sparse_moe.experts.3.w3" if kind == "mixtral" else "mlp.experts.3.up_proj"
+    assert f"model.layers.1.{stem}.weight_packed" in keys
+    assert not any("gate_up_proj" in k for k in keys)
+    with torch.no_grad():
+        back = build_model(open_checkpoint(ct))(_ids()).logits
+    torch.testing.assert_close(back, want, rtol=0, atol=1e-4)

@@ -100,6 +100,9 @@ def raw_bytes(checkpoint: Any, name: str) -> np.ndarray:
     shape = _raw_shape(info.shape, info.nbytes)
     if info.nbytes == 0:
         return np.zeros(shape, dtype=np.uint8)
+    if info.offset < 0:  # no span of its own on disk (an expert of a fused tensor): its values
+        arr = np.ascontiguousarray(checkpoint.get(name))
+        return arr.view(np.uint8).reshape(_raw_shape(arr.shape, arr.nbytes))
     raw = np.memmap(info.file, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.nbytes,))
     return np.asarray(raw).reshape(shape)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from lowbit import _json
 from lowbit.checkpoints._ct_read import CompressedTensorsFolder
+from lowbit.checkpoints.experts_view import ExpertsView, has_fused
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.readers import Checkpoint, GGUFFile, HuggingFaceFolder, SafetensorsFile
 from lowbit.errors import LowbitError
@@ -31,7 +32,10 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             safetensors shards (with ``model.safetensors.index.json`` when sharded), a folder
             holding exactly one ``.gguf`` file, a lowbit checkpoint folder (``lowbit.json``),
             or a compressed-tensors folder (``quantization_config``); the last two read back
-            dequantized, under the model's own tensor names.
+            dequantized, under the model's own tensor names. Fused mixture-of-experts tensors
+            (``experts.gate_up_proj`` ``[E, 2I, H]``, gpt-oss's MXFP4 ``*_blocks`` /
+            ``*_scales``) read as one 2-D tensor per expert
+            (:class:`~lowbit.checkpoints.experts_view.ExpertsView`).
 
     Returns:
         A :class:`Checkpoint`.
@@ -58,7 +62,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         folder = _not_lowbit_shards(HuggingFaceFolder(p))
         cfg = folder.config or {}
         if "quantization_config" not in cfg:
-            return folder
+            return _per_expert(folder)
         qc = cfg["quantization_config"]
         where = f"{p / 'config.json'}: quantization_config"
         if not isinstance(qc, dict):
@@ -66,11 +70,14 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         method = qc.get("quant_method")
         if method == "compressed-tensors":
             return CompressedTensorsFolder(p)  # weights read back dequantized
+        if method == "mxfp4" and any(n.endswith("_blocks") for n in folder.names()):
+            return ExpertsView(folder)  # gpt-oss's MXFP4 experts, read dequantized per expert
         # read as a plain model, its packed codes and scales would pass for weights
         shown = method if isinstance(method, str) and len(method) <= 40 else type(method).__name__
         raise LowbitError(
             f"{where}.quant_method {shown!r}: lowbit reads compressed-tensors quantized folders "
-            f"(and unquantized ones), not this kind"
+            f"and MXFP4 experts (gpt-oss's *_blocks / *_scales), and unquantized ones, not this "
+            f"kind"
         )
     _json.check_regular_file(p)  # a FIFO or device would hang the read below
     with open(p, "rb") as fh:
@@ -78,12 +85,17 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if magic == b"GGUF" or p.suffix == ".gguf":
         return GGUFFile(p)
     if p.suffix == ".safetensors":
-        return _not_lowbit_shards(SafetensorsFile(p))
+        return _per_expert(_not_lowbit_shards(SafetensorsFile(p)))
     if p.name.endswith(".safetensors.index.json"):
-        return _not_lowbit_shards(HuggingFaceFolder(p.parent))
+        return _per_expert(_not_lowbit_shards(HuggingFaceFolder(p.parent)))
     if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
         raise LowbitError(f"{p}: a pickle file; lowbit never loads pickles (use safetensors)")
     raise LowbitError(f"{p}: not a .safetensors, .gguf or model folder")
+
+
+def _per_expert(ckpt: Checkpoint) -> Checkpoint:
+    """Fused 3-D experts tensors (transformers' layout) read as one 2-D weight per expert."""
+    return ExpertsView(ckpt) if has_fused(ckpt.names()) else ckpt
 
 
 def _not_lowbit_shards(ckpt: Checkpoint) -> Checkpoint:

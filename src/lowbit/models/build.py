@@ -33,7 +33,13 @@ from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.models.activations import fake_quantize_per_token
-from lowbit.models.moe import checkpoint_rename, fused_base, split_fused, unfuse_experts
+from lowbit.models.moe import (
+    check_layouts,
+    checkpoint_rename,
+    fused_base,
+    split_fused,
+    unfuse_experts,
+)
 
 __all__ = [
     "attach_activation_quantization",
@@ -209,6 +215,7 @@ def build_model(
     dtype = torch.float32 if dtype is None else dtype
     config = _hf_config(checkpoint)
     model = _instantiate(config, dtype)
+    check_layouts(model, getattr(checkpoint, "layouts", {}))  # fused experts read per expert
     params = model.state_dict(keep_vars=True)
     loaded, unexpected, deferred = _load(
         model, checkpoint, weights, params, progress=progress, defer=defer

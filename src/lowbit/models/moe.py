@@ -11,8 +11,11 @@ per-expert names checkpoints and vLLM use. So every lowbit path that works on li
 (round-to-nearest per tensor, GPTQ's Hessians, AWQ's scales, sensitivity) works per expert.
 
 :func:`checkpoint_rename` maps a checkpoint's names onto those modules (Mixtral's ``w1/w3/w2``
-are ``gate_proj/up_proj/down_proj``), and :func:`split_fused` cuts a fused 3-D tensor on disk
-(a checkpoint written from a fused state dict) into the per-expert weights.
+are ``gate_proj/up_proj/down_proj``), and :func:`split_fused` cuts a fused 3-D tensor into the
+per-expert weights. Fused tensors on disk usually arrive already split: ``open_checkpoint``
+reads them per expert (``lowbit.checkpoints.experts_view``); :func:`split_fused` remains for a
+checkpoint that still holds fused names (a lowbit checkpoint written before that kept them),
+and :func:`check_layouts` checks the reader's gate/up order against the model's.
 
 ``Experts.route_all`` (set by :func:`route_all_tokens`) sends every token through every
 expert while the output still sums only the routed ones: what GPTQ's and AWQ's calibration
@@ -29,9 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints.experts_view import expert_slices
 from lowbit.errors import LowbitError
 
 __all__ = [
+    "check_layouts",
     "checkpoint_rename",
     "expert_of",
     "fused_base",
@@ -222,15 +227,33 @@ def split_fused(key: str, arr: np.ndarray, model: Any) -> list[tuple[str, np.nda
         raise LowbitError(f"fused experts tensor {key!r} has shape {arr.shape}")
     out = []
     for e in range(arr.shape[0]):
-        w = arr[e].T if (transposed and not bias) else arr[e]
-        if what == "gate_up_proj":
-            half = w.shape[0] // 2
-            g, u = (w[:half], w[half:]) if concatenated else (w[0::2], w[1::2])
-            out.append((f"{base}.{e}.gate_proj.{kind}", np.ascontiguousarray(g)))
-            out.append((f"{base}.{e}.up_proj.{kind}", np.ascontiguousarray(u)))
-        else:
-            out.append((f"{base}.{e}.down_proj.{kind}", np.ascontiguousarray(w)))
+        parts = expert_slices(
+            what, arr[e], rows_out=not transposed, interleaved=not concatenated, bias=bool(bias)
+        )
+        out += [(f"{base}.{e}.{proj}.{kind}", a) for proj, a in parts]
     return out
+
+
+def check_layouts(model: Any, layouts: dict[str, dict[str, Any]]) -> None:
+    """Refuse a checkpoint whose fused experts were split with another gate/up order than the
+    model's experts use (``lowbit.checkpoints.experts_view.ExpertsView.layouts``: the order
+    comes from the family's ``model_type`` there, from the module's ``is_concatenated`` here).
+
+    Raises:
+        LowbitError: the two disagree for some experts module.
+    """
+    mods = {n: m for n, m in model.named_modules() if hasattr(m, "route_all")}
+    for base, lay in layouts.items():
+        for name, mod in mods.items():
+            if not (base == name or base.endswith("." + name) or name.endswith("." + base)):
+                continue
+            if bool(mod.is_concatenated) == bool(lay["interleaved"]):
+                said = "interleaved" if lay["interleaved"] else "concatenated"
+                raise LowbitError(
+                    f"{base}: the checkpoint's gate/up rows were read as {said}, but the "
+                    f"model's experts {name!r} want them "
+                    f"{'concatenated' if mod.is_concatenated else 'interleaved'}"
+                )
 
 
 @contextmanager

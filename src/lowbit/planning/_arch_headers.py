@@ -84,6 +84,26 @@ def _shard_files(folder: Path) -> list[Path]:
     return [folder / n for n in names]
 
 
+def _mxfp4_as_weights(tensors: list[TensorInfo]) -> list[TensorInfo]:
+    """gpt-oss's MXFP4 experts (``*_blocks`` ``[E, R, G, 16]`` uint8 with ``*_scales``
+    ``[E, R, G]``) as the ``[E, R, G * 32]`` weights they hold, stored as ``MXFP4`` in the
+    bytes of both (see ``lowbit.checkpoints.experts_view``)."""
+    by_name = {t.name: t for t in tensors}
+    out = []
+    for t in tensors:
+        if t.name.endswith("_scales") and t.name.removesuffix("_scales") + "_blocks" in by_name:
+            continue  # counted with its blocks
+        stem = t.name.removesuffix("_blocks")
+        scales = by_name.get(stem + "_scales")
+        if stem == t.name or scales is None or len(t.shape) != 4 or t.shape[-1] != 16:
+            out.append(t)
+            continue
+        shape = (*t.shape[:-2], t.shape[-2] * 32)
+        out.append(replace(t, name=stem, shape=shape, dtype="MXFP4",
+                           nbytes=(t.nbytes or 0) + (scales.nbytes or 0)))  # fmt: skip
+    return out
+
+
 def _safetensors_spec(path: Path) -> ModelSpec:
     files = _shard_files(path) if path.is_dir() else [path]
     if not files:
@@ -91,6 +111,7 @@ def _safetensors_spec(path: Path) -> ModelSpec:
     tensors: list[TensorInfo] = []
     for f in files:
         tensors.extend(read_safetensors_header(f)[0])
+    tensors = _mxfp4_as_weights(tensors)
     folder = path if path.is_dir() else path.parent
     notes: list[str] = []
     base: ModelSpec | None = None
