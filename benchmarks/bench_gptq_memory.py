@@ -211,8 +211,9 @@ def run(quick: bool = False) -> str:
     lines = [
         f"## GPTQ's peak memory against depth ({a.hidden}-wide llama, {a.scheme})",
         "",
-        f"Random bf16 checkpoints of TinyLlama-1.1B's shape (hidden {a.hidden:,}, MLP "
-        f"{a.inter:,}, {a.heads}/{a.kv} heads, vocabulary {a.vocab:,}) cut to a few layers; "
+        f"Random bf16 llama checkpoints ({'a narrow smoke test' if quick else 'TinyLlama-1.1B'}"
+        f"'s shape: hidden {a.hidden:,}, MLP {a.inter:,}, {a.heads}/{a.kv} heads, vocabulary "
+        f"{a.vocab:,}) cut to a few layers; "
         f"GPTQ on {a.samples} x {a.length} tokens, one thread, each depth in a fresh process "
         "(`benchmarks/bench_gptq_memory.py`; peak = `ru_maxrss`).",
         "",
