@@ -9,7 +9,7 @@ calibration activations and one layer group's Hessian; the quantized tensors wai
 layers. Each depth runs in a fresh process (``ru_maxrss`` is the process's peak resident
 memory). Prints each depth's peak and time, then the slope in MB per layer against the
 targets (3 GB; flat). ``make bench`` runs :func:`run` (2 and 4 layers, 4 x 128 tokens:
-about 10 minutes on 2 cores).
+34 minutes on 2 cores at a load average of 15; ``--quick``: 2 minutes).
 
 Usage: ``python benchmarks/bench_gptq_memory.py [--layers 2,4] [--samples 4] [--length 128]
 [--scheme int4:g128] [--hidden 2048 --inter 5632 --heads 32 --kv 4 --vocab 32000] [--json F]``.
