@@ -61,7 +61,7 @@ class CalibratedWeights:
     """
 
     checkpoint: Checkpoint
-    weights: dict[str, Any]
+    weights: Mapping[str, Any]
     record: dict[str, Any]
 
 
@@ -164,7 +164,9 @@ def calibrated_weights(
             ckpt, plan, calib, method, threads=threads, progress=progress,
             default_method=default_method, compute=compute,
         )  # fmt: skip
-        done = {n: qt for n, qt in run.weights.items() if run.methods[n] == "gptq"}
+        done = run.weights  # kept on disk, read one at a time by the writer
+        for n in [n for n, m in run.methods.items() if m != "gptq"]:
+            del done[n]  # rounded to nearest again by the writer
         record = {
             **method.to_dict(),
             "sequential": run.sequential,  # what ran (blocks where no block was calibrated)

@@ -32,7 +32,7 @@ that are not linear layers are rounded to nearest as ``lowbit quantize`` does. M
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,14 @@ from lowbit.calibration._experts import expert_floor, unreached_experts
 from lowbit.calibration._group_walk import walk_groups
 from lowbit.calibration._layer_walk import LayerWalk as _LayerWalk
 from lowbit.calibration._layer_walk import block_signature
-from lowbit.calibration._memory import _Deferred, _drop, _later_block, _own, _release_heap
+from lowbit.calibration._memory import (
+    SpilledTensors,
+    _Deferred,
+    _drop,
+    _later_block,
+    _own,
+    _release_heap,
+)
 from lowbit.calibration.blocks import (
     _calibration,
     _capture,
@@ -81,7 +88,9 @@ class GPTQRun:
 
     Attributes:
         weights: checkpoint tensor name -> :class:`~lowbit.quant.tensor.QuantizedTensor`, for
-            every tensor the plan quantizes.
+            every tensor the plan quantizes: a mapping that keeps them on disk and reads one
+            back when asked (``lowbit.calibration._memory.SpilledTensors``), so the run's
+            memory does not grow with the model's depth.
         methods: name -> ``gptq`` or ``rtn`` (how each tensor was quantized).
         layers: per GPTQ layer: ``tokens`` seen, and the layer-output error
             ``tr(ΔW H ΔW^T) / tr(W H W^T)`` of round-to-nearest (``rtn``) and of GPTQ
@@ -98,7 +107,7 @@ class GPTQRun:
             where no block was calibrated).
     """
 
-    weights: dict[str, Any]
+    weights: MutableMapping[str, Any]
     methods: dict[str, str]
     layers: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -202,7 +211,7 @@ def gptq_weights(
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
     clock.stop("load")
 
-    weights: dict[str, Any] = {}
+    weights: MutableMapping[str, Any] = SpilledTensors()  # on disk: memory flat in depth
     methods: dict[str, str] = {}
     layers: dict[str, dict[str, float]] = {}
     last = max(per_block, default=-1)  # no block after the last one GPTQ quantizes is run
