@@ -5,6 +5,9 @@ The options llama-quantize users know (``--imatrix``, ``--tensor-type PATTERN=TY
 the run: types from :mod:`lowbit.ggml.mixes`, bytes from :mod:`lowbit.ggml.blocks`, the file
 from :func:`lowbit.checkpoints.gguf_mix.write_gguf_mix`. ``--to q4_0`` and ``--to q8_0`` keep
 lowbit's own plan (the linear weights only) unless one of these options asks for llama's mix.
+``--method gptq`` GPTQs every linear layer the mix requantizes onto its block type
+(:func:`lowbit.checkpoints.gguf_mix.gptq_targets`, ``lowbit.methods._ggml_gptq``); the others
+are rounded as llama.cpp rounds them.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     """llama-quantize's options, for ``--to`` one of its mixes."""
     g = p.add_argument_group(
         "llama.cpp mixes (--to q2_k|q3_k_s|q3_k_m|q3_k_l|q4_k_s|q4_k_m|q5_k_s|q5_k_m|q6_k|"
-        "iq4_nl|iq4_xs|q4_1|q5_0|q5_1|tq1_0|tq2_0 --out-format gguf, from a GGUF source)"
+        "iq4_nl|iq4_xs|q4_1|q5_0|q5_1|tq1_0|tq2_0 --out-format gguf, from a GGUF source; "
+        "--method gptq rounds the linear layers onto their block types with GPTQ)"
     )
     g.add_argument("--imatrix", metavar="FILE", help="llama.cpp importance matrix (GGUF or .dat)")
     g.add_argument(
