@@ -226,7 +226,7 @@ def test_imatrix_that_fits_no_tensor(mid: Path, tmp_path: Path) -> None:
         ),
         (["--to", "q4_k_m", "--out-format", "gguf", "--tensor-type", "attn_v"], "PATTERN=TYPE"),
         (["--to", "q2_k_s", "--out-format", "gguf"], "needs an importance matrix"),
-        (["--to", "q4_k_m", "--out-format", "gguf", "--method", "gptq"], "no --method"),
+        (["--to", "q4_k_m", "--out-format", "gguf", "--method", "awq"], "or with --method gptq"),
     ],
 )
 def test_cli_errors_are_one_line(

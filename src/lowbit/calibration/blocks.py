@@ -161,7 +161,10 @@ def _errors(
     GPTQ on the calibration inputs (a report: float32 products with the float32 ``H``)."""
 
     W32 = W.astype(np.float32)
-    rtn = quantize(W32, scheme).dequantize(np.float32)
+    if hasattr(scheme, "rtn"):  # a llama.cpp block type (GgmlTarget): llama.cpp's rounding
+        rtn = scheme.rtn(W32, H)
+    else:
+        rtn = quantize(W32, scheme).dequantize(np.float32)
     D = np.stack([W32, W32 - rtn, W32 - deq.astype(np.float32)])  # [3, out, in]
     e = np.einsum("kij,kij->k", D @ H, D, dtype=np.float64)
     base = float(e[0])

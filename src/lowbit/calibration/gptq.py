@@ -32,7 +32,7 @@ that are not linear layers are rounded to nearest as ``lowbit quantize`` does. M
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, MutableMapping
+from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,7 @@ def gptq_weights(
     progress: bool | None = None,
     default_method: str = "gptq",
     compute: str = "fp32",
+    targets: Mapping[str, Any] | None = None,
 ) -> GPTQRun:
     """Quantize a model's weights with GPTQ on calibration data.
 
@@ -178,6 +179,11 @@ def gptq_weights(
         compute: precision of the model's forward passes (capture, propagation): ``fp32``
             (default), ``bf16`` or ``auto`` (``lowbit.models._compute``); Hessians are
             summed and solved in float32/float64 either way.
+        targets: instead of ``scheme``'s plan: checkpoint tensor name ->
+            :class:`~lowbit.methods._ggml_gptq.GgmlTarget` (llama.cpp's block type of each
+            tensor, as a mix chose it); the linear layers among them are GPTQ'd onto their
+            block type (:class:`~lowbit.methods._ggml_gptq.GgmlQuantized` weights), the
+            others left out of ``weights`` (the caller rounds them as llama.cpp does).
 
     Returns:
         A :class:`GPTQRun`.
@@ -195,10 +201,14 @@ def gptq_weights(
         raise LowbitError(f"method must be a lowbit.methods.gptq.GPTQ, got {type(method).__name__}")
     calib = _calibration(calibration, Calibration)
     ckpt = open_model(model)
-    plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
-    applied = plan_model(ckpt, plan)
+    if targets is not None:
+        todo: dict[str, Any] = {
+            n: _Target(n, tuple(ckpt.info(n).shape), t) for n, t in targets.items()
+        }
+    else:
+        plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
+        todo = {t.name: t for t in plan_model(ckpt, plan).quantized}
     default_method = method_name(default_method) or "gptq"
-    todo = {t.name: t for t in applied.quantized}
     calibrated_method([t.method for t in todo.values()], default_method, run="gptq")
     wanted = {n for n, t in todo.items() if (t.method or default_method) == "gptq"}
     tokenizer = build_tokenizer(ckpt)
@@ -312,7 +322,7 @@ def gptq_weights(
     clock.start()
     unreached_experts(wanted, weights, layers)
     for name, tp in todo.items():
-        if name not in weights:
+        if name not in weights and targets is None:
             weights[name] = qw.read_quantized(ckpt, tp)
             methods[name] = "rtn"
     clock.stop("rtn")
@@ -333,3 +343,13 @@ def gptq_weights(
 # ---------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A tensor GPTQ rounds onto a llama.cpp block type (``targets``), as a plan's tensor."""
+
+    name: str
+    shape: tuple[int, ...]
+    scheme: Any
+    method: str | None = None

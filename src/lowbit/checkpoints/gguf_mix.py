@@ -27,9 +27,10 @@ import numpy as np
 from lowbit.checkpoints._pipeline import raw_bytes
 from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
 from lowbit.errors import LowbitError
-from lowbit.ggml import blocks, mixes
+from lowbit.ggml import blocks, grids, mixes
+from lowbit.methods._ggml_gptq import GgmlTarget
 
-__all__ = ["gguf_mix_types", "write_gguf_mix"]
+__all__ = ["gguf_mix_types", "gptq_targets", "write_gguf_mix"]
 
 _FLOATS = {"F32", "F16", "BF16"}
 
@@ -88,15 +89,49 @@ def gguf_mix_types(ckpt: Any, mix_name: str, **options: Any) -> dict[str, str]:
     return mixes.choose_types(arch, _specs(ckpt), mix_name, **hp, **options)
 
 
+def gptq_targets(
+    ckpt: Any,
+    mix_name: str,
+    *,
+    imatrix: Mapping[str, np.ndarray] | None = None,
+    **options: Any,
+) -> dict[str, GgmlTarget]:
+    """What GPTQ rounds onto for llama-quantize's mix ``mix_name``: every 2-D tensor the mix
+    requantizes to a type with per-block scales (:data:`lowbit.ggml.grids.GPTQ_TYPES`), with
+    the importance matrix's vector where it has one (else GPTQ uses its Hessian's diagonal).
+
+    Raises:
+        LowbitError: as :func:`write_gguf_mix` for the types and the importance matrix.
+    """
+    m = mixes.mix(mix_name)
+    types = gguf_mix_types(ckpt, m.name, has_imatrix=imatrix is not None, **options)
+    vectors = _vectors(ckpt, types, imatrix, m.name)
+    out = {}
+    for name, t in types.items():
+        info = ckpt.info(name)
+        if len(info.shape) == 2 and t in grids.GPTQ_TYPES and t != info.dtype.upper():
+            out[name] = GgmlTarget(t, vectors.get(name))
+    return out
+
+
 class _Tensors(Mapping[str, GGUFTensor]):
     """The output tensors, made on access (one at a time), in the source's order."""
 
-    def __init__(self, ckpt: Any, types: dict[str, str], vectors: dict[str, np.ndarray]):
+    def __init__(
+        self,
+        ckpt: Any,
+        types: dict[str, str],
+        vectors: dict[str, np.ndarray],
+        done: Mapping[str, Any] | None = None,
+    ):
         self.ckpt, self.types, self.vectors = ckpt, types, vectors
+        self.done = done or {}
 
     def __getitem__(self, name: str) -> GGUFTensor:
         info = self.ckpt.info(name)
         new = self.types[name]
+        if name in self.done:  # GPTQ's blocks, already bytes
+            return GGUFTensor(self.done[name].data, new, raw=True)
         if new == info.dtype.upper():
             return GGUFTensor(raw_bytes(self.ckpt, name), info.dtype, raw=True)
         data = np.asarray(self.ckpt.get(name), dtype=np.float32)
@@ -153,6 +188,7 @@ def write_gguf_mix(
     imatrix: Mapping[str, np.ndarray] | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
+    weights: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Quantize a GGUF checkpoint with llama-quantize's mix ``mix_name`` and write ``out``.
@@ -164,6 +200,9 @@ def write_gguf_mix(
         imatrix: ``{weight name: vector}`` (:func:`lowbit.checkpoints.imatrix.read_imatrix`).
         overwrite: replace an existing file lowbit wrote.
         progress: progress bar (None: on a terminal).
+        weights: tensors already quantized to their chosen type (GPTQ's
+            :class:`~lowbit.methods._ggml_gptq.GgmlQuantized`, see :func:`gptq_targets`),
+            written as they are; the others are rounded here.
         options: :func:`lowbit.ggml.mixes.choose_types`'s overrides.
 
     Returns:
@@ -184,9 +223,14 @@ def write_gguf_mix(
                 f"{', '.join(blocks.TYPES)})"
             )
     vectors = _vectors(ckpt, types, imatrix, m.name)
+    for name, qt in (weights or {}).items():
+        if types.get(name) != qt.qtype:
+            raise LowbitError(
+                f"{name}: quantized to {qt.qtype}, but {m.name} puts it in {types.get(name)}"
+            )
     path = write_gguf(
         out,
-        _Tensors(ckpt, types, vectors),
+        _Tensors(ckpt, types, vectors, weights),
         source=ckpt.path,
         metadata={"general.file_type": m.file_type},
         overwrite=overwrite,

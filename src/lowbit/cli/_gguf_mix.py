@@ -5,6 +5,9 @@ The options llama-quantize users know (``--imatrix``, ``--tensor-type PATTERN=TY
 the run: types from :mod:`lowbit.ggml.mixes`, bytes from :mod:`lowbit.ggml.blocks`, the file
 from :func:`lowbit.checkpoints.gguf_mix.write_gguf_mix`. ``--to q4_0`` and ``--to q8_0`` keep
 lowbit's own plan (the linear weights only) unless one of these options asks for llama's mix.
+``--method gptq`` GPTQs every linear layer the mix requantizes onto its block type
+(:func:`lowbit.checkpoints.gguf_mix.gptq_targets`, ``lowbit.methods._ggml_gptq``); the others
+are rounded as llama.cpp rounds them.
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints.gguf_mix import gguf_mix_types, write_gguf_mix
+import numpy as np
+
+from lowbit.calibration.gptq import gptq_weights
+from lowbit.checkpoints.gguf_mix import gguf_mix_types, gptq_targets, write_gguf_mix
 from lowbit.checkpoints.imatrix import read_imatrix
 from lowbit.checkpoints.quantize_model import open_model
 from lowbit.cli import _common
+from lowbit.cli._calibrated import calibration_of
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
+from lowbit.methods.gptq import GPTQ
 
 _OWN_PLAN = {"Q4_0", "Q8_0"}  # lowbit's plan path writes these to GGUF (scheme "ggml")
 # lowbit schemes too: with --out-format lowbit or compressed-tensors these are lowbit's own
@@ -32,7 +40,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     """llama-quantize's options, for ``--to`` one of its mixes."""
     g = p.add_argument_group(
         "llama.cpp mixes (--to q2_k|q3_k_s|q3_k_m|q3_k_l|q4_k_s|q4_k_m|q5_k_s|q5_k_m|q6_k|"
-        "iq4_nl|iq4_xs|q4_1|q5_0|q5_1|tq1_0|tq2_0 --out-format gguf, from a GGUF source)"
+        "iq4_nl|iq4_xs|q4_1|q5_0|q5_1|tq1_0|tq2_0 --out-format gguf, from a GGUF source; "
+        "--method gptq rounds the linear layers onto their block types with GPTQ)"
     )
     g.add_argument("--imatrix", metavar="FILE", help="llama.cpp importance matrix (GGUF or .dat)")
     g.add_argument(
@@ -84,8 +93,13 @@ def wanted(args: argparse.Namespace) -> bool:
             raise LowbitError(
                 f"--{flag.replace('_', '-')} does not apply to llama.cpp's mixes (--to {to})"
             )
-    if getattr(args, "method", "rtn") != "rtn" or getattr(args, "asym", False):
-        raise LowbitError(f"--to {to}: llama.cpp's mixes round as llama.cpp does (no --method)")
+    if getattr(args, "method", "rtn") not in ("rtn", "gptq") or getattr(args, "asym", False):
+        raise LowbitError(
+            f"--to {to}: llama.cpp's mixes round as llama.cpp does, or with --method gptq "
+            "onto the same grids"
+        )
+    if getattr(args, "smooth", None) is not None:
+        raise LowbitError(f"--smooth does not apply to llama.cpp's mixes (--to {to})")
     return True
 
 
@@ -124,9 +138,15 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give the .gguf file to write")
     out = Path(args.out) if args.out else _default_out(Path(ckpt.path), m.name)
+    done, record = None, None
+    if getattr(args, "method", "rtn") == "gptq":
+        done, record = _gptq(args, ckpt, m.name, imatrix, options, out, progress)
     result = write_gguf_mix(
-        ckpt, out, m.name, imatrix=imatrix, overwrite=args.overwrite, progress=progress, **options
-    )
+        ckpt, out, m.name, imatrix=imatrix, overwrite=args.overwrite, progress=progress,
+        weights=done, **options,
+    )  # fmt: skip
+    if record is not None:
+        result["method"] = record
     if args.imatrix:
         result["imatrix"] = str(args.imatrix)
     if args.json:
@@ -135,12 +155,52 @@ def run(args: argparse.Namespace) -> int:
     types = ", ".join(f"{n} {t}" for t, n in result["types"].items())
     print(
         f"wrote {out} (GGUF, llama.cpp {m.name}, {result['bytes'] / 1e6:,.1f} MB) in "
-        f"{result['seconds']:.1f} s"
+        f"{result['seconds'] + (record or {}).get('seconds', {}).get('total', 0.0):.1f} s"
     )
     print(f"  {result['tensors']} tensors: {types}")
+    if record is not None:
+        print(
+            f"  gptq onto the mix's grids: {record['gptq_tensors']} tensors, layer-output error "
+            f"{record['mean_error']['gptq']:.4g} (llama.cpp's rounding "
+            f"{record['mean_error']['rtn']:.4g}), importance: {record['importance']}"
+        )
     if imatrix is not None:
         print(f"  importance matrix {args.imatrix}: {result['imatrix_tensors']} tensors used it")
     return 0
+
+
+def _gptq(
+    args: argparse.Namespace,
+    ckpt: Any,
+    mix_name: str,
+    imatrix: Any,
+    options: dict[str, Any],
+    out: Path,
+    progress: bool | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--method gptq``: GPTQ of every linear layer the mix requantizes, onto its block type."""
+    if out.exists() and not args.overwrite:  # fail before minutes of calibration
+        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+    targets = gptq_targets(ckpt, mix_name, imatrix=imatrix, **options)
+    cfg = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
+    compute = _common.compute_option(args.compute)
+    run = gptq_weights(
+        ckpt, None, calibration_of(args), cfg, threads=args.threads, progress=progress,
+        compute=compute, targets=targets,
+    )  # fmt: skip
+    done = {n: w for n, w in run.weights.items() if run.methods.get(n) == "gptq"}
+    errs = [run.layers[n] for n in done if n in run.layers]
+    mean = {k: float(np.mean([e[k] for e in errs])) if errs else 0.0 for k in ("rtn", "gptq")}
+    record = {
+        **cfg.to_dict(),
+        "gptq_tensors": len(done),
+        "importance": "importance matrix" if imatrix is not None else "diag(H)",
+        "mean_error": mean,
+        "layers": run.layers,
+        "calibration": run.calibration,
+        "seconds": run.seconds,
+    }
+    return done, record
 
 
 def _print_types(args: argparse.Namespace, ckpt: Any, m: Any, types: dict[str, str]) -> int:

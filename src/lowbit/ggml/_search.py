@@ -115,13 +115,15 @@ def _clip(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def make_qx_quants(
-    x: np.ndarray, nmax: int, qw: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+    x: np.ndarray, nmax: int, qw: np.ndarray | None = None, *, rule: bool = False
+) -> Any:
     """``make_qx_quants(n, nmax, x, L, rmse_type=1, qw)``: symmetric codes with a scale search.
 
-    Returns ``(scale (G,), L (n, G) int32 in 0..2*nmax-1)``; weights ``qw`` or ``x*x``.
+    Returns ``(scale (G,), L (n, G) int32 in 0..2*nmax-1)``; weights ``qw`` or ``x*x``. With
+    ``rule`` (numpy only) also the inverse scale the codes were rounded with, ``(G,)``: ``L``
+    is ``clamp(nearest_int(iscale * x), -nmax, nmax-1) + nmax`` (0 in groups whose scale is 0).
     """
-    if _use_kernels(x.size):
+    if not rule and _use_kernels(x.size):
         xc = np.ascontiguousarray(x.T, dtype=F32)
         qc = xc if qw is None else np.ascontiguousarray(qw.T, dtype=F32)
         scale, codes = _k().qx_quants(xc, nmax, qc, qw is not None)
@@ -139,6 +141,7 @@ def make_qx_quants(
         scale = np.where(suml2 != 0, sumlx / suml2, F32(0)).astype(F32)
         best = scale * sumlx
         codes = lcode + nmax
+        used = iscale
         for step in range(-9, 10):
             if step == 0:
                 continue
@@ -149,9 +152,11 @@ def make_qx_quants(
             suml2 = seqsum(w * lf * lf)
             take = (suml2 > 0) & (sumlx * sumlx > best * suml2)
             codes = np.where(take, lcode + nmax, codes)
+            used = np.where(take, iscale, used).astype(F32)
             scale = np.where(take, sumlx / suml2, scale).astype(F32)
             best = np.where(take, scale * sumlx, best).astype(F32)
-    return np.where(zero, F32(0), scale).astype(F32), np.where(zero, 0, codes)
+    out = np.where(zero, F32(0), scale).astype(F32), np.where(zero, 0, codes)
+    return (*out, np.where(zero, F32(0), used).astype(F32)) if rule else out
 
 
 def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
@@ -205,13 +210,17 @@ def make_qkx_quants(
     nstep: int,
     use_mad: bool,
     x3: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    *,
+    rule: bool = False,
+) -> Any:
     """``make_qkx2_quants`` (``x3=False``) / ``make_qkx3_quants`` (``x3=True``): affine codes.
 
     Returns ``(scale (G,), L (n, G) int32 in 0..nmax, the_min (G,))`` where a value is
-    ``scale * L - the_min``.
+    ``scale * L - the_min``. With ``rule`` (numpy only) also the inverse scale and offset the
+    codes were rounded with, ``(G,)`` each: ``L`` is ``clamp(nearest_int(iscale * (x - lo)),
+    0, nmax)`` (0 in flat groups, whose scale is 0).
     """
-    if _use_kernels(x.size):
+    if not rule and _use_kernels(x.size):
         xc = np.ascontiguousarray(x.T, dtype=F32)
         wc = np.ascontiguousarray(weights.T, dtype=F32)
         scale, codes, the_min = _k().qkx_quants(xc, wc, nmax, rmin, rdelta, nstep, use_mad, x3)
@@ -232,6 +241,7 @@ def make_qkx_quants(
         scale = F32(1) / iscale
         codes = _clip(nearest_int(iscale * (x - lo)), 0, nmax)
         best = err(scale * codes.astype(F32) + lo - x)
+        used_is, used_lo = iscale, lo
         for step in range(nstep + 1):
             iscale = (F32(rmin) + F32(rdelta) * F32(step) + fn) / (hi - lo)
             lcode = _clip(nearest_int(iscale * (x - lo)), 0, nmax)
@@ -248,12 +258,16 @@ def make_qkx_quants(
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale).astype(F32)
             cur = err(this_scale * lf + this_min - x)
             take = (det > 0) & (cur < best) & ~flat
+            used_is = np.where(take, iscale, used_is).astype(F32)
+            used_lo = np.where(take, lo, used_lo).astype(F32)
             codes = np.where(take, lcode, codes)
             best = np.where(take, cur, best).astype(F32)
             scale = np.where(take, this_scale, scale).astype(F32)
             lo = np.where(take, this_min, lo).astype(F32)
     scale = np.where(flat, F32(0), scale).astype(F32)
     codes = np.where(flat, 0, codes)
+    if rule:
+        return scale, codes, (-lo).astype(F32), np.where(flat, F32(0), used_is), used_lo
     return scale, codes, (-lo).astype(F32)
 
 

@@ -20,7 +20,16 @@ from lowbit._arrays import _is_ml_float
 from lowbit.errors import LowbitError
 from lowbit.ggml import fp4, iquants, kquants, legacy_blocks, ternary
 
-__all__ = ["TYPES", "GgmlType", "dequantize", "ggml_type", "nbytes", "quantize", "row_bytes"]
+__all__ = [
+    "TYPES",
+    "GgmlType",
+    "check_scales",
+    "dequantize",
+    "ggml_type",
+    "nbytes",
+    "quantize",
+    "row_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ _F16_FIELDS = {
 }  # fmt: skip
 
 
-def _validate(blocks_: np.ndarray, t: GgmlType, part: np.ndarray) -> None:
+def _validate(blocks_: np.ndarray, t: GgmlType, part: np.ndarray | None) -> None:
     """Refuse blocks whose float16 scale is infinite (llama.cpp writes them, then its own
     validation fails) or whose E8M0 exponent is 0xFF (NaN)."""
     b = blocks_.reshape(-1, t.size)
@@ -107,11 +116,20 @@ def _validate(blocks_: np.ndarray, t: GgmlType, part: np.ndarray) -> None:
     if t.name == "MXFP4":
         bad |= b[:, 0] == 0xFF
     if bad.any():
-        amax = float(np.abs(part).max())
+        amax = float(np.abs(part).max()) if part is not None and part.size else float("nan")
         raise LowbitError(
             f"{t.name} block scale overflows its format (largest |value| {amax:.6g}); "
             "scale the tensor down or keep it in F32"
         )
+
+
+def check_scales(data: np.ndarray, qtype: Any, values: np.ndarray | None = None) -> None:
+    """Refuse block bytes whose float16 scale overflowed (as llama.cpp's row validation does).
+
+    Raises:
+        LowbitError: an infinite float16 scale (or an MXFP4 NaN exponent) in ``data``.
+    """
+    _validate(np.asarray(data), ggml_type(qtype), values)
 
 
 def ggml_type(qtype: Any) -> GgmlType:

@@ -87,19 +87,18 @@ def _unpack_nibbles(b: np.ndarray) -> np.ndarray:
     return np.concatenate([b & 0xF, b >> 4], axis=2).reshape(b.shape[0], -1)
 
 
-def quantize_iq4_nl(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Blocks ``(B, 32)`` (and optional weights ``(B, 32)``) -> IQ4_NL bytes ``(B, 18)``."""
-    scales = _block_scales(xs, qw)
-    s = scales[:, 0]
+def _fit_iq4_nl(xs: np.ndarray, qw: np.ndarray | None) -> dict:
+    """IQ4_NL's scale search on blocks ``(B, 32)``: the float32 scale and its inverse."""
+    s = _block_scales(xs, qw)[:, 0]
     with np.errstate(divide="ignore"):
         ident = np.where(s != 0, F32(1) / s, F32(0)).astype(F32)
-    codes = best_index_int8(KVALUES_IQ4NL, ident[:, None] * xs)
-    return np.concatenate([f16_bytes(s), _pack_nibbles(codes)], axis=1)
+    d16 = s.astype(np.float16).astype(F32)
+    return {"inv": ident[:, None], "dq": d16[:, None], "head": (s,)}
 
 
-def quantize_iq4_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` (and optional weights) -> IQ4_XS bytes ``(B, 136)``."""
-    nb = xs.shape[0]
+def _fit_iq4_xs(xs: np.ndarray, qw: np.ndarray | None) -> dict:
+    """IQ4_XS's scale search on super-blocks ``(B, 256)``: the super-block scale ``d``, the
+    eight 6-bit block scales and the inverse of each block's float32 ``d * (scale - 32)``."""
     scales = _block_scales(xs, qw)
     _, max_scale = first_absmax(np.ascontiguousarray(scales.T))
     d = max_scale / F32(-32)
@@ -108,7 +107,27 @@ def quantize_iq4_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
         ls = np.clip(nearest_int(ident[:, None] * scales), -32, 31)
         dl = d[:, None] * ls.astype(F32)
         idl = np.where(dl != 0, F32(1) / dl, F32(0)).astype(F32)
-    codes = best_index_int8(KVALUES_IQ4NL, np.repeat(idl, 32, axis=1) * xs)
+    dq = d.astype(np.float16).astype(F32)[:, None] * ls.astype(F32)
+    return {"inv": idl, "dq": dq, "head": (d, ls)}
+
+
+def round_table(fit: dict, n: int, j: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ4_NL (``n`` 32, one block) / IQ4_XS (groups of 32)'s final rounding of columns
+    ``j .. j+c``: the table entry nearest ``x`` times the inverse of the group's *float32*
+    scale (llama.cpp rounds with the unrounded scale, so a code can differ from the nearest
+    under the stored float16 one). Returns (codes, values ``scale16 * kvalues[q]`` float32)."""
+    cols = (j + np.arange(x.shape[1])) // n
+    codes = best_index_int8(KVALUES_IQ4NL, fit["inv"][:, cols] * x)
+    return codes, fit["dq"][:, cols] * KVALUES_IQ4NL.astype(F32)[codes]
+
+
+def _pack_iq4_nl(fit: dict, codes: np.ndarray) -> np.ndarray:
+    return np.concatenate([f16_bytes(fit["head"][0]), _pack_nibbles(codes)], axis=1)
+
+
+def _pack_iq4_xs(fit: dict, codes: np.ndarray) -> np.ndarray:
+    d, ls = fit["head"]
+    nb = codes.shape[0]
     u = (ls + 32).astype(np.uint16)
     low = (u & 0xF).astype(np.uint8).reshape(nb, 4, 2)
     scales_l = low[:, :, 0] | (low[:, :, 1] << 4)
@@ -117,6 +136,18 @@ def quantize_iq4_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
         scales_h |= (u[:, i] >> 4) << (2 * i)
     sh = scales_h.astype("<u2").view(np.uint8).reshape(nb, 2)
     return np.concatenate([f16_bytes(d), sh, scales_l, _pack_nibbles(codes)], axis=1)
+
+
+def quantize_iq4_nl(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Blocks ``(B, 32)`` (and optional weights ``(B, 32)``) -> IQ4_NL bytes ``(B, 18)``."""
+    fit = _fit_iq4_nl(xs, qw)
+    return _pack_iq4_nl(fit, round_table(fit, 32, 0, xs)[0])
+
+
+def quantize_iq4_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` (and optional weights) -> IQ4_XS bytes ``(B, 136)``."""
+    fit = _fit_iq4_xs(xs, qw)
+    return _pack_iq4_xs(fit, round_table(fit, 32, 0, xs)[0])
 
 
 def dequantize_iq4_nl(b: np.ndarray) -> np.ndarray:

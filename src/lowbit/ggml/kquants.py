@@ -118,21 +118,46 @@ def _unpack_scales_q3(s: np.ndarray) -> np.ndarray:
     return (low | (high.astype(np.int32) << 4)) - 32
 
 
-def _requant(xs: np.ndarray, d: np.ndarray, dm: np.ndarray, codes: np.ndarray, n: int, nmax: int):
-    """Codes ``clamp(nearest_int((x + dm) / d), 0, nmax)`` per group of ``n``; groups whose
-    ``d`` is 0 keep ``codes`` (C's ``if (!d) continue``)."""
-    xg = xs.reshape(d.shape[0], -1, n)
+def _group_of(a: np.ndarray, n: int, j: int, c: int) -> np.ndarray:
+    """``a`` (B, groups) spread over columns ``j .. j+c`` of the block (groups of ``n``)."""
+    return a[:, (j + np.arange(c)) // n]
+
+
+def round_affine(
+    fit: dict, n: int, nmax: int, j: int, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Q2_K / Q4_K / Q5_K's final rounding of columns ``j .. j+c`` of the block, ``x (B, c)``:
+    code ``clamp(nearest_int((x + dm) / d), 0, nmax)`` on the group's stored ``d = d*sc`` and
+    ``dm = dmin*m`` (the nearest grid point), the search's code where ``d`` is 0 (C's
+    ``if (!d) continue``). Returns (codes int32, values ``d*q - dm`` float32 as ggml decodes)."""
+    c = x.shape[1]
+    d = _group_of(fit["dd"], n, j, c)
+    dm = _group_of(fit["dm"], n, j, c)
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.clip(nearest_int((xg + dm[..., None]) / d[..., None]), 0, nmax)
-    keep = (d == 0)[..., None]
-    return np.where(keep, codes.reshape(xg.shape), q).reshape(xs.shape)
+        q = np.clip(nearest_int((x + dm) / d), 0, nmax)
+    q = np.where(d == 0, fit["codes"][:, j : j + c], q)
+    return q, d * q.astype(F32) - dm
+
+
+def round_symmetric(
+    fit: dict, n: int, half: int, j: int, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Q3_K (``half`` 4) / Q6_K (32)'s final rounding of columns ``j .. j+c``: stored code
+    ``clamp(nearest_int(x / d), -half, half-1) + half`` on the group's ``d = d*sc``, the
+    search's code where ``d`` is 0. Returns (codes, values ``d*(q - half)`` float32)."""
+    c = x.shape[1]
+    d = _group_of(fit["dd"], n, j, c)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.clip(nearest_int(x / d), -half, half - 1) + half
+    q = np.where(d == 0, fit["codes"][:, j : j + c], q)
+    return q, d * (q - half).astype(F32)
 
 
 # ---------------------------------------------------------------------------- Q2_K
 
 
-def quantize_q2_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` -> Q2_K bytes ``(B, 84)``."""
+def _fit_q2_k(xs: np.ndarray, qw: np.ndarray | None) -> dict:
+    """Q2_K's scale search on super-blocks ``(B, 256)``: the grid its codes are rounded onto."""
     nb = xs.shape[0]
     xt = _cols(xs, 16)
     if qw is None:
@@ -161,8 +186,18 @@ def quantize_q2_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     sbytes = sbytes.astype(np.uint8)
     dd = d16[:, None] * (sbytes & 0xF).astype(F32)
     mm_ = dmin16[:, None] * (sbytes >> 4).astype(F32)
-    q = _requant(xs, dd, mm_, _rows(codes, nb), 16, 3)
+    return {"dd": dd, "dm": mm_, "codes": _rows(codes, nb), "head": (sbytes, d, dmin)}
+
+
+def _pack_q2_k(fit: dict, q: np.ndarray) -> np.ndarray:
+    sbytes, d, dmin = fit["head"]
     return np.concatenate([sbytes, _pack2(q), f16_bytes(d), f16_bytes(dmin)], axis=1)
+
+
+def quantize_q2_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` -> Q2_K bytes ``(B, 84)``."""
+    fit = _fit_q2_k(xs, qw)
+    return _pack_q2_k(fit, round_affine(fit, 16, 3, 0, xs)[0])
 
 
 def dequantize_q2_k(b: np.ndarray) -> np.ndarray:
@@ -179,8 +214,8 @@ def dequantize_q2_k(b: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------- Q3_K
 
 
-def quantize_q3_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` -> Q3_K bytes ``(B, 110)``."""
+def _fit_q3_k(xs: np.ndarray, qw: np.ndarray | None) -> dict:
+    """Q3_K's scale search on super-blocks ``(B, 256)``."""
     nb = xs.shape[0]
     xt = _cols(xs, 16)
     if qw is None:
@@ -205,9 +240,18 @@ def quantize_q3_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     sbytes = _pack_scales_q3(l6)
     d16 = to_f16(d)
     dd = d16[:, None] * _unpack_scales_q3(sbytes).astype(F32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q2 = np.clip(nearest_int(xs.reshape(nb, 16, 16) / dd[..., None]), -4, 3) + 4
-    q = np.where((dd == 0)[..., None], _rows(codes, nb).reshape(nb, 16, 16), q2).reshape(nb, 256)
+    return {"dd": dd, "codes": _rows(codes, nb), "head": (sbytes, d)}
+
+
+def quantize_q3_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` -> Q3_K bytes ``(B, 110)``."""
+    fit = _fit_q3_k(xs, qw)
+    return _pack_q3_k(fit, round_symmetric(fit, 16, 4, 0, xs)[0])
+
+
+def _pack_q3_k(fit: dict, q: np.ndarray) -> np.ndarray:
+    sbytes, d = fit["head"]
+    nb = q.shape[0]
     high = (q > 3).astype(np.uint8).reshape(nb, 8, 32)
     hmask = np.zeros((nb, 32), dtype=np.uint8)
     for k in range(8):
@@ -230,8 +274,8 @@ def dequantize_q3_k(b: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------- Q4_K / Q5_K
 
 
-def _qk45(xs: np.ndarray, qw: np.ndarray | None, nmax: int):
-    """The scale search shared by Q4_K (nmax 15) and Q5_K (31): (d, dmin, scale bytes, codes)."""
+def _qk45(xs: np.ndarray, qw: np.ndarray | None, nmax: int) -> dict:
+    """The scale search shared by Q4_K (nmax 15) and Q5_K (31): the grid of each sub-block."""
     nb = xs.shape[0]
     xt = _cols(xs, 32)
     if qw is None:
@@ -263,21 +307,40 @@ def _qk45(xs: np.ndarray, qw: np.ndarray | None, nmax: int):
     sc, mn = _unpack_scales_k4(sbytes)
     dd = d16[:, None] * sc.astype(F32)
     dm = dmin16[:, None] * mn.astype(F32)
-    q = _requant(xs, dd, dm, _rows(codes, nb), 32, nmax)
-    return f16_bytes(d), f16_bytes(dmin), sbytes, q
+    return {"dd": dd, "dm": dm, "codes": _rows(codes, nb), "head": (d, dmin, sbytes)}
+
+
+def _fit_q4_k(xs: np.ndarray, qw: np.ndarray | None) -> dict:
+    """Q4_K's scale search on super-blocks ``(B, 256)``."""
+    return _qk45(xs, qw, 15)
+
+
+def _fit_q5_k(xs: np.ndarray, qw: np.ndarray | None) -> dict:
+    """Q5_K's scale search on super-blocks ``(B, 256)``."""
+    return _qk45(xs, qw, 31)
+
+
+def _pack_q4_k(fit: dict, q: np.ndarray) -> np.ndarray:
+    d, dmin, sbytes = fit["head"]
+    q = q.astype(np.uint8).reshape(-1, 4, 2, 32)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+    return np.concatenate([f16_bytes(d), f16_bytes(dmin), sbytes, qs], axis=1)
 
 
 def quantize_q4_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` -> Q4_K bytes ``(B, 144)``."""
-    d, dmin, sbytes, q = _qk45(xs, qw, 15)
-    q = q.astype(np.uint8).reshape(-1, 4, 2, 32)
-    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
-    return np.concatenate([d, dmin, sbytes, qs], axis=1)
+    fit = _qk45(xs, qw, 15)
+    return _pack_q4_k(fit, round_affine(fit, 32, 15, 0, xs)[0])
 
 
 def quantize_q5_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` -> Q5_K bytes ``(B, 176)``."""
-    d, dmin, sbytes, q = _qk45(xs, qw, 31)
+    fit = _qk45(xs, qw, 31)
+    return _pack_q5_k(fit, round_affine(fit, 32, 31, 0, xs)[0])
+
+
+def _pack_q5_k(fit: dict, q: np.ndarray) -> np.ndarray:
+    d, dmin, sbytes = fit["head"]
     q = q.astype(np.uint8).reshape(-1, 4, 2, 32)
     low = q & 0xF
     qs = (low[:, :, 0] | (low[:, :, 1] << 4)).reshape(-1, 128)
@@ -285,7 +348,7 @@ def quantize_q5_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     qh = np.zeros((q.shape[0], 32), dtype=np.uint8)
     for h in range(4):
         qh |= (hi[:, h, 0] << (2 * h)) | (hi[:, h, 1] << (2 * h + 1))
-    return np.concatenate([d, dmin, sbytes, qh, qs], axis=1)
+    return np.concatenate([f16_bytes(d), f16_bytes(dmin), sbytes, qh, qs], axis=1)
 
 
 def _dequantize_k45(b: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -317,8 +380,8 @@ def dequantize_q5_k(b: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------- Q6_K
 
 
-def quantize_q6_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` -> Q6_K bytes ``(B, 210)``."""
+def _fit_q6_k(xs: np.ndarray, qw: np.ndarray | None) -> dict:
+    """Q6_K's scale search on super-blocks ``(B, 256)``."""
     nb = xs.shape[0]
     xt = _cols(xs, 16)
     scales, codes = make_qx_quants(xt, 32, None if qw is None else _cols(qw, 16))
@@ -331,9 +394,20 @@ def quantize_q6_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
         sc = np.minimum(127, nearest_int(iscale[:, None] * scales))
     sc8 = (((sc + 128) & 0xFF) - 128).astype(np.int8)
     dd = to_f16(d)[:, None] * sc8.astype(F32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q2 = np.clip(nearest_int(xs.reshape(nb, 16, 16) / dd[..., None]), -32, 31) + 32
-    q = np.where((dd == 0)[..., None], _rows(codes, nb).reshape(nb, 16, 16), q2)
+    # a block below GROUP_MAX_EPS is all zero bytes (value 0 whatever the codes)
+    dd = np.where(zero[:, None], F32(0), dd).astype(F32)
+    return {"dd": dd, "codes": _rows(codes, nb), "head": (sc8, d, zero)}
+
+
+def quantize_q6_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` -> Q6_K bytes ``(B, 210)``."""
+    fit = _fit_q6_k(xs, qw)
+    return _pack_q6_k(fit, round_symmetric(fit, 16, 32, 0, xs)[0])
+
+
+def _pack_q6_k(fit: dict, q: np.ndarray) -> np.ndarray:
+    sc8, d, zero = fit["head"]
+    nb = q.shape[0]
     q = q.reshape(nb, 2, 4, 32).astype(np.uint8)  # [half, quarter, l]
     ql = np.concatenate(
         [

@@ -21,7 +21,16 @@ from __future__ import annotations
 import numpy as np
 
 from lowbit.ggml import legacy
-from lowbit.ggml._search import F32, f16_bytes, make_qkx_quants, make_qx_quants, read_f16, seqsum
+from lowbit.ggml._search import (
+    F32,
+    f16_bytes,
+    make_qkx_quants,
+    make_qx_quants,
+    nearest_int,
+    read_f16,
+    seqsum,
+    to_f16,
+)
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
 
@@ -52,29 +61,107 @@ def _signed_max(xs: np.ndarray) -> np.ndarray:
     return xs[np.arange(xs.shape[0]), idx]
 
 
-def _ref_qn_0(xs: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    half = 1 << (bits - 1)
-    d = _signed_max(xs) / F32(-half)
-    q = np.minimum((1 << bits) - 1, _trunc_u8(xs * _inv(d)[:, None] + F32(half + 0.5)))
-    return d, q
+def row_sigma2(rows: np.ndarray) -> np.ndarray:
+    """Each row's mean square, summed in order as llama.cpp does: ``sigma2`` of the
+    importance weights of Q4_0 / Q4_1 / Q5_0 / Q5_1 (``(R,)`` from rows ``(R, n)``)."""
+    return seqsum(np.ascontiguousarray((rows * rows).T)) / F32(rows.shape[1])
 
 
-def _ref_qn_1(xs: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    top = (1 << bits) - 1
-    lo, hi = xs.min(axis=1), xs.max(axis=1)
-    d = (hi - lo) / F32(top)
-    q = _trunc_u8((xs - lo[:, None]) * _inv(d)[:, None] + F32(0.5))
-    if bits == 4:
-        q = np.minimum(15, q)
-    return d, lo, q
+def _weights(xs: np.ndarray, qw: np.ndarray, sigma2: np.ndarray) -> np.ndarray:
+    """``qw * sqrt(sigma2 + x*x)``, ``sigma2`` the mean square of each block's row."""
+    return qw * np.sqrt(sigma2[:, None] + xs * xs)
 
 
-def _weights(xs: np.ndarray, qw: np.ndarray, n_per_row: int) -> np.ndarray:
-    """``qw * sqrt(sigma2 + x*x)``, ``sigma2`` the row's mean square (sum in order)."""
-    rows = xs.reshape(-1, n_per_row)
-    sigma2 = seqsum(np.ascontiguousarray((rows * rows).T)) / F32(n_per_row)
-    s2 = np.repeat(sigma2, n_per_row // 32)[:, None]
-    return qw * np.sqrt(s2 + xs * xs)
+def fit_legacy(
+    xs: np.ndarray, qtype: str, qw: np.ndarray | None = None, sigma2: np.ndarray | None = None
+) -> dict:
+    """The scale search of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 on blocks ``(B, 32)``: the block's
+    scale (and minimum) and the rule its codes are rounded with (:func:`round_legacy`).
+
+    Args:
+        xs: float32 blocks.
+        qtype: the type.
+        qw: importance weights ``(B, 32)`` or None (llama.cpp's reference rounding).
+        sigma2: with ``qw``, the mean square of each block's whole row ``(B,)``.
+    """
+    bits = 8 if qtype == "Q8_0" else 4 if qtype.startswith("Q4") else 5
+    affine = qtype.endswith("_1")
+    fit: dict = {"qtype": qtype}
+    if qtype == "Q8_0":  # no importance (llama.cpp ignores it): legacy.py's rounding
+        d = (np.abs(xs).max(axis=1) / F32(127)).astype(F32)
+        fit.update(d=d, inv=legacy._inverse(d)[:, None])
+    elif qw is None and affine:
+        top = (1 << bits) - 1
+        lo, hi = xs.min(axis=1), xs.max(axis=1)
+        d = (hi - lo) / F32(top)
+        fit.update(d=d, m=lo, inv=_inv(d)[:, None], lo=lo[:, None])
+    elif qw is None:
+        half = 1 << (bits - 1)
+        d = (_signed_max(xs) / F32(-half)).astype(F32)
+        inv = legacy._inverse(d) if bits == 4 else _inv(d)
+        fit.update(d=d, inv=inv[:, None])
+    else:
+        assert sigma2 is not None
+        w = np.ascontiguousarray(_weights(xs, qw, sigma2).T)
+        xt = np.ascontiguousarray(xs.T)
+        if affine:
+            d, _, the_min, iscale, lo = make_qkx_quants(
+                xt, w, (1 << bits) - 1, -0.9, 0.05, 36, False, True, rule=True
+            )
+            fit.update(d=d, m=-the_min, iscale=iscale[:, None], lo=lo[:, None])
+        else:
+            d, _, iscale = make_qx_quants(xt, 1 << (bits - 1), w, rule=True)
+            fit.update(d=d, iscale=iscale[:, None])
+    fit["d16"] = to_f16(fit["d"])[:, None]
+    if "m" in fit:
+        fit["m16"] = to_f16(fit["m"])[:, None]
+    return fit
+
+
+def round_legacy(fit: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Columns ``x (B, c)`` of blocks fitted by :func:`fit_legacy`, rounded as llama.cpp rounds
+    them (with the unrounded float32 scale, or the inverse scale its search rounded with, so
+    a code can differ from the nearest under the stored float16 scale), clamped to the codes
+    the type stores. Returns (stored codes int64, values float32 as ggml decodes them)."""
+    qtype = fit["qtype"]
+    bits = 8 if qtype == "Q8_0" else 4 if qtype.startswith("Q4") else 5
+    top, half = (1 << bits) - 1, 1 << (bits - 1)
+    d16 = fit["d16"]
+    if qtype == "Q8_0":
+        q = np.clip(legacy._round_half_away(x * fit["inv"]), -128, 127).astype(np.int64)
+        return q, d16 * q.astype(F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if "iscale" in fit and "lo" in fit:
+            q = _clip_codes(nearest_int(fit["iscale"] * (x - fit["lo"])), top)
+            q = np.where(fit["iscale"] == 0, 0, q)
+        elif "iscale" in fit:
+            q = np.clip(nearest_int(fit["iscale"] * x), -half, half - 1) + half
+            q = np.where(fit["iscale"] == 0, 0, q)
+        elif "lo" in fit:
+            q = _clip_codes(_trunc_u8((x - fit["lo"]) * fit["inv"] + F32(0.5)), top)
+        else:
+            q = _clip_codes(_trunc_u8(x * fit["inv"] + F32(half + 0.5)), top)
+    if "m16" in fit:
+        return q, q.astype(F32) * d16 + fit["m16"]
+    return q, (q - half).astype(F32) * d16
+
+
+def _clip_codes(q: np.ndarray, top: int) -> np.ndarray:
+    return np.clip(q, 0, top).astype(np.int64)
+
+
+def pack_legacy(fit: dict, q: np.ndarray) -> np.ndarray:
+    """Blocks ``(B, size)`` of the type of ``fit`` from its scales and stored codes ``(B, 32)``."""
+    qtype = fit["qtype"]
+    if qtype == "Q8_0":
+        return np.concatenate([f16_bytes(fit["d"]), q.astype(np.int8).view(np.uint8)], axis=1)
+    parts = [f16_bytes(fit["d"])]
+    if "m" in fit:
+        parts.append(f16_bytes(fit["m"]))
+    if qtype.startswith("Q5"):
+        parts.append(_qh(q))
+    parts.append(_nibbles(q))
+    return np.concatenate(parts, axis=1)
 
 
 def quantize_legacy(
@@ -89,36 +176,17 @@ def quantize_legacy(
         n_per_row: values per row (needed with ``qw``: ``sigma2`` is per row).
     """
     # Q8_0 (which ignores importance, as llama.cpp does) and plain Q4_0 are lowbit.ggml.legacy's,
-    # the reference rounding the scheme path and the GGUF writer use (with its compiled kernels)
+    # the reference rounding the scheme path and the GGUF writer use (with its kernels)
     if qtype == "Q8_0":
         return legacy.quantize_q8_0(xs)
     if qtype == "Q4_0" and qw is None:
         return legacy.quantize_q4_0(xs)
-    bits = 4 if qtype.startswith("Q4") else 5
-    affine = qtype.endswith("_1")
-    m = None
-    if qw is None:
-        if affine:
-            d, m, q = _ref_qn_1(xs, bits)
-        else:
-            d, q = _ref_qn_0(xs, bits)
-    else:
+    sigma2 = None
+    if qw is not None:
         assert n_per_row is not None
-        w = np.ascontiguousarray(_weights(xs, qw, n_per_row).T)
-        xt = np.ascontiguousarray(xs.T)
-        if affine:
-            d, codes, the_min = make_qkx_quants(xt, w, (1 << bits) - 1, -0.9, 0.05, 36, False, True)
-            m = -the_min
-        else:
-            d, codes = make_qx_quants(xt, 1 << (bits - 1), w)
-        q = codes.T
-    parts = [f16_bytes(d)]
-    if m is not None:
-        parts.append(f16_bytes(m))
-    if bits == 5:
-        parts.append(_qh(q))
-    parts.append(_nibbles(q))
-    return np.concatenate(parts, axis=1)
+        sigma2 = np.repeat(row_sigma2(xs.reshape(-1, n_per_row)), n_per_row // 32)
+    fit = fit_legacy(xs, qtype, qw, sigma2)
+    return pack_legacy(fit, round_legacy(fit, xs)[0])
 
 
 def dequantize_legacy(b: np.ndarray, qtype: str) -> np.ndarray:

@@ -128,8 +128,9 @@ class _Quantizer:
         codes = (q & np.int16((1 << bits) - 1)).astype(self.fmt.code_dtype)
         return codes, q.astype(np.float64) * self.scale[:, k].astype(np.float64)
 
-    def round(self, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(codes, dequantized float64 values) of one column ``w [out]`` in group ``k``."""
+    def round(self, w: np.ndarray, k: int, col: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, dequantized float64 values) of one column ``w [out]`` in group ``k`` (the
+        column's index ``col`` does not matter: one scale per group)."""
         if self.ggml:
             return self._round_ggml(w, k)
 

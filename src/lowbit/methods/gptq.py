@@ -45,6 +45,7 @@ import numpy as np
 
 from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
+from lowbit.methods._ggml_gptq import GgmlTarget, _GgmlQuantizer
 from lowbit.methods._gptq_quantizer import _Quantizer
 from lowbit.methods._hessian_factor import _Factor, _factor
 from lowbit.plans.rules import parse_action
@@ -190,6 +191,9 @@ class GPTQ:
         if not checked:
             return {}
         H64 = next(iter(checked.values()))[1]
+        for name, (W64, H_, scheme) in checked.items():  # diag(H) as importance: undamped
+            if isinstance(scheme, GgmlTarget):
+                checked[name] = (W64, H_, scheme.resolved(H64))
         factor = _factor(H64, self.damp, self.act_order is ActOrder.STATIC)
         out = {}
         for names in _stacks(checked):
@@ -216,6 +220,9 @@ def _stacks(checked: Mapping[str, tuple[Any, Any, Scheme]]) -> list[list[str]]:
     (channels, groups, blocks; a per-tensor scale spans rows, so it stays alone)."""
     stacks: dict[Any, list[str]] = {}
     for name, (_, _, scheme) in checked.items():
+        if isinstance(scheme, GgmlTarget):  # llama.cpp's block types: grids per row
+            stacks.setdefault(scheme.key(), []).append(name)
+            continue
         per_row = scheme.granularity in (Granularity.CHANNEL, Granularity.GROUP, Granularity.BLOCK)
         key = scheme if per_row else ("alone", name)
         stacks.setdefault(key, []).append(name)
@@ -225,8 +232,8 @@ def _stacks(checked: Mapping[str, tuple[Any, Any, Scheme]]) -> list[list[str]]:
 # ---- checks and the inverse Hessian ------------------------------------------------------
 
 
-def _as_scheme(scheme: Scheme | str) -> Scheme:
-    if isinstance(scheme, Scheme):
+def _as_scheme(scheme: Scheme | GgmlTarget | str) -> Any:
+    if isinstance(scheme, (Scheme, GgmlTarget)):
         return scheme
     if isinstance(scheme, str):
         parsed = parse_action(scheme)
@@ -236,7 +243,7 @@ def _as_scheme(scheme: Scheme | str) -> Scheme:
     raise LowbitError(f"scheme must be a Scheme or a scheme string, got {type(scheme).__name__}")
 
 
-def _check(W: Any, H: Any, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
+def _check(W: Any, H: Any, scheme: Any) -> tuple[np.ndarray, np.ndarray]:
     """float64 copies of W and H, after checking shapes, values and the scheme's layout."""
 
     W64 = np.array(_numpy(W), dtype=np.float64, copy=True)
@@ -255,6 +262,9 @@ def _check(W: Any, H: Any, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
         raise LowbitError("the Hessian holds NaN or inf (were the calibration inputs finite?)")
     if np.any(np.diag(H64) < 0):
         raise LowbitError("the Hessian has negative diagonal entries: it is not X^T X")
+    if isinstance(scheme, GgmlTarget):
+        scheme.check(n)
+        return W64, H64
     g = scheme.granularity
     axis = scheme.axis
     if g is Granularity.CHANNEL and axis % 2 != 0:  # type: ignore[operator]
@@ -337,10 +347,16 @@ def _solve_codes(W: np.ndarray, f: _Factor, scheme: Scheme, cfg: GPTQ) -> tuple[
     """GPTQ's loop over the columns of ``W`` (float64, modified): codes ``[out, in]`` and the
     quantizer holding the scales."""
     rows, cols = W.shape
-    g = own_tensor_scale(W.astype(np.float32), scheme) if scheme.tensor_scale else None
-    quant = _Quantizer(scheme, (rows, cols), g)
-    W[:, f.dead] = 0.0
-    grouped = scheme.granularity in (Granularity.GROUP, Granularity.BLOCK)
+    quant: Any
+    if isinstance(scheme, GgmlTarget):  # llama.cpp's block types: a grid per (super-)block
+        W[:, f.dead] = 0.0
+        quant = _GgmlQuantizer(scheme, W)
+        grouped = True
+    else:
+        g = own_tensor_scale(W.astype(np.float32), scheme) if scheme.tensor_scale else None
+        quant = _Quantizer(scheme, (rows, cols), g)
+        W[:, f.dead] = 0.0
+        grouped = scheme.granularity in (Granularity.GROUP, Granularity.BLOCK)
     static = cfg.act_order is ActOrder.STATIC
     if not grouped:
         quant.fit_whole(W)
@@ -362,7 +378,7 @@ def _solve_codes(W: np.ndarray, f: _Factor, scheme: Scheme, cfg: GPTQ) -> tuple[
             k = col // quant.group
             if grouped and not static and col % quant.group == 0:
                 quant.fit_group(k, _current(Wt, W1, E1, U, i1, i2, i, quant.span(k)[1]).T)
-            c, q = quant.round(W1[i], k)
+            c, q = quant.round(W1[i], k, col)
             codes[col] = c
             err = (W1[i] - q) / U1[i, i]
             if i + 1 < i2 - i1:

@@ -1,0 +1,104 @@
+"""`lowbit quantize MODEL.gguf --to q4_k_m --method gptq --out-format gguf`: GPTQ onto each
+tensor's llama.cpp block type, in a GGUF the gguf package reads back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+pytestmark = pytest.mark.torch
+
+from lowbit.checkpoints._pipeline import raw_bytes  # noqa: E402
+from lowbit.checkpoints.gguf_mix import gguf_mix_types  # noqa: E402
+from lowbit.checkpoints.opener import open_checkpoint  # noqa: E402
+from lowbit.cli import main  # noqa: E402
+from lowbit.ggml import blocks  # noqa: E402
+from tiny_models import VOCAB, save_gguf  # noqa: E402
+
+WORDS = "river stone cloud garden lantern harbor meadow signal copper violet winter orchard"
+
+
+def _llama256() -> Any:
+    """A random 2-layer llama whose rows are 256 and 512 values (K-quants fit, no fallback)."""
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=257,
+        eos_token_id=258,
+    )  # fmt: skip
+    cfg.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.05)
+    return model
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("ggufgptq")
+    w = WORDS.split()
+    text = d / "calib.txt"
+    text.write_text(" ".join(f"The {w[i % 12]} keeps {w[i * 7 % 12]}." for i in range(80)))
+    return save_gguf(_llama256(), d / "llama256.gguf", embedding="F32"), text
+
+
+@pytest.mark.parametrize("mix", ["q4_k_m", "q3_k_s"])
+def test_gptq_mix_reads_back(source: tuple[Path, Path], tmp_path: Path, mix: str, capsys) -> None:
+    """Every tensor in the mix's type; GPTQ'd linear layers (different bytes from llama.cpp's
+    rounding, lower layer error); gguf's decoding of every tensor equals lowbit's."""
+    src, text = source
+    out = tmp_path / f"m.{mix}.gguf"
+    argv = ["quantize", str(src), "--to", mix, "--method", "gptq", "--out-format", "gguf",
+            "--out", str(out), "--calib", str(text), "--calib-samples", "3", "--calib-len", "48",
+            "--no-progress", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    method = result["method"]
+    assert method["gptq_tensors"] == 14 and method["importance"] == "diag(H)"
+    assert method["mean_error"]["gptq"] < method["mean_error"]["rtn"]
+    want = gguf_mix_types(open_checkpoint(src), mix)
+    s = open_checkpoint(src)
+    reader = gguf.GGUFReader(out)
+    moved = 0
+    for t in reader.tensors:
+        qtype = t.tensor_type.name
+        assert qtype == want[t.name], t.name
+        if qtype not in blocks.TYPES:
+            continue
+        raw = np.asarray(t.data, np.uint8).reshape(-1, blocks.row_bytes(qtype, int(t.shape[0])))
+        ours = blocks.dequantize(raw, qtype)
+        theirs = gguf.quants.dequantize(raw, t.tensor_type).reshape(ours.shape)
+        np.testing.assert_array_equal(
+            ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32)
+        )
+        rtn = blocks.quantize(np.asarray(s.get(t.name), np.float32), qtype)
+        if t.name.startswith("blk."):
+            moved += raw.tobytes() != rtn.tobytes()
+        else:  # the embedding and the output: llama.cpp's rounding
+            assert raw.tobytes() == rtn.tobytes(), t.name
+    assert moved == 14
+    assert (
+        raw_bytes(open_checkpoint(out), "blk.0.attn_norm.weight").tobytes()
+        == raw_bytes(s, "blk.0.attn_norm.weight").tobytes()
+    )
+
+
+def test_gptq_mix_refusals(source: tuple[Path, Path], tmp_path: Path) -> None:
+    """--method awq with a mix, an existing output: one line each, exit 2."""
+    src = source[0]
+    base = ["quantize", str(src), "--to", "q4_k_m", "--out-format", "gguf", "--no-progress"]
+    assert main([*base, "--method", "awq", "--out", str(tmp_path / "a.gguf")]) == 2
+    (tmp_path / "b.gguf").write_bytes(b"x")
+    assert main([*base, "--method", "gptq", "--out", str(tmp_path / "b.gguf")]) == 2
