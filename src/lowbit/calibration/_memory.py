@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.methods._ggml_gptq import GgmlQuantized
 from lowbit.models.build import load_deferred
 from lowbit.quant.tensor import QuantizedTensor
 
@@ -121,7 +122,7 @@ def _drop(params: Any) -> None:
             p.data = torch.empty(0, dtype=p.dtype)
 
 
-class SpilledTensors(MutableMapping[str, QuantizedTensor]):
+class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
     """Name -> :class:`~lowbit.quant.tensor.QuantizedTensor`, each written to a temporary
     file when stored and read back when asked for: a whole-model run's results take disk,
     not memory, until the writer reads them one at a time (before, GPTQ's results stayed in
@@ -144,7 +145,7 @@ class SpilledTensors(MutableMapping[str, QuantizedTensor]):
             weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
         return self._folder
 
-    def __setitem__(self, name: str, qt: QuantizedTensor) -> None:
+    def __setitem__(self, name: str, qt: QuantizedTensor | GgmlQuantized) -> None:
         arrays, meta = qt.to_arrays()
         old = self._index.get(name)
         if old is None:
@@ -154,10 +155,12 @@ class SpilledTensors(MutableMapping[str, QuantizedTensor]):
             np.savez(f, **arrays)
         self._index[name] = (path, meta)
 
-    def __getitem__(self, name: str) -> QuantizedTensor:
+    def __getitem__(self, name: str) -> QuantizedTensor | GgmlQuantized:
         path, meta = self._index[name]
         with np.load(path) as z:
             arrays = {k: z[k] for k in z.files}
+        if "ggml_type" in meta:  # GPTQ onto a llama.cpp block type: the tensor's GGUF bytes
+            return GgmlQuantized.from_arrays(arrays, meta)
         return QuantizedTensor.from_arrays(arrays, meta)
 
     def __delitem__(self, name: str) -> None:

@@ -114,6 +114,16 @@ class GgmlQuantized:
         """The values ggml decodes, as ``dtype``."""
         return blocks.dequantize(self.data, self.qtype).astype(dtype).reshape(self.shape)
 
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The bytes and what names them (as ``QuantizedTensor.to_arrays``), for spilling."""
+        return {"data": self.data}, {"ggml_type": self.qtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> GgmlQuantized:
+        """The inverse of :meth:`to_arrays`."""
+        rows, cols = meta["shape"]
+        return cls(str(meta["ggml_type"]), arrays["data"], (int(rows), int(cols)))
+
 
 class _GgmlQuantizer:
     """The grid of each block of a weight, fixed by ``fit_group``, and its column rounding
