@@ -172,3 +172,39 @@ def test_gguf_to_hf_array_per_family(rng: np.random.Generator) -> None:
     )
     with pytest.raises(LowbitError, match="'mamba'"):
         gguf_to_hf_name("blk.0.attn_q.weight", {"model_type": "mamba"})
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral"])
+def test_mix_from_hugging_face_equals_two_steps(tiny: Path, tmp_path: Path, name: str) -> None:
+    """`lowbit quantize HF --to q4_k_m --out-format gguf` writes the tensors (names, types,
+    bytes) and metadata that converting first and then quantizing the GGUF write, and leaves
+    no temporary file beside the output."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    direct = out_dir / "direct.gguf"
+    rc = main(["quantize", str(tiny / name), "--to", "q4_k_m", "--out-format", "gguf",
+               "--out", str(direct), "--no-progress"])  # fmt: skip
+    assert rc == 0
+    assert sorted(p.name for p in out_dir.iterdir()) == ["direct.gguf"]
+    converted = tmp_path / "converted.gguf"
+    rc = main(["quantize", str(tiny / name), "--plan", str(_keep_plan(tmp_path)),
+               "--out-format", "gguf", "--out", str(converted), "--no-progress"])  # fmt: skip
+    assert rc == 0
+    two = tmp_path / "two.gguf"
+    rc = main(["quantize", str(converted), "--to", "q4_k_m", "--out-format", "gguf",
+               "--out", str(two), "--no-progress"])  # fmt: skip
+    assert rc == 0
+    a, b = gguf.GGUFReader(direct), gguf.GGUFReader(two)
+    assert [(t.name, t.tensor_type.name, bytes(t.data)) for t in a.tensors] == [
+        (t.name, t.tensor_type.name, bytes(t.data)) for t in b.tensors
+    ]
+    assert any(t.tensor_type.name in ("Q4_K", "Q5_0") for t in a.tensors)  # rows of 64 fall back
+    skip = {"general.name", "lowbit.writer"}
+    fields = {k: f.contents() for k, f in a.fields.items() if k not in skip}
+    assert fields == {k: f.contents() for k, f in b.fields.items() if k not in skip}
+
+
+def _keep_plan(folder: Path) -> Path:
+    plan = folder / "keep.json"
+    plan.write_text(json.dumps({"rules": [{"match": "*", "format": "keep"}]}))
+    return plan

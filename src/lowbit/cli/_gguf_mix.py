@@ -14,20 +14,24 @@ from __future__ import annotations
 
 import argparse
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lowbit.calibration.gptq import gptq_weights
+from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints.gguf_convert import check_hf_source
 from lowbit.checkpoints.gguf_mix import gguf_mix_types, gptq_targets, write_gguf_mix
 from lowbit.checkpoints.imatrix import read_imatrix
-from lowbit.checkpoints.quantize_model import open_model
+from lowbit.checkpoints.quantize_model import open_model, quantize_model
 from lowbit.cli import _common
 from lowbit.cli._calibrated import calibration_of
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
 from lowbit.methods.gptq import GPTQ
+from lowbit.plans.plan import PrecisionPlan
 
 _OWN_PLAN = {"Q4_0", "Q8_0"}  # lowbit's plan path writes these to GGUF (scheme "ggml")
 # lowbit schemes too: with --out-format lowbit or compressed-tensors these are lowbit's own
@@ -40,7 +44,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     """llama-quantize's options, for ``--to`` one of its mixes."""
     g = p.add_argument_group(
         "llama.cpp mixes (--to q2_k|q3_k_s|q3_k_m|q3_k_l|q4_k_s|q4_k_m|q5_k_s|q5_k_m|q6_k|"
-        "iq4_nl|iq4_xs|q4_1|q5_0|q5_1|tq1_0|tq2_0 --out-format gguf, from a GGUF source; "
+        "iq4_nl|iq4_xs|q4_1|q5_0|q5_1|tq1_0|tq2_0 --out-format gguf, from a GGUF or a Hugging "
+        "Face source (converted first, into a temporary file beside the output); "
         "--method gptq rounds the linear layers onto their block types with GPTQ)"
     )
     g.add_argument("--imatrix", metavar="FILE", help="llama.cpp importance matrix (GGUF or .dat)")
@@ -132,12 +137,39 @@ def run(args: argparse.Namespace) -> int:
     ckpt = open_model(args.model)
     imatrix = read_imatrix(args.imatrix) if args.imatrix else None
     options = _overrides(args)
-    if args.dry_run:
-        types = gguf_mix_types(ckpt, m.name, has_imatrix=imatrix is not None, **options)
-        return _print_types(args, ckpt, m, types)
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give the .gguf file to write")
     out = Path(args.out) if args.out else _default_out(Path(ckpt.path), m.name)
+    if ckpt.format == "gguf":
+        return _run_mix(args, ckpt, m, imatrix, options, out, progress)
+    # a Hugging Face source: llama.cpp's converter first (lowbit's, the same tensors and keys),
+    # at the precision each tensor is stored in, into a temporary GGUF beside the output, then
+    # the mix from it, as llama.cpp users do in two steps; the temporary file is always removed
+    check_hf_source(ckpt)
+    if out.exists() and not args.overwrite and not args.dry_run:
+        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+    where = out.parent if str(out.parent) else Path(".")
+    with tempfile.TemporaryDirectory(prefix=".lowbit-hf-to-gguf-", dir=where) as tmp:
+        src = Path(tmp) / (Path(ckpt.path).name + ".gguf")
+        keep = PrecisionPlan.from_dict({"rules": [{"match": "*", "format": "keep"}]})
+        quantize_model(ckpt, keep, src, out_format="gguf", progress=progress)
+        ckpt.close()
+        with open_checkpoint(src) as converted:
+            return _run_mix(args, converted, m, imatrix, options, out, progress)
+
+
+def _run_mix(
+    args: argparse.Namespace,
+    ckpt: Any,
+    m: Any,
+    imatrix: Any,
+    options: dict[str, Any],
+    out: Path,
+    progress: bool | None,
+) -> int:
+    if args.dry_run:
+        types = gguf_mix_types(ckpt, m.name, has_imatrix=imatrix is not None, **options)
+        return _print_types(args, ckpt, m, types)
     done, record = None, None
     if getattr(args, "method", "rtn") == "gptq":
         done, record = _gptq(args, ckpt, m.name, imatrix, options, out, progress)
