@@ -220,3 +220,25 @@ def test_cli_size_json(l256: Path, tmp_path: Path, capsys: pytest.CaptureFixture
     assert abs(doc["file_bits_per_weight"] - 8 * doc["file_bytes"] / sum(
         int(np.prod(t.shape)) for t in gguf.GGUFReader(out).tensors)) < 1e-9  # fmt: skip
     assert {t for t, _ in back.values()} <= {"Q3_K", "Q6_K", "F32"}
+
+
+def test_importance_vectors_checked_as_llama_quantize(l256: Path) -> None:
+    """--imatrix: each tensor's vector must have one weight per column (a wrong token
+    embedding is quantized without one); a matrix naming no tensor is an error."""
+    from lowbit.checkpoints.gguf_budget import budget_vectors
+
+    ckpt = open_checkpoint(l256)
+    names = list(budget_options(ckpt, ["Q4_K"]))
+    good = {"blk.0.attn_q.weight": np.ones(256), "token_embd.weight": np.ones(3)}
+    got = budget_vectors(ckpt, names, good)
+    assert list(got) == ["blk.0.attn_q.weight"] and got["blk.0.attn_q.weight"].dtype == np.float32
+    with pytest.raises(LowbitError, match="has 3 values"):
+        budget_vectors(ckpt, names, {"blk.0.attn_q.weight": np.ones(3)})
+    with pytest.raises(LowbitError, match="names none"):
+        budget_vectors(ckpt, names, {"other.weight": np.ones(256)})
+    # the trial rounds with the vector, as the writer does
+    w = np.asarray(ckpt.get("blk.0.attn_q.weight"), np.float32)
+    im = np.linspace(0.1, 5.0, 256, dtype=np.float32)
+    with_im = blocks.dequantize(blocks.quantize(w, "Q4_K", imatrix=im), "Q4_K").reshape(w.shape)
+    np.testing.assert_array_equal(roundtrip(w, "Q4_K", im), with_im)
+    assert not np.array_equal(roundtrip(w, "Q4_K"), with_im)
