@@ -217,6 +217,9 @@ def test_cli_size_json(l256: Path, tmp_path: Path, capsys: pytest.CaptureFixture
     for row in doc["tensors"]:
         assert back[row["tensor"]] == (row["type"], row["bytes"]), row
         assert (row["damage"] is None) == (row["tensor"].endswith("norm.weight"))
+        if row["damage"] is not None:  # the chosen option's damage, among all measured
+            assert doc["damages"][row["tensor"]][row["type"]] == row["damage"]
+            assert set(doc["damages"][row["tensor"]]) == {"Q3_K", "Q6_K"}
     assert abs(doc["file_bits_per_weight"] - 8 * doc["file_bytes"] / sum(
         int(np.prod(t.shape)) for t in gguf.GGUFReader(out).tensors)) < 1e-9  # fmt: skip
     assert {t for t, _ in back.values()} <= {"Q3_K", "Q6_K", "F32"}

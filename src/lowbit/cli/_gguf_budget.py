@@ -155,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         "metric": sens.metric,
         "trials": total,
         **plan.to_dict(),
+        "damages": sens.damages,  # every option measured, {tensor: {type: damage}}
     }
     if not args.dry_run:
         written = write_gguf_types(
