@@ -36,9 +36,15 @@ def add_options(
         "--budget",
         metavar="BPW|PRESET",
         help="stored bits per quantized weight, scales included (e.g. 4.5), or a preset's name "
-        "(q4_k_m_like): the bits/weight that preset gives this model",
+        "(q4_k_m_like): the bits/weight that preset gives this model; with --out-format gguf "
+        "(quantize): bits per weight of the tensors llama.cpp quantizes, each given a GGUF type",
     )
-    g.add_argument("--size", metavar="BYTES", help="total output tensor bytes, e.g. 80MB, 1.2GiB")
+    g.add_argument(
+        "--size",
+        metavar="BYTES",
+        help="total output tensor bytes, e.g. 80MB, 1.2GiB; with --out-format gguf (quantize): "
+        "the whole file's bytes, metadata included",
+    )
     g.add_argument(
         "--sensitivity",
         metavar="FILE.json",
@@ -48,7 +54,11 @@ def add_options(
         "--min-format", metavar="SCHEME", help="no tensor gets fewer bits than this scheme gives"
     )
     g.add_argument(
-        "--candidates", metavar="LIST", help="schemes of the scan that may be chosen (default all)"
+        "--candidates",
+        metavar="LIST",
+        help="schemes of the scan that may be chosen (default all); with --out-format gguf "
+        "(quantize): GGUF types, e.g. q4_k,q6_k,q8_0 (default Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,Q8_0,"
+        "IQ4_XS; K-quants fall back as in llama-quantize on rows that are not whole blocks)",
     )
     if presets:
         g.add_argument(

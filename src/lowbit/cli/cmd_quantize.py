@@ -10,7 +10,7 @@ from typing import Any
 
 from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
-from lowbit.cli import _budget, _common, _gguf_mix
+from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix
 from lowbit.cli._calibrated import (
     add_calibration_options,
     awq_run,
@@ -298,6 +298,8 @@ def _out_path(args: argparse.Namespace, ckpt: Any) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    if _gguf_budget.wanted(args):
+        return _gguf_budget.run(args)
     if _gguf_mix.wanted(args):
         return _gguf_mix.run(args)
     clock = Stopwatch()

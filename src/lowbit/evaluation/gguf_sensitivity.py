@@ -1,0 +1,180 @@
+"""How much each tensor costs the model in each GGUF block type: the input to a GGUF budget.
+
+The GGUF counterpart of :mod:`lowbit.evaluation.sensitivity`'s exact measure: for every tensor
+llama-quantize would quantize and every type it may become
+(:func:`lowbit.checkpoints.gguf_budget.budget_options`), the tensor alone is quantized with
+llama.cpp's bytes (:func:`lowbit.ggml.blocks.quantize`, with its importance vector when
+given) and decoded, the model runs with it, and the damage is the mean
+KL(original || trial) of the next-token distributions over the calibration windows.
+
+Trials reuse the scan's runner (:mod:`lowbit.evaluation._sensitivity_runner`): a tensor inside
+block ``b`` runs blocks ``b..end`` from the cached inputs. The output head is special: the
+runner's shortcut holds the reference head's weights, so a trial that changes them
+(``output.weight``, or a token embedding tied to it) runs the whole model and compares its
+log-probabilities with the original's, computed from the original head input kept once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowbit.checkpoints.readers import Checkpoint
+from lowbit.errors import LowbitError
+from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
+from lowbit.evaluation.scan_samples import ScanSamples
+from lowbit.ggml import blocks
+from lowbit.models._compute import compute_context, resolve_compute
+from lowbit.models.build import build_model
+
+__all__ = ["GgufSensitivity", "gguf_sensitivity", "roundtrip"]
+
+_CHUNK = 512  # positions per log-softmax of a head trial
+
+
+def roundtrip(w: np.ndarray, t: str, vector: np.ndarray | None = None) -> np.ndarray:
+    """``w`` stored as GGUF type ``t`` and read back (float32), llama.cpp's bytes; a 3-D
+    tensor's importance vector holds one row of weights per expert."""
+    w = np.asarray(w, dtype=np.float32)
+    if t == "F16":
+        return w.astype(np.float16).astype(np.float32)
+    if vector is not None and w.ndim == 3 and vector.size == w.shape[0] * w.shape[-1]:
+        per = vector.reshape(w.shape[0], w.shape[-1])
+        return np.stack([roundtrip(w[e], t, per[e]) for e in range(w.shape[0])])
+    q = blocks.quantize(w, t, imatrix=vector)
+    return blocks.dequantize(q, t).reshape(w.shape)
+
+
+@dataclass
+class GgufSensitivity:
+    """Measured damages: ``{tensor: {type: mean KL, nats}}``, and where the time went."""
+
+    damages: dict[str, dict[str, float]]
+    calibration: str
+    metric: str = "mean KL(original || trial) of next-token distributions, nats"
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "calibration": self.calibration,
+            "metric": self.metric,
+            "seconds": dict(self.seconds),
+            "damages": {n: dict(d) for n, d in self.damages.items()},
+        }
+
+
+class _HeadTrial:
+    """Trials of the output head's weights: whole-model runs against the original's
+    log-probabilities (from the original head input and weights, kept once)."""
+
+    def __init__(self, runner: Runner) -> None:
+        import torch
+
+        self.torch = torch
+        self.runner = runner
+        assert runner.head is not None
+        self.w0 = runner.head.weight.detach().clone().float()
+        with torch.inference_mode():
+            self.h0 = [runner._run_to_head(b).float() for b in runner.batches]
+
+    def __call__(self) -> float:
+        torch = self.torch
+        F = torch.nn.functional
+        head = self.runner.head
+        bias = None if head.bias is None else head.bias.float()  # type: ignore[union-attr]
+        w1 = head.weight.float()  # type: ignore[union-attr]
+        total, count = 0.0, 0
+        with torch.inference_mode():
+            for b, inputs in enumerate(self.runner.batches):
+                h1 = self.runner._run_to_head(inputs).float()
+                h0 = self.h0[b].reshape(-1, h1.shape[-1])
+                h1 = h1.reshape(-1, h1.shape[-1])
+                for i in range(0, h1.shape[0], _CHUNK):
+                    lp0 = torch.log_softmax(
+                        F.linear(h0[i : i + _CHUNK], self.w0, bias).double(), -1
+                    )
+                    lp1 = torch.log_softmax(F.linear(h1[i : i + _CHUNK], w1, bias).double(), -1)
+                    total += float((lp0.exp() * (lp0 - lp1)).sum())
+                count += h1.shape[0]
+        return total / count
+
+
+def gguf_sensitivity(
+    checkpoint: Checkpoint,
+    options: Mapping[str, Mapping[str, Any]],
+    calibration: ScanSamples,
+    *,
+    vectors: Mapping[str, np.ndarray] | None = None,
+    batch: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+    compute: str = "fp32",
+) -> GgufSensitivity:
+    """Measure every tensor of ``options`` in each of its types, one tensor at a time.
+
+    Args:
+        checkpoint: an open GGUF checkpoint of a causal LM lowbit builds.
+        options: ``{tensor: {type: ...}}`` (:func:`~lowbit.checkpoints.gguf_budget.budget_options`).
+        calibration: token windows (keep them apart from the evaluation's text).
+        vectors: ``{tensor: importance vector}`` for the types that use one.
+        batch: windows per forward pass.
+        progress: ``progress(done, total)`` after each trial.
+        compute: precision of the model's matrix products (``fp32``, ``bf16``, ``auto``).
+
+    Raises:
+        LowbitError: a model lowbit cannot build, no windows, a tensor that fills no parameter.
+    """
+    import torch
+
+    if not calibration.windows:
+        raise LowbitError("the GGUF budget's trials need token windows of a causal LM")
+    compute = resolve_compute(compute)
+    vectors = dict(vectors or {})
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    model = build_model(checkpoint, progress=False)
+    runner = Runner(model, None, "causal", calibration, batch)
+    weights = TensorWeights(model, checkpoint)
+    seconds["build"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with compute_context(compute):
+        runner.reference()
+    head_trial = None
+    seconds["reference"] = time.perf_counter() - t0
+    total = sum(len(v) for v in options.values())
+    done = 0
+    damages: dict[str, dict[str, float]] = {}
+    t0 = time.perf_counter()
+    for name, types in options.items():
+        p = weights.param(name)
+        saved = p.detach().clone()
+        is_head = runner.head is not None and p is runner.head.weight
+        if is_head and head_trial is None:
+            with compute_context(compute):
+                head_trial = _HeadTrial(runner)
+        start = block_of(weights, runner.blocks, name)
+        w = np.asarray(checkpoint.get(name), dtype=np.float32)
+        damages[name] = {}
+        try:
+            for t in types:
+                try:
+                    w_hat = roundtrip(w, t, vectors.get(name))
+                except LowbitError as exc:
+                    raise LowbitError(f"tensor {name!r} as {t}: {exc}") from None
+                with torch.no_grad():
+                    p.copy_(torch.from_numpy(weights.model_layout(name, w_hat).copy()))
+                with compute_context(compute):
+                    d = head_trial() if is_head else runner.trial(start)  # type: ignore[misc]
+                damages[name][t] = max(0.0, float(d))
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        finally:
+            with torch.no_grad():
+                p.copy_(saved)
+        checkpoint.close()  # unmap the tensor's pages
+    seconds["trials"] = time.perf_counter() - t0
+    return GgufSensitivity(damages, calibration.label, seconds=seconds)
