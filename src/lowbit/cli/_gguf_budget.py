@@ -31,6 +31,7 @@ from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.imatrix import read_imatrix
 from lowbit.checkpoints.quantize_model import open_model
 from lowbit.cli import _common
+from lowbit.cli._gguf_mix import gguf_source
 from lowbit.errors import LowbitError
 from lowbit.evaluation.gguf_sensitivity import gguf_sensitivity
 from lowbit.evaluation.scan_samples import scan_samples
@@ -117,16 +118,26 @@ def run(args: argparse.Namespace) -> int:
     types = parse_types(_given(args) or DEFAULT_CANDIDATES)
     progress = False if args.no_progress or args.json else None
     ckpt = open_model(args.model)
-    if getattr(ckpt, "format", None) != "gguf":
-        raise LowbitError(
-            f"{ckpt.path}: a GGUF budget reads a GGUF source (its metadata and tokenizer are "
-            "copied); convert first: lowbit quantize MODEL --to bf16 --out-format gguf"
-        )
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give the .gguf file to write")
     out = Path(args.out) if args.out else _default_out(Path(ckpt.path), args)
     if not args.dry_run:
         check_output(out, overwrite=args.overwrite, kind="file", inputs=[ckpt.path])
+    # a Hugging Face source is converted first, into a temporary GGUF beside the output
+    with gguf_source(ckpt, out, progress) as source:
+        return _run(args, source, out, types, bpw, size, progress, start)
+
+
+def _run(
+    args: argparse.Namespace,
+    ckpt: Any,
+    out: Path,
+    types: Any,
+    bpw: float | None,
+    size: int | None,
+    progress: bool | None,
+    start: float,
+) -> int:
     options = budget_options(ckpt, types)
     imatrix = read_imatrix(args.imatrix) if getattr(args, "imatrix", None) else None
     vectors = budget_vectors(ckpt, options, imatrix) if imatrix is not None else {}

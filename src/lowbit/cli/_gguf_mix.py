@@ -13,8 +13,10 @@ are rounded as llama.cpp rounds them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,14 +142,26 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give the .gguf file to write")
     out = Path(args.out) if args.out else _default_out(Path(ckpt.path), m.name)
-    if ckpt.format == "gguf":
-        return _run_mix(args, ckpt, m, imatrix, options, out, progress)
-    # a Hugging Face source: llama.cpp's converter first (lowbit's, the same tensors and keys),
-    # at the precision each tensor is stored in, into a temporary GGUF beside the output, then
-    # the mix from it, as llama.cpp users do in two steps; the temporary file is always removed
-    check_hf_source(ckpt)
     if out.exists() and not args.overwrite and not args.dry_run:
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+    with gguf_source(ckpt, out, progress) as source:
+        return _run_mix(args, source, m, imatrix, options, out, progress)
+
+
+@contextlib.contextmanager
+def gguf_source(ckpt: Any, out: Path, progress: bool | None) -> Iterator[Any]:
+    """``ckpt`` itself when it is a GGUF; a Hugging Face source converted first (lowbit's
+    ``convert_hf_to_gguf``: llama.cpp's tensors and keys, each tensor at the precision it is
+    stored in) into a temporary GGUF beside ``out``, as llama.cpp users do in two steps. The
+    temporary file is removed when the block ends, also on error.
+
+    Raises:
+        LowbitError: a family or tokenizer lowbit cannot convert.
+    """
+    if ckpt.format == "gguf":
+        yield ckpt
+        return
+    check_hf_source(ckpt)
     where = out.parent if str(out.parent) else Path(".")
     with tempfile.TemporaryDirectory(prefix=".lowbit-hf-to-gguf-", dir=where) as tmp:
         src = Path(tmp) / (Path(ckpt.path).name + ".gguf")
@@ -155,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         quantize_model(ckpt, keep, src, out_format="gguf", progress=progress)
         ckpt.close()
         with open_checkpoint(src) as converted:
-            return _run_mix(args, converted, m, imatrix, options, out, progress)
+            yield converted
 
 
 def _run_mix(
