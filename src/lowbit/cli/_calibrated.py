@@ -119,6 +119,7 @@ def awq_run(
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
         progress=progress, compute=getattr(args, "compute", "fp32"),
+        workers=getattr(args, "workers", 1), ray=getattr(args, "ray", False),
     )  # fmt: skip
     return run.checkpoint, run.weights, run.record
 
