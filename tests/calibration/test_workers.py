@@ -174,3 +174,19 @@ def test_ray_gptq_bytes(model: tuple[Path, Path], tmp_path: Path) -> None:
         pytest.fail(f"the Ray calibration did not finish in {_RAY_TIMEOUT} s")
     assert proc.returncode == 0, log.decode(errors="replace")[-4000:]
     assert _digests(tmp_path / "ray") == _digests(tmp_path / "one")
+
+
+def test_api_refusals(model: tuple[Path, Path]) -> None:
+    """calibrated_weights: workers below 1 and SmoothQuant on workers are refused before any
+    model is built."""
+    from lowbit.calibration.calibrated import calibrated_weights
+    from lowbit.methods.gptq import GPTQ
+    from lowbit.methods.smoothquant import SmoothQuant
+    from lowbit.plans.plan import PrecisionPlan
+
+    folder, text = model
+    plan = PrecisionPlan.uniform("int8:ch", activations="int8")
+    with pytest.raises(LowbitError, match="workers must be a positive integer, got 0"):
+        calibrated_weights(folder, plan, GPTQ(), str(text), workers=0)
+    with pytest.raises(LowbitError, match="SmoothQuant calibrates in one process"):
+        calibrated_weights(folder, plan, SmoothQuant(activations="int8"), str(text), workers=2)
