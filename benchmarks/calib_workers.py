@@ -3,7 +3,7 @@ local worker processes (``--workers N``), on a shipped model; the wall time, the
 the driver and its workers, whether the codes are the same, and the load of the machine.
 
 Usage: ``python benchmarks/calib_workers.py smollm2 [--method gptq|awq] [--samples 32]
-[--length 256] [--workers 2] [--to int4:g128]``. Runs: one process on 1 thread, one process on
+[--length 256] [--workers 2] [--to int4:g128] [--skip-one-thread]``. Runs: one process on 1 thread, one process on
 ``--workers`` threads, ``--workers`` processes of 1 thread each (the same cores). Prints one
 markdown table row per run.
 """
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--to", default="int4:g128")
+    p.add_argument("--skip-one-thread", action="store_true", help="leave out the 1-thread run")
     args = p.parse_args(argv)
 
     from lowbit.calibration.calibrated import calibrated_weights
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     method = GPTQ() if args.method == "gptq" else AWQ()
     runs = [("1 process, 1 thread", 1, 1), (f"1 process, {args.workers} threads", args.workers, 1),
             (f"{args.workers} processes, 1 thread each", 1, args.workers)]  # fmt: skip
+    if args.skip_one_thread:
+        runs = runs[1:]
     print(f"{args.model} {args.method} {args.to}, {args.samples} x {args.length} tokens")
     print("| run | wall s | CPU s (all processes) | load before | same codes |")
     print("|---|---|---|---|---|")

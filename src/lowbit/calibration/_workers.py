@@ -35,13 +35,13 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 from lowbit.calibration.awq import awq_weights
 from lowbit.calibration.gptq import gptq_weights
-from lowbit.calibration.hessians import HessianCollector, parts_kept
+from lowbit.calibration.hessians import HessianCollector, add_parts, parts_kept
 from lowbit.errors import LowbitError
 from lowbit.models._threads import _cores
 
@@ -103,8 +103,7 @@ class _Session:
 
     def reduce(self, col: HessianCollector) -> HessianCollector:
         self._out.put(("reduce", sorted(col.linears), col.parts()))
-        shards = self._in.get()
-        return HessianCollector.merged(col.linears, shards)
+        return HessianCollector.from_sums(col.linears, self._in.get())
 
     def step(self, reply: Any = None) -> tuple[str, Any, Any]:
         if reply is not None:
@@ -120,44 +119,70 @@ def _serve(conn: Any, kind: str, path: str, args: tuple[Any, ...], kwargs: dict[
     while True:
         msg = session.step(reply)
         conn.send(msg)
-        if msg[0] != "reduce":
+        kind, msg = msg[0], None  # the parts sent are not kept through the solve
+        if kind != "reduce":
             break
         reply = conn.recv()
     conn.close()
 
 
-def _drive(step: Callable[[Any], list[tuple[str, Any, Any]]]) -> tuple[Any, int, int]:
-    """Step every worker until all are done: sum each reduction in worker order.
+def _drive(step: Callable[[Any], Iterator[tuple[str, Any, Any]]]) -> tuple[Any, int, int]:
+    """Step every worker until all are done, adding each reduction's parts in worker order.
 
     Args:
-        step: hands the reply (None at first) to every active worker and returns their
-            messages, in worker order; the argument after the first call is the list of
-            shard parts every worker's reply is made of.
+        step: hands the reply (None at first, then the sums of a reduction) to every
+            worker still running and yields their messages, in worker order.
 
     Returns:
         ``(worker 0's run, workers that calibrated, reductions)``.
     """
-    msgs = step(None)
-    active = [i for i, m in enumerate(msgs) if m[0] != "idle"]
+    kinds, first, sums, layers = _gather(step(None))
+    active = len(kinds) - kinds.count("idle")
     reductions = 0
     while True:
-        msgs = [m for m in msgs if m[0] != "idle"]
-        for m in msgs:
-            if m[0] == "crash":
-                raise RuntimeError(f"a calibration worker failed:\n{m[1]}")
-        for m in msgs:
-            if m[0] == "error":
-                raise LowbitError(m[1])
-        kinds = {m[0] for m in msgs}
-        if kinds == {"done"}:
-            return msgs[0][1], len(active), reductions
-        layers = {tuple(m[1]) for m in msgs if m[0] == "reduce"}
-        if kinds != {"reduce"} or len(layers) != 1:  # pragma: no cover - a bug, not input
+        kinds = [k for k in kinds if k != "idle"]
+        if set(kinds) == {"done"}:
+            return first, active, reductions
+        if set(kinds) != {"reduce"} or len(layers) != 1:  # pragma: no cover - a bug
             raise LowbitError(
-                f"calibration workers diverged at reduction {reductions}: {sorted(kinds)}"
+                f"calibration workers diverged at reduction {reductions}: {sorted(set(kinds))}"
             )
         reductions += 1
-        msgs = step([m[2] for m in msgs])
+        kinds, first, sums, layers = _gather(step(sums))
+
+
+def _gather(
+    msgs: Iterator[tuple[str, Any, Any]],
+) -> tuple[list[str], Any, dict[str, Any], set[tuple[str, ...]]]:
+    """The kinds of the workers' messages, worker 0's run, the reductions' parts added in
+    worker order (each dropped once added) and the layers each reduction names.
+
+    Raises:
+        LowbitError: a worker's LowbitError (the first).
+        RuntimeError: a worker's other error, with its traceback.
+    """
+    kinds: list[str] = []
+    first: Any = None
+    sums: dict[str, Any] = {}
+    layers: set[tuple[str, ...]] = set()
+    crash = error = None
+    for kind, payload, parts in msgs:  # every message is read, so no worker is left waiting
+        kinds.append(kind)
+        if kind == "crash":
+            crash = crash or payload
+        elif kind == "error":
+            error = error or payload
+        elif kind == "done" and len(kinds) == 1:
+            first = payload
+        elif kind == "reduce" and crash is None and error is None:
+            layers.add(tuple(payload))
+            add_parts(sums, parts)
+        del parts
+    if crash is not None:
+        raise RuntimeError(f"a calibration worker failed:\n{crash}")
+    if error is not None:
+        raise LowbitError(error)
+    return kinds, first, sums, layers
 
 
 def distributed_calibration(
@@ -228,13 +253,17 @@ def _local_run(
             procs.append(p)
         live = list(range(workers))
 
-        def step(reply: Any) -> list[tuple[str, Any, Any]]:
+        def step(reply: Any) -> Iterator[tuple[str, Any, Any]]:
             if reply is not None:
                 for i in live:
                     conns[i].send(reply)
-            msgs = [_receive(conns[i], procs[i]) for i in live]
-            live[:] = [i for i, m in zip(live, msgs, strict=True) if m[0] == "reduce"]
-            return msgs
+            still = []
+            for i in list(live):
+                msg = _receive(conns[i], procs[i])
+                if msg[0] == "reduce":
+                    still.append(i)
+                yield msg
+            live[:] = still
 
         return _drive(step)
     finally:
@@ -319,11 +348,16 @@ def _ray_run(
     actors = [_Actor.remote(i) for i in range(workers)]
     live = list(range(workers))
 
-    def step(reply: Any) -> list[tuple[str, Any, Any]]:
-        ref = None if reply is None else ray.put(reply)
-        msgs = ray.get([actors[i].step.remote(ref) for i in live])
-        live[:] = [i for i, m in zip(live, msgs, strict=True) if m[0] == "reduce"]
-        return msgs
+    def step(reply: Any) -> Iterator[tuple[str, Any, Any]]:
+        ref = None if reply is None else ray.put(reply)  # stored once, read by every actor
+        refs = [actors[i].step.remote(ref) for i in live]
+        still = []
+        for i, r in zip(list(live), refs, strict=True):
+            msg = ray.get(r)
+            if msg[0] == "reduce":
+                still.append(i)
+            yield msg
+        live[:] = still
 
     try:
         return _drive(step)

@@ -32,7 +32,7 @@ import numpy as np
 from lowbit.errors import LowbitError
 from lowbit.models._compute import exact
 
-__all__ = ["HessianCollector", "parts_kept"]
+__all__ = ["HessianCollector", "add_parts", "parts_kept"]
 
 # Whether collectors made in this context keep their sums in parts (a calibration worker's
 # run): how the sums are kept, never what they are.
@@ -269,18 +269,19 @@ class HessianCollector:
 
     def parts(self) -> dict[str, Any]:
         """What this collector summed, in parts another process adds up (made inside
-        :func:`parts_kept`): ``group_of``, and per group ``windows`` (each window's float32
-        ``X^T X``, upper block triangle), ``count`` (tokens), ``abs`` (each pass's float64
-        ``sum |x|``) and ``max`` (float32 ``max |x|``) where ``stats``."""
+        :func:`parts_kept`; once: the windows are handed over): ``group_of``, and per group
+        ``windows`` (each window's float32 ``X^T X``, upper block triangle), ``count``
+        (tokens), ``abs`` (each pass's float64 ``sum |x|``) and ``max`` (float32 ``max |x|``)
+        where ``stats``."""
         assert self._keep, "parts() of a collector made outside parts_kept()"
         for group in list(self._sum):
             self._flush(group)
         groups = {}
         for group, count in self._count.items():
             groups[group] = {
-                "windows": self._windows.get(group, []),
+                "windows": self._windows.pop(group, []),  # handed over, not kept twice
                 "count": count,
-                "abs": self._abs_parts.get(group, []),
+                "abs": self._abs_parts.pop(group, []),
                 "max": self._abs_max[group].numpy() if group in self._abs_max else None,
             }
         return {"group_of": dict(self.group_of), "groups": groups}
@@ -288,38 +289,68 @@ class HessianCollector:
     @classmethod
     def merged(cls, linears: dict[str, Any], shards: list[dict[str, Any]]) -> HessianCollector:
         """A collector holding the sums of several collectors' :meth:`parts`, one per shard
-        of samples, given in sample order: the float64 total adds the windows one after
-        another and ``sum |x|`` the passes one after another, as one collector that saw every
-        sample adds them. Its hooks are never registered (no ``with``).
+        of samples, given in sample order (:func:`add_parts`, :meth:`from_sums`)."""
+        sums: dict[str, Any] = {}
+        for shard in shards:
+            add_parts(sums, shard)
+        return cls.from_sums(linears, sums)
 
-        Raises:
-            LowbitError: shards that grouped a layer differently.
-        """
+    @classmethod
+    def from_sums(cls, linears: dict[str, Any], sums: dict[str, Any]) -> HessianCollector:
+        """A collector holding sums that :func:`add_parts` made: what its methods
+        (:meth:`hessian`, :meth:`tokens`, :meth:`mean_abs`, ...) read. Its hooks are never
+        registered (no ``with``)."""
         import torch
 
         col = cls(linears)
-        for shard in shards:
-            for name, group in shard["group_of"].items():
-                if col.group_of.setdefault(name, group) != group:
-                    raise LowbitError(f"calibration workers grouped layer {name!r} differently")
-            for group, got in shard["groups"].items():
-                col._count[group] = col._count.get(group, 0) + got["count"]
-                for w in got["windows"]:
-                    if group in col._total:
-                        col._total[group] += w.astype(np.float64)
-                    else:
-                        col._total[group] = w.astype(np.float64)
-                for a in got["abs"]:
-                    a = torch.from_numpy(a)
-                    if group in col._abs_sum:
-                        col._abs_sum[group] += a
-                    else:
-                        col._abs_sum[group] = a.clone()
-                if got["max"] is not None:
-                    m = torch.from_numpy(got["max"])
-                    old = col._abs_max.get(group)
-                    col._abs_max[group] = m if old is None else torch.maximum(old, m)
+        col.group_of.update(sums.get("group_of", {}))
+        for group, got in sums.get("groups", {}).items():
+            col._count[group] = got["count"]
+            if got["total"] is not None:
+                col._total[group] = got["total"]
+            if got["abs"] is not None:
+                col._abs_sum[group] = torch.from_numpy(got["abs"])
+            if got["max"] is not None:
+                col._abs_max[group] = torch.from_numpy(got["max"])
         return col
+
+
+def add_parts(sums: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any]:
+    """Add one shard's :meth:`HessianCollector.parts` onto ``sums`` (in place; start from
+    ``{}``), shards in sample order: the float64 total adds the windows one after another and
+    ``sum |x|`` the passes one after another, the additions one collector that saw every
+    sample makes, so the sums are bitwise its sums.
+
+    Returns:
+        ``sums``: ``group_of``, and per group ``total`` (float64 ``X^T X``, upper block
+        triangle), ``count``, ``abs`` (float64 ``sum |x|``) and ``max`` (float32), each None
+        where not collected.
+
+    Raises:
+        LowbitError: shards that grouped a layer differently.
+    """
+    group_of = sums.setdefault("group_of", {})
+    groups = sums.setdefault("groups", {})
+    for name, group in parts["group_of"].items():
+        if group_of.setdefault(name, group) != group:
+            raise LowbitError(f"calibration workers grouped layer {name!r} differently")
+    for group, got in parts["groups"].items():
+        acc = groups.setdefault(group, {"total": None, "count": 0, "abs": None, "max": None})
+        acc["count"] += got["count"]
+        for w in got["windows"]:  # as _flush: the float32 window made float64, then added
+            if acc["total"] is None:
+                acc["total"] = w.astype(np.float64)
+            else:
+                acc["total"] += w.astype(np.float64)
+        for a in got["abs"]:
+            if acc["abs"] is None:
+                acc["abs"] = a.copy()
+            else:
+                acc["abs"] += a
+        if got["max"] is not None:
+            m = got["max"]
+            acc["max"] = m.copy() if acc["max"] is None else np.maximum(acc["max"], m)
+    return sums
 
 
 class _Done(Exception):
