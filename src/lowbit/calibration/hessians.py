@@ -6,8 +6,8 @@ products of one sample at a time (the upper block triangle only), summed in floa
 windows of 16 passes (passes 0-15, 16-31, ...) and then in float64, window after window. A
 calibration worker (``lowbit.calibration._workers``) that holds a shard of whole windows keeps
 each window's float32 sum apart (:func:`parts_kept`, :meth:`HessianCollector.parts`); the
-driver adds every worker's windows in sample order (:meth:`HessianCollector.merged`), the very
-additions one process makes, so the Hessians are bitwise the same. Each collecting pass stops at the block's last linear layer. Layers that read the same input
+driver adds every worker's windows in sample order (:func:`add_parts`), the very additions one
+process makes, so the Hessians are bitwise the same. Each collecting pass stops at the block's last linear layer. Layers that read the same input
 tensor (q/k/v, gate/up) share one ``H``. ``lowbit.calibration.gptq`` collects them one
 block at a time (GPTQ's sequential mode: block ``i`` sees the outputs of the already quantized
 blocks before it), so the peak memory is about

@@ -127,6 +127,8 @@ def awq_run(
 def method_summary(method: dict[str, Any]) -> str:
     """One line on how the calibrated tensors were made."""
     sec, data = method["seconds"], method["calibration"]["described"]
+    if sec.get("workers"):  # split over worker processes or Ray actors (--workers, --ray)
+        data += f" split over {sec['workers']:.0f} workers"
     if method["method"] == "gptq":
         return (
             f"GPTQ ({method['act_order']} act-order, damp {method['damp']:g}, "
