@@ -69,6 +69,30 @@ def test_spilled_tensors_mapping_and_cleanup(rng: np.random.Generator) -> None:
     assert not folder.exists()
 
 
+def test_spilled_tensors_pickle_to_their_own_files(rng: np.random.Generator) -> None:
+    """Pickled (a calibration worker hands its run to the driver), the tensors travel as
+    values into a store with its own folder: removing the sender's files loses nothing."""
+    import pickle
+
+    from lowbit.ggml import blocks
+    from lowbit.methods._ggml_gptq import GgmlQuantized
+
+    w = rng.standard_normal((4, 256)).astype(np.float32)
+    a = lowbit.quantize(w, parse_scheme("int4:g32"))
+    g = GgmlQuantized("Q4_K", blocks.quantize(w, "Q4_K"), (4, 256))
+    store = SpilledTensors()
+    store["a"], store["g"] = a, g
+    copy = pickle.loads(pickle.dumps(store))
+    folder = Path(store._folder or "")
+    del store
+    gc.collect()
+    assert not folder.exists()
+    assert list(copy) == ["a", "g"] and Path(copy._folder or "") != folder
+    _same(copy["a"], a)
+    assert copy["g"].qtype == "Q4_K" and np.array_equal(copy["g"].data, g.data)
+    assert np.array_equal(copy["g"].dequantize(), blocks.dequantize(g.data, "Q4_K"))
+
+
 @pytest.mark.torch
 def test_gptq_keeps_no_earlier_block_in_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -163,6 +163,11 @@ class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
             return GgmlQuantized.from_arrays(arrays, meta)
         return QuantizedTensor.from_arrays(arrays, meta)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # to another process (calibration workers hand worker 0's run to the driver): the
+        # tensors travel as values and are spilled again there; the files here stay ours
+        return (_respill, ([(n, self[n]) for n in self._index],))
+
     def __delitem__(self, name: str) -> None:
         path, _ = self._index.pop(name)
         os.remove(path)
@@ -178,3 +183,11 @@ class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
 
     def __repr__(self) -> str:
         return f"<SpilledTensors: {len(self)} quantized tensors in {self._folder}>"
+
+
+def _respill(items: list[tuple[str, Any]]) -> SpilledTensors:
+    """A :class:`SpilledTensors` of ``(name, tensor)`` pairs (its unpickling)."""
+    out = SpilledTensors()
+    for name, qt in items:
+        out[name] = qt
+    return out

@@ -116,6 +116,7 @@ def awq_weights(
     progress: bool | None = None,
     default_method: str = "awq",
     compute: str = "fp32",
+    _worker: Any = None,
 ) -> AWQRun:
     """Quantize a model's weights with AWQ, or round them after SmoothQuant's folds.
 
@@ -135,6 +136,9 @@ def awq_weights(
             rules saying ``method: awq`` use AWQ). A rule's ``method`` always wins: a
             ``method: rtn`` tensor is rounded to nearest as stored, and a fold that would
             change it is skipped (``folds`` says so).
+        _worker: a calibration worker's session (``lowbit.calibration._workers``; AWQ
+            only): statistics of the worker's shard of samples, searched and quantized on
+            those summed over every worker.
 
     Returns:
         An :class:`AWQRun`.
@@ -172,6 +176,9 @@ def awq_weights(
     head_dim = int(getattr(cfg, "head_dim", 0) or cfg.hidden_size // cfg.num_attention_heads)
     limit = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
+    everything = samples
+    if _worker is not None:
+        samples = _worker.shard(samples)
     sec["load"] = time.perf_counter() - t0
     sq = isinstance(method, SmoothQuant)
     per_pass = math.ceil(method.rows / len(samples)) if sq else 0
@@ -203,6 +210,8 @@ def awq_weights(
                         for (h, a, k), (_, mask) in zip(states, samples, strict=True):
                             col.next_sample(mask)
                             block(h, *a, **k)
+                    if _worker is not None:  # every worker's sums, in sample order
+                        col = _worker.reduce(col)
                     sec["collect"] += time.perf_counter() - t
                     mine = _expert_floor(mine, col, calib, run.layers)
                     do_block(net, ckpt, i, lead, mine, todo, names, folds, head_dim, col,
@@ -226,10 +235,10 @@ def awq_weights(
         **calib.to_dict(),
         "kind": kind,
         "described": calib.describe(kind),
-        "samples_used": len(samples) if causal else sum(int(m.shape[0]) for _, m in samples),
-        "tokens": sum(int(s["input_ids"].numel()) for s, _ in samples)
+        "samples_used": len(everything) if causal else sum(int(m.shape[0]) for _, m in everything),
+        "tokens": sum(int(s["input_ids"].numel()) for s, _ in everything)
         if causal
-        else sum(int(m.sum()) for _, m in samples),
+        else sum(int(m.sum()) for _, m in everything),
     }
     return run
 

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowbit.calibration._workers import distributed_calibration
 from lowbit.calibration.awq import awq_weights
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints import quantize_model as _writer
 from lowbit.checkpoints.quantize_model import open_model, plan_model
-from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
@@ -132,6 +133,8 @@ def calibrated_weights(
     threads: int | None = None,
     progress: bool | None = None,
     compute: str = "fp32",
+    workers: int = 1,
+    ray: bool | str = False,
 ) -> CalibratedWeights:
     """Run a calibrated method on a model and build the record the manifest keeps of it.
 
@@ -149,6 +152,11 @@ def calibrated_weights(
         progress: tqdm bars (``None``: only on a terminal; ``False``: never).
         compute: precision of the model's forward passes, ``fp32`` (default), ``bf16`` or
             ``auto`` (see :func:`lowbit.calibration.gptq.gptq_weights`).
+        workers: GPTQ and AWQ: split the calibration samples over this many worker
+            processes (1: this process alone, the default); the same codes as one process
+            (``lowbit.calibration._workers``, docs/scale-out.md).
+        ray: GPTQ and AWQ: run the workers as Ray actors (True: ``RAY_ADDRESS`` or a local
+            instance; or a cluster address; ``workers`` 1: one per cluster CPU).
 
     Returns:
         A :class:`CalibratedWeights`.
@@ -159,11 +167,15 @@ def calibrated_weights(
     """
     calib = _calibration(calibration)
     ckpt = open_model(model)
+    spread = _spread(ckpt, method, workers, ray)
     if isinstance(method, GPTQ):
-        run = gptq_weights(
-            ckpt, plan, calib, method, threads=threads, progress=progress,
-            default_method=default_method, compute=compute,
-        )  # fmt: skip
+        kwargs = {"threads": threads, "progress": progress, "default_method": default_method,
+                  "compute": compute}  # fmt: skip
+        if spread is None:
+            run = gptq_weights(ckpt, plan, calib, method, **kwargs)
+        else:
+            run = distributed_calibration("gptq", spread, (plan, calib, method), kwargs,
+                                          workers=workers, ray=ray)  # fmt: skip
         done = run.weights  # kept on disk, read one at a time by the writer
         for n in [n for n, m in run.methods.items() if m != "gptq"]:
             del done[n]  # rounded to nearest again by the writer
@@ -178,10 +190,13 @@ def calibrated_weights(
         return CalibratedWeights(ckpt, done, record)
     if not isinstance(method, AWQ | SmoothQuant):
         raise LowbitError(f"method must be GPTQ, AWQ or SmoothQuant, got {type(method).__name__}")
-    awq = awq_weights(
-        ckpt, plan, calib, method, threads=threads, progress=progress, compute=compute,
-        default_method="rtn" if default_method == "rtn" and isinstance(method, AWQ) else "awq",
-    )  # fmt: skip
+    kwargs = {"threads": threads, "progress": progress, "compute": compute, "default_method":
+              "rtn" if default_method == "rtn" and isinstance(method, AWQ) else "awq"}  # fmt: skip
+    if spread is None:
+        awq = awq_weights(ckpt, plan, calib, method, **kwargs)
+    else:
+        awq = distributed_calibration("awq", spread, (plan, calib, method), kwargs,
+                                      workers=workers, ray=ray)  # fmt: skip
     done = {n: qt for n, qt in awq.weights.items() if awq.methods[n] == method.name}
     record = {
         **method.to_dict(),
@@ -193,6 +208,27 @@ def calibrated_weights(
         "layers": awq.layers,  # per layer: output error of RTN and of the method
     }
     return CalibratedWeights(awq.checkpoint(ckpt), done, record)
+
+
+def _spread(ckpt: Checkpoint, method: Any, workers: int, ray: bool | str) -> str | None:
+    """The path the calibration workers open, or None to calibrate in this process.
+
+    Raises:
+        LowbitError: ``workers`` below 1; workers for SmoothQuant (its kept rows are drawn
+            pass by pass from one generator); a checkpoint with no path to open.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise LowbitError(f"--workers must be a positive integer, got {workers!r}")
+    if workers == 1 and ray is False:
+        return None
+    if isinstance(method, SmoothQuant):
+        raise LowbitError("SmoothQuant calibrates in one process: drop --workers/--ray")
+    path = getattr(ckpt, "path", None)
+    if isinstance(ckpt, ReplacedCheckpoint) or path is None or not Path(path).exists():
+        raise LowbitError(
+            "calibration workers open the checkpoint from its path; this one has none"
+        )
+    return str(Path(path).resolve())
 
 
 def quantize_model(

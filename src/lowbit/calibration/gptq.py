@@ -154,6 +154,7 @@ def gptq_weights(
     default_method: str = "gptq",
     compute: str = "fp32",
     targets: Mapping[str, Any] | None = None,
+    _worker: Any = None,
 ) -> GPTQRun:
     """Quantize a model's weights with GPTQ on calibration data.
 
@@ -184,6 +185,9 @@ def gptq_weights(
             tensor, as a mix chose it); the linear layers among them are GPTQ'd onto their
             block type (:class:`~lowbit.methods._ggml_gptq.GgmlQuantized` weights), the
             others left out of ``weights`` (the caller rounds them as llama.cpp does).
+        _worker: a calibration worker's session (``lowbit.calibration._workers``): the run
+            collects on the worker's shard of samples and solves on the Hessians summed over
+            every worker.
 
     Returns:
         A :class:`GPTQRun`.
@@ -219,6 +223,9 @@ def gptq_weights(
     per_block = _locate(net, ckpt, {n: t for n, t in todo.items() if n in wanted}, prefix)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
+    everything = samples
+    if _worker is not None:
+        samples = _worker.shard(samples)
     clock.stop("load")
 
     weights: MutableMapping[str, Any] = SpilledTensors()  # on disk: memory flat in depth
@@ -250,6 +257,8 @@ def gptq_weights(
         def solve(
             col: HessianCollector, mine: dict[str, str], linears: dict[str, Any], model: Any = net
         ) -> None:
+            if _worker is not None:  # the sums of every worker's shard, in sample order
+                col = _worker.reduce(col)
             clock.stop("collect")
             for group in col.groups().values():
                 H = col.hessian(group[0])
@@ -330,10 +339,10 @@ def gptq_weights(
         **calib.to_dict(),
         "kind": "causal-lm" if causal else "encoder",
         "described": calib.describe("causal-lm" if causal else "encoder"),
-        "samples_used": len(samples) if causal else sum(int(m.shape[0]) for _, m in samples),
-        "tokens": sum(int(s["input_ids"].numel()) for s, _ in samples)
+        "samples_used": len(everything) if causal else sum(int(m.shape[0]) for _, m in everything),
+        "tokens": sum(int(s["input_ids"].numel()) for s, _ in everything)
         if causal
-        else sum(int(m.sum()) for _, m in samples),
+        else sum(int(m.sum()) for _, m in everything),
     }
     return GPTQRun(
         weights, methods, layers, clock.totals(), calib_facts, clock.cpu_totals(), sequential

@@ -2,8 +2,12 @@
 
 (:class:`HessianCollector`) for each linear layer the Hessian of its output
 error, ``H = 2 X^T X / n`` over the ``n`` calibration tokens it sees (padding excluded): float32
-products of one sample at a time (the upper block triangle only), summed in float32 over 16
-samples and then in float64. Each collecting pass stops at the block's last linear layer. Layers that read the same input
+products of one sample at a time (the upper block triangle only), summed in float32 over
+windows of 16 passes (passes 0-15, 16-31, ...) and then in float64, window after window. A
+calibration worker (``lowbit.calibration._workers``) that holds a shard of whole windows keeps
+each window's float32 sum apart (:func:`parts_kept`, :meth:`HessianCollector.parts`); the
+driver adds every worker's windows in sample order (:func:`add_parts`), the very additions one
+process makes, so the Hessians are bitwise the same. Each collecting pass stops at the block's last linear layer. Layers that read the same input
 tensor (q/k/v, gate/up) share one ``H``. ``lowbit.calibration.gptq`` collects them one
 block at a time (GPTQ's sequential mode: block ``i`` sees the outputs of the already quantized
 blocks before it), so the peak memory is about
@@ -18,6 +22,9 @@ and 1,536) with 128 x 512 takes 0.54 GB + 151 MB + 3 x 2.7 MB + 19 MB + tens of 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -25,7 +32,23 @@ import numpy as np
 from lowbit.errors import LowbitError
 from lowbit.models._compute import exact
 
-__all__ = ["HessianCollector"]
+__all__ = ["HessianCollector", "add_parts", "parts_kept"]
+
+# Whether collectors made in this context keep their sums in parts (a calibration worker's
+# run): how the sums are kept, never what they are.
+_KEEP_PARTS: ContextVar[bool] = ContextVar("lowbit_keep_parts", default=False)
+
+
+@contextmanager
+def parts_kept() -> Iterator[None]:
+    """Collectors made inside keep each window's float32 ``X^T X`` and each pass's ``|x|``
+    sums apart (:meth:`HessianCollector.parts`) instead of adding them up: what a calibration
+    worker hands its driver. Memory: its windows' sums, ``in² x 4`` bytes each."""
+    token = _KEEP_PARTS.set(True)
+    try:
+        yield
+    finally:
+        _KEEP_PARTS.reset(token)
 
 
 class HessianCollector:
@@ -54,7 +77,7 @@ class HessianCollector:
         seed: the draw of those rows.
     """
 
-    #: passes summed in float32 before the sum is added to the float64 total.
+    #: passes summed in float32 before the sum is added to the float64 total (a window).
     FLUSH = 16
 
     def __init__(
@@ -86,6 +109,9 @@ class HessianCollector:
         self._stop = False
         self._mask: Any = None
         self._handles: list[Any] = []
+        self._keep = _KEEP_PARTS.get()
+        self._windows: dict[str, list[np.ndarray]] = {}  # kept parts (parts_kept)
+        self._abs_parts: dict[str, list[Any]] = {}
 
     def __enter__(self) -> HessianCollector:
         for name, mod in self.linears.items():
@@ -104,6 +130,9 @@ class HessianCollector:
             # the first pass showed which group comes last; where it did not reach every layer
             # (a mixture's routing sent no token to some expert) passes are never cut short
             self._last = self._order[-1]
+        if self._passes and self._passes % self.FLUSH == 0:  # a new window of passes
+            for group in list(self._sum):
+                self._flush(group)
         self._passes += 1
         self._seen.clear()  # references kept during a pass, so a data pointer is never reused
         self._done.clear()
@@ -157,18 +186,20 @@ class HessianCollector:
         for a in range(0, d, step):  # the upper block triangle: rows a..a+step, columns a..
             acc[a : a + step, a:].addmm_(x[:, a : a + step].T, x[:, a:])
         self._pending[group] = self._pending.get(group, 0) + 1
-        if self._pending[group] >= self.FLUSH:
-            self._flush(group)
 
     def _flush(self, group: str) -> None:
         if not self._pending.get(group):
             return
-        part = self._sum.pop(group).numpy().astype(np.float64)
+        part = self._sum.pop(group).numpy()
+        self._pending[group] = 0
+        if self._keep:
+            self._windows.setdefault(group, []).append(part)
+            return
+        part = part.astype(np.float64)
         if group in self._total:
             self._total[group] += part
         else:
             self._total[group] = part
-        self._pending[group] = 0
 
     def _more(self, group: str, x2: Any) -> None:
         import torch
@@ -176,6 +207,8 @@ class HessianCollector:
         if self._stats:
             a = x2.abs()
             s, m = a.sum(0).double(), a.amax(0)
+            if self._keep:
+                self._abs_parts.setdefault(group, []).append(s.numpy().copy())
             if group in self._abs_sum:
                 self._abs_sum[group] += s
                 self._abs_max[group] = torch.maximum(self._abs_max[group], m)
@@ -233,6 +266,91 @@ class HessianCollector:
 
     def tokens(self, name: str) -> int:
         return self._count.get(self.group_of.get(name, ""), 0)
+
+    def parts(self) -> dict[str, Any]:
+        """What this collector summed, in parts another process adds up (made inside
+        :func:`parts_kept`; once: the windows are handed over): ``group_of``, and per group
+        ``windows`` (each window's float32 ``X^T X``, upper block triangle), ``count``
+        (tokens), ``abs`` (each pass's float64 ``sum |x|``) and ``max`` (float32 ``max |x|``)
+        where ``stats``."""
+        assert self._keep, "parts() of a collector made outside parts_kept()"
+        for group in list(self._sum):
+            self._flush(group)
+        groups = {}
+        for group, count in self._count.items():
+            groups[group] = {
+                "windows": self._windows.pop(group, []),  # handed over, not kept twice
+                "count": count,
+                "abs": self._abs_parts.pop(group, []),
+                "max": self._abs_max[group].numpy() if group in self._abs_max else None,
+            }
+        return {"group_of": dict(self.group_of), "groups": groups}
+
+    @classmethod
+    def merged(cls, linears: dict[str, Any], shards: list[dict[str, Any]]) -> HessianCollector:
+        """A collector holding the sums of several collectors' :meth:`parts`, one per shard
+        of samples, given in sample order (:func:`add_parts`, :meth:`from_sums`)."""
+        sums: dict[str, Any] = {}
+        for shard in shards:
+            add_parts(sums, shard)
+        return cls.from_sums(linears, sums)
+
+    @classmethod
+    def from_sums(cls, linears: dict[str, Any], sums: dict[str, Any]) -> HessianCollector:
+        """A collector holding sums that :func:`add_parts` made: what its methods
+        (:meth:`hessian`, :meth:`tokens`, :meth:`mean_abs`, ...) read. Its hooks are never
+        registered (no ``with``)."""
+        import torch
+
+        col = cls(linears)
+        col.group_of.update(sums.get("group_of", {}))
+        for group, got in sums.get("groups", {}).items():
+            col._count[group] = got["count"]
+            if got["total"] is not None:
+                col._total[group] = got["total"]
+            if got["abs"] is not None:
+                col._abs_sum[group] = torch.from_numpy(got["abs"])
+            if got["max"] is not None:
+                col._abs_max[group] = torch.from_numpy(got["max"])
+        return col
+
+
+def add_parts(sums: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any]:
+    """Add one shard's :meth:`HessianCollector.parts` onto ``sums`` (in place; start from
+    ``{}``), shards in sample order: the float64 total adds the windows one after another and
+    ``sum |x|`` the passes one after another, the additions one collector that saw every
+    sample makes, so the sums are bitwise its sums.
+
+    Returns:
+        ``sums``: ``group_of``, and per group ``total`` (float64 ``X^T X``, upper block
+        triangle), ``count``, ``abs`` (float64 ``sum |x|``) and ``max`` (float32), each None
+        where not collected.
+
+    Raises:
+        LowbitError: shards that grouped a layer differently.
+    """
+    group_of = sums.setdefault("group_of", {})
+    groups = sums.setdefault("groups", {})
+    for name, group in parts["group_of"].items():
+        if group_of.setdefault(name, group) != group:
+            raise LowbitError(f"calibration workers grouped layer {name!r} differently")
+    for group, got in parts["groups"].items():
+        acc = groups.setdefault(group, {"total": None, "count": 0, "abs": None, "max": None})
+        acc["count"] += got["count"]
+        for w in got["windows"]:  # as _flush: the float32 window made float64, then added
+            if acc["total"] is None:
+                acc["total"] = w.astype(np.float64)
+            else:
+                acc["total"] += w.astype(np.float64)
+        for a in got["abs"]:
+            if acc["abs"] is None:
+                acc["abs"] = a.copy()
+            else:
+                acc["abs"] += a
+        if got["max"] is not None:
+            m = got["max"]
+            acc["max"] = m.copy() if acc["max"] is None else np.maximum(acc["max"], m)
+    return sums
 
 
 class _Done(Exception):

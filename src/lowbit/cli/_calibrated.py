@@ -119,6 +119,7 @@ def awq_run(
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
         progress=progress, compute=getattr(args, "compute", "fp32"),
+        workers=getattr(args, "workers", 1), ray=getattr(args, "ray", False),
     )  # fmt: skip
     return run.checkpoint, run.weights, run.record
 
@@ -126,6 +127,8 @@ def awq_run(
 def method_summary(method: dict[str, Any]) -> str:
     """One line on how the calibrated tensors were made."""
     sec, data = method["seconds"], method["calibration"]["described"]
+    if sec.get("workers"):  # split over worker processes or Ray actors (--workers, --ray)
+        data += f" split over {sec['workers']:.0f} workers"
     if method["method"] == "gptq":
         return (
             f"GPTQ ({method['act_order']} act-order, damp {method['damp']:g}, "

@@ -91,7 +91,8 @@ def _trial_options(p: argparse.ArgumentParser, measure: str) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="processes running trials (with --ray: Ray actors; 1 = one per cluster CPU)",
+        help="processes running trials, and quantize's gptq/awq calibration split by samples "
+        "(with --ray: Ray actors; 1 = one per cluster CPU)",
     )
     p.add_argument(
         "--ray",
@@ -99,7 +100,8 @@ def _trial_options(p: argparse.ArgumentParser, measure: str) -> None:
         const=True,
         default=False,
         metavar="ADDRESS",
-        help="run trials on a Ray cluster (no ADDRESS: RAY_ADDRESS or a local instance)",
+        help="run trials (and gptq/awq calibration) on a Ray cluster (no ADDRESS: RAY_ADDRESS "
+        "or a local instance)",
     )
 
 

@@ -273,7 +273,7 @@ def _gptq(
     calib = calibration_of(args)
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
-        progress=progress, compute=args.compute,
+        progress=progress, compute=args.compute, workers=args.workers, ray=args.ray,
     )  # fmt: skip
     return run.weights, run.record
 
@@ -306,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress or args.json else None
     if args.threads is not None and args.threads < 1:
         raise LowbitError(f"--threads must be >= 1, got {args.threads}")
+    if args.workers < 1:
+        raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
     args.compute = _common.compute_option(args.compute)
     plan = build_plan(args)
     ckpt = open_model(args.model)
