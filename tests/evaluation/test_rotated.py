@@ -125,3 +125,61 @@ def test_eval_mr_gptq_rows(tmp_path: Path) -> None:
     assert mr["method"]["rotation"] == "block-hadamard"
     assert mr["bits_per_weight"] == rows["mxfp4"]["bits_per_weight"]
     assert mr["layer_error_gptq"] < mr["layer_error_rtn"]
+
+
+def test_quantize_hadamard_writes_and_load_applies_the_rotation(tmp_path: Path) -> None:
+    """lowbit quantize --method hadamard: the codes of W R in lowbit's format, the rotation
+    recorded per tensor in the manifest; load_model rotates those layers' inputs, giving
+    eval --methods hadamard's model (same logits); other formats and mixes are refused."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.cli import main
+    from lowbit.evaluation.calibrated_variants import variant_plan
+    from lowbit.evaluation.rotated import rotated_variant
+    from lowbit.models.build import load_model
+
+    src = save_hf_folder(tiny_llama(), tmp_path / "hf")
+    q = tmp_path / "q"
+    assert main(["quantize", str(src), "--to", "mxfp4", "--method", "hadamard", "--out", str(q),
+                 "--no-progress"]) == 0  # fmt: skip
+    ckpt = LowbitCheckpoint(q)
+    rot = ckpt.rotations()
+    assert len(rot) == 14 and set(rot.values()) == {32}
+    assert ckpt.manifest["method"]["rotation"]["kind"] == "block-hadamard"
+    model = load_model(q)
+    assert len(model.lowbit_rotations) == 14
+    ref = rotated_variant(open_checkpoint(src), variant_plan("mxfp4"), "mxfp4", False).model
+    ids = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=1e-6, atol=1e-6)
+    assert main(["quantize", str(src), "--to", "mxfp4", "--method", "hadamard", "--out",
+                 str(tmp_path / "ct"), "--out-format", "compressed-tensors"]) == 2  # fmt: skip
+
+
+def test_quantize_mr_gptq_records_the_rotation(tmp_path: Path) -> None:
+    """lowbit quantize --method hadamard+gptq: MR-GPTQ's rotated codes written with their
+    rotation; load_model's logits are those of the rotated codes with rotated inputs."""
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.cli import main
+    from lowbit.models.build import build_model, load_model
+
+    src = save_hf_folder(tiny_llama(), tmp_path / "hf")
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i % 17} and {i}" for i in range(2000)))
+    q = tmp_path / "q"
+    assert main(["quantize", str(src), "--to", "nvfp4", "--method", "hadamard+gptq", "--calib",
+                 str(text), "--calib-samples", "4", "--calib-len", "40", "--out", str(q),
+                 "--no-progress", "--threads", "1"]) == 0  # fmt: skip
+    ckpt = LowbitCheckpoint(q)
+    assert set(ckpt.rotations().values()) == {16} and len(ckpt.rotations()) == 14
+    assert ckpt.manifest["method"]["method"] == "gptq"
+    model = load_model(q)
+    plain = build_model(ckpt.as_source())  # the rotated codes, inputs not rotated: wrong
+    # the same codes rotated back, Q(W R) Rᵀ, with plain inputs: the same layer outputs
+    back = {n: rotate_rows(ckpt.get(n), b) for n, b in ckpt.rotations().items()}
+    unrotated = build_model(ckpt.as_source(), weights=back)
+    ids = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        a, b, c = model(ids).logits, plain(ids).logits, unrotated(ids).logits
+    assert (a - b).abs().max() > 1e-2
+    torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
