@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.checkpoints.quantize_model import plan_model
 from lowbit.evaluation._compare import Variant
 from lowbit.methods.hadamard import rotate_rows, rotation_block
-from lowbit.models.build import build_model
+from lowbit.models.build import attach_rotations, build_model
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label
 from lowbit.quant.tensor import quantize
@@ -23,28 +22,22 @@ __all__ = ["rotate_inputs", "rotated_variant"]
 
 def rotate_inputs(model: Any, checkpoint: Any, blocks: Mapping[str, int]) -> list[str]:
     """Register forward pre-hooks rotating the inputs of the linear layers whose weights
-    ``blocks`` names (checkpoint tensor name -> Hadamard block): ``x ↦ x R``.
+    ``blocks`` names (checkpoint tensor name -> Hadamard block): ``x ↦ x R``
+    (``lowbit.models.build.attach_rotations``, what ``load_model`` does for a rotated lowbit
+    checkpoint).
 
     Hooks registered later (``--act``'s activation quantizers) see the rotated inputs, as a
     consumer that rotates before quantizing its activations does.
 
     Returns:
-        The tensor names whose layers were hooked (weights the model does not run as an
-        ``nn.Linear`` are skipped).
-    """
-    import torch
+        The tensor names whose layers were hooked: all of ``blocks``.
 
-    modules = dict(model.named_modules())
-    hooked = []
-    for tensor, block in blocks.items():
-        name = gguf_to_hf_name(tensor) if checkpoint.format == "gguf" else tensor
-        name = name.removesuffix(".weight")
-        module = modules.get(name)
-        if not isinstance(module, torch.nn.Linear):
-            continue  # a weight the model does not run as a linear layer
-        module.register_forward_pre_hook(lambda _m, a, b=block: (rotate_rows(a[0], b), *a[1:]))
-        hooked.append(tensor)
-    return hooked
+    Raises:
+        LowbitError: a rotated weight the model does not run as an ``nn.Linear`` (its input
+            could not be rotated, so the rotated weight would be wrong).
+    """
+    attach_rotations(model, dict(blocks), checkpoint.format)
+    return list(blocks)
 
 
 def rotated_variant(checkpoint: Any, plan: PrecisionPlan, spec: str, progress: Any) -> Variant:
