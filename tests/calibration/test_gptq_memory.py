@@ -69,6 +69,21 @@ def test_spilled_tensors_mapping_and_cleanup(rng: np.random.Generator) -> None:
     assert not folder.exists()
 
 
+def test_spilled_tensors_keep_rotations(rng: np.random.Generator) -> None:
+    """MR-GPTQ's rotated weights come back rotated (block and codes), not as plain tensors
+    whose rotation a writer would then not record."""
+    from lowbit.methods.mr_gptq import RotatedTensor
+
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    rt = RotatedTensor(lowbit.quantize(w, parse_scheme("mxfp4")), 32)
+    store = SpilledTensors()
+    store["w"] = rt
+    got = store["w"]
+    assert isinstance(got, RotatedTensor) and got.block == 32
+    _same(got.rotated, rt.rotated)
+    assert np.array_equal(got.dequantize(), rt.dequantize())
+
+
 def test_spilled_tensors_pickle_to_their_own_files(rng: np.random.Generator) -> None:
     """Pickled (a calibration worker hands its run to the driver), the tensors travel as
     values into a store with its own folder: removing the sender's files loses nothing."""

@@ -73,3 +73,113 @@ def test_eval_hadamard_rows(tmp_path: Path) -> None:
     assert rows["int8:g16 hadamard"]["kl_mean"] < 1e-3
     assert rows["mxfp4 hadamard"]["rotation_block"] == 32
     assert rows["mxfp4 hadamard"]["rotated_layers"] == 14
+
+
+def test_rotated_unquantized_model_keeps_the_logits(tmp_path: Path) -> None:
+    """Every linear weight rotated (unquantized) and its input rotated by rotate_inputs'
+    hooks: the logits are the original's to 1e-5 (float32), a GGUF checkpoint's names too."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.evaluation.rotated import rotate_inputs
+    from lowbit.models.build import build_model
+    from tiny_models import save_gguf
+
+    for path in (save_hf_folder(tiny_llama(), tmp_path / "hf"),
+                 save_gguf(tiny_llama(), tmp_path / "m.gguf")):  # fmt: skip
+        ckpt = open_checkpoint(path)
+        names = [n for n in ckpt.names() if len(ckpt.shape(n)) == 2 and "emb" not in n
+                 and "token" not in n and "output.weight" != n]  # fmt: skip
+        blocks = {n: (16 if i % 2 else 32) for i, n in enumerate(names)}
+        weights = {
+            n: rotate_rows(np.asarray(ckpt.get(n), np.float32), b) for n, b in blocks.items()
+        }
+        ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            ref = build_model(ckpt)(ids).logits
+            model = build_model(ckpt, weights=weights)
+            assert sorted(rotate_inputs(model, ckpt, blocks)) == sorted(names)
+            got = model(ids).logits
+        assert len(names) >= 14  # 7 per block, and an untied head
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        with torch.inference_mode():  # without the hooks the rotated weights are wrong
+            assert (build_model(ckpt, weights=weights)(ids).logits - ref).abs().max() > 1e-2
+
+
+def test_eval_mr_gptq_rows(tmp_path: Path) -> None:
+    """--methods rtn,hadamard+gptq with --act mxfp4: MR-GPTQ's row and its W4A4 twin, its
+    weights in the rotated basis with every quantized layer's input rotated online."""
+    from lowbit.calibration.data import Calibration
+    from lowbit.evaluation.variants import evaluate_variants
+
+    hf = save_hf_folder(tiny_llama(), tmp_path / "hf")
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i % 17} and {i}" for i in range(2000)))
+    calib = Calibration(source=str(text), samples=4, length=40)
+    res = evaluate_variants(hf, [], ["mxfp4"], methods=["rtn", "hadamard+gptq"], act="mxfp4",
+                            tokens=120, window=40, text=text, threads=1, progress=False,
+                            calibration=calib)  # fmt: skip
+    rows = {r["name"]: r for r in res["rows"]}
+    assert list(rows) == ["original", "mxfp4", "mxfp4 hadamard+gptq", "original + mxfp4",
+                          "mxfp4 + mxfp4", "mxfp4 hadamard+gptq + mxfp4"]  # fmt: skip
+    mr = rows["mxfp4 hadamard+gptq"]
+    assert mr["rotated_layers"] == 14 and mr["rotation_block"] == [32]
+    assert mr["method"]["rotation"] == "block-hadamard"
+    assert mr["bits_per_weight"] == rows["mxfp4"]["bits_per_weight"]
+    assert mr["layer_error_gptq"] < mr["layer_error_rtn"]
+
+
+def test_quantize_hadamard_writes_and_load_applies_the_rotation(tmp_path: Path) -> None:
+    """lowbit quantize --method hadamard: the codes of W R in lowbit's format, the rotation
+    recorded per tensor in the manifest; load_model rotates those layers' inputs, giving
+    eval --methods hadamard's model (same logits); other formats and mixes are refused."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.cli import main
+    from lowbit.evaluation.calibrated_variants import variant_plan
+    from lowbit.evaluation.rotated import rotated_variant
+    from lowbit.models.build import load_model
+
+    src = save_hf_folder(tiny_llama(), tmp_path / "hf")
+    q = tmp_path / "q"
+    assert main(["quantize", str(src), "--to", "mxfp4", "--method", "hadamard", "--out", str(q),
+                 "--no-progress"]) == 0  # fmt: skip
+    ckpt = LowbitCheckpoint(q)
+    rot = ckpt.rotations()
+    assert len(rot) == 14 and set(rot.values()) == {32}
+    assert ckpt.manifest["method"]["rotation"]["kind"] == "block-hadamard"
+    model = load_model(q)
+    assert len(model.lowbit_rotations) == 14
+    ref = rotated_variant(open_checkpoint(src), variant_plan("mxfp4"), "mxfp4", False).model
+    ids = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=1e-6, atol=1e-6)
+    assert main(["quantize", str(src), "--to", "mxfp4", "--method", "hadamard", "--out",
+                 str(tmp_path / "ct"), "--out-format", "compressed-tensors"]) == 2  # fmt: skip
+
+
+def test_quantize_mr_gptq_records_the_rotation(tmp_path: Path) -> None:
+    """lowbit quantize --method hadamard+gptq: MR-GPTQ's rotated codes written with their
+    rotation; load_model's logits are those of the rotated codes with rotated inputs."""
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.cli import main
+    from lowbit.models.build import build_model, load_model
+
+    src = save_hf_folder(tiny_llama(), tmp_path / "hf")
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i % 17} and {i}" for i in range(2000)))
+    q = tmp_path / "q"
+    assert main(["quantize", str(src), "--to", "nvfp4", "--method", "hadamard+gptq", "--calib",
+                 str(text), "--calib-samples", "4", "--calib-len", "40", "--out", str(q),
+                 "--no-progress", "--threads", "1"]) == 0  # fmt: skip
+    ckpt = LowbitCheckpoint(q)
+    assert set(ckpt.rotations().values()) == {16} and len(ckpt.rotations()) == 14
+    assert ckpt.manifest["method"]["method"] == "gptq"
+    model = load_model(q)
+    plain = build_model(ckpt.as_source())  # the rotated codes, inputs not rotated: wrong
+    # the same codes rotated back, Q(W R) Rᵀ, with plain inputs: the same layer outputs
+    back = {n: rotate_rows(ckpt.get(n), b) for n, b in ckpt.rotations().items()}
+    unrotated = build_model(ckpt.as_source(), weights=back)
+    ids = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        a, b, c = model(ids).logits, plain(ids).logits, unrotated(ids).logits
+    assert (a - b).abs().max() > 1e-2
+    torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)

@@ -395,3 +395,32 @@ def test_layer_numbers_past_the_digit_limit() -> None:
     name = "model.layers." + "9" * 5000 + ".mlp.up_proj.weight"
     assert layer_and_kind(name)[0] is None
     assert tensor_group(name)[0] is None
+
+
+def test_fp4_scale_rules_in_the_report(tmp_path: Path) -> None:
+    """An NVFP4 checkpoint's report counts clipped blocks, underflowing scales and flushed
+    values under every FP4 scale rule, per worst tensor and summed (what
+    lowbit.quant.block_clipping gives on the source tensors), and the page shows them."""
+    from lowbit.quant.block_clipping import FP4_SCALE_RULES, fp4_block_counts
+    from lowbit.view.html import render
+
+    src = save_hf_folder(tiny_llama(seed=2), tmp_path / "src")
+    q = tmp_path / "q"
+    assert main(["quantize", str(src), "--to", "nvfp4", "--out", str(q)]) == 0
+    rep = build_report(q, worst=1)
+    ckpt = open_checkpoint(src)
+    fp4 = [r for r in rep.rows if r.stored == "quantized"]
+    assert rep.scale_rule_tensors == len(fp4) > 0
+    sums = {c.rule: c for c in rep.scale_rules}
+    assert list(sums) == list(FP4_SCALE_RULES)
+    per = [fp4_block_counts(np.asarray(ckpt.get(r.name), np.float32)) for r in fp4]
+    for k, rule in enumerate(FP4_SCALE_RULES):
+        assert sums[rule].clipped == sum(p[k].clipped for p in per)
+        assert sums[rule].flushed == sum(p[k].flushed for p in per)
+        assert sums[rule].blocks == sum(p[k].blocks for p in per)
+    d = rep.details[0]
+    assert [c.rule for c in d.scale_rules] == list(FP4_SCALE_RULES)
+    assert d.scale_rules == tuple(fp4_block_counts(np.asarray(ckpt.get(d.name), np.float32)))
+    assert sums["mxfp4:ceil"].clipped == 0 < sums["mxfp4"].clipped
+    page = render(rep)
+    assert 'id="scale-rules"' in page and page.count("nvfp4 without tensor scale") >= 2

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.methods._ggml_gptq import GgmlQuantized
+from lowbit.methods.mr_gptq import RotatedTensor
 from lowbit.models.build import load_deferred
 from lowbit.quant.tensor import QuantizedTensor
 
@@ -122,6 +123,9 @@ def _drop(params: Any) -> None:
             p.data = torch.empty(0, dtype=p.dtype)
 
 
+_ROTATION = "lowbit.spilled.hadamard_block"  # a RotatedTensor's block, in its stored meta
+
+
 class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
     """Name -> :class:`~lowbit.quant.tensor.QuantizedTensor`, each written to a temporary
     file when stored and read back when asked for: a whole-model run's results take disk,
@@ -147,6 +151,8 @@ class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
 
     def __setitem__(self, name: str, qt: QuantizedTensor | GgmlQuantized) -> None:
         arrays, meta = qt.to_arrays()
+        if isinstance(qt, RotatedTensor):  # MR-GPTQ: the rotation travels with the codes
+            meta = {**meta, _ROTATION: qt.block}
         old = self._index.get(name)
         if old is None:
             self._files += 1
@@ -161,6 +167,9 @@ class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
             arrays = {k: z[k] for k in z.files}
         if "ggml_type" in meta:  # GPTQ onto a llama.cpp block type: the tensor's GGUF bytes
             return GgmlQuantized.from_arrays(arrays, meta)
+        if _ROTATION in meta:
+            rest = {k: v for k, v in meta.items() if k != _ROTATION}
+            return RotatedTensor(QuantizedTensor.from_arrays(arrays, rest), meta[_ROTATION])
         return QuantizedTensor.from_arrays(arrays, meta)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -423,6 +423,28 @@ class LowbitCheckpoint(Checkpoint):
             if e.get("kind") == "quantized" and e.get("activations")
         }
 
+    def rotations(self) -> dict[str, int]:
+        """``{tensor name: Hadamard block}`` of the tensors stored in a block-Hadamard-rotated
+        basis (``W R``; ``lowbit quantize --method hadamard|hadamard+gptq``): a consumer rotates
+        those layers' inputs, ``x ↦ x R`` (``lowbit.methods.hadamard.rotate_rows``).
+
+        Raises:
+            LowbitError: a recorded rotation of an unknown tensor or with a block that is not
+                a power of two dividing the tensor's input width.
+        """
+        rot = (self.manifest.get("method") or {}).get("rotation") or {}
+        out = {}
+        for name, block in ((rot.get("tensors") if isinstance(rot, dict) else None) or {}).items():
+            shape = self._entries.get(name, {}).get("shape")
+            ok = isinstance(block, int) and block > 0 and not block & (block - 1)
+            if not ok or not shape or len(shape) != 2 or shape[1] % block:
+                raise LowbitError(
+                    f"{self.path}: the manifest records a rotation of {name!r} in blocks of "
+                    f"{block!r}, which that tensor cannot have"
+                )
+            out[str(name)] = int(block)
+        return out
+
     def as_source(self) -> Checkpoint:
         """A view with the source's format name, for ``lowbit.models.build.build_model`` (GGUF names
         are renamed and q/k rows un-permuted as for the source) and ``build_tokenizer``."""

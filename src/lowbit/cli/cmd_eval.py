@@ -38,6 +38,8 @@ examples:
   lowbit eval minilm --schemes int4:g128 --methods rtn,gptq,awq
   lowbit eval --schemes int8:ch --w8a8 int8 --smooth
                                                 W8A8 with and without SmoothQuant
+  lowbit eval --schemes mxfp4 --methods rtn,hadamard+gptq --act mxfp4
+                                                W4A4: round to nearest vs MR-GPTQ
 """
 
 
@@ -82,7 +84,9 @@ def register(sub: Any) -> None:
         metavar="LIST",
         default="rtn",
         help="how each scheme is quantized: rtn (round to nearest, default), gptq, awq "
-        "(calibrated); 'rtn,gptq,awq' gives their rows side by side",
+        "(calibrated), hadamard (block Hadamard rotations sized to the scale group, inputs "
+        "rotated online), hadamard+gptq (MR-GPTQ: GPTQ in the rotated basis); "
+        "'rtn,gptq,awq' gives their rows side by side",
     )
     add_calibration_options(p, needs="--w8a8")
     p.add_argument("--tokens", type=int, default=4096, help="tokens of the text (default 4096)")
@@ -150,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         if args.w8a8 is None:
             raise LowbitError("--smooth prepares activations for W8A8: add --w8a8 [int8|fp8]")
         smooth = SmoothQuant(alpha=parse_alpha(args.smooth), activations=args.w8a8)
-    if wanted & {"gptq", "awq"} or smooth is not None:
+    if wanted & {"gptq", "awq", "hadamard+gptq"} or smooth is not None:
         calibration = calibration_of(args)
         gptq = GPTQ(act_order=args.act_order, sequential=args.sequential)
         awq = AWQ(clip=not args.no_clip)
@@ -271,8 +275,9 @@ def _method_line(r: dict[str, Any]) -> str:
     c, t, m = r["calibration"], r["phase_seconds"], r["method"]
     data = f"on {c['described']} ({c['tokens']:,} tokens)"
     if m["method"] == "gptq":
+        rot = "block-Hadamard-rotated " if m.get("rotation") else ""
         return (
-            f"{r['name']}: GPTQ ({m['act_order']} act-order, damp {m['damp']:g}, "
+            f"{r['name']}: {rot}GPTQ ({m['act_order']} act-order, damp {m['damp']:g}, "
             f"{m.get('sequential', 'blocks')}-sequential) {data}; "
             f"{r['gptq_tensors']} tensors; {t['total']:.0f} s (collect {t['collect']:.0f} s, "
             f"solve {t['solve']:.0f} s); mean layer-output error {r['layer_error_gptq']:.4g} "

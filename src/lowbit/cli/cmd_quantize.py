@@ -10,7 +10,7 @@ from typing import Any
 
 from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
-from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix
+from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _rotation
 from lowbit.cli._calibrated import (
     add_calibration_options,
     awq_run,
@@ -21,6 +21,7 @@ from lowbit.cli._quantize_report import _mb, _print_files, _print_plan, _print_w
 from lowbit.cli._stopwatch import Stopwatch
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ
+from lowbit.methods.mr_gptq import MRGPTQ
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label, activation_format, calibrated_method, parse_action
 
@@ -122,10 +123,12 @@ def register(sub: Any) -> None:
     p.add_argument("--plan", metavar="FILE", help="plan file (JSON/YAML) of ordered rules")
     p.add_argument(
         "--method",
-        choices=["rtn", "gptq", "awq"],
+        choices=["rtn", "gptq", "awq", *_rotation.ROTATING],
         default="rtn",
         help="rtn: round to nearest (default); gptq, awq: calibrated (plan rules may name "
-        "their own method)",
+        "their own method); hadamard, hadamard+gptq (MR-GPTQ): weights stored in the block-"
+        "Hadamard-rotated basis, the rotation recorded for lowbit.load_model/eval (lowbit "
+        "format only)",
     )
     add_calibration_options(p, needs="--w8a8 or --activations")
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
@@ -269,12 +272,16 @@ def _gptq(
 
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
-    cfg = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
+    kind = MRGPTQ if args.method == "hadamard+gptq" else GPTQ
+    cfg = kind(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
     calib = calibration_of(args)
     run = calibrated_weights(
-        ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
+        ckpt, plan, cfg, calib, default_method=getattr(cfg, "name", "gptq").split("+")[-1]
+        if args.method in _rotation.ROTATING else args.method, threads=args.threads,
         progress=progress, compute=args.compute, workers=args.workers, ray=args.ray,
     )  # fmt: skip
+    if args.method == "hadamard+gptq":
+        return _rotation.unwrap(run.weights, run.record)
     return run.weights, run.record
 
 
@@ -335,14 +342,23 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give a folder (or .gguf file) to write")
     out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
-    done = method = None
+    done = method = record = None
     source = ckpt
+    _rotation.check_rotation(args)
+    if args.method == "hadamard":
+        done, record = _rotation.rotated_rtn(ckpt, applied)
     # rule methods run their method without --method; gptq and awq never mix (one run)
-    named = calibrated_method([t.method for t in applied.quantized], args.method)
+    base = {"hadamard": "rtn", "hadamard+gptq": "gptq"}.get(args.method, args.method)
+    named = calibrated_method([t.method for t in applied.quantized], base)
+    if args.method == "hadamard" and named != "rtn":
+        raise LowbitError(
+            f"--method hadamard rounds to nearest, but plan rules ask for {named}: give them "
+            "method: rtn, or use --method hadamard+gptq"
+        )
     if args.smooth is not None or "awq" in (args.method, named):
         with clock.part("calibration"):
             source, done, method = awq_run(args, ckpt, plan, applied, out, progress)
-    elif "gptq" in (args.method, named):
+    elif "gptq" in (base, named):
         with clock.part("calibration"):
             done, method = _gptq(args, ckpt, plan, out, progress)
     if method is not None:  # GPTQ's solve, AWQ's search: the rest is calibration
@@ -360,11 +376,11 @@ def run(args: argparse.Namespace) -> int:
             copy_code=args.copy_code,
             progress=progress,
             weights=done,
-            method=method,
+            method=method if record is None else record,
         )
     clock.split("write", {"quantize": result["seconds_parts"]["quantize"]})
-    if method is not None:
-        result["method"] = method
+    if method is not None or record is not None:
+        result["method"] = method if record is None else record
     _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)])
     with clock.part("eval" if args.eval else "other"):  # --eval; the plan file, --plot
         extra = _budget.after_write(args, ckpt, mixed, scan, out, progress)
@@ -379,6 +395,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {clock.line(result['seconds'])}")
     if method is not None:
         print(f"  {method_summary(method)}")
+    if (method or record or {}).get("rotation"):
+        n = len(result["method"]["rotation"]["tensors"])
+        print(f"  {n} tensors stored block-Hadamard-rotated (their inputs rotated online)")
     print(f"  {_summary(applied, sizes, t)}")
     _print_files(result)
     if args.out_format == "lowbit":

@@ -13,8 +13,10 @@ from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import Variant
+from lowbit.evaluation.rotated import rotate_inputs
 from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
+from lowbit.methods.mr_gptq import RotatedTensor
 from lowbit.models.build import build_model
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label
@@ -51,7 +53,9 @@ def gptq_variant(
     (``compute``: the precision of its calibration's forward passes, as ``gptq_weights``).
 
     Returns:
-        A :class:`lowbit.evaluation.variants.Variant` named ``"{spec} gptq"``; its extra fields
+        A :class:`lowbit.evaluation.variants.Variant` named ``"{spec} gptq"`` (``"{spec}
+        hadamard+gptq"`` for :class:`~lowbit.methods.mr_gptq.MRGPTQ`: its weights in the
+        rotated basis, its layers' inputs rotated by forward pre-hooks); its extra fields
         say how it was calibrated, the seconds per phase and the mean layer-output error of
         round-to-nearest and of GPTQ on the calibration data.
     """
@@ -69,13 +73,20 @@ def gptq_variant(
         progress=progress,
         compute=compute,
     )
-    deq = {n: qt.dequantize(np.float32) for n, qt in run.weights.items()}
+    # MR-GPTQ's weights stay in the rotated basis, their layers' inputs rotated online: as a
+    # consumer computes them, so --act quantizes the rotated activations
+    rotated = {n: qt.block for n, qt in run.weights.items() if isinstance(qt, RotatedTensor)}
+    deq = {
+        n: (qt.rotated if n in rotated else qt).dequantize(np.float32)
+        for n, qt in run.weights.items()
+    }
     model = build_model(checkpoint, weights=deq, progress=progress)
     del deq
+    hooked = rotate_inputs(model, open_model(checkpoint), rotated) if rotated else []
     totals = plan.apply(_tensors(checkpoint)).totals()
     errs = list(run.layers.values())
     return Variant(
-        name=f"{spec} gptq",
+        name=f"{spec} {method.name}",
         format=action_label(plan.default),
         model=model,
         bits_per_weight=_bits_per_weight(run.weights),
@@ -90,6 +101,11 @@ def gptq_variant(
             "phase_cpu_seconds": run.cpu_seconds,
             "layer_error_rtn": _mean_error(errs, "rtn"),
             "layer_error_gptq": _mean_error(errs, "gptq"),
+            **(
+                {"rotated_layers": len(hooked), "rotation_block": sorted(set(rotated.values()))}
+                if rotated
+                else {}
+            ),
         },
     )
 

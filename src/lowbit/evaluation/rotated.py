@@ -4,20 +4,40 @@ rotated in the forward pass, so the layer computes ``(x R) Q(W R)ᵀ``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.checkpoints.quantize_model import plan_model
 from lowbit.evaluation._compare import Variant
 from lowbit.methods.hadamard import rotate_rows, rotation_block
-from lowbit.models.build import build_model
+from lowbit.models.build import attach_rotations, build_model
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label
 from lowbit.quant.tensor import quantize
 
-__all__ = ["rotated_variant"]
+__all__ = ["rotate_inputs", "rotated_variant"]
+
+
+def rotate_inputs(model: Any, checkpoint: Any, blocks: Mapping[str, int]) -> list[str]:
+    """Register forward pre-hooks rotating the inputs of the linear layers whose weights
+    ``blocks`` names (checkpoint tensor name -> Hadamard block): ``x ↦ x R``
+    (``lowbit.models.build.attach_rotations``, what ``load_model`` does for a rotated lowbit
+    checkpoint).
+
+    Hooks registered later (``--act``'s activation quantizers) see the rotated inputs, as a
+    consumer that rotates before quantizing its activations does.
+
+    Returns:
+        The tensor names whose layers were hooked: all of ``blocks``.
+
+    Raises:
+        LowbitError: a rotated weight the model does not run as an ``nn.Linear`` (its input
+            could not be rotated, so the rotated weight would be wrong).
+    """
+    attach_rotations(model, dict(blocks), checkpoint.format)
+    return list(blocks)
 
 
 def rotated_variant(checkpoint: Any, plan: PrecisionPlan, spec: str, progress: Any) -> Variant:
@@ -27,31 +47,23 @@ def rotated_variant(checkpoint: Any, plan: PrecisionPlan, spec: str, progress: A
     Raises:
         LowbitError: a scheme without power-of-two groups along the input axis.
     """
-    import torch
-
     applied = plan_model(checkpoint, plan)
     block = rotation_block(plan.default)
     weights: dict[str, np.ndarray] = {}
-    rotated: list[str] = []
+    rotated: dict[str, int] = {}
     qbytes = qnumel = 0
     for t in applied.quantized:
         w = np.asarray(checkpoint.get(t.name), dtype=np.float32)
         if w.ndim == 2 and w.shape[1] % block == 0:
             w = rotate_rows(w, block)
-            name = gguf_to_hf_name(t.name) if checkpoint.format == "gguf" else t.name
-            rotated.append(name.removesuffix(".weight"))
+            rotated[t.name] = block
         qt = quantize(w, t.scheme)
         weights[t.name] = qt.dequantize(np.float32)
         qbytes += qt.nbytes
         qnumel += qt.numel
     model = build_model(checkpoint, weights=weights, progress=progress)
     del weights
-    modules = dict(model.named_modules())
-    for name in rotated:
-        module = modules.get(name)
-        if not isinstance(module, torch.nn.Linear):
-            continue  # a weight the model does not run as a linear layer
-        module.register_forward_pre_hook(lambda _m, a: (rotate_rows(a[0], block), *a[1:]))
+    rotate_inputs(model, checkpoint, rotated)
     totals = applied.totals()
     return Variant(
         name=f"{spec} hadamard",

@@ -22,6 +22,7 @@ Measuring lives in :mod:`lowbit.evaluation._compare` (:class:`Variant`, :func:`c
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -64,6 +65,8 @@ from lowbit.evaluation.perplexity import (
 )
 from lowbit.evaluation.rotated import rotated_variant
 from lowbit.methods.awq import AWQ
+from lowbit.methods.gptq import GPTQ
+from lowbit.methods.mr_gptq import MRGPTQ
 from lowbit.methods.smoothquant import SmoothQuant
 from lowbit.models._compute import check_compute
 from lowbit.models.build import build_model, load_model
@@ -188,7 +191,7 @@ def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
     )
 
 
-METHODS = ("rtn", "gptq", "awq", "hadamard")
+METHODS = ("rtn", "gptq", "awq", "hadamard", "hadamard+gptq")
 
 
 def _methods(methods: Sequence[str]) -> list[str]:
@@ -271,7 +274,10 @@ def evaluate_variants(
         progress: tqdm bars (``None``: only on a terminal).
         methods: how each scheme is quantized: ``rtn`` (round to nearest), ``gptq``
             (``lowbit.calibration.gptq``; one more row per scheme, named ``"{scheme} gptq"``)
-            ``awq``, ``hadamard`` (``lowbit.evaluation.rotated``).
+            ``awq``, ``hadamard`` (``lowbit.evaluation.rotated``), ``hadamard+gptq``
+            (MR-GPTQ, :class:`lowbit.methods.mr_gptq.MRGPTQ` with ``gptq``'s settings: GPTQ
+            in the block-Hadamard-rotated basis, inputs rotated online; rows
+            ``"{scheme} hadamard+gptq"``).
         calibration: GPTQ's, AWQ's and SmoothQuant's calibration data (``lowbit.calibration.data.Calibration``;
             default: the default text from token 32,768, never a token or sentence this
             evaluation measures).
@@ -335,6 +341,8 @@ def evaluate_variants(
         _open_disk_variant(Path(q), ckpt)  # fails now, before the reference pass
         makers.append(lambda q=q: _disk_variant(Path(q), ckpt, progress))
     causal = reference.get_output_embeddings() is not None
+    base_gptq = gptq if gptq is not None else GPTQ()
+    mr = MRGPTQ(**{f.name: getattr(base_gptq, f.name) for f in dataclasses.fields(GPTQ)})
     for spec in schemes:
         if "rtn" in methods:
             makers.append(lambda spec=spec: _scheme_variant(ckpt, spec, progress))
@@ -342,7 +350,12 @@ def evaluate_variants(
             makers.append(
                 lambda spec=spec: rotated_variant(ckpt, variant_plan(spec), spec, progress)
             )
-        for how, cfg in (("gptq", gptq), ("awq", awq or AWQ()), ("smooth", smooth)):
+        for how, cfg in (
+            ("gptq", gptq),
+            ("hadamard+gptq", mr),
+            ("awq", awq or AWQ()),
+            ("smooth", smooth),
+        ):
             if how in methods or (how == "smooth" and smooth is not None):
                 makers.append(
                     lambda spec=spec, cfg=cfg: _gptq_variant(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from html import escape
 from typing import Any
 
@@ -107,6 +108,7 @@ def render(report: Report) -> str:
         _summary(report),
         _grids(report),
         _formats(report),
+        _scale_rules(report),
         _details(report),
         _sensitivity(report),
         _table(report),
@@ -349,7 +351,53 @@ def _details(r: Report) -> str:
             )
         )
         out.append("</div>")
+        if d.scale_rules:
+            out.append(_rule_table(d.scale_rules, "this tensor"))
     return "".join(out)
+
+
+def _pct(n: int, of: int) -> str:
+    return f"{n:,} ({100 * n / of:.2f}%)" if of else f"{n:,}"
+
+
+def _rule_table(counts: Sequence[Any], what: str) -> str:
+    """The FP4 scale rules' cost (``lowbit.quant.block_clipping``): a bar per rule of the
+    blocks that clip, and a table of every count."""
+    bars = svg.bars(
+        [(c.rule, 100 * c.clipped / c.blocks if c.blocks else 0.0) for c in counts],
+        title=f"scale blocks that clip under each FP4 scale rule ({what})"[:90],
+        unit="% of blocks",
+    )
+    head = (
+        "<tr><th>rule</th><th>block</th><th>blocks</th><th>clipped blocks</th>"
+        "<th>scale underflow</th><th>values flushed to 0</th></tr>"
+    )
+    body = "".join(
+        f"<tr><td>{_e(c.rule)}</td><td>{c.block}</td><td>{c.blocks:,}</td>"
+        f"<td>{_pct(c.clipped, c.blocks)}</td>"
+        f"<td>{_pct(c.scale_underflow, c.nonzero_blocks)}</td>"
+        f"<td>{_pct(c.flushed, c.nonzero_values)}</td></tr>"
+        for c in counts
+    )
+    note = (
+        "<p><small>clipped: the block's largest |value| is above 6 × its rounded scale "
+        "(saturates); scale underflow: a nonzero block whose scale is below the smallest the "
+        "scale format holds (E8M0 2<sup>-127</sup>, E4M3 2<sup>-9</sup>); flushed: nonzero "
+        "values that round to 0. Counted on the source weights.</small></p>"
+    )
+    return f'<div class="pair">{bars}<table>{head}{body}</table></div>{note}'
+
+
+def _scale_rules(r: Report) -> str:
+    if not r.scale_rules:
+        return ""
+    n = r.scale_rule_tensors
+    return (
+        '<h2 id="scale-rules">FP4 scale rules</h2>'
+        f"<p>What each FP4 scale rule would cost the {n} block-scaled FP4 "
+        f"tensor{'s' if n != 1 else ''} of this checkpoint, summed:</p>"
+        + _rule_table(r.scale_rules, f"{n} FP4 tensors")
+    )
 
 
 def _sensitivity(r: Report) -> str:

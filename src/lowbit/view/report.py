@@ -27,6 +27,7 @@ import numpy as np
 from lowbit.checkpoints import open_checkpoint
 from lowbit.errors import LowbitError, UnderflowWarning
 from lowbit.evaluation.sensitivity import SensitivityResult
+from lowbit.quant.block_clipping import BlockCounts, fp4_block_counts
 from lowbit.quant.metrics import error
 from lowbit.quant.scheme import Granularity, Scheme
 from lowbit.quant.scheme_text import parse_scheme
@@ -131,6 +132,9 @@ class TensorDetail:
         counts: histogram counts.
         levels: the values that group can take (its scale applied), ascending.
         candidates: the schemes tried, the checkpoint's own first.
+        scale_rules: for a block-scaled FP4 tensor, the source tensor's clipped blocks,
+            underflowing scales and flushed values under each FP4 scale rule
+            (:func:`lowbit.quant.block_clipping.fp4_block_counts`); empty otherwise.
     """
 
     name: str
@@ -140,6 +144,7 @@ class TensorDetail:
     counts: tuple[int, ...]
     levels: tuple[float, ...]
     candidates: tuple[Candidate, ...]
+    scale_rules: tuple[BlockCounts, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,10 @@ class Report:
     evaluation: Any = None
     sensitivity: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    #: the FP4 scale rules' counts summed over every block-scaled FP4 tensor (with a source)
+    scale_rules: tuple[BlockCounts, ...] = ()
+    #: how many tensors ``scale_rules`` sums
+    scale_rule_tensors: int = 0
 
     @property
     def quantized(self) -> list[TensorRow]:
@@ -320,7 +329,25 @@ def _detail(
         counts=tuple(int(c) for c in counts),
         levels=tuple(float(v) for v in levels),
         candidates=_candidates(x, own, candidates, seed),
+        scale_rules=tuple(_rule_counts(qt, x)),
     )
+
+
+def _rule_counts(qt: Any, x: np.ndarray) -> list[BlockCounts]:
+    """The FP4 scale rules' counts of the source tensor ``x`` when ``qt`` is block-scaled FP4
+    (``lowbit.quant.block_clipping``), else none."""
+    scheme = getattr(qt, "scheme", None)
+    if not isinstance(scheme, Scheme) or scheme.element_format.name != "float4_e2m1fn":
+        return []
+    if scheme.granularity not in (Granularity.GROUP, Granularity.BLOCK) or scheme.axis not in (
+        -1,
+        len(qt.shape) - 1,
+    ):
+        return []
+    try:
+        return fp4_block_counts(x)
+    except LowbitError:
+        return []  # non-finite values: the errors already say so
 
 
 # ------------------------------------------------------------------------------- building
@@ -369,6 +396,8 @@ def build_report(
         src = open_checkpoint(src_path)
     rows: list[TensorRow] = []
     held: dict[str, Any] = {}
+    rule_sums: dict[str, BlockCounts] = {}
+    rule_tensors = 0
     try:
         for name in q.names():
             stored, scheme, rule, shape, bits, qt = q.tensor(name)
@@ -386,6 +415,10 @@ def build_report(
                 if approx is not None:
                     rel, sqnr = _errors(x, approx)
                     row = _with_error(row, src, name, rel, sqnr)
+                counted = _rule_counts(qt, x)
+                rule_tensors += bool(counted)
+                for c in counted:
+                    rule_sums[c.rule] = rule_sums[c.rule] + c if c.rule in rule_sums else c
             elif src is not None and name in src.names():
                 row = _with_error(row, src, name, 0.0, math.inf)
             rows.append(row)
@@ -421,6 +454,8 @@ def build_report(
         evaluation=evaluation,
         sensitivity=sensitivity,
         seconds={"tensors": t1 - t0, "details": t2 - t1},
+        scale_rules=tuple(rule_sums.values()),
+        scale_rule_tensors=rule_tensors,
     )
 
 
