@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         files[f"llama-quantize {name}"] = (ref, t_ref, "llama.cpp")
         mine = work / f"lowbit-{name}.gguf"
         args = [str(base), "--to", ftype.lower(), "--out-format", "gguf", "--out", str(mine)]
+        # --to q4_0 alone is lowbit's plan (linear weights only); any mix option asks for
+        # llama.cpp's Q4_0 mix (embedding and output by its rules): one that matches nothing
+        args += ["--tensor-type", "^$=q4_0"] if ftype == "Q4_0" else []
         args += ["--imatrix", str(imatrix)] if imx else []
         t_mine = lowbit(args, work / f"lowbit-{name}.log")
         same = tensor_digest(ref) == tensor_digest(mine)
