@@ -355,9 +355,8 @@ def test_qwen_moe_router_shared_expert_and_groups(tmp_path: Path) -> None:
 def test_sparse_grids_are_linear() -> None:
     """20,000 tensors, each its own layer and kind (a hostile file's names): the grids keep
     the recurring kinds, so the page costs what it shows (quadratic before: 18.8 s, 1.75 GB
-    for a 1 MB file); a dense model's grid is unchanged."""
-    import time
-
+    for a 1 MB file). Checked by what the grid holds, not by a clock (a loaded machine made
+    the old 10 s bound fail); a dense model's grid is unchanged."""
     from lowbit.view import html
     from lowbit.view.report import Report, TensorRow
 
@@ -373,10 +372,8 @@ def test_sparse_grids_are_linear() -> None:
         TensorRow(f"blk.{i}.attn_q.weight", i, "attn_q", (4, 4), "quantized", "int8", None, 8.5)
         for i in range(0, n, 2)
     ]
-    t0 = time.perf_counter()
     layers, kinds = report(rows).grid()
     page = html.render(report(rows))
-    assert time.perf_counter() - t0 < 10
     assert kinds == ["attn_q"] and len(layers) == n // 2
     assert page.count('class="cell"') == n // 2
     dense = [
