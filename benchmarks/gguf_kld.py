@@ -173,11 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument(
         "--agreement", action="store_true",
-        help="also each file's perplexity computed by lowbit by llama-perplexity's protocol",
+        help="also the perplexity lowbit computes, by llama-perplexity's protocol, of the "
+        "reference, lowbit's Q4_K_M + imatrix and the --lowbit/--file files",
     )  # fmt: skip
     ap.add_argument(
         "--reuse", action="store_true",
         help="keep the reference, importance matrix and llama-quantize files of an earlier run",
+    )  # fmt: skip
+    ap.add_argument(
+        "--file", action="append", default=[], metavar="NAME=PATH",
+        help="also measure a GGUF made elsewhere (e.g. by an earlier lowbit run)",
     )  # fmt: skip
     ap.add_argument("--only-lowbit", action="store_true", help="measure only the --lowbit files")
     ap.add_argument("--json", action="store_true")
@@ -233,12 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         files[f"lowbit {name}"] = (out, t, rest)
         extra.add(f"lowbit {name}")
 
+    for spec in a.file:  # files made elsewhere (their making not timed here)
+        name, _, path = spec.partition("=")
+        files[name] = (Path(path), float("nan"), "given")
+        extra.add(name)
     base_logits = work / "f32.kld"
     if a.only_lowbit:
         files = {k: v for k, v in files.items() if k in extra}
-    out, _ = _run([str(tools / "llama-perplexity"), "-m", str(base), "-f", str(ev), "-c",
-                   str(a.ctx), "--kl-divergence-base", str(base_logits), "-t", threads, *repack],
-                  work / "f32-ppl.log")  # fmt: skip
+    if not (a.reuse and base_logits.exists()):
+        _run([str(tools / "llama-perplexity"), "-m", str(base), "-f", str(ev), "-c",
+              str(a.ctx), "--kl-divergence-base", str(base_logits), "-t", threads, *repack],
+             work / "f32-ppl.log")  # fmt: skip
+    out = (work / "f32-ppl.log").read_text()
     m = re.search(r"Final estimate: PPL = ([\d.]+)", out)
     ref: dict = {"file": "F32 reference", "bytes": base.stat().st_size, "ppl": m and float(m[1])}
     ref.update(mean_kld=0.0, kld_99_9=0.0, same_top=100.0, quantize_s=None, note="lowbit")
@@ -248,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, (path, seconds, note) in files.items():
         row = kld(tools, path, base_logits, repack, work / f"{path.stem}-kld.log")
         row.update(file=label, bytes=path.stat().st_size, quantize_s=round(seconds, 1), note=note)
-        if a.agreement:  # issue 25: lowbit's perplexity of the file within 0.5 % of llama.cpp's
+        if a.agreement and (label in extra or label == "lowbit Q4_K_M+imatrix"):
+            # issue 25: lowbit's perplexity of a file it wrote within 0.5 % of llama.cpp's
             row["lowbit_ppl"] = round(lowbit_ppl(path, ev.read_text(), a.ctx), 4)
         rows.append(row)
     if a.json:
