@@ -157,6 +157,21 @@ def lowbit_ppl(path: Path, text: str, n_ctx: int) -> float:
     return float(np.exp(nll / count))
 
 
+def _cached_ppl(work: Path, path: Path, text: str, n_ctx: int) -> float:
+    """:func:`lowbit_ppl`, kept in ``work/lowbit-ppl.json`` by file, size, time and text."""
+    cache = work / "lowbit-ppl.json"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    st = path.stat()
+    key = (
+        f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{n_ctx}|"
+        + hashlib.sha256(text.encode()).hexdigest()[:16]
+    )
+    if key not in known:
+        known[key] = round(lowbit_ppl(path, text, n_ctx), 4)
+        cache.write_text(json.dumps(known, indent=1))
+    return known[key]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llamacpp", required=True, type=Path, help="folder of llama.cpp's tools")
@@ -211,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         ref = work / f"llama-{name}.gguf"
         if a.reuse and ref.exists() and (work / f"lowbit-{name}.gguf").exists():
             files[f"llama-quantize {name}"] = (ref, float("nan"), "llama.cpp (earlier run)")
-            files[f"lowbit {name}"] = (work / f"lowbit-{name}.gguf", float("nan"), "(earlier run)")
+            mine = work / f"lowbit-{name}.gguf"
+            same = tensor_digest(ref) == tensor_digest(mine)
+            files[f"lowbit {name}"] = (
+                mine,
+                float("nan"),
+                "byte-identical" if same else "DIFFERENT",
+            )
             continue
         cmd = [str(tools / "llama-quantize")]
         cmd += ["--imatrix", str(imatrix)] if imx else []
@@ -254,14 +275,21 @@ def main(argv: list[str] | None = None) -> int:
     ref: dict = {"file": "F32 reference", "bytes": base.stat().st_size, "ppl": m and float(m[1])}
     ref.update(mean_kld=0.0, kld_99_9=0.0, same_top=100.0, quantize_s=None, note="lowbit")
     if a.agreement:
-        ref["lowbit_ppl"] = round(lowbit_ppl(base, ev.read_text(), a.ctx), 4)
+        ref["lowbit_ppl"] = _cached_ppl(work, base, ev.read_text(), a.ctx)
     rows = [ref]
+    by_path: dict[str, dict] = {}
     for label, (path, seconds, note) in files.items():
-        row = kld(tools, path, base_logits, repack, work / f"{path.stem}-kld.log")
+        twin = files.get(label.replace("lowbit ", "llama-quantize ", 1))
+        if note == "byte-identical" and twin is not None and str(twin[0]) in by_path:
+            # the same tensor bytes give the same logits: llama-perplexity's row is this one's
+            row = {k: by_path[str(twin[0])][k] for k in ("ppl", "mean_kld", "kld_99_9", "same_top")}
+        else:
+            row = kld(tools, path, base_logits, repack, work / f"{path.stem}-kld.log")
+        by_path[str(path)] = row
         row.update(file=label, bytes=path.stat().st_size, quantize_s=round(seconds, 1), note=note)
         if a.agreement and (label in extra or label == "lowbit Q4_K_M+imatrix"):
             # issue 25: lowbit's perplexity of a file it wrote within 0.5 % of llama.cpp's
-            row["lowbit_ppl"] = round(lowbit_ppl(path, ev.read_text(), a.ctx), 4)
+            row["lowbit_ppl"] = _cached_ppl(work, path, ev.read_text(), a.ctx)
         rows.append(row)
     if a.json:
         print(json.dumps({"cpu": cpu(), "rows": rows}, indent=1))
