@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         extra.add(f"lowbit {name}")
 
     for spec in a.file:  # files made elsewhere (their making not timed here)
-        name, _, path = spec.partition("=")
+        name, _, path = spec.rpartition("=")  # a path holds no "="; a label may
         files[name] = (Path(path), float("nan"), "given")
         extra.add(name)
     base_logits = work / "f32.kld"
