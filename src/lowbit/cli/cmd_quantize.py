@@ -63,8 +63,9 @@ compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8
 or bf16/f16/f32, from a GGUF source or a Hugging Face llama/mistral/mixtral/qwen2/qwen3/
 gemma2/gemma3/phi3 folder, converted as llama.cpp's convert_hf_to_gguf.py does; llama.cpp
 runs it; --to q4_0 / q8_0 use llama.cpp's own rounding; --to q2_k..q6_k, q3_k_m, q4_k_m,
-q5_k_m, iq4_xs, ... from a GGUF source choose every tensor's type as llama-quantize's mix of
-that name and write llama.cpp's bytes, with --imatrix used as llama-quantize uses it;
+q5_k_m, iq4_xs, ... (a Hugging Face folder converted first) choose every tensor's type as
+llama-quantize's mix of that name and write llama.cpp's bytes, with --imatrix used as
+llama-quantize uses it;
 with --method gptq the mix's linear layers are GPTQ'd onto their block types, each block's
 scales from llama.cpp's search, importance from --imatrix or else the Hessian's diagonal).
 GPTQ, AWQ and SmoothQuant write all three (--smooth: not gguf), AWQ's and SmoothQuant's
