@@ -39,16 +39,26 @@ TOP_TO_GGUF = {
 }
 
 
-def tiny_llama(seed: int = 0, tie: bool = False, attention_bias: bool = False) -> Any:
+def tiny_llama(
+    seed: int = 0,
+    tie: bool = False,
+    attention_bias: bool = False,
+    *,
+    hidden: int = 64,
+    inter: int = 128,
+    std: float = 0.08,
+) -> Any:
     """A random 2-layer LlamaForCausalLM with random norms (so mix-ups show); with
-    ``attention_bias``, random q/k/v/o biases too (as Qwen2 has on q/k/v)."""
+    ``attention_bias``, random q/k/v/o biases too (as Qwen2 has on q/k/v). Rows are ``hidden``
+    and ``inter`` values long (256/512: llama.cpp's K-quants fit without falling back); the
+    other weights are N(0, ``std``)."""
     import torch
     import transformers
 
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden,
+        intermediate_size=inter,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -68,7 +78,7 @@ def tiny_llama(seed: int = 0, tie: bool = False, attention_bias: bool = False) -
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
             else:
-                p.normal_(0.0, 0.08)
+                p.normal_(0.0, std)
     return model
 
 

@@ -29,29 +29,12 @@ from lowbit.ggml import blocks
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
-from tiny_models import VOCAB, save_gguf  # noqa: E402
+from tiny_models import save_gguf, tiny_llama  # noqa: E402
 
 
 def _llama(hidden: int, inter: int, tie: bool = False) -> Any:
     """A random 2-layer llama whose rows are ``hidden`` and ``inter`` values long."""
-    import torch
-    import transformers
-
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        rms_norm_eps=1e-5, tie_word_embeddings=tie, bos_token_id=257, eos_token_id=258,
-    )  # fmt: skip
-    cfg.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.08)
-    return model
+    return tiny_llama(tie=tie, hidden=hidden, inter=inter)
 
 
 def _windows(n: int = 2, length: int = 24) -> ScanSamples:

@@ -20,29 +20,14 @@ from lowbit.checkpoints.gguf_mix import gguf_mix_types  # noqa: E402
 from lowbit.checkpoints.opener import open_checkpoint  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.ggml import blocks  # noqa: E402
-from tiny_models import VOCAB, save_gguf  # noqa: E402
+from tiny_models import save_gguf, tiny_llama  # noqa: E402
 
 WORDS = "river stone cloud garden lantern harbor meadow signal copper violet winter orchard"
 
 
 def _llama256() -> Any:
     """A random 2-layer llama whose rows are 256 and 512 values (K-quants fit, no fallback)."""
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=257,
-        eos_token_id=258,
-    )  # fmt: skip
-    cfg.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.05)
-    return model
+    return tiny_llama(hidden=256, inter=512, std=0.05)
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.gguf_mix import _Tensors
+from lowbit.checkpoints.gguf_mix import _Tensors, importance_vectors
 from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
@@ -161,27 +161,7 @@ def budget_vectors(
     Raises:
         LowbitError: an importance matrix naming none of the tensors, or a wrong length.
     """
-    names = list(names)
-    named = [n for n in names if n in imatrix]
-    if not named:
-        first = next(iter(imatrix), "")
-        raise LowbitError(
-            f"the importance matrix names none of this model's quantized tensors (its first "
-            f"entry is {first!r}); was it computed for another model?"
-        )
-    out: dict[str, np.ndarray] = {}
-    for n in named:
-        shape = ckpt.info(n).shape
-        want = shape[-1] * (shape[-3] if len(shape) >= 3 else 1)
-        vec = np.asarray(imatrix[n], dtype=np.float32).reshape(-1)
-        if vec.size == want:
-            out[n] = vec
-        elif n != "token_embd.weight":
-            raise LowbitError(
-                f"importance matrix entry {n!r} has {vec.size} values; the tensor of shape "
-                f"{tuple(shape)} needs {want}"
-            )
-    return out
+    return importance_vectors(ckpt, names, imatrix)
 
 
 def file_type_for(types: Mapping[str, str], shapes: Mapping[str, Sequence[int]]) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,38 @@ class _Tensors(Mapping[str, GGUFTensor]):
         return len(self.ckpt.names())
 
 
+def importance_vectors(
+    ckpt: Any, names: Iterable[str], imatrix: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Each named tensor's importance vector, checked as llama-quantize checks it: a vector of
+    the wrong length is an error except for ``token_embd.weight`` (then quantized without
+    one); tensors the matrix does not name get none.
+
+    Raises:
+        LowbitError: an importance matrix naming none of the tensors, or a wrong length.
+    """
+    named = [n for n in names if n in imatrix]
+    if not named:
+        first = next(iter(imatrix), "")
+        raise LowbitError(
+            f"the importance matrix names none of this model's quantized tensors (its first "
+            f"entry is {first!r}); was it computed for another model?"
+        )
+    out: dict[str, np.ndarray] = {}
+    for n in named:
+        shape = ckpt.info(n).shape
+        want = shape[-1] * (shape[-3] if len(shape) >= 3 else 1)
+        vec = np.asarray(imatrix[n], dtype=np.float32).reshape(-1)
+        if vec.size == want:
+            out[n] = vec
+        elif n != "token_embd.weight":
+            raise LowbitError(
+                f"importance matrix entry {n!r} has {vec.size} values; the tensor of shape "
+                f"{tuple(shape)} needs {want}"
+            )
+    return out
+
+
 def _vectors(
     ckpt: Any, types: dict[str, str], imatrix: Mapping[str, np.ndarray] | None, mix_name: str
 ) -> dict[str, np.ndarray]:
@@ -151,24 +183,7 @@ def _vectors(
     out: dict[str, np.ndarray] = {}
     quantized = [n for n in ckpt.names() if types[n] != ckpt.info(n).dtype.upper()]
     if imatrix is not None:
-        named = [n for n in quantized if n in imatrix]
-        if not named:
-            first = next(iter(imatrix), "")
-            raise LowbitError(
-                f"the importance matrix names none of this model's quantized tensors (its first "
-                f"entry is {first!r}); was it computed for another model?"
-            )
-        for n in named:
-            shape = ckpt.info(n).shape
-            want = shape[-1] * (shape[-3] if len(shape) >= 3 else 1)
-            vec = np.asarray(imatrix[n], dtype=np.float32).reshape(-1)
-            if vec.size == want:
-                out[n] = vec
-            elif n != "token_embd.weight":
-                raise LowbitError(
-                    f"importance matrix entry {n!r} has {vec.size} values; the tensor of shape "
-                    f"{tuple(shape)} needs {want}"
-                )
+        out = importance_vectors(ckpt, quantized, imatrix)
     if mixes.mix(mix_name).name == "Q2_K_S":
         lacking = [n for n in quantized if types[n] == "Q2_K" and n not in out]
         lacking = [n for n in lacking if n not in ("token_embd.weight", "output.weight")]
