@@ -208,3 +208,14 @@ def _keep_plan(folder: Path) -> Path:
     plan = folder / "keep.json"
     plan.write_text(json.dumps({"rules": [{"match": "*", "format": "keep"}]}))
     return plan
+
+
+def test_mix_from_hugging_face_bad_out_is_one_line(tiny: Path, tmp_path: Path, capsys) -> None:
+    """An --out in a folder that does not exist fails at once, in one line, before any
+    conversion (the temporary GGUF would go beside it)."""
+    out = tmp_path / "missing" / "x.gguf"
+    rc = main(["quantize", str(tiny / "tiny-llama"), "--to", "q4_k_m", "--out-format", "gguf",
+               "--out", str(out), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "does not exist" in err[0]
+    assert not (tmp_path / "missing").exists()

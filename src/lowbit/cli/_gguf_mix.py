@@ -24,6 +24,7 @@ import numpy as np
 
 from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints._outputs import check_output
 from lowbit.checkpoints.gguf_convert import check_hf_source
 from lowbit.checkpoints.gguf_mix import gguf_mix_types, gptq_targets, write_gguf_mix
 from lowbit.checkpoints.imatrix import read_imatrix
@@ -142,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give the .gguf file to write")
     out = Path(args.out) if args.out else _default_out(Path(ckpt.path), m.name)
-    if out.exists() and not args.overwrite and not args.dry_run:
-        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+    if not args.dry_run:  # before a conversion: a bad --out fails at once
+        check_output(out, overwrite=args.overwrite, kind="file", inputs=[ckpt.path])
     with gguf_source(ckpt, out, progress) as source:
         return _run_mix(args, source, m, imatrix, options, out, progress)
 
@@ -162,7 +163,8 @@ def gguf_source(ckpt: Any, out: Path, progress: bool | None) -> Iterator[Any]:
         yield ckpt
         return
     check_hf_source(ckpt)
-    where = out.parent if str(out.parent) else Path(".")
+    parent = out.parent if str(out.parent) else Path(".")
+    where = parent if parent.is_dir() else None  # a dry run may name a folder yet to exist
     with tempfile.TemporaryDirectory(prefix=".lowbit-hf-to-gguf-", dir=where) as tmp:
         src = Path(tmp) / (Path(ckpt.path).name + ".gguf")
         keep = PrecisionPlan.from_dict({"rules": [{"match": "*", "format": "keep"}]})
