@@ -3,8 +3,9 @@
 Parts (``--parts matmul,eval,gptq,scan``; all by default), each fp32 and bf16 in one process,
 alternated (A B A B) where timed, medians and ratios printed as JSON lines:
 
-- ``matmul``: a 2048 x 2048 torch matmul, float32 against bfloat16, 1 and 2 threads: what
-  ``lowbit.models._compute.fast_bf16`` is decided from.
+- ``matmul``: a 2048 x 2048 torch matmul, float32 against bfloat16, 1 and 2 threads, and
+  the verdict of ``auto`` at each thread count (``lowbit.models._compute.fast_bf16``'s own
+  timing of one linear layer, measured afresh in a temporary cache directory).
 - ``eval``: ``evaluate_variants`` on SmolLM2 (``--tokens``, windows of 256) with the original
   and ``--scheme`` rounded to nearest: perplexity, KL, top-1, seconds, per compute.
 - ``gptq``: ``gptq_weights`` of SmolLM2 with ``--scheme`` on ``--calib-samples`` x
@@ -52,9 +53,29 @@ def matmul(rounds: int) -> None:
             t16.append(time.perf_counter() - t)
         m32, m16 = statistics.median(t32), statistics.median(t16)
         flop = 2 * n**3 / 1e9
+        auto = _auto_verdict()
         _print({"part": "matmul", "threads": threads, "fp32_ms": m32 * 1e3, "bf16_ms": m16 * 1e3,
                 "fp32_gflops": flop / m32, "bf16_gflops": flop / m16, "bf16_speedup": m32 / m16,
-                "load": os.getloadavg()[0]})  # fmt: skip
+                "auto": auto, "load": os.getloadavg()[0]})  # fmt: skip
+
+
+def _auto_verdict() -> dict[str, Any]:
+    """What ``--compute auto`` decides at torch's current thread count, timed afresh."""
+    import tempfile
+
+    from lowbit.models import _compute
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["LOWBIT_CACHE_DIR"] = tmp
+        try:
+            _compute._choice.known = None
+            verdict = _compute.resolve_compute("auto")
+            entry = (_compute._choice.known or {}).get("linear", {})
+        finally:
+            os.environ.pop("LOWBIT_CACHE_DIR")
+            _compute._choice.known = None
+    speedup = entry["fp32_ns"] / entry["bf16_ns"] if entry else None
+    return {"verdict": verdict, "bf16_units": _compute.bf16_units(), "linear_speedup": speedup}
 
 
 def evaluate(args: argparse.Namespace) -> None:

@@ -22,6 +22,31 @@ def test_choose_takes_the_numpy_path_only_when_it_was_faster() -> None:
     assert pc.choose(1.0, np.nextafter(1.0, 0.0)) == "numpy"
 
 
+def test_choose_with_other_paths_and_a_margin() -> None:
+    """Any pair of ways: the first unless the second took less than margin x its time."""
+    paths = ("bf16", "fp32")
+    assert pc.choose(1.0, 2.5, paths, 1.2) == "bf16"
+    assert pc.choose(1.0, 1.2, paths, 1.2) == "bf16"
+    assert pc.choose(1.0, 1.1, paths, 1.2) == "fp32"
+    assert pc.choose(2.0, 1.0, paths, 1.2) == "fp32"
+
+
+def test_a_choice_between_other_paths_keeps_its_own_fields(tmp_path: Path) -> None:
+    """Another pair's verdicts are stored under its own names, with its detail, and an
+    entry of the codecs' shape is not valid for it (measured again)."""
+    file = tmp_path / "other.json"
+    file.write_text(
+        '{"version": 1, "machines": {"m": {"k": {"path": "kernels", "kernel_ns": 1, "numpy_ns": 2}}}}'
+    )
+    c = pc.PathChoice(
+        file=lambda: file, key=lambda: "m", paths=("bf16", "fp32"),
+        fields=("bf16_ns", "fp32_ns"), margin=1.2, detail=lambda: {"shape": [1, 2, 3]},
+    )  # fmt: skip
+    assert c.first_wins("k", lambda: (2e-3, 1e-3)) is False
+    entry = json.loads(file.read_text())["machines"]["m"]["k"]
+    assert entry == {"path": "fp32", "bf16_ns": 2000000, "fp32_ns": 1000000, "shape": [1, 2, 3]}
+
+
 def test_time_pair_interleaves_and_keeps_the_best_of_each() -> None:
     """One warm-up call each, then rounds of kernel, numpy; the minimum per path."""
     calls: list[str] = []

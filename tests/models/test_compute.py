@@ -62,15 +62,73 @@ def test_check_compute_accepts_three_values_and_rejects_the_rest() -> None:
         assert "\n" not in str(err.value) and "fp32, bf16, auto" in str(err.value)
 
 
-def test_auto_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto is bf16 exactly where the CPU has AMX or AVX512-BF16."""
+def test_auto_is_fp32_without_bf16_flags_and_timed_with_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without AMX or AVX512-BF16 flags auto is fp32 and nothing is timed; with either,
+    the timing decides: bf16 only when at least MIN_SPEEDUP faster (an AVX512-BF16 Intel
+    Xeon timed bf16 2x slower), measured once per machine key and then read back."""
+    choice = _compute.PathChoice(
+        file=lambda: tmp_path / _compute.CACHE_NAME,
+        key=lambda: "machine",
+        paths=("bf16", "fp32"),
+        fields=("bf16_ns", "fp32_ns"),
+        margin=_compute.MIN_SPEEDUP,
+    )
+    monkeypatch.setattr(_compute, "_choice", choice)
+    timed: list[tuple[float, float]] = []
+
+    def timing(bf16_s: float, fp32_s: float) -> None:
+        def fake() -> tuple[float, float]:
+            timed.append((bf16_s, fp32_s))
+            return bf16_s, fp32_s
+
+        monkeypatch.setattr(_compute, "_time_products", fake)
+
+    timing(1.0, 3.0)
     monkeypatch.setattr(_compute, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     assert not _compute.fast_bf16() and _compute.resolve_compute("auto") == "fp32"
+    assert timed == []
     for flag in ("amx_bf16", "avx512_bf16"):
         monkeypatch.setattr(_compute, "cpu_flags", lambda f=flag: frozenset({"avx2", f}))
+        choice.known = None
+        (tmp_path / _compute.CACHE_NAME).unlink(missing_ok=True)
+        timing(1.0, 2.5)  # the AMD EPYC's 2.5x
         assert _compute.fast_bf16() and _compute.resolve_compute("auto") == "bf16"
+        choice.known = None
+        (tmp_path / _compute.CACHE_NAME).unlink()
+        timing(2.0, 1.0)  # the Intel Xeon's 0.5x
+        assert not _compute.fast_bf16() and _compute.resolve_compute("auto") == "fp32"
+        choice.known = None
+        (tmp_path / _compute.CACHE_NAME).unlink()
+        timing(1.0, 1.1)  # faster, but by less than MIN_SPEEDUP
+        assert _compute.resolve_compute("auto") == "fp32"
+    assert len(timed) == 6
+    timing(1.0, 9.0)  # a new process reads the verdict and does not time again
+    choice.known = None
+    assert _compute.resolve_compute("auto") == "fp32" and len(timed) == 6
     assert _compute.resolve_compute("fp32") == "fp32"
     assert _compute.resolve_compute("bf16") == "bf16"
+
+
+def test_the_product_timing_runs_and_is_cached(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The real timing of this machine: positive seconds both ways, and a cache entry
+    naming the shape and thread count (whatever the verdict)."""
+    monkeypatch.setenv("LOWBIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_compute, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(_compute._choice, "known", None)
+    bf16_s, fp32_s = _compute._time_products()
+    assert bf16_s > 0 and fp32_s > 0
+    verdict = _compute.resolve_compute("auto")
+    import json
+
+    entry = json.loads((tmp_path / _compute.CACHE_NAME).read_text())["machines"]
+    (mine,) = entry.values()
+    assert mine["linear"]["path"] == verdict
+    assert mine["linear"]["shape"] == list(_compute.SHAPE)
+    assert mine["linear"]["threads"] == torch.get_num_threads()
 
 
 def test_fp32_and_auto_without_bf16_units_are_todays_numbers(no_bf16_units: None) -> None:

@@ -284,8 +284,8 @@ def quantize_model(
             as they are, with a record ``method`` or round to nearest; not with a calibrated
             method (it makes its own).
         compute: precision of a calibrated method's forward passes: ``fp32`` (default),
-            ``bf16`` or ``auto`` (bf16 where the CPU has bfloat16 units; see
-            ``lowbit.models._compute``). Hessians, searches and rounding stay float32.
+            ``bf16`` or ``auto`` (bf16 where the CPU's bfloat16 units are timed
+            faster; see ``lowbit.models._compute``). Hessians, searches and rounding stay float32.
 
     Returns:
         The summary of ``lowbit.checkpoints.quantize_model.quantize_model`` (``out``,

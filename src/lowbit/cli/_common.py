@@ -182,7 +182,8 @@ def add_compute(parser: argparse.ArgumentParser, what: str) -> None:
         metavar="P",
         default="fp32",
         help=f"precision of the matrix products of {what}: fp32 (default), bf16, or auto (bf16 "
-        "where the CPU has bfloat16 units, AMX or AVX512-BF16, else fp32); quantization, "
+        "where the CPU has bfloat16 units and they are timed faster, once per machine, else "
+        "fp32); quantization, "
         "Hessians and everything that decides codes stay float32",
     )
 

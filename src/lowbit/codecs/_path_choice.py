@@ -37,7 +37,7 @@ import numpy as np
 from lowbit._cpu import cpu_flags, cpu_model
 from lowbit._version import __version__
 
-__all__ = ["PathChoice", "cache_file", "choose", "machine_key", "time_pair"]
+__all__ = ["PathChoice", "cache_file", "choose", "cpu_key", "machine_key", "time_pair"]
 
 CACHE_NAME = "codec_paths.json"
 CACHE_VERSION = 1
@@ -47,9 +47,17 @@ SAMPLE_VALUES = 1 << 20  # 4 MB of float32: past L2, as the arrays that reach a 
 _PATHS = ("kernels", "numpy")
 
 
-def choose(kernel_seconds: float, numpy_seconds: float) -> str:
-    """``"kernels"`` unless the numpy path was measured faster (then ``"numpy"``)."""
-    return "numpy" if numpy_seconds < kernel_seconds else "kernels"
+def choose(
+    kernel_seconds: float,
+    numpy_seconds: float,
+    paths: tuple[str, str] = _PATHS,
+    margin: float = 1.0,
+) -> str:
+    """``"kernels"`` unless the numpy path was measured faster (then ``"numpy"``).
+
+    In general: the first of ``paths`` unless the second took less than ``margin`` times
+    the first's seconds (a margin above 1 asks the first path to win by that factor)."""
+    return paths[1] if numpy_seconds < kernel_seconds * margin else paths[0]
 
 
 def cache_file() -> Path:
@@ -63,6 +71,12 @@ def cache_file() -> Path:
     return base / "lowbit" / CACHE_NAME
 
 
+def cpu_key() -> str:
+    """The CPU as a cache key: its model and a digest of its flags."""
+    flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
+    return f"{cpu_model()} | flags {flags}"
+
+
 def machine_key() -> str:
     """The machine as the cache knows it: CPU model, a digest of its flags, and the
     numba, numpy and lowbit versions (any change measures again)."""
@@ -72,8 +86,7 @@ def machine_key() -> str:
         numba = version("numba")
     except Exception:  # not installed, or broken metadata: the key still holds
         numba = "none"
-    flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
-    return f"{cpu_model()} | flags {flags} | numba {numba} | numpy {np.__version__} | lowbit {__version__}"
+    return f"{cpu_key()} | numba {numba} | numpy {np.__version__} | lowbit {__version__}"
 
 
 def time_pair(
@@ -107,11 +120,11 @@ def _read(path: Path) -> dict[str, Any]:
     return machines if isinstance(machines, dict) else {}
 
 
-def _valid(entry: Any) -> bool:
+def _valid(entry: Any, paths: tuple[str, str], fields: tuple[str, str]) -> bool:
     return (
         isinstance(entry, dict)
-        and entry.get("path") in _PATHS
-        and all(isinstance(entry.get(k), (int, float)) for k in ("kernel_ns", "numpy_ns"))
+        and entry.get("path") in paths
+        and all(isinstance(entry.get(k), (int, float)) for k in fields)
     )
 
 
@@ -122,15 +135,28 @@ class PathChoice:
     calling ``measure()`` (seconds of the kernel and of the numpy path on the same data)
     and recording the verdict. ``file`` and ``key`` are callables so tests can point them
     elsewhere.
+
+    The same machinery serves any pair of equivalent ways (``paths``, with the cache
+    fields ``fields`` holding their nanoseconds and ``detail`` what was timed): the model
+    work's bf16-or-float32 choice (``lowbit.models._compute``) is one, with a ``margin``
+    the first way must win by (:func:`choose`).
     """
 
     def __init__(
         self,
         file: Callable[[], Path] = cache_file,
         key: Callable[[], str] = machine_key,
+        paths: tuple[str, str] = _PATHS,
+        fields: tuple[str, str] = ("kernel_ns", "numpy_ns"),
+        margin: float = 1.0,
+        detail: Callable[[], dict[str, Any]] = lambda: {"values": SAMPLE_VALUES},
     ) -> None:
         self._file = file
         self._key = key
+        self._paths = paths
+        self._fields = fields
+        self._margin = margin
+        self._detail = detail
         self._lock = threading.Lock()
         self.known: dict[str, dict[str, Any]] | None = None
 
@@ -138,26 +164,34 @@ class PathChoice:
         if self.known is None:
             mine = _read(self._file()).get(self._key(), {})
             mine = mine if isinstance(mine, dict) else {}
-            self.known = {kind: e for kind, e in mine.items() if _valid(e)}
+            self.known = {
+                kind: e for kind, e in mine.items() if _valid(e, self._paths, self._fields)
+            }
         return self.known
 
-    def kernels_win(self, kind: str, measure: Callable[[], tuple[float, float]]) -> bool:
-        """Whether the kernels are the faster path for ``kind`` on this machine."""
+    def first_wins(self, kind: str, measure: Callable[[], tuple[float, float]]) -> bool:
+        """Whether the first of ``paths`` is the one to use for ``kind`` on this machine
+        (``measure()``: seconds of the first and of the second way)."""
+        first = self._paths[0]
         known = self.known
         if known is not None and kind in known:
-            return bool(known[kind]["path"] == "kernels")
+            return bool(known[kind]["path"] == first)
         with self._lock:
             known = self._load()
             if kind not in known:
-                kernel_s, numpy_s = measure()
+                first_s, second_s = measure()
                 known[kind] = {
-                    "path": choose(kernel_s, numpy_s),
-                    "kernel_ns": round(kernel_s * 1e9),
-                    "numpy_ns": round(numpy_s * 1e9),
-                    "values": SAMPLE_VALUES,
+                    "path": choose(first_s, second_s, self._paths, self._margin),
+                    self._fields[0]: round(first_s * 1e9),
+                    self._fields[1]: round(second_s * 1e9),
+                    **self._detail(),
                 }
                 self._save(kind, known[kind])
-            return bool(known[kind]["path"] == "kernels")
+            return bool(known[kind]["path"] == first)
+
+    def kernels_win(self, kind: str, measure: Callable[[], tuple[float, float]]) -> bool:
+        """Whether the kernels are the faster path for ``kind`` on this machine."""
+        return self.first_wins(kind, measure)
 
     def _save(self, kind: str, entry: dict[str, Any]) -> None:
         """Add one verdict to the file (other machines' entries kept); failures ignored."""
@@ -171,7 +205,7 @@ class PathChoice:
         data = {"version": CACHE_VERSION, "machines": {**dict(others), key: mine}}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".codec_paths.", dir=path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     json.dump(data, fh, indent=1, sort_keys=True)

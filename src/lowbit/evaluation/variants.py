@@ -292,8 +292,8 @@ def evaluate_variants(
             would pass 1 GiB; ``lowbit.evaluation.perplexity.batch_size``). The measured
             facts say the batch used.
         compute: precision of the models' matrix products (and of calibration's forward
-            passes): ``fp32`` (default), ``bf16`` or ``auto`` (bf16 where the CPU has
-            bfloat16 units; ``lowbit.models._compute``). The measured facts say which ran.
+            passes): ``fp32`` (default), ``bf16`` or ``auto`` (bf16 where the CPU's
+            bfloat16 units are timed faster; ``lowbit.models._compute``). The measured facts say which ran.
 
     Returns:
         ``{"model", "kind", "measured", "rows"}``; each row has name, format, activations,
