@@ -118,5 +118,11 @@ def test_eval_methods_side_by_side(
     assert "int8:ch smoothquant + int8 act" in out
     assert "SmoothQuant (int8 activations) on 3 x 50 tokens" in out
     assert main(["eval", str(folder), "--schemes", "int8:ch", "--smooth", *common]) == 2
-    assert "add --w8a8" in capsys.readouterr().err
+    assert "add --w8a8 [int8|fp8] or --act MODE" in capsys.readouterr().err
+    # 4-bit activations: SmoothQuant searched against NVFP4 activations, row beside RTN's
+    assert main(["eval", str(folder), "--schemes", "nvfp4", "--act", "nvfp4", "--smooth",
+                 *common, "--json"]) == 0  # fmt: skip
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert {"nvfp4 + nvfp4", "nvfp4 smoothquant", "nvfp4 smoothquant + nvfp4"} <= set(rows)
+    assert rows["nvfp4 smoothquant"]["method"]["activations"] == "nvfp4"
     assert SmoothQuant().name == "smoothquant"

@@ -144,6 +144,42 @@ def test_smoothquant_lowers_w8a8_error_on_outliers(act: str) -> None:
     np.testing.assert_allclose(fixed.scales, smooth_scales(np.abs(X).max(0), np.abs(W).max(0), 0.5))
 
 
+@pytest.mark.parametrize("act", ["nvfp4", "mxfp4"])
+def test_smoothquant_with_grouped_4bit_activations(act: str) -> None:
+    """With --act's grouped modes the search measures the layer as lowbit eval runs it:
+    'no smoothing' is exactly the error of the mode's fake quantization (NVFP4's global
+    scale from the rows' maximum) and int4 weights; the chosen scales are the formula's."""
+    torch = pytest.importorskip("torch")
+    from lowbit.evaluation.act_modes import fake_quantize_activation
+
+    X, W, _ = _outlier_layer(5)
+    cfg = SmoothQuant(activations=act, grid=10)
+    res = smoothquant_search({"w": W}, X, np.abs(X).max(0), {"w": "int4:g32"}, cfg)
+    Y = X @ W.T
+    Xq = fake_quantize_activation(torch.from_numpy(X.astype(np.float32)), act).numpy()
+    rtn = np.sum((Y - Xq.astype(np.float64) @ _rtn(W, "int4:g32").T) ** 2) / np.sum(Y**2)
+    assert res.before == pytest.approx(rtn, rel=1e-4)
+    assert res.before > 0 and res.after <= res.before and len(res.tried) == 10
+    if res.alpha >= 0:
+        want = smooth_scales(np.abs(X).max(0), np.abs(W).max(0), res.alpha)
+        np.testing.assert_allclose(res.scales, want)
+    # a width the mode's group does not divide is one LowbitError line
+    with pytest.raises(lowbit.LowbitError, match="groups of"):
+        smoothquant_search({"w": W[:, :40]}, X[:, :40], np.abs(X[:, :40]).max(0),
+                           {"w": "int8:ch"}, cfg)  # fmt: skip
+
+
+def test_smoothquant_activation_names() -> None:
+    """Per-token formats keep their canonical names, grouped modes theirs; others refused."""
+    assert SmoothQuant(activations="fp8_token").activations == "float8_e4m3fn"
+    assert SmoothQuant(activations=" NVFP4 ").activations == "nvfp4"
+    assert SmoothQuant(activations="fp8_block").to_dict()["activations"] == "fp8_block"
+    for bad in ("mxfp6", "nf4", "bogus"):
+        with pytest.raises(lowbit.LowbitError, match="grouped mode") as err:
+            SmoothQuant(activations=bad)
+        assert "\n" not in str(err.value)
+
+
 # ---- folds ----------------------------------------------------------------------------
 
 

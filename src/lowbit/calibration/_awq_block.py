@@ -12,8 +12,8 @@ from lowbit.calibration.blocks import _model_layout, _set_weight
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import awq_clip, awq_search, output_error
 from lowbit.methods.folds import NO_CLIP, FoldKind, fold_scales, head_reduce, head_repeat
-from lowbit.methods.smoothquant import SmoothQuant, smoothquant_search
-from lowbit.quant.tensor import quantize, quantize_dynamic
+from lowbit.methods.smoothquant import SmoothQuant, fake_quantize_rows, smoothquant_search
+from lowbit.quant.tensor import quantize
 
 __all__ = ["do_block"]
 
@@ -171,8 +171,8 @@ def _errors(
         act = method.activations
         ref = X @ W.T
         base = float(np.sum(ref**2)) or 1.0
-        xr = quantize_dynamic(X.astype(np.float32), act).dequantize(np.float64)
-        xs = quantize_dynamic((X / c).astype(np.float32), act).dequantize(np.float64)
+        xr = fake_quantize_rows(X.astype(np.float32), act).astype(np.float64)
+        xs = fake_quantize_rows((X / c).astype(np.float32), act).astype(np.float64)
         out["rtn"] = float(np.sum((ref - xr @ rtn.T) ** 2)) / base
         out[method.name] = float(np.sum((ref - (xs @ deq.T) * r[None, :]) ** 2)) / base
         return out

@@ -34,7 +34,7 @@ from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
-from lowbit.methods.smoothquant import SmoothQuant
+from lowbit.methods.smoothquant import GROUPED_ACTIVATIONS, SmoothQuant
 from lowbit.models._compute import check_compute
 from lowbit.plans.plan import AppliedPlan, PrecisionPlan
 from lowbit.plans.rules import activation_format, calibrated_method
@@ -378,7 +378,13 @@ def _activations(applied: AppliedPlan, cfg: SmoothQuant | None) -> str:
             "tensors one activation format (e.g. PrecisionPlan.uniform('int8:ch', "
             f"activations='int8')), {'not several: ' + ', '.join(acts) if acts else 'it has none'}"
         )
-    if cfg is not None and activation_format(cfg.activations) != acts[0]:
+    if (
+        cfg is not None
+        and cfg.activations != acts[0]
+        and (
+            cfg.activations in GROUPED_ACTIVATIONS or activation_format(cfg.activations) != acts[0]
+        )
+    ):
         raise LowbitError(
             f"SmoothQuant(activations={cfg.activations!r}) but the plan's activations are "
             f"{acts[0]!r}: give SmoothQuant the plan's format"

@@ -31,7 +31,7 @@ def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
         nargs="?",
         const="search",
         metavar="ALPHA",
-        help=f"with {needs} (W8A8): SmoothQuant's folds before rounding (ALPHA in [0, 1]; "
+        help=f"with {needs}: SmoothQuant's folds before rounding (ALPHA in [0, 1]; "
         "default: chosen per layer group on the calibration data)",
     )
     p.add_argument("--no-clip", action="store_true", help="awq: no clipping search")

@@ -40,6 +40,8 @@ examples:
                                                 W8A8 with and without SmoothQuant
   lowbit eval --schemes mxfp4 --methods rtn,hadamard+gptq --act mxfp4
                                                 W4A4: round to nearest vs MR-GPTQ
+  lowbit eval --schemes nvfp4 --act nvfp4 --smooth
+                                                NVFP4 W4A4 with and without SmoothQuant
 """
 
 
@@ -88,7 +90,7 @@ def register(sub: Any) -> None:
         "rotated online), hadamard+gptq (MR-GPTQ: GPTQ in the rotated basis); "
         "'rtn,gptq,awq' gives their rows side by side",
     )
-    add_calibration_options(p, needs="--w8a8")
+    add_calibration_options(p, needs="--w8a8 or --act")
     p.add_argument("--tokens", type=int, default=4096, help="tokens of the text (default 4096)")
     p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
     p.add_argument("--stride", type=int, help="tokens between windows (default: the window)")
@@ -151,9 +153,12 @@ def run(args: argparse.Namespace) -> int:
     calibration = gptq = awq = smooth = None
     wanted = {m.strip().lower() for m in methods}
     if args.smooth is not None:
-        if args.w8a8 is None:
-            raise LowbitError("--smooth prepares activations for W8A8: add --w8a8 [int8|fp8]")
-        smooth = SmoothQuant(alpha=parse_alpha(args.smooth), activations=args.w8a8)
+        if args.w8a8 is None and args.act is None:
+            raise LowbitError(
+                "--smooth prepares activations for quantization: add --w8a8 [int8|fp8] or "
+                "--act MODE"
+            )
+        smooth = SmoothQuant(alpha=parse_alpha(args.smooth), activations=args.w8a8 or args.act)
     if wanted & {"gptq", "awq", "hadamard+gptq"} or smooth is not None:
         calibration = calibration_of(args)
         gptq = GPTQ(act_order=args.act_order, sequential=args.sequential)

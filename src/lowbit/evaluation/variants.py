@@ -56,6 +56,7 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
+from lowbit.evaluation.act_modes import act_mode
 from lowbit.evaluation.calibrated_variants import awq_variant, gptq_variant, variant_plan
 from lowbit.evaluation.perplexity import (
     DEFAULT_BATCH,
@@ -284,8 +285,9 @@ def evaluate_variants(
         gptq: the :class:`lowbit.methods.gptq.GPTQ` settings (default ``GPTQ()``).
         awq: the :class:`lowbit.methods.awq.AWQ` settings of ``methods`` ``awq`` (default
             ``AWQ()``; ``lowbit.calibration.awq``; rows ``"{scheme} awq"``).
-        smooth: SmoothQuant with ``w8a8``: ``True`` (α searched) or a
-            :class:`lowbit.methods.smoothquant.SmoothQuant` (its activation format is ``w8a8``'s);
+        smooth: SmoothQuant with ``w8a8`` or ``act``: ``True`` (α searched) or a
+            :class:`lowbit.methods.smoothquant.SmoothQuant` (its activations are ``w8a8``'s
+            format or the ``act`` mode);
             one more row per scheme, ``"{scheme} smoothquant"``, rounded to nearest after the
             folds.
         batch: causal LMs: windows per forward, at most (fewer where their float32 logits
@@ -314,10 +316,12 @@ def evaluate_variants(
     check_compute(compute)
     methods = _methods(methods)
     sim = _act_spec(w8a8, act, kv)
-    act = activation_format(w8a8) if w8a8 else None
+    act = activation_format(w8a8) if w8a8 else act_mode(act) if act else None
     if smooth is not None and smooth is not False:
         if act is None:
-            raise LowbitError("SmoothQuant (smooth) prepares activations for W8A8: give w8a8")
+            raise LowbitError(
+                "SmoothQuant (smooth) prepares activations for quantization: give w8a8 or act"
+            )
         base = smooth if isinstance(smooth, SmoothQuant) else SmoothQuant()
         smooth = SmoothQuant(alpha=base.alpha, grid=base.grid, activations=act, rows=base.rows)
     else:

@@ -11,14 +11,18 @@ channel ``j`` by
 ``s_j`` makes the activations easier to quantize and the weights a little harder, ``α`` setting
 the balance. The division is folded exactly into the operation before
 (``lowbit.methods.folds``). ``α`` is given or chosen from a grid on calibration rows ``X``: the
-point whose simulated W8A8 layers (activations per token with
-:func:`lowbit.quantize_dynamic`, as ``lowbit eval --w8a8`` simulates them; weights with the
+point whose simulated layers (activations ``A`` as the layers will run them: per token with
+:func:`lowbit.quantize_dynamic`, as ``lowbit eval --w8a8`` simulates them, or in groups of a
+token's values as ``lowbit eval --act fp8_block|mxfp4|nvfp4`` does, NVFP4's global scale from
+the smoothed calibration rows' maximum as a calibrated static scale is; weights with the
 layers' own schemes) give the least output error
 
     sum over the group's layers of ||X W^T - A(X / s) Q(W * s)^T||² / ||X W^T||²,
 
 with "no smoothing" (``s = 1``) always among the candidates, so the chosen scales never make
-the calibration error worse.
+the calibration error worse. The paper smooths for W8A8; with 4-bit activations (NVFP4,
+MXFP4) per-group scales already absorb much of an outlier's damage, and the search says per
+layer group whether smoothing still helps.
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ from lowbit.plans.rules import activation_format
 from lowbit.quant.scheme import Scheme
 from lowbit.quant.tensor import quantize_dynamic
 
-__all__ = ["SmoothQuant", "smooth_scales", "smoothquant_search"]
+__all__ = [
+    "GROUPED_ACTIVATIONS",
+    "SmoothQuant",
+    "fake_quantize_rows",
+    "smooth_scales",
+    "smoothquant_search",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,13 +57,14 @@ class SmoothQuant:
         alpha: the migration strength; None (default) chooses it per layer group from
             ``grid`` points on calibration data.
         grid: ``α`` values tried are ``i / grid`` for ``i = 1 .. grid - 1``, and no smoothing.
-        activations: the per-token activation format the layers will run with (``int8``,
-            ``fp8_e4m3``).
+        activations: the activations the layers will run with: a per-token format
+            (``int8``, ``fp8_e4m3``) or a grouped mode of ``lowbit eval --act``
+            (``fp8_block``, ``mxfp4``, ``nvfp4``).
         rows: calibration input rows kept per layer group for the search.
 
     Raises:
-        LowbitError: ``alpha`` outside [0, 1], ``grid`` < 2, ``rows`` < 1, an activation
-            format per-token simulation does not take.
+        LowbitError: ``alpha`` outside [0, 1], ``grid`` < 2, ``rows`` < 1, activations
+            neither a per-token format nor a grouped mode.
     """
 
     alpha: float | None = None
@@ -66,7 +77,7 @@ class SmoothQuant:
             object.__setattr__(self, "alpha", _unit(self.alpha, "alpha"))
         _count(self.grid, "grid", 2)
         _count(self.rows, "rows", 1)
-        object.__setattr__(self, "activations", activation_format(self.activations))
+        object.__setattr__(self, "activations", _activations(self.activations))
 
     @property
     def name(self) -> str:
@@ -95,6 +106,37 @@ class SmoothQuant:
         }
 
 
+#: ``lowbit eval --act`` modes that quantize groups of a token's values (the others are per
+#: token, as ``activation_format``'s formats).
+GROUPED_ACTIVATIONS = ("fp8_block", "mxfp4", "nvfp4")
+
+
+def _activations(value: Any) -> str:
+    """A per-token format's canonical name, or a grouped ``--act`` mode."""
+    key = str(value).strip().lower()
+    if key in GROUPED_ACTIVATIONS:
+        return key
+    try:
+        return str(activation_format(key if key != "fp8_token" else "fp8"))
+    except LowbitError:
+        raise LowbitError(
+            f"SmoothQuant's activations {value!r}: a per-token format (int8, fp8_e4m3) or a "
+            f"grouped mode ({', '.join(GROUPED_ACTIVATIONS)})"
+        ) from None
+
+
+def fake_quantize_rows(x: np.ndarray, act: str) -> np.ndarray:
+    """float32 rows quantized and dequantized as the layers' activations ``act``."""
+    if act not in GROUPED_ACTIVATIONS:
+        return quantize_dynamic(x, act).dequantize(np.float32)
+    import torch
+
+    # the --act modes live with the evaluation that simulates them (torch, vLLM's rules)
+    from lowbit.evaluation.act_modes import fake_quantize_activation
+
+    return np.asarray(fake_quantize_activation(torch.from_numpy(np.ascontiguousarray(x)), act))
+
+
 def smooth_scales(x_max: Any, w_max: Any, alpha: float) -> np.ndarray:
     """``max|X_j|^α / max|W_j|^(1-α)``, both maxima floored at 1e-5 (the reference code's
     guard against dead channels).
@@ -114,7 +156,7 @@ def _w8a8_error(
     act: str, refs: Mapping[str, np.ndarray],
 ) -> float:  # fmt: skip
     # float32 products: the search ranks candidates; the reported layer errors are float64
-    Xq = quantize_dynamic((X / s).astype(np.float32), act).dequantize(np.float32)
+    Xq = fake_quantize_rows((X / s).astype(np.float32), act)
     err = 0.0
     for n, w in Ws.items():
         y = Xq @ _deq(w * s, sch[n]).astype(np.float32).T
@@ -146,10 +188,12 @@ def smoothquant_search(
 
     Returns:
         A :class:`~lowbit.methods.awq.ScaleSearch`: ``alpha`` is -1.0 when no smoothing won;
-        errors are relative output errors of the simulated W8A8 layers on ``X``.
+        errors are relative output errors of the simulated layers (weights and activations
+        quantized) on ``X``.
 
     Raises:
-        LowbitError: shapes that do not match, non-finite statistics.
+        LowbitError: shapes that do not match, non-finite statistics, a grouped activation
+            mode whose group does not divide the input width.
     """
     cfg = SmoothQuant() if cfg is None else cfg
     expand = expand or (lambda s: s)
