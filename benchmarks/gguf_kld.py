@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--agreement", action="store_true",
         help="also the perplexity lowbit computes, by llama-perplexity's protocol, of the "
-        "reference, lowbit's Q4_K_M + imatrix and the --lowbit/--file files",
+        "reference, every file lowbit wrote and the --file files",
     )  # fmt: skip
     ap.add_argument(
         "--reuse", action="store_true",
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             row = kld(tools, path, base_logits, repack, log, reuse=a.reuse)
         by_path[str(path)] = row
         row.update(file=label, bytes=path.stat().st_size, quantize_s=round(seconds, 1), note=note)
-        if a.agreement and (label in extra or label == "lowbit Q4_K_M+imatrix"):
+        if a.agreement and (label in extra or label.startswith("lowbit ")):
             # issue 25: lowbit's perplexity of a file it wrote within 0.5 % of llama.cpp's
             row["lowbit_ppl"] = _cached_ppl(work, path, ev.read_text(), a.ctx)
         rows.append(row)
