@@ -36,7 +36,7 @@ def _nearest_int(v: float, scratch: np.ndarray) -> int:
     return (bits & 0x007FFFFF) - 0x00400000
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def qkx_quants(x, w, nmax, rmin, rdelta, nstep, use_mad, x3):
     """make_qkx2_quants (x3 False) / make_qkx3_quants (x3 True) on groups ``x[g, :]``."""
     groups, n = x.shape
@@ -112,7 +112,7 @@ def qkx_quants(x, w, nmax, rmin, rdelta, nstep, use_mad, x3):
     return scales, codes, mins
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def qx_quants(x, nmax, qw, has_qw):
     """make_qx_quants(n, nmax, x, L, rmse_type=1, qw or x*x) on groups ``x[g, :]``."""
     groups, n = x.shape
@@ -183,7 +183,7 @@ def _best_index(values, x):
     return mu - 1 if x - values[mu - 1] < values[mu] - x else mu
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def iq4_block_scales(x, w, values, ntry):
     """quantize_row_iq4_nl_impl's per-block scale search on blocks ``x[g, :]`` (weights ``w``,
     float32 table ``values``); blocks below GROUP_MAX_EPS get 0."""

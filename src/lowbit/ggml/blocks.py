@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import _is_ml_float
+from lowbit._parallel import map_chunks, threads
 from lowbit.errors import LowbitError
 from lowbit.ggml import fp4, iquants, kquants, legacy_blocks, ternary
 
@@ -219,18 +220,23 @@ def quantize(x: Any, qtype: Any, imatrix: Any = None) -> np.ndarray:
         qw = _check_imatrix(imatrix, n, t)
     rows = arr.reshape(-1, n)
     out = np.empty((rows.shape[0], row_bytes(t, n)), dtype=np.uint8)
-    step = max(1, _CHUNK // n)
+    # chunks of rows are independent: on several threads (lowbit._parallel) where the tensor
+    # has enough rows, each at most _CHUNK values (bounding the searches' temporaries)
+    step = max(1, min(_CHUNK // n, -(-rows.shape[0] // threads())))
+
+    def chunk(start: int) -> None:
+        part = rows[start : start + step]
+        xs = part.reshape(-1, t.block)
+        w = None if qw is None else np.broadcast_to(qw, part.shape).reshape(-1, t.block)
+        if t.name in legacy_blocks.BLOCK_BYTES:
+            blocks = legacy_blocks.quantize_legacy(xs, t.name, w, n)
+        else:
+            blocks = _ENCODERS[t.name](xs, w)
+        _validate(blocks, t, part)
+        out[start : start + step] = blocks.reshape(part.shape[0], -1)
+
     with np.errstate(all="ignore"):
-        for start in range(0, rows.shape[0], step):
-            part = rows[start : start + step]
-            xs = part.reshape(-1, t.block)
-            w = None if qw is None else np.broadcast_to(qw, part.shape).reshape(-1, t.block)
-            if t.name in legacy_blocks.BLOCK_BYTES:
-                blocks = legacy_blocks.quantize_legacy(xs, t.name, w, n)
-            else:
-                blocks = _ENCODERS[t.name](xs, w)
-            _validate(blocks, t, part)
-            out[start : start + step] = blocks.reshape(part.shape[0], -1)
+        map_chunks(chunk, range(0, rows.shape[0], step))
     return out.reshape(*arr.shape[:-1], out.shape[-1])
 
 
