@@ -150,11 +150,15 @@ def test_smoothquant_with_grouped_4bit_activations(act: str) -> None:
     'no smoothing' is exactly the error of the mode's fake quantization (NVFP4's global
     scale from the rows' maximum) and int4 weights; the chosen scales are the formula's."""
     torch = pytest.importorskip("torch")
-    from lowbit.evaluation.act_modes import fake_quantize_activation
+    from lowbit.models.act_quant import fake_quantize_activation, fake_quantize_rows
 
     X, W, _ = _outlier_layer(5)
     cfg = SmoothQuant(activations=act, grid=10)
-    res = smoothquant_search({"w": W}, X, np.abs(X).max(0), {"w": "int4:g32"}, cfg)
+    with pytest.raises(lowbit.LowbitError, match="needs their simulation"):
+        smoothquant_search({"w": W}, X, np.abs(X).max(0), {"w": "int4:g32"}, cfg)
+    res = smoothquant_search(
+        {"w": W}, X, np.abs(X).max(0), {"w": "int4:g32"}, cfg, simulate=fake_quantize_rows
+    )
     Y = X @ W.T
     Xq = fake_quantize_activation(torch.from_numpy(X.astype(np.float32)), act).numpy()
     rtn = np.sum((Y - Xq.astype(np.float64) @ _rtn(W, "int4:g32").T) ** 2) / np.sum(Y**2)
@@ -166,7 +170,7 @@ def test_smoothquant_with_grouped_4bit_activations(act: str) -> None:
     # a width the mode's group does not divide is one LowbitError line
     with pytest.raises(lowbit.LowbitError, match="groups of"):
         smoothquant_search({"w": W[:, :40]}, X[:, :40], np.abs(X[:, :40]).max(0),
-                           {"w": "int8:ch"}, cfg)  # fmt: skip
+                           {"w": "int8:ch"}, cfg, simulate=fake_quantize_rows)  # fmt: skip
 
 
 def test_smoothquant_activation_names() -> None:

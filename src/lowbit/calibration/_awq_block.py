@@ -12,8 +12,9 @@ from lowbit.calibration.blocks import _model_layout, _set_weight
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import awq_clip, awq_search, output_error
 from lowbit.methods.folds import NO_CLIP, FoldKind, fold_scales, head_reduce, head_repeat
-from lowbit.methods.smoothquant import SmoothQuant, fake_quantize_rows, smoothquant_search
-from lowbit.quant.tensor import quantize
+from lowbit.methods.smoothquant import GROUPED_ACTIVATIONS, SmoothQuant, smoothquant_search
+from lowbit.models.act_quant import fake_quantize_rows
+from lowbit.quant.tensor import quantize, quantize_dynamic
 
 __all__ = ["do_block"]
 
@@ -129,7 +130,7 @@ def _fold(
     if isinstance(method, SmoothQuant):
         res = smoothquant_search(
             quant, col.rows(paths[0]), _apply(reduce_max, col.max_abs(paths[0])), schemes,
-            method, expand=expand, reduce=reduce_max,
+            method, expand=expand, reduce=reduce_max, simulate=_simulate,
         )  # fmt: skip
     else:
         H = col.hessian(paths[0])
@@ -171,8 +172,8 @@ def _errors(
         act = method.activations
         ref = X @ W.T
         base = float(np.sum(ref**2)) or 1.0
-        xr = fake_quantize_rows(X.astype(np.float32), act).astype(np.float64)
-        xs = fake_quantize_rows((X / c).astype(np.float32), act).astype(np.float64)
+        xr = _simulate(X.astype(np.float32), act).astype(np.float64)
+        xs = _simulate((X / c).astype(np.float32), act).astype(np.float64)
         out["rtn"] = float(np.sum((ref - xr @ rtn.T) ** 2)) / base
         out[method.name] = float(np.sum((ref - (xs @ deq.T) * r[None, :]) ** 2)) / base
         return out
@@ -181,6 +182,14 @@ def _errors(
     out["rtn"] = output_error(W, rtn, H) / base
     out[method.name] = output_error(W, eff, H) / base
     return out
+
+
+def _simulate(x: np.ndarray, act: str) -> np.ndarray:
+    """Rows as the layers will see them: per token by lowbit's codec (W8A8), grouped
+    ``--act`` modes as ``lowbit eval`` simulates them."""
+    if act in GROUPED_ACTIVATIONS:
+        return fake_quantize_rows(x, act)
+    return quantize_dynamic(x, act).dequantize(np.float32)
 
 
 def _set_param(net: Any, names: dict[str, str], name: str, arr: np.ndarray) -> None:

@@ -28,6 +28,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from lowbit.errors import LowbitError
+from lowbit.models.act_quant import (
+    ACT_MODES,
+    FP8_MAX,
+    act_mode,
+    fake_quantize_activation,
+    input_global_scale,
+)
 from lowbit.models.activations import fake_quantize_per_token
 
 __all__ = [
@@ -39,100 +46,8 @@ __all__ = [
     "simulate_kv_cache",
 ]
 
-#: The activation modes of ``lowbit eval --act`` and their group sizes (None: per token).
-ACT_MODES: dict[str, int | None] = {
-    "int8": None, "fp8_token": None, "fp8_block": 128, "mxfp4": 32, "nvfp4": 16,
-}  # fmt: skip
 #: KV-cache modes of ``lowbit eval --kv``.
 KV_MODES = ("fp8", "int8")
-
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-_FP8_MAX = 448.0
-
-
-def act_mode(name: str) -> str:
-    """The canonical mode for ``name`` (``fp8`` is ``fp8_token``).
-
-    Raises:
-        LowbitError: an unknown mode (the message lists them).
-    """
-    key = str(name).strip().lower()
-    key = {"fp8": "fp8_token", "fp8_e4m3": "fp8_token", "w8a8": "int8"}.get(key, key)
-    if key not in ACT_MODES:
-        raise LowbitError(f"unknown activation mode {name!r}; allowed: {', '.join(ACT_MODES)}")
-    return key
-
-
-def _e2m1(t: Any) -> Any:
-    """The nearest E2M1 value of float32 ``t`` (ties to the even code), saturating at ±6."""
-    import torch
-
-    values = torch.tensor(_E2M1, dtype=torch.float32)
-    mids = (values[:-1] + values[1:]) / 2
-    a = t.abs().clamp(max=6.0)
-    idx = torch.bucketize(a, mids)  # how many midpoints lie below a (a tie stays below)
-    tie = (idx < len(mids)) & (a == mids[idx.clamp(max=len(mids) - 1)])
-    idx = torch.where(tie & (idx % 2 == 1), idx + 1, idx)
-    return torch.where(t < 0, -values[idx], values[idx])
-
-
-def input_global_scale(amax: Any) -> Any:
-    """``448 * 6 / amax`` in float32 as compressed-tensors' ``generate_gparam`` computes it
-    (``amax.reciprocal() * 2688``); 1.0 where that is not finite (an all-zero input)."""
-    import torch
-
-    a = torch.as_tensor(amax, dtype=torch.float32).clamp(min=torch.finfo(torch.float32).tiny)
-    g = a.reciprocal() * (_FP8_MAX * 6.0)
-    return torch.nan_to_num(g, nan=1.0, posinf=1.0, neginf=1.0)
-
-
-def fake_quantize_activation(x: Any, mode: str, global_scale: Any = None) -> Any:
-    """``x`` quantized and dequantized as ``mode`` (see the module docstring).
-
-    Args:
-        x: a float torch tensor ``[..., K]``.
-        mode: one of :data:`ACT_MODES`.
-        global_scale: NVFP4's static float32 input scale (encode direction); None: ``x``'s own.
-
-    Returns:
-        A tensor of ``x``'s shape and dtype.
-
-    Raises:
-        LowbitError: an unknown mode, or ``K`` not a multiple of the mode's group.
-    """
-    import torch
-
-    mode = act_mode(mode)
-    group = ACT_MODES[mode]
-    if group is None:
-        return fake_quantize_per_token(x, "int8" if mode == "int8" else "fp8_e4m3")
-    k = x.shape[-1]
-    if k % group:
-        raise LowbitError(
-            f"{mode} activations come in groups of {group}, but this input has {k} values per "
-            f"token; exclude the layer or use per-token activations (int8, fp8_token)"
-        )
-    v = x.detach().to(torch.float32).reshape(*x.shape[:-1], k // group, group)
-    amax = v.abs().amax(dim=-1, keepdim=True)
-    if mode == "fp8_block":
-        s = amax.clamp(min=1e-10) / _FP8_MAX
-        q = (v / s).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-        out = q * s
-    elif mode == "mxfp4":
-        _, e = torch.frexp(amax)  # amax = m * 2**e, m in [0.5, 1)
-        exp = e - 1 + (amax / torch.ldexp(torch.ones_like(amax), e - 1) >= 1.75).to(e.dtype) - 2
-        exp = torch.where(amax > 0, exp, torch.full_like(exp, -127)).clamp(-127, 127)
-        s = torch.ldexp(torch.ones_like(amax), exp)
-        out = _e2m1(v / s) * s
-    else:  # nvfp4
-        g = input_global_scale(v.abs().amax()) if global_scale is None else global_scale
-        g = torch.as_tensor(g, dtype=torch.float32)
-        sixth = torch.tensor(1.0 / 6.0, dtype=torch.float32)
-        s = (g * (amax * sixth)).clamp(max=_FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-        per = s * g.reciprocal()
-        inv = torch.where(per == 0, torch.zeros_like(per), per.reciprocal())
-        out = _e2m1((v * inv).clamp(-6.0, 6.0)) * (s / g)
-    return out.reshape(x.shape).to(x.dtype)
 
 
 def _linears(model: Any, exclude: Sequence[str]) -> list[tuple[str, Any]]:
@@ -252,7 +167,7 @@ def simulate_kv_cache(model: Any, mode: str) -> Iterator[str]:
     def q(t: Any) -> Any:
         t32 = t.to(torch.float32)
         if key == "fp8":
-            return t32.clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn).to(t.dtype)
+            return t32.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(t.dtype)
         return fake_quantize_per_token(t32, "int8").to(t.dtype)
 
     def attention(module: Any, query: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:

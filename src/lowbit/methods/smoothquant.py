@@ -40,13 +40,7 @@ from lowbit.plans.rules import activation_format
 from lowbit.quant.scheme import Scheme
 from lowbit.quant.tensor import quantize_dynamic
 
-__all__ = [
-    "GROUPED_ACTIVATIONS",
-    "SmoothQuant",
-    "fake_quantize_rows",
-    "smooth_scales",
-    "smoothquant_search",
-]
+__all__ = ["GROUPED_ACTIVATIONS", "Simulate", "SmoothQuant", "smooth_scales", "smoothquant_search"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,16 +119,11 @@ def _activations(value: Any) -> str:
         ) from None
 
 
-def fake_quantize_rows(x: np.ndarray, act: str) -> np.ndarray:
-    """float32 rows quantized and dequantized as the layers' activations ``act``."""
-    if act not in GROUPED_ACTIVATIONS:
-        return quantize_dynamic(x, act).dequantize(np.float32)
-    import torch
+Simulate = Callable[[np.ndarray, str], np.ndarray]
 
-    # the --act modes live with the evaluation that simulates them (torch, vLLM's rules)
-    from lowbit.evaluation.act_modes import fake_quantize_activation
 
-    return np.asarray(fake_quantize_activation(torch.from_numpy(np.ascontiguousarray(x)), act))
+def _per_token(x: np.ndarray, act: str) -> np.ndarray:
+    return quantize_dynamic(x, act).dequantize(np.float32)
 
 
 def smooth_scales(x_max: Any, w_max: Any, alpha: float) -> np.ndarray:
@@ -153,10 +142,10 @@ def smooth_scales(x_max: Any, w_max: Any, alpha: float) -> np.ndarray:
 
 def _w8a8_error(
     X: np.ndarray, Ws: Mapping[str, np.ndarray], sch: Mapping[str, Scheme], s: np.ndarray,
-    act: str, refs: Mapping[str, np.ndarray],
+    act: str, refs: Mapping[str, np.ndarray], simulate: Simulate,
 ) -> float:  # fmt: skip
     # float32 products: the search ranks candidates; the reported layer errors are float64
-    Xq = fake_quantize_rows((X / s).astype(np.float32), act)
+    Xq = simulate((X / s).astype(np.float32), act)
     err = 0.0
     for n, w in Ws.items():
         y = Xq @ _deq(w * s, sch[n]).astype(np.float32).T
@@ -173,6 +162,7 @@ def smoothquant_search(
     *,
     expand: Callable[[np.ndarray], np.ndarray] | None = None,
     reduce: Callable[[np.ndarray], np.ndarray] | None = None,
+    simulate: Simulate | None = None,
 ) -> ScaleSearch:
     """SmoothQuant's scales for a group of layers reading one input.
 
@@ -185,6 +175,10 @@ def smoothquant_search(
         expand: searched scales -> the ``in`` input columns (grouped-query heads).
         reduce: per-input-column weight maxima -> per searched channel (the max over the
             columns ``expand`` repeats one scale to).
+        simulate: ``(rows, activations) -> rows`` quantized and dequantized as the layers
+            run them; needed for grouped activations (``lowbit.models.act_quant
+            .fake_quantize_rows``, torch); per-token formats default to
+            :func:`lowbit.quantize_dynamic`.
 
     Returns:
         A :class:`~lowbit.methods.awq.ScaleSearch`: ``alpha`` is -1.0 when no smoothing won;
@@ -192,10 +186,17 @@ def smoothquant_search(
         quantized) on ``X``.
 
     Raises:
-        LowbitError: shapes that do not match, non-finite statistics, a grouped activation
-            mode whose group does not divide the input width.
+        LowbitError: shapes that do not match, non-finite statistics, grouped activations
+            without ``simulate`` or whose group does not divide the input width.
     """
     cfg = SmoothQuant() if cfg is None else cfg
+    if simulate is None:
+        if cfg.activations in GROUPED_ACTIVATIONS:
+            raise LowbitError(
+                f"SmoothQuant with {cfg.activations} activations needs their simulation: pass "
+                "simulate=lowbit.models.act_quant.fake_quantize_rows"
+            )
+        simulate = _per_token
     expand = expand or (lambda s: s)
     reduce = reduce or (lambda v: v)
     X64 = np.asarray(X, dtype=np.float64)
@@ -217,7 +218,7 @@ def smoothquant_search(
         s = ones if a is None else smooth_scales(xm, w_max, a)
         if not (np.all(np.isfinite(s)) and np.all(s > 0)):
             continue
-        err = _w8a8_error(X64, Ws, sch, expand(s), cfg.activations, refs) / base
+        err = _w8a8_error(X64, Ws, sch, expand(s), cfg.activations, refs, simulate) / base
         key = -1.0 if a is None else float(a)
         tried[key] = err
         if a is None:
@@ -227,5 +228,5 @@ def smoothquant_search(
     if best is None:
         raise LowbitError("SmoothQuant: no finite scales for any α")
     if before is None:
-        before = _w8a8_error(X64, Ws, sch, expand(ones), cfg.activations, refs) / base
+        before = _w8a8_error(X64, Ws, sch, expand(ones), cfg.activations, refs, simulate) / base
     return ScaleSearch(best[2], best[0], before, best[1], tried)
