@@ -135,15 +135,20 @@ def _kld_row(out: str, wall: float) -> dict:
     return row
 
 
-def lowbit_ppl(path: Path, text: str, n_ctx: int) -> float:
+def lowbit_ppl(path: Path, text: str, n_ctx: int, llamacpp: bool = False) -> float:
     """Perplexity of a GGUF as ``lowbit`` computes it, by llama-perplexity's protocol: the
     text tokenized whole (BOS first where the GGUF asks for it), cut into chunks of ``n_ctx``
-    tokens whose first token becomes BOS, and only each chunk's second half scored."""
+    tokens whose first token becomes BOS, and only each chunk's second half scored.
+    ``llamacpp``: with llama.cpp's arithmetic (``lowbit eval --act llamacpp``: each layer's
+    input rounded to its weight type's Q8_0/Q8_K blocks, the F16 KV cache)."""
+    import contextlib
+
     import torch
 
     from lowbit.calibration.text import tokenize
     from lowbit.checkpoints import open_checkpoint
     from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+    from lowbit.evaluation.act_modes import simulate_llamacpp_activations
     from lowbit.models.build import load_model
 
     with open_checkpoint(path) as ck:
@@ -155,7 +160,8 @@ def lowbit_ppl(path: Path, text: str, n_ctx: int) -> float:
     model = load_model(path)
     nll, count = 0.0, 0
     first = n_ctx // 2
-    with torch.inference_mode():
+    emulate = simulate_llamacpp_activations(model) if llamacpp else contextlib.nullcontext()
+    with torch.inference_mode(), emulate:
         for c in range(len(ids) // n_ctx):
             chunk = torch.tensor([ids[c * n_ctx : (c + 1) * n_ctx]])
             if add_bos:
@@ -167,17 +173,19 @@ def lowbit_ppl(path: Path, text: str, n_ctx: int) -> float:
     return float(np.exp(nll / count))
 
 
-def _cached_ppl(work: Path, path: Path, text: str, n_ctx: int) -> float:
-    """:func:`lowbit_ppl`, kept in ``work/lowbit-ppl.json`` by file, size, time and text."""
+def _cached_ppl(work: Path, path: Path, text: str, n_ctx: int, llamacpp: bool = False) -> float:
+    """:func:`lowbit_ppl`, kept in ``work/lowbit-ppl.json`` by file, size, time, text and
+    arithmetic."""
     cache = work / "lowbit-ppl.json"
     known = json.loads(cache.read_text()) if cache.exists() else {}
     st = path.stat()
     key = (
         f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{n_ctx}|"
         + hashlib.sha256(text.encode()).hexdigest()[:16]
+        + ("|llamacpp" if llamacpp else "")
     )
     if key not in known:
-        known[key] = round(lowbit_ppl(path, text, n_ctx), 4)
+        known[key] = round(lowbit_ppl(path, text, n_ctx, llamacpp), 4)
         cache.write_text(json.dumps(known, indent=1))
     return known[key]
 
@@ -199,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--agreement", action="store_true",
         help="also the perplexity lowbit computes, by llama-perplexity's protocol, of the "
-        "reference, every file lowbit wrote and the --file files",
+        "reference, every file lowbit wrote and the --file files: in float32, and with "
+        "llama.cpp's arithmetic (lowbit eval --act llamacpp)",
     )  # fmt: skip
     ap.add_argument(
         "--reuse", action="store_true",
@@ -286,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ref.update(mean_kld=0.0, kld_99_9=0.0, same_top=100.0, quantize_s=None, note="lowbit")
     if a.agreement:
         ref["lowbit_ppl"] = _cached_ppl(work, base, ev.read_text(), a.ctx)
+        ref["lowbit_ppl_llamacpp"] = _cached_ppl(work, base, ev.read_text(), a.ctx, True)
     rows = [ref]
     by_path: dict[str, dict] = {}
     for label, (path, seconds, note) in files.items():
@@ -301,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.agreement and (label in extra or label.startswith("lowbit ")):
             # issue 25: lowbit's perplexity of a file it wrote within 0.5 % of llama.cpp's
             row["lowbit_ppl"] = _cached_ppl(work, path, ev.read_text(), a.ctx)
+            row["lowbit_ppl_llamacpp"] = _cached_ppl(work, path, ev.read_text(), a.ctx, True)
         rows.append(row)
     if a.json:
         print(json.dumps({"cpu": cpu(), "rows": rows}, indent=1))
@@ -308,12 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu()}. Evaluation text: tokens {EVAL_AT}..{EVAL_AT + a.eval_tokens} of the "
           f"default text, {a.ctx}-token chunks; calibration: tokens {CALIB_AT}.."
           f"{CALIB_AT + a.calib_tokens}.\n")  # fmt: skip
-    print("| file | bytes | mean KLD | 99.9 % KLD | same top | PPL | lowbit PPL | quantize s "
-          "| note |\n|---|---:|---:|---:|---:|---:|---:|---:|---|")  # fmt: skip
+    print("| file | bytes | mean KLD | 99.9 % KLD | same top | PPL | lowbit PPL f32 | lowbit PPL "
+          "llamacpp | quantize s | note |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")  # fmt: skip
     for r in rows:
         print(f"| {r['file']} | {r['bytes']:,} | {r['mean_kld']} | {r['kld_99_9']} | "
-              f"{r['same_top']} % | {r['ppl']} | {r.get('lowbit_ppl', '')} | {r['quantize_s']} "
-              f"| {r['note']} |")  # fmt: skip
+              f"{r['same_top']} % | {r['ppl']} | {r.get('lowbit_ppl', '')} | "
+              f"{r.get('lowbit_ppl_llamacpp', '')} | {r['quantize_s']} | {r['note']} |")  # fmt: skip
     return 0
 
 

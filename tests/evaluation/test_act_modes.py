@@ -163,7 +163,7 @@ def test_bad_input_is_one_line() -> None:
             pass
 
 
-@pytest.mark.parametrize("mode", ["fp8", "int8"])
+@pytest.mark.parametrize("mode", ["fp8", "int8", "f16"])
 def test_kv_cache_sees_quantized_keys_and_values(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,6 +189,8 @@ def test_kv_cache_sees_quantized_keys_and_values(
         for t in (k, v):
             if mode == "fp8":
                 assert torch.equal(t, t.to(torch.float8_e4m3fn).to(t.dtype))
+            elif mode == "f16":
+                assert torch.equal(t, t.to(torch.float16).to(t.dtype))
             else:
                 s = t.abs().amax(dim=-1, keepdim=True) / 127
                 q = t / torch.where(s > 0, s, torch.ones_like(s))

@@ -73,13 +73,15 @@ def register(sub: Any) -> None:
         metavar="MODE",
         help="also measure each model with activations as vLLM computes them: int8, "
         "fp8_token, fp8_block (groups of 128), mxfp4, nvfp4 (static input scales from 16 "
-        "calibration windows)",
+        "calibration windows); or llamacpp: GGUF files as llama.cpp's CPU backend computes "
+        "them (each layer's input rounded to its weight type's Q8_0/Q8_K blocks or F16/BF16, "
+        "the F16 KV cache)",
     )
     p.add_argument(
         "--kv",
         metavar="MODE",
         help="also simulate the KV cache: fp8 (E4M3, scale 1, as vLLM without calibrated "
-        "scales) or int8 (per token and head)",
+        "scales), int8 (per token and head) or f16",
     )
     p.add_argument(
         "--methods",

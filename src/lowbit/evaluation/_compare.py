@@ -22,10 +22,12 @@ from lowbit.errors import LowbitError
 from lowbit.evaluation.act_modes import (
     ACT_MODES,
     KV_MODES,
+    LLAMACPP,
     act_mode,
     calibrate_input_scales,
     simulate_act_mode,
     simulate_kv_cache,
+    simulate_llamacpp_activations,
 )
 from lowbit.evaluation.perplexity import (
     DEFAULT_BATCH,
@@ -93,6 +95,8 @@ def _act_context(model: Any, fmt: str | None, calibration: Any = None) -> Any:
     for part in fmt.split("+"):
         if part.startswith("kv:"):
             stack.enter_context(simulate_kv_cache(model, part[3:]))
+        elif part == LLAMACPP:
+            stack.enter_context(simulate_llamacpp_activations(model))
         elif part in ACT_MODES and part != "int8":
             scales = None
             if part == "nvfp4" and calibration:
@@ -111,7 +115,12 @@ def _with_activations(
     v = make()
     if act is None:
         return [v]
-    plain = "+" not in act and not act.startswith("kv:") and (act == "int8" or act not in ACT_MODES)
+    plain = (
+        "+" not in act
+        and not act.startswith("kv:")
+        and act != LLAMACPP
+        and (act == "int8" or act not in ACT_MODES)
+    )
     twin = Variant(
         name=f"{v.name} + {act} act" if plain else f"{v.name} + {act}",
         format=f"{v.format}, {act} per-token activations" if plain else f"{v.format}, {act}",
@@ -131,7 +140,11 @@ def _act_spec(w8a8: str | None, act: str | None, kv: str | None) -> str | None:
     if w8a8 and act:
         raise LowbitError("--act and --w8a8 both choose the activations: give one")
     parts = [activation_format(w8a8)] if w8a8 else []
-    if act:
+    if act and str(act).strip().lower() in (LLAMACPP, "llama.cpp"):
+        if kv:
+            raise LowbitError("--act llamacpp already keeps llama.cpp's F16 KV cache: drop --kv")
+        parts.append(LLAMACPP)
+    elif act:
         parts.append(act_mode(act))
     if kv:
         if str(kv).strip().lower() not in KV_MODES:

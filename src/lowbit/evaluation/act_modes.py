@@ -1,5 +1,7 @@
 """Activations as vLLM's reference paths compute them: per-token INT8/FP8, FP8 groups of 128,
-MXFP4 and NVFP4 (``lowbit eval --act``), and the KV cache in FP8 or INT8 (``--kv``).
+MXFP4 and NVFP4 (``lowbit eval --act``), the KV cache in FP8, INT8 or F16 (``--kv``), and a
+GGUF's activations as llama.cpp's CPU backend rounds them (``--act llamacpp``,
+:func:`simulate_llamacpp_activations`).
 
 Every mode fake-quantizes a linear layer's input ``x [..., K]`` (quantize, then dequantize in
 float32), each step rounded to float32 as the references round it:
@@ -22,6 +24,7 @@ float32), each step rounded to float32 as the references round it:
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -36,18 +39,24 @@ from lowbit.models.act_quant import (
     input_global_scale,
 )
 from lowbit.models.activations import fake_quantize_per_token
+from lowbit.models.ggml_act import fake_quantize_ggml, vec_dot_type
 
 __all__ = [
     "ACT_MODES",
     "KV_MODES",
+    "LLAMACPP",
     "calibrate_input_scales",
     "fake_quantize_activation",
     "simulate_act_mode",
     "simulate_kv_cache",
+    "simulate_llamacpp_activations",
 ]
 
+#: ``lowbit eval --act llamacpp``: a GGUF's activations as llama.cpp's CPU backend rounds them.
+LLAMACPP = "llamacpp"
+
 #: KV-cache modes of ``lowbit eval --kv``.
-KV_MODES = ("fp8", "int8")
+KV_MODES = ("fp8", "int8", "f16")
 
 
 def _linears(model: Any, exclude: Sequence[str]) -> list[tuple[str, Any]]:
@@ -111,6 +120,52 @@ def simulate_act_mode(
             h.remove()
 
 
+@contextmanager
+def simulate_llamacpp_activations(
+    model: Any, *, attention: bool = True
+) -> Iterator[dict[str, str]]:
+    """Within the ``with`` block the model computes as llama.cpp's CPU backend does with its
+    default settings (``lowbit eval --act llamacpp``): every linear layer whose weight a GGUF
+    stores rounds its input to the weight type's ``vec_dot_type`` (Q8_0, Q8_1, Q8_K blocks,
+    F16, BF16; ``lowbit.models.ggml_act``), and attention multiplies float16 queries, keys
+    and values (the F16 KV cache, and the queries converted to it).
+
+    Args:
+        model: built from a GGUF (``build_model``/``load_model`` record the weight types in
+            ``model.lowbit_gguf_types``).
+        attention: also round attention's queries, keys and values to float16.
+
+    Yields:
+        ``{layer name: activation type}`` of the layers whose inputs are rounded.
+
+    Raises:
+        LowbitError: a model not built from a GGUF's own weights.
+    """
+    types = getattr(model, "lowbit_gguf_types", None)
+    if not types:
+        raise LowbitError(
+            "--act llamacpp rounds activations by each layer's GGUF weight type; this model's "
+            "weights do not come from a GGUF file (give GGUF files and --schemes none)"
+        )
+    modules = dict(model.named_modules())
+    kinds = {name: vec_dot_type(wtype) for name, wtype in types.items()}
+    with contextlib.ExitStack() as stack:
+        for name, kind in kinds.items():
+            if kind == "F32":
+                continue
+
+            def hook(_m: Any, args: tuple[Any, ...], kind: str = kind, name: str = name) -> Any:
+                try:
+                    return (fake_quantize_ggml(args[0], kind), *args[1:])
+                except LowbitError as exc:
+                    raise LowbitError(f"{name}: {exc}") from None
+
+            stack.callback(modules[name].register_forward_pre_hook(hook).remove)
+        if attention:
+            stack.enter_context(simulate_kv_cache(model, "f16", query=True))
+        yield {n: k for n, k in kinds.items() if k != "F32"}
+
+
 def calibrate_input_scales(
     model: Any, batches: Sequence[Any], *, exclude: Sequence[str] = ("lm_head", "*.lm_head")
 ) -> dict[str, Any]:
@@ -139,11 +194,14 @@ def calibrate_input_scales(
 
 
 @contextmanager
-def simulate_kv_cache(model: Any, mode: str) -> Iterator[str]:
+def simulate_kv_cache(model: Any, mode: str, *, query: bool = False) -> Iterator[str]:
     """Within the ``with`` block attention reads keys and values through a ``mode`` cache:
     ``fp8`` casts them to E4M3 with scale 1 (vLLM's fp8 KV cache without calibrated scales:
     values beyond ±448 saturate); ``int8`` keeps one absmax scale per token and head (``amax /
-    127``). Keys are quantized after the rotary embedding, as the cache holds them.
+    127``); ``f16`` rounds them to float16 (llama.cpp's default cache). Keys are quantized
+    after the rotary embedding, as the cache holds them. ``query``: the queries are rounded
+    the same way (llama.cpp's CPU attention converts them to the cache's F16 before the
+    product).
 
     Raises:
         LowbitError: an unknown mode, or a model whose attention lowbit cannot wrap.
@@ -168,10 +226,14 @@ def simulate_kv_cache(model: Any, mode: str) -> Iterator[str]:
         t32 = t.to(torch.float32)
         if key == "fp8":
             return t32.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(t.dtype)
+        if key == "f16":
+            return t32.to(torch.float16).to(t.dtype)
+        if key == "f16":
+            return t32.to(torch.float16).to(t.dtype)
         return fake_quantize_per_token(t32, "int8").to(t.dtype)
 
-    def attention(module: Any, query: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
-        return inner(module, query, q(k), q(v), *args, **kwargs)
+    def attention(module: Any, qs: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
+        return inner(module, q(qs) if query else qs, q(k), q(v), *args, **kwargs)
 
     name = f"lowbit_kv_{key}_{orig}"
     AttentionInterface.register(name, attention)

@@ -56,7 +56,7 @@ from lowbit.evaluation._compare import (
     compare_causal,
     compare_encoder,
 )
-from lowbit.evaluation.act_modes import act_mode
+from lowbit.evaluation.act_modes import LLAMACPP, act_mode
 from lowbit.evaluation.calibrated_variants import awq_variant, gptq_variant, variant_plan
 from lowbit.evaluation.perplexity import (
     DEFAULT_BATCH,
@@ -308,15 +308,23 @@ def evaluate_variants(
     for module in ("torch", "transformers"):  # before any model or text is read
         require(module, extra="models", what="evaluating models")
 
-    if schemes is None:
-        schemes = [] if quantized else list(DEFAULT_SCHEMES)
+    sim = _act_spec(w8a8, act, kv)
+    llamacpp = sim is not None and LLAMACPP in sim.split("+")
+    if schemes is None:  # --act llamacpp measures files only
+        schemes = [] if quantized or llamacpp else list(DEFAULT_SCHEMES)
     for spec in schemes:  # a bad scheme string fails before any model loads
         variant_plan(spec)
     _check_positive("batch", batch)
     check_compute(compute)
     methods = _methods(methods)
-    sim = _act_spec(w8a8, act, kv)
-    act = activation_format(w8a8) if w8a8 else act_mode(act) if act else None
+    if llamacpp and schemes:
+        raise LowbitError(
+            "--act llamacpp measures GGUF files as llama.cpp runs them; in-memory schemes have "
+            "no GGUF weight types: give --schemes none"
+        )
+    if llamacpp and smooth not in (None, False):
+        raise LowbitError("--act llamacpp measures GGUF files as they are: no SmoothQuant rows")
+    act = activation_format(w8a8) if w8a8 else act_mode(act) if act and not llamacpp else None
     if smooth is not None and smooth is not False:
         if act is None:
             raise LowbitError(
@@ -341,6 +349,13 @@ def evaluate_variants(
     )
     # variants are built when measured and released after (one variant model alive at a time)
     makers: list[Callable[[], Variant]] = [lambda: original]
+    for q in [None, *quantized] if llamacpp else []:
+        fmt = (ckpt if q is None else _open_disk_variant(Path(q), ckpt)).format
+        if fmt != "gguf":
+            raise LowbitError(
+                f"--act llamacpp rounds activations by each layer's GGUF weight type; "
+                f"{ckpt.path if q is None else q} is {fmt}, not a GGUF file"
+            )
     for q in quantized:
         _open_disk_variant(Path(q), ckpt)  # fails now, before the reference pass
         makers.append(lambda q=q: _disk_variant(Path(q), ckpt, progress))

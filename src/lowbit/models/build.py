@@ -34,6 +34,7 @@ from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.methods.hadamard import rotate_rows
 from lowbit.models.activations import fake_quantize_per_token
+from lowbit.models.ggml_act import gguf_linear_types
 from lowbit.models.moe import (
     check_layouts,
     checkpoint_rename,
@@ -203,7 +204,9 @@ def build_model(
             one at a time.
 
     Returns:
-        The model (a ``transformers.PreTrainedModel``) in eval mode on the CPU.
+        The model (a ``transformers.PreTrainedModel``) in eval mode on the CPU. Its
+        ``lowbit_gguf_types`` maps linear layers to the GGUF types of the weights they hold
+        (a GGUF's own tensors; empty otherwise), for ``lowbit.models.ggml_act``.
 
     Raises:
         LowbitError: no config, an unknown architecture, names or shapes that do not match.
@@ -212,6 +215,8 @@ def build_model(
     torch = require("torch", extra="models", what="building a model")
     require("transformers", extra="models", what="building a model")
 
+    # llama.cpp's weight types, for ``--act llamacpp``: only where the weights are the file's
+    stored_gguf = checkpoint.format == "gguf" and weights is None
     if checkpoint.format == "lowbit":  # a lowbit checkpoint keeps its source's names
         checkpoint = checkpoint.as_source()  # type: ignore[attr-defined]
     dtype = torch.float32 if dtype is None else dtype
@@ -238,6 +243,7 @@ def build_model(
                     params[k].data = torch.empty(0, dtype=params[k].dtype)
     model.eval()
     model.lowbit_deferred = sorted(deferred)
+    model.lowbit_gguf_types = gguf_linear_types(model, checkpoint) if stored_gguf else {}
     return model
 
 
