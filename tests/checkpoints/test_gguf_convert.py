@@ -26,12 +26,19 @@ from lowbit.errors import LowbitError  # noqa: E402
 from tiny_models import shipped_path  # noqa: E402
 
 CONVERT = Path(__file__).parent.parent / "fixtures" / "llamacpp" / "convert"
-NAMES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mixtral"]
+NAMES = [
+    "tiny-llama",
+    "tiny-qwen3",
+    "tiny-gemma3",
+    "tiny-mixtral",
+    "tiny-qwen2moe",
+    "tiny-qwen3moe",
+]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The four tiny Hugging Face models, made by the fixtures' own make_tiny.py with
+    """The tiny Hugging Face models, made by the fixtures' own make_tiny.py with
     SmolLM2's tokenizer as lowbit writes it."""
     root = tmp_path_factory.mktemp("convert")
     tok = root / "tok"
@@ -93,6 +100,63 @@ def test_unsupported_family_is_one_line(tiny: Path, tmp_path: Path) -> None:
     with pytest.raises(LowbitError, match=r"gpt_neox.*supported: .*gemma3.*llama.*phi3") as e:
         convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"mlp_only_layers": [1]}, r"mlp_only_layers \[1\].*experts in every layer"),
+        ({"decoder_sparse_step": 2}, r"decoder_sparse_step 2.*experts in every layer"),
+        ({"num_experts": None}, r"num_experts / num_local_experts is None"),
+        ({"num_experts": 0}, r"num_experts / num_local_experts is 0"),
+    ],
+)
+def test_moe_config_lowbit_cannot_convert_is_one_line(
+    tiny: Path, tmp_path: Path, change: dict, match: str
+) -> None:
+    """A Qwen mixture with dense layers (llama.cpp's qwen2moe blocks all hold experts) or
+    without a positive expert count is one LowbitError naming the folder and the bad key."""
+    folder = tmp_path / "m"
+    shutil.copytree(tiny / "tiny-qwen2moe", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(change)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LowbitError, match=match) as e:
+        convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert "\n" not in str(e.value) and str(folder) in str(e.value)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    ("drop", "match"),
+    [
+        ("model.layers.1.mlp.experts.2.up_proj.weight", r"block 1 lacks some of its 4 experts"),
+        (None, r"experts\.4\.gate_proj\.weight is expert 4, but the config has 4 experts"),
+    ],
+)
+def test_moe_experts_missing_or_extra_is_one_line(
+    tiny: Path, tmp_path: Path, drop: str | None, match: str
+) -> None:
+    """A mixture lacking one expert tensor, or holding an expert past the config's count, is
+    one LowbitError (no GGUF written)."""
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny / "tiny-qwen3moe", folder)
+    ckpt = open_checkpoint(folder / "model.safetensors")
+    weights = {n: ckpt.get(n) for n in ckpt.names()}
+    ckpt.close()
+    if drop is None:
+        weights["model.layers.0.mlp.experts.4.gate_proj.weight"] = weights[
+            "model.layers.0.mlp.experts.3.gate_proj.weight"
+        ]
+    else:
+        del weights[drop]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(LowbitError, match=match) as e:
+        convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_permute_qk_inverts_unpermute(rng: np.random.Generator) -> None:
@@ -174,7 +238,7 @@ def test_gguf_to_hf_array_per_family(rng: np.random.Generator) -> None:
         gguf_to_hf_name("blk.0.attn_q.weight", {"model_type": "mamba"})
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-qwen2moe", "tiny-qwen3moe"])
 def test_mix_from_hugging_face_equals_two_steps(tiny: Path, tmp_path: Path, name: str) -> None:
     """`lowbit quantize HF --to q4_k_m --out-format gguf` writes the tensors (names, types,
     bytes) and metadata that converting first and then quantizing the GGUF write, and leaves
