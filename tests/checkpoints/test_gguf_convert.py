@@ -73,6 +73,35 @@ def test_bf16_conversion_matches_llamacpp(tiny: Path, tmp_path: Path, name: str)
     assert got["tensors"] == want["tensors"]
 
 
+@pytest.mark.parametrize("name", ["tiny-qwen2moe", "tiny-qwen3moe"])
+def test_fused_experts_convert_as_per_expert(tiny: Path, tmp_path: Path, name: str) -> None:
+    """A Qwen mixture saved as transformers 5 holds it (one 3-D ``experts.gate_up_proj``, gate
+    rows then up rows, and ``experts.down_proj`` per block) converts to the same tensors and
+    keys as its per-expert folder: llama.cpp's file (its converter splits gate_up_proj too)."""
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / name
+    shutil.copytree(tiny / name, folder)
+    ckpt = open_checkpoint(folder / "model.safetensors")
+    weights = {n: ckpt.get(n) for n in ckpt.names()}
+    ckpt.close()
+    n_exp = json.loads((folder / "config.json").read_text())["num_experts"]
+    for layer in range(2):
+        p = f"model.layers.{layer}.mlp.experts."
+        pop = [[weights.pop(f"{p}{e}.{proj}.weight") for e in range(n_exp)]
+               for proj in ("gate_proj", "up_proj", "down_proj")]  # fmt: skip
+        weights[p + "gate_up_proj"] = np.concatenate([np.stack(pop[0]), np.stack(pop[1])], axis=1)
+        weights[p + "down_proj"] = np.stack(pop[2])
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / f"{name}.gguf"
+    convert_hf_to_gguf(folder, out, outtype="bf16", progress=False)
+    got = _summary(out)
+    want = json.loads((CONVERT / f"{name}.bf16.json").read_text(encoding="utf-8"))
+    got["metadata"].pop("lowbit.writer")
+    assert got["metadata"] == want["metadata"]
+    assert got["tensors"] == want["tensors"]
+
+
 def test_cli_q4_0_from_hugging_face(tiny: Path, tmp_path: Path, capsys) -> None:
     """`lowbit quantize HF --to q4_0 --out-format gguf` writes llama.cpp's names with Q4_0
     weights, F32 norms, the stored embedding, and reads back as a llama GGUF."""
