@@ -138,6 +138,7 @@ def test_unsupported_family_is_one_line(tiny: Path, tmp_path: Path) -> None:
         ({"decoder_sparse_step": 2}, r"decoder_sparse_step 2.*experts in every layer"),
         ({"num_experts": None}, r"num_experts / num_local_experts is None"),
         ({"num_experts": 0}, r"num_experts / num_local_experts is 0"),
+        ({"norm_topk_prob": True}, r"norm_topk_prob True.*qwen2moe always computes it as False"),
     ],
 )
 def test_moe_config_lowbit_cannot_convert_is_one_line(

@@ -97,6 +97,9 @@ _MIXTRAL_EXPERTS = (("w1", "ffn_gate_exps.weight"), ("w2", "ffn_down_exps.weight
                     ("w3", "ffn_up_exps.weight"))  # fmt: skip
 _QWEN_EXPERTS = (("down_proj", "ffn_down_exps.weight"), ("gate_proj", "ffn_gate_exps.weight"),
                  ("up_proj", "ffn_up_exps.weight"))  # fmt: skip
+#: Whether llama.cpp renormalises a Qwen mixture's top-k routing weights (``build_moe_ffn``'s
+#: ``norm_w``, fixed per architecture; transformers' ``norm_topk_prob``).
+QWEN_MOE_NORM_TOPK = {"qwen2moe": False, "qwen3moe": True}
 _TOP = [
     ("model.embed_tokens.weight", "token_embd.weight"),
     ("model.norm.weight", "output_norm.weight"),
@@ -215,7 +218,10 @@ def check_moe_config(fam: Family, cfg: Mapping[str, Any]) -> int:
     Raises:
         LowbitError: no expert count, or (Qwen mixtures) dense layers among the experts'
             (``decoder_sparse_step`` other than 1, or ``mlp_only_layers``): llama.cpp's
-            qwen2moe / qwen3moe blocks all hold experts.
+            qwen2moe / qwen3moe blocks all hold experts; or a ``norm_topk_prob`` (absent:
+            transformers' default, false) other than llama.cpp's fixed choice (qwen2moe:
+            the routed weights are not renormalised, qwen3moe: they are), which would make
+            the GGUF compute another model.
     """
     if not fam.experts:
         return 0
@@ -232,6 +238,13 @@ def check_moe_config(fam: Family, cfg: Mapping[str, Any]) -> int:
                 f"{fam.hf_model_type} config: dense layers among the experts' "
                 f"(decoder_sparse_step {step!r}, mlp_only_layers {dense!r}) have no GGUF form "
                 f"llama.cpp runs; lowbit converts mixtures with experts in every layer"
+            )
+        norm = bool(cfg.get("norm_topk_prob", False))
+        if norm != QWEN_MOE_NORM_TOPK[fam.arch]:
+            raise LowbitError(
+                f"{fam.hf_model_type} config: norm_topk_prob {norm} (absent: false), but "
+                f"llama.cpp's {fam.arch} always computes it as "
+                f"{QWEN_MOE_NORM_TOPK[fam.arch]}; its GGUF would be another model"
             )
     return n
 
