@@ -268,6 +268,32 @@ def test_gguf_to_hf_array_per_family(rng: np.random.Generator) -> None:
         gguf_to_hf_name("blk.0.attn_q.weight", {"model_type": "mamba"})
 
 
+def test_gguf_expert_stacks_split_per_family(rng: np.random.Generator) -> None:
+    """A GGUF expert stack splits into the family's per-expert transformers tensors, expert e
+    being slice e (Mixtral's w1/w2/w3, Qwen's gate/up/down_proj); other tensors are not
+    stacks; a stack that is not 3-D is one LowbitError."""
+    from lowbit.checkpoints.names import gguf_to_hf_experts
+
+    stack = rng.standard_normal((3, 8, 4)).astype(np.float32)
+    cases = [
+        ("mixtral", "blk.1.ffn_down_exps.weight", "model.layers.1.block_sparse_moe.experts.{}.w2"),
+        ("qwen2_moe", "blk.0.ffn_gate_exps.weight", "model.layers.0.mlp.experts.{}.gate_proj"),
+        ("qwen3_moe", "blk.1.ffn_up_exps.weight", "model.layers.1.mlp.experts.{}.up_proj"),
+    ]
+    for model_type, name, want in cases:
+        got = gguf_to_hf_experts(name, stack, {"model_type": model_type})
+        assert got is not None
+        assert [n for n, _ in got] == [want.format(e) + ".weight" for e in range(3)]
+        for e, (_, arr) in enumerate(got):
+            assert np.array_equal(arr, stack[e])
+        assert (
+            gguf_to_hf_experts("blk.0.ffn_gate_inp.weight", stack[0], {"model_type": model_type})
+            is None
+        )
+    with pytest.raises(LowbitError, match=r"'blk\.0\.ffn_up_exps\.weight' has shape \(3, 8\)"):
+        gguf_to_hf_experts("blk.0.ffn_up_exps.weight", stack[:, :, 0], {"model_type": "qwen3_moe"})
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-qwen2moe", "tiny-qwen3moe"])
 def test_mix_from_hugging_face_equals_two_steps(tiny: Path, tmp_path: Path, name: str) -> None:
     """`lowbit quantize HF --to q4_k_m --out-format gguf` writes the tensors (names, types,

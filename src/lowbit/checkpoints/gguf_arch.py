@@ -40,6 +40,7 @@ __all__ = [
     "check_moe_config",
     "family_config",
     "family_for",
+    "gguf_family",
     "permute_qk",
 ]
 
@@ -141,6 +142,16 @@ class Family:
         stack = dict(self.experts).get(m.group(3)) if m else None
         return None if m is None or stack is None else (int(m.group(1)), int(m.group(2)), stack)
 
+    def expert_names(self, name: str, n_experts: int) -> list[str] | None:
+        """The per-expert transformers names of a GGUF expert stack (``blk.L.ffn_up_exps.weight``
+        -> ``model.layers.L.mlp.experts.E.up_proj.weight`` for each expert), else None."""
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+        proj = {gg: hf for hf, gg in self.experts}.get(m.group(2)) if m else None
+        if m is None or proj is None:
+            return None
+        head = f"model.layers.{m.group(1)}.{self.expert_prefix}"
+        return [f"{head}.{e}.{proj}.weight" for e in range(n_experts)]
+
     def to_gguf(self, name: str) -> str | None:
         """The GGUF name of a transformers tensor, or None for one with no counterpart."""
         for hf, gg in _TOP:
@@ -189,11 +200,19 @@ FAMILIES: dict[str, Family] = {
 }  # fmt: skip
 FAMILIES["gemma3"] = FAMILIES["gemma3_text"]
 
-#: GGUF architecture -> the family a model is built from (dense families: the mixtures'
-#: expert stacks are written, not yet split back into a transformers model).
+#: GGUF architecture -> the family a model is built from (a ``llama`` file with experts is
+#: Mixtral: :func:`gguf_family`).
 GGUF_ARCHS: dict[str, Family] = {
-    f.arch: f for f in FAMILIES.values() if f.hf_model_type != "mistral" and not f.experts
+    f.arch: f for f in FAMILIES.values() if f.hf_model_type not in ("mistral", "mixtral")
 }
+
+
+def gguf_family(arch: str, metadata: Mapping[str, Any]) -> Family | None:
+    """The family a GGUF file is built as: its architecture's, or Mixtral for a ``llama``
+    file with experts (llama.cpp stores Mixtral as llama); None for one lowbit does not build."""
+    if arch == "llama" and (metadata.get("llama.expert_count") or 0) > 0:
+        return FAMILIES["mixtral"]
+    return GGUF_ARCHS.get(arch)
 
 
 def family_for(model_type: str | None, *, what: str = "Hugging Face model_type") -> Family:
@@ -273,9 +292,13 @@ def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -
       sliding window, soft-capping, the local layers' rope base;
     - phi3: the original context length, the sliding window (0: none), the rotary fraction.
 
+    - the mixtures: expert count, experts per token, the experts' and shared expert's widths,
+      and what llama.cpp fixes for qwen2moe / qwen3moe (experts in every layer, its
+      ``norm_topk_prob``).
+
     An architecture outside :data:`GGUF_ARCHS` is left as it is (``model_type`` = ``arch``).
     """
-    fam = GGUF_ARCHS.get(arch)
+    fam = gguf_family(arch, metadata)
     if fam is None:
         return
     cfg["model_type"] = fam.hf_model_type
@@ -283,6 +306,20 @@ def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -
 
     def get(key: str) -> Any:
         return metadata.get(f"{arch}.{key}")
+
+    if fam.experts:
+        for key, hf_key in (
+            ("expert_count", "num_experts"),
+            ("expert_used_count", "num_experts_per_tok"),
+            ("expert_feed_forward_length", "moe_intermediate_size"),
+            ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+        ):
+            if get(key) is not None:
+                cfg[hf_key] = get(key)
+    if arch in QWEN_MOE_NORM_TOPK:
+        cfg["norm_topk_prob"] = QWEN_MOE_NORM_TOPK[arch]
+        cfg["decoder_sparse_step"] = 1
+        cfg["mlp_only_layers"] = []
 
     if arch in ("gemma2", "gemma3"):
         head_dim = cfg.get("head_dim")
