@@ -26,12 +26,19 @@ from lowbit.errors import LowbitError  # noqa: E402
 from tiny_models import shipped_path  # noqa: E402
 
 CONVERT = Path(__file__).parent.parent / "fixtures" / "llamacpp" / "convert"
-NAMES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mixtral"]
+NAMES = [
+    "tiny-llama",
+    "tiny-qwen3",
+    "tiny-gemma3",
+    "tiny-mixtral",
+    "tiny-qwen2moe",
+    "tiny-qwen3moe",
+]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The four tiny Hugging Face models, made by the fixtures' own make_tiny.py with
+    """The tiny Hugging Face models, made by the fixtures' own make_tiny.py with
     SmolLM2's tokenizer as lowbit writes it."""
     root = tmp_path_factory.mktemp("convert")
     tok = root / "tok"
@@ -66,6 +73,35 @@ def test_bf16_conversion_matches_llamacpp(tiny: Path, tmp_path: Path, name: str)
     assert got["tensors"] == want["tensors"]
 
 
+@pytest.mark.parametrize("name", ["tiny-qwen2moe", "tiny-qwen3moe"])
+def test_fused_experts_convert_as_per_expert(tiny: Path, tmp_path: Path, name: str) -> None:
+    """A Qwen mixture saved as transformers 5 holds it (one 3-D ``experts.gate_up_proj``, gate
+    rows then up rows, and ``experts.down_proj`` per block) converts to the same tensors and
+    keys as its per-expert folder: llama.cpp's file (its converter splits gate_up_proj too)."""
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / name
+    shutil.copytree(tiny / name, folder)
+    ckpt = open_checkpoint(folder / "model.safetensors")
+    weights = {n: ckpt.get(n) for n in ckpt.names()}
+    ckpt.close()
+    n_exp = json.loads((folder / "config.json").read_text())["num_experts"]
+    for layer in range(2):
+        p = f"model.layers.{layer}.mlp.experts."
+        pop = [[weights.pop(f"{p}{e}.{proj}.weight") for e in range(n_exp)]
+               for proj in ("gate_proj", "up_proj", "down_proj")]  # fmt: skip
+        weights[p + "gate_up_proj"] = np.concatenate([np.stack(pop[0]), np.stack(pop[1])], axis=1)
+        weights[p + "down_proj"] = np.stack(pop[2])
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / f"{name}.gguf"
+    convert_hf_to_gguf(folder, out, outtype="bf16", progress=False)
+    got = _summary(out)
+    want = json.loads((CONVERT / f"{name}.bf16.json").read_text(encoding="utf-8"))
+    got["metadata"].pop("lowbit.writer")
+    assert got["metadata"] == want["metadata"]
+    assert got["tensors"] == want["tensors"]
+
+
 def test_cli_q4_0_from_hugging_face(tiny: Path, tmp_path: Path, capsys) -> None:
     """`lowbit quantize HF --to q4_0 --out-format gguf` writes llama.cpp's names with Q4_0
     weights, F32 norms, the stored embedding, and reads back as a llama GGUF."""
@@ -93,6 +129,64 @@ def test_unsupported_family_is_one_line(tiny: Path, tmp_path: Path) -> None:
     with pytest.raises(LowbitError, match=r"gpt_neox.*supported: .*gemma3.*llama.*phi3") as e:
         convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"mlp_only_layers": [1]}, r"mlp_only_layers \[1\].*experts in every layer"),
+        ({"decoder_sparse_step": 2}, r"decoder_sparse_step 2.*experts in every layer"),
+        ({"num_experts": None}, r"num_experts / num_local_experts is None"),
+        ({"num_experts": 0}, r"num_experts / num_local_experts is 0"),
+        ({"norm_topk_prob": True}, r"norm_topk_prob True.*qwen2moe always computes it as False"),
+    ],
+)
+def test_moe_config_lowbit_cannot_convert_is_one_line(
+    tiny: Path, tmp_path: Path, change: dict, match: str
+) -> None:
+    """A Qwen mixture with dense layers (llama.cpp's qwen2moe blocks all hold experts) or
+    without a positive expert count is one LowbitError naming the folder and the bad key."""
+    folder = tmp_path / "m"
+    shutil.copytree(tiny / "tiny-qwen2moe", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(change)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LowbitError, match=match) as e:
+        convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert "\n" not in str(e.value) and str(folder) in str(e.value)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    ("drop", "match"),
+    [
+        ("model.layers.1.mlp.experts.2.up_proj.weight", r"block 1 lacks some of its 4 experts"),
+        (None, r"experts\.4\.gate_proj\.weight is expert 4, but the config has 4 experts"),
+    ],
+)
+def test_moe_experts_missing_or_extra_is_one_line(
+    tiny: Path, tmp_path: Path, drop: str | None, match: str
+) -> None:
+    """A mixture lacking one expert tensor, or holding an expert past the config's count, is
+    one LowbitError (no GGUF written)."""
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny / "tiny-qwen3moe", folder)
+    ckpt = open_checkpoint(folder / "model.safetensors")
+    weights = {n: ckpt.get(n) for n in ckpt.names()}
+    ckpt.close()
+    if drop is None:
+        weights["model.layers.0.mlp.experts.4.gate_proj.weight"] = weights[
+            "model.layers.0.mlp.experts.3.gate_proj.weight"
+        ]
+    else:
+        del weights[drop]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(LowbitError, match=match) as e:
+        convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_permute_qk_inverts_unpermute(rng: np.random.Generator) -> None:
@@ -174,7 +268,33 @@ def test_gguf_to_hf_array_per_family(rng: np.random.Generator) -> None:
         gguf_to_hf_name("blk.0.attn_q.weight", {"model_type": "mamba"})
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral"])
+def test_gguf_expert_stacks_split_per_family(rng: np.random.Generator) -> None:
+    """A GGUF expert stack splits into the family's per-expert transformers tensors, expert e
+    being slice e (Mixtral's w1/w2/w3, Qwen's gate/up/down_proj); other tensors are not
+    stacks; a stack that is not 3-D is one LowbitError."""
+    from lowbit.checkpoints.names import gguf_to_hf_experts
+
+    stack = rng.standard_normal((3, 8, 4)).astype(np.float32)
+    cases = [
+        ("mixtral", "blk.1.ffn_down_exps.weight", "model.layers.1.block_sparse_moe.experts.{}.w2"),
+        ("qwen2_moe", "blk.0.ffn_gate_exps.weight", "model.layers.0.mlp.experts.{}.gate_proj"),
+        ("qwen3_moe", "blk.1.ffn_up_exps.weight", "model.layers.1.mlp.experts.{}.up_proj"),
+    ]
+    for model_type, name, want in cases:
+        got = gguf_to_hf_experts(name, stack, {"model_type": model_type})
+        assert got is not None
+        assert [n for n, _ in got] == [want.format(e) + ".weight" for e in range(3)]
+        for e, (_, arr) in enumerate(got):
+            assert np.array_equal(arr, stack[e])
+        assert (
+            gguf_to_hf_experts("blk.0.ffn_gate_inp.weight", stack[0], {"model_type": model_type})
+            is None
+        )
+    with pytest.raises(LowbitError, match=r"'blk\.0\.ffn_up_exps\.weight' has shape \(3, 8\)"):
+        gguf_to_hf_experts("blk.0.ffn_up_exps.weight", stack[:, :, 0], {"model_type": "qwen3_moe"})
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-qwen2moe", "tiny-qwen3moe"])
 def test_mix_from_hugging_face_equals_two_steps(tiny: Path, tmp_path: Path, name: str) -> None:
     """`lowbit quantize HF --to q4_k_m --out-format gguf` writes the tensors (names, types,
     bytes) and metadata that converting first and then quantizing the GGUF write, and leaves

@@ -1,5 +1,6 @@
-"""Every dense family lowbit converts, round trip: a random transformers model -> lowbit's GGUF
-(float32) -> lowbit's model built from that GGUF gives the same logits (within 1e-4)."""
+"""Every family lowbit converts, round trip: a random transformers model -> lowbit's GGUF
+(float32) -> lowbit's model built from that GGUF gives the same logits (within 1e-4); the
+mixtures' expert stacks split back per expert."""
 
 from __future__ import annotations
 
@@ -42,7 +43,26 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         ),
     ),
     "phi3": ("Phi3Config", dict(tie_word_embeddings=False, sliding_window=None)),
-}
+    # mixtures: 4 experts, 2 per token; norm_topk_prob as llama.cpp fixes it per architecture
+    "mixtral": (
+        "MixtralConfig",
+        dict(tie_word_embeddings=False, head_dim=16, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(
+            tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False,
+        ),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            tie_word_embeddings=False, head_dim=16, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, norm_topk_prob=True,
+        ),
+    ),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +123,8 @@ def test_unknown_gguf_architecture_is_one_line(tokenizer_dir: Path, tmp_path: Pa
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(LowbitError, match=r"'mamba'.*llama, qwen2, qwen3, gemma2, gemma3, phi3"):
+    archs = r"llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi3"
+    with pytest.raises(LowbitError, match=rf"'mamba'.*{archs}"):
         build_model(open_checkpoint(path), progress=False)
 
 

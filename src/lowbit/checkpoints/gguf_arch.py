@@ -13,6 +13,11 @@ builder (:mod:`lowbit.models.build`) renames a GGUF's tensors back. What else di
   ``1 + w``, llama.cpp's by the stored weight), in float32. The embedding scale
   (``sqrt(hidden)``) and soft-capping are applied at run time by both sides, never stored.
 - qwen2 (biases on q/k/v) and qwen3 (per-head q/k norms): names only, no reordering (NEOX rope).
+- qwen2moe / qwen3moe: Qwen2 / Qwen3 attention; the router ``mlp.gate`` is ``ffn_gate_inp``,
+  the experts ``mlp.experts.E.{gate,up,down}_proj`` are stacked like Mixtral's, and Qwen2-MoE's
+  shared expert is ``ffn_{gate,up,down}_shexp`` with its sigmoid gate ``mlp.shared_expert_gate``
+  (``[1, hidden]``) as ``ffn_gate_inp_shexp``. Every layer must be a mixture (llama.cpp's
+  loader wants experts in each block), so :func:`check_moe_config` refuses dense layers.
 - phi3: transformers' own fused ``qkv_proj`` and ``gate_up_proj`` are llama.cpp's
   ``attn_qkv`` and ``ffn_up``: names only.
 """
@@ -28,7 +33,16 @@ import numpy as np
 
 from lowbit.errors import LowbitError
 
-__all__ = ["FAMILIES", "GGUF_ARCHS", "Family", "family_config", "family_for", "permute_qk"]
+__all__ = [
+    "FAMILIES",
+    "GGUF_ARCHS",
+    "Family",
+    "check_moe_config",
+    "family_config",
+    "family_for",
+    "gguf_family",
+    "permute_qk",
+]
 
 # (transformers name inside ``model.layers.N.``, llama.cpp name inside ``blk.N.``)
 _ATTN = [
@@ -70,9 +84,23 @@ _PHI3 = [
     ("mlp.down_proj.weight", "ffn_down.weight"),
 ]
 _MOE = [("block_sparse_moe.gate.weight", "ffn_gate_inp.weight")]
-#: Mixtral's per-expert tensors: transformers' ``block_sparse_moe.experts.E.wK`` -> GGUF stack.
-MIXTRAL_EXPERTS = {"w1": "ffn_gate_exps.weight", "w2": "ffn_down_exps.weight",
-                   "w3": "ffn_up_exps.weight"}  # fmt: skip
+_QWEN_MOE = [("mlp.gate.weight", "ffn_gate_inp.weight")]
+_SHARED_EXPERT = [
+    ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+    ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+    ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+]
+_NORM2 = [("post_attention_layernorm.weight", "ffn_norm.weight")]
+# (projection of ``<prefix>.E.<projection>.weight``, GGUF stack in a block), in the order the
+# converter writes a block's stacks once it has every expert of the block
+_MIXTRAL_EXPERTS = (("w1", "ffn_gate_exps.weight"), ("w2", "ffn_down_exps.weight"),
+                    ("w3", "ffn_up_exps.weight"))  # fmt: skip
+_QWEN_EXPERTS = (("down_proj", "ffn_down_exps.weight"), ("gate_proj", "ffn_gate_exps.weight"),
+                 ("up_proj", "ffn_up_exps.weight"))  # fmt: skip
+#: Whether llama.cpp renormalises a Qwen mixture's top-k routing weights (``build_moe_ffn``'s
+#: ``norm_w``, fixed per architecture; transformers' ``norm_topk_prob``).
+QWEN_MOE_NORM_TOPK = {"qwen2moe": False, "qwen3moe": True}
 _TOP = [
     ("model.embed_tokens.weight", "token_embd.weight"),
     ("model.norm.weight", "output_norm.weight"),
@@ -91,6 +119,9 @@ class Family:
         layers: ``(transformers name in a layer, GGUF name in a block)`` pairs.
         permute_qk: q/k rows reordered for llama.cpp's rotary pairs.
         norm_shift: added to every ``*norm.weight`` when written (Gemma: 1).
+        expert_prefix: where a layer's per-expert tensors live (``<prefix>.E.<projection>``).
+        experts: ``(projection, GGUF stack name)`` pairs, in the order llama.cpp writes a
+            block's stacks (each stack ``[experts, rows, cols]``); empty for dense families.
     """
 
     arch: str
@@ -99,6 +130,27 @@ class Family:
     layers: tuple[tuple[str, str], ...]
     permute_qk: bool = False
     norm_shift: float = 0.0
+    expert_prefix: str = ""
+    experts: tuple[tuple[str, str], ...] = ()
+
+    def expert_of(self, name: str) -> tuple[int, int, str] | None:
+        """``(layer, expert, GGUF stack name)`` of a per-expert transformers tensor, else None."""
+        if not self.experts:
+            return None
+        m = re.fullmatch(rf"model\.layers\.(\d+)\.{re.escape(self.expert_prefix)}\.(\d+)\.(\w+)"
+                         r"\.weight", name)  # fmt: skip
+        stack = dict(self.experts).get(m.group(3)) if m else None
+        return None if m is None or stack is None else (int(m.group(1)), int(m.group(2)), stack)
+
+    def expert_names(self, name: str, n_experts: int) -> list[str] | None:
+        """The per-expert transformers names of a GGUF expert stack (``blk.L.ffn_up_exps.weight``
+        -> ``model.layers.L.mlp.experts.E.up_proj.weight`` for each expert), else None."""
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+        proj = {gg: hf for hf, gg in self.experts}.get(m.group(2)) if m else None
+        if m is None or proj is None:
+            return None
+        head = f"model.layers.{m.group(1)}.{self.expert_prefix}"
+        return [f"{head}.{e}.{proj}.weight" for e in range(n_experts)]
 
     def to_gguf(self, name: str) -> str | None:
         """The GGUF name of a transformers tensor, or None for one with no counterpart."""
@@ -130,10 +182,17 @@ _LLAMA_FAMILY = Family("llama", "LlamaForCausalLM", "llama", (*_LLAMA, *_BIASES)
 FAMILIES: dict[str, Family] = {
     "llama": _LLAMA_FAMILY,
     "mistral": _LLAMA_FAMILY,  # llama.cpp stores Mistral as llama
-    "mixtral": Family("llama", "MixtralForCausalLM", "mixtral", (
-        *_ATTN, ("post_attention_layernorm.weight", "ffn_norm.weight"), *_MOE), permute_qk=True),
+    "mixtral": Family("llama", "MixtralForCausalLM", "mixtral", (*_ATTN, *_NORM2, *_MOE),
+                      permute_qk=True, expert_prefix="block_sparse_moe.experts",
+                      experts=_MIXTRAL_EXPERTS),
     "qwen2": Family("qwen2", "Qwen2ForCausalLM", "qwen2", tuple(_LLAMA + _BIASES)),
     "qwen3": Family("qwen3", "Qwen3ForCausalLM", "qwen3", tuple(_LLAMA + _QK_NORM)),
+    "qwen2_moe": Family("qwen2moe", "Qwen2MoeForCausalLM", "qwen2_moe",
+                        (*_ATTN, *_NORM2, *_QWEN_MOE, *_SHARED_EXPERT, *_BIASES),
+                        expert_prefix="mlp.experts", experts=_QWEN_EXPERTS),
+    "qwen3_moe": Family("qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe",
+                        (*_ATTN, *_NORM2, *_QWEN_MOE, *_QK_NORM),
+                        expert_prefix="mlp.experts", experts=_QWEN_EXPERTS),
     "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", tuple(_GEMMA), norm_shift=1.0),
     "gemma3_text": Family("gemma3", "Gemma3ForCausalLM", "gemma3_text",
                           tuple(_GEMMA + _QK_NORM), norm_shift=1.0),
@@ -141,11 +200,19 @@ FAMILIES: dict[str, Family] = {
 }  # fmt: skip
 FAMILIES["gemma3"] = FAMILIES["gemma3_text"]
 
-#: GGUF architecture -> the family a model is built from (dense families; Mixtral's experts
-#: are written, and built by the mixture-of-experts work).
+#: GGUF architecture -> the family a model is built from (a ``llama`` file with experts is
+#: Mixtral: :func:`gguf_family`).
 GGUF_ARCHS: dict[str, Family] = {
     f.arch: f for f in FAMILIES.values() if f.hf_model_type not in ("mistral", "mixtral")
 }
+
+
+def gguf_family(arch: str, metadata: Mapping[str, Any]) -> Family | None:
+    """The family a GGUF file is built as: its architecture's, or Mixtral for a ``llama``
+    file with experts (llama.cpp stores Mixtral as llama); None for one lowbit does not build."""
+    if arch == "llama" and (metadata.get("llama.expert_count") or 0) > 0:
+        return FAMILIES["mixtral"]
+    return GGUF_ARCHS.get(arch)
 
 
 def family_for(model_type: str | None, *, what: str = "Hugging Face model_type") -> Family:
@@ -161,6 +228,44 @@ def family_for(model_type: str | None, *, what: str = "Hugging Face model_type")
             f"{', '.join(sorted(set(FAMILIES) - {'gemma3_text'}))}"
         )
     return fam
+
+
+def check_moe_config(fam: Family, cfg: Mapping[str, Any]) -> int:
+    """The expert count of a mixture's config, after checking llama.cpp can run its GGUF
+    (0 for a dense family).
+
+    Raises:
+        LowbitError: no expert count, or (Qwen mixtures) dense layers among the experts'
+            (``decoder_sparse_step`` other than 1, or ``mlp_only_layers``): llama.cpp's
+            qwen2moe / qwen3moe blocks all hold experts; or a ``norm_topk_prob`` (absent:
+            transformers' default, false) other than llama.cpp's fixed choice (qwen2moe:
+            the routed weights are not renormalised, qwen3moe: they are), which would make
+            the GGUF compute another model.
+    """
+    if not fam.experts:
+        return 0
+    n = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise LowbitError(
+            f"{fam.hf_model_type} config: num_experts / num_local_experts is {n!r}, "
+            f"not a positive integer"
+        )
+    if fam.expert_prefix == "mlp.experts":
+        step, dense = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
+        if step != 1 or dense:
+            raise LowbitError(
+                f"{fam.hf_model_type} config: dense layers among the experts' "
+                f"(decoder_sparse_step {step!r}, mlp_only_layers {dense!r}) have no GGUF form "
+                f"llama.cpp runs; lowbit converts mixtures with experts in every layer"
+            )
+        norm = bool(cfg.get("norm_topk_prob", False))
+        if norm != QWEN_MOE_NORM_TOPK[fam.arch]:
+            raise LowbitError(
+                f"{fam.hf_model_type} config: norm_topk_prob {norm} (absent: false), but "
+                f"llama.cpp's {fam.arch} always computes it as "
+                f"{QWEN_MOE_NORM_TOPK[fam.arch]}; its GGUF would be another model"
+            )
+    return n
 
 
 def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -187,9 +292,13 @@ def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -
       sliding window, soft-capping, the local layers' rope base;
     - phi3: the original context length, the sliding window (0: none), the rotary fraction.
 
+    - the mixtures: expert count, experts per token, the experts' and shared expert's widths,
+      and what llama.cpp fixes for qwen2moe / qwen3moe (experts in every layer, its
+      ``norm_topk_prob``).
+
     An architecture outside :data:`GGUF_ARCHS` is left as it is (``model_type`` = ``arch``).
     """
-    fam = GGUF_ARCHS.get(arch)
+    fam = gguf_family(arch, metadata)
     if fam is None:
         return
     cfg["model_type"] = fam.hf_model_type
@@ -197,6 +306,20 @@ def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -
 
     def get(key: str) -> Any:
         return metadata.get(f"{arch}.{key}")
+
+    if fam.experts:
+        for key, hf_key in (
+            ("expert_count", "num_experts"),
+            ("expert_used_count", "num_experts_per_tok"),
+            ("expert_feed_forward_length", "moe_intermediate_size"),
+            ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+        ):
+            if get(key) is not None:
+                cfg[hf_key] = get(key)
+    if arch in QWEN_MOE_NORM_TOPK:
+        cfg["norm_topk_prob"] = QWEN_MOE_NORM_TOPK[arch]
+        cfg["decoder_sparse_step"] = 1
+        cfg["mlp_only_layers"] = []
 
     if arch in ("gemma2", "gemma3"):
         head_dim = cfg.get("head_dim")

@@ -5,16 +5,19 @@ The rules, learnt from llama.cpp's converter and checked against what it wrote f
 (``tests/fixtures/llamacpp/convert/``):
 
 - names and layouts per family: :mod:`lowbit.checkpoints.gguf_arch` (llama's q/k rows reordered,
-  Gemma's norms stored as ``w + 1`` in float32, Mixtral's experts stacked into ``ffn_*_exps``);
-- types: 1-D tensors, ``*_norm.weight`` and the MoE router ``ffn_gate_inp`` are F32; kept
+  Gemma's norms stored as ``w + 1`` in float32, the mixtures' experts stacked into
+  ``ffn_*_exps``: a block's stacks are written together, in the family's order, where the
+  block's last expert tensor comes);
+- types: 1-D tensors, ``*_norm.weight``, the MoE router ``ffn_gate_inp`` and Qwen2-MoE's
+  shared-expert gate ``ffn_gate_inp_shexp`` are F32; kept
   tensors stay in their stored float type; cast ones take the plan's (``--to bf16`` gives
   llama.cpp's ``--outtype bf16`` file); quantized ones Q4_0 / Q8_0;
 - metadata: ``general.*`` from the ``gguf`` package's own ``Metadata`` heuristics (name from the
   folder, size label from the parameter count), the family's hyperparameters under
   ``<arch>.*``, and the tokenizer (:func:`lowbit.checkpoints.gguf_tokenizer.add_hf_vocab`).
 
-Each tensor is read, transformed and written one at a time (peak memory about one tensor; a
-Mixtral expert stack, about one stack).
+Each tensor is read, transformed and written one at a time (peak memory about one tensor; an
+expert stack, about one stack).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints._output_checks import GGUF_Q, _gguf_exact
-from lowbit.checkpoints.gguf_arch import MIXTRAL_EXPERTS, Family, family_for, permute_qk
+from lowbit.checkpoints.gguf_arch import Family, check_moe_config, family_for, permute_qk
 from lowbit.checkpoints.gguf_hparams import add_hparams, rope_factors
 from lowbit.checkpoints.gguf_tokenizer import add_hf_vocab, check_hf_tokenizer
 from lowbit.checkpoints.gguf_writer import GGUFTensor, _Raw, gguf_from_quantized
@@ -48,12 +51,19 @@ def hf_family(checkpoint: Any) -> Family:
     """The family of a Hugging Face checkpoint (from its config's ``model_type``).
 
     Raises:
-        LowbitError: no config, or a model type lowbit does not convert (supported ones named).
+        LowbitError: no config, a model type lowbit does not convert (supported ones named), or
+            a mixture's config llama.cpp cannot run
+            (:func:`lowbit.checkpoints.gguf_arch.check_moe_config`).
     """
     cfg = checkpoint.config or {}
     if not cfg:
         raise LowbitError(f"{checkpoint.path}: no config.json, so it cannot be written as GGUF")
-    return family_for(cfg.get("model_type"))
+    fam = family_for(cfg.get("model_type"))
+    try:
+        check_moe_config(fam, cfg)
+    except LowbitError as exc:
+        raise LowbitError(f"{checkpoint.path}: {exc}") from None
+    return fam
 
 
 def _folder(checkpoint: Any) -> Path:
@@ -74,7 +84,7 @@ class _Source:
 
 def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _Source]:
     """GGUF name -> its source tensors, in the order the converter writes them (checkpoint
-    order; an expert stack where its last member comes)."""
+    order; a block's expert stacks, in the family's order, where its last expert comes)."""
     cfg = checkpoint.config or {}
     n_head = int(cfg.get("num_attention_heads", 0) or 0)
     n_kv = int(cfg.get("num_key_value_heads") or n_head)
@@ -83,25 +93,29 @@ def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _S
     factors = rope_factors(cfg)
     if factors is not None:  # the converter writes it first
         out["rope_freqs.weight"] = _Source("rope_freqs.weight", fixed=factors)
-    stacks: dict[str, list[tuple[int, TensorPlan]]] = {}
-    n_experts = int(cfg.get("num_local_experts", 0) or 0)
+    n_experts = check_moe_config(fam, cfg)
+    # block -> GGUF stack -> {expert: tensor}, until the block has all its experts
+    blocks: dict[int, dict[str, dict[int, TensorPlan]]] = {}
     for t in applied.tensors:
         if t.name.endswith(_SKIPPED) or (fam.arch == "gemma2" and t.name == "lm_head.weight"):
             continue  # the converter drops Gemma 2's lm_head (tied; AutoAWQ files carry one)
         gname = fam.to_gguf(t.name)
-        if gname is None and n_experts:
-            parts = t.name.split(".")
-            # model.layers.L.block_sparse_moe.experts.E.wK.weight
-            if len(parts) == 8 and parts[3:5] == ["block_sparse_moe", "experts"]:
-                key = f"blk.{parts[2]}.{MIXTRAL_EXPERTS.get(parts[6], '?')}"
-                if "?" not in key:
-                    stacks.setdefault(key, []).append((int(parts[5]), t))
-                    if len(stacks[key]) == n_experts:
-                        members = [m for _, m in sorted(stacks[key], key=lambda p: p[0])]
-                        if [e for e, _ in sorted(stacks[key])] != list(range(n_experts)):
-                            raise LowbitError(f"{key}: experts are not 0..{n_experts - 1}")
-                        out[key] = _Source(key, members)
-                    continue
+        found = fam.expert_of(t.name) if gname is None else None
+        if found is not None:
+            layer, expert, stack = found
+            if expert >= n_experts:
+                raise LowbitError(
+                    f"{checkpoint.path}: {t.name} is expert {expert}, but the config has "
+                    f"{n_experts} experts"
+                )
+            block = blocks.setdefault(layer, {})
+            block.setdefault(stack, {})[expert] = t
+            if sum(map(len, block.values())) == n_experts * len(fam.experts):
+                for _, gg in fam.experts:
+                    key = f"blk.{layer}.{gg}"
+                    out[key] = _Source(key, [block[gg][e] for e in range(n_experts)])
+                blocks[layer] = {}
+            continue
         if gname is None:
             raise LowbitError(
                 f"{checkpoint.path}: tensor {t.name!r} has no GGUF name in llama.cpp's "
@@ -120,9 +134,12 @@ def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _S
                 src.rows = n
                 src.transform = lambda a, n=n: a[:n]
         out[gname] = src
-    missing = [k for k, v in stacks.items() if k not in out]
-    if missing:
-        raise LowbitError(f"{checkpoint.path}: {missing[0]} lacks some of its {n_experts} experts")
+    for layer, block in blocks.items():
+        if block:
+            raise LowbitError(
+                f"{checkpoint.path}: block {layer} lacks some of its {n_experts} experts' "
+                f"{', '.join(p for p, _ in fam.experts)} tensors"
+            )
     return out
 
 
@@ -137,7 +154,11 @@ def _gemma3_vocab_rows(checkpoint: Any) -> int:
 
 def _forced_f32(name: str, ndim: int) -> bool:
     """Tensors llama.cpp's converter always writes as F32."""
-    return ndim <= 1 or name.endswith("_norm.weight") or ".ffn_gate_inp." in name
+    return (
+        ndim <= 1
+        or name.endswith("_norm.weight")
+        or name.endswith((".ffn_gate_inp.weight", ".ffn_gate_inp_shexp.weight"))
+    )
 
 
 def _gguf_type(src: _Source) -> str:

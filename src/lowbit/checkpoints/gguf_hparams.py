@@ -102,6 +102,15 @@ def _qwen(w: Any, cfg: Mapping[str, Any]) -> None:
     _rope_scaling(w, cfg)
 
 
+def _qwen_moe(w: Any, cfg: Mapping[str, Any]) -> None:
+    """Qwen2-MoE / Qwen3-MoE: Qwen's keys and the experts' (and shared expert's) widths."""
+    _qwen(w, cfg)
+    if (n := cfg.get("moe_intermediate_size")) is not None:
+        w.add_expert_feed_forward_length(n)
+    if (n := cfg.get("shared_expert_intermediate_size")) is not None:
+        w.add_expert_shared_feed_forward_length(n)
+
+
 def _gemma3(w: Any, cfg: Mapping[str, Any]) -> None:
     _base(w, cfg)
     rp = cfg.get("rope_parameters")
@@ -156,6 +165,8 @@ _BY_ARCH = {
     "llama": _llama,
     "qwen2": _qwen,
     "qwen3": _qwen,
+    "qwen2moe": _qwen_moe,
+    "qwen3moe": _qwen_moe,
     "gemma2": _gemma2,
     "gemma3": _gemma3,
     "phi3": _phi3,

@@ -15,7 +15,7 @@ import numpy as np
 from lowbit.checkpoints.gguf_arch import FAMILIES, GGUF_ARCHS, Family
 from lowbit.errors import LowbitError
 
-__all__ = ["gguf_to_hf_array", "gguf_to_hf_name", "unpermute_qk"]
+__all__ = ["gguf_to_hf_array", "gguf_to_hf_experts", "gguf_to_hf_name", "unpermute_qk"]
 
 
 def _family(config: Mapping[str, Any] | None) -> Family:
@@ -50,6 +50,25 @@ def gguf_to_hf_name(name: str, config: Mapping[str, Any] | None = None) -> str:
             f"GGUF tensor {name!r} has no counterpart in a transformers {fam.hf_class} model"
         )
     return hf
+
+
+def gguf_to_hf_experts(
+    name: str, arr: np.ndarray, config: Mapping[str, Any] | None
+) -> list[tuple[str, np.ndarray]] | None:
+    """A GGUF expert stack (``blk.L.ffn_gate_exps.weight``, ``[experts, rows, cols]``) as the
+    transformers checkpoint's per-expert tensors ``(name, [rows, cols])``, in expert order;
+    None for any other tensor.
+
+    Raises:
+        LowbitError: a stack that is not 3-D.
+    """
+    fam = _family(config)
+    names = fam.expert_names(name, arr.shape[0] if arr.ndim else 0)
+    if names is None:
+        return None
+    if arr.ndim != 3:
+        raise LowbitError(f"GGUF expert stack {name!r} has shape {arr.shape}, not 3-D")
+    return [(n, arr[e]) for e, n in enumerate(names)]
 
 
 def gguf_to_hf_array(hf_name: str, arr: np.ndarray, config: Mapping[str, Any] | None) -> np.ndarray:

@@ -61,7 +61,7 @@ and printed with its predicted damage and the solver's optimality gap.
 Output formats: lowbit (any scheme; lowbit.load / lowbit.load_model read it back),
 compressed-tensors (int1..8 tensor/channel/group, fp8; vLLM serves it), gguf (Q8_0/Q4_0,
 or bf16/f16/f32, from a GGUF source or a Hugging Face llama/mistral/mixtral/qwen2/qwen3/
-gemma2/gemma3/phi3 folder, converted as llama.cpp's convert_hf_to_gguf.py does; llama.cpp
+qwen2_moe/qwen3_moe/gemma2/gemma3/phi3 folder, converted as llama.cpp's convert_hf_to_gguf.py does; llama.cpp
 runs it; --to q4_0 / q8_0 use llama.cpp's own rounding; --to q2_k..q6_k, q3_k_m, q4_k_m,
 q5_k_m, iq4_xs, ... (a Hugging Face folder converted first) choose every tensor's type as
 llama-quantize's mix of that name and write llama.cpp's bytes, with --imatrix used as

@@ -4,8 +4,9 @@
 ``lowbit.checkpoints.open_checkpoint``) into a transformers model in eval mode:
 
 - a GGUF file of a family in ``lowbit.checkpoints.gguf_arch.GGUF_ARCHS`` (llama, qwen2, qwen3,
-  gemma2, gemma3, phi3; the default SmolLM2-135M-Instruct is llama): tensors dequantized, renamed
-  to Hugging Face names, llama.cpp's q/k row permutation and Gemma's stored norm offset undone,
+  qwen2moe, qwen3moe, gemma2, gemma3, phi3; a llama file with experts is Mixtral; the default
+  SmolLM2-135M-Instruct is llama): tensors dequantized, renamed to Hugging Face names, llama.cpp's
+  q/k row permutation and Gemma's stored norm offset undone, expert stacks split per expert,
   the family's transformers class configured from the GGUF metadata;
 - a Hugging Face folder (or a safetensors file beside a ``config.json``): the architecture the
   config names (``BertModel`` for all-MiniLM-L6-v2), weights matched by name, strictly.
@@ -28,7 +29,7 @@ from lowbit._optional import require
 from lowbit._progress import progress_iter
 from lowbit.checkpoints.gguf_arch import GGUF_ARCHS
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
-from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
+from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_experts, gguf_to_hf_name
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
@@ -63,7 +64,8 @@ def hf_tensors(
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hugging_face_name, float32 array)`` for every tensor, one at a time.
 
-    GGUF tensors are renamed and their q/k rows un-permuted; safetensors names pass through.
+    GGUF tensors are renamed and their q/k rows un-permuted, expert stacks split into the
+    checkpoint's per-expert tensors; safetensors names pass through.
 
     Args:
         checkpoint: an open checkpoint.
@@ -85,6 +87,10 @@ def hf_tensors(
         arr = np.asarray(arr, dtype=np.float32)
         if not is_gguf:
             yield name, arr
+            continue
+        experts = gguf_to_hf_experts(name, arr, cfg)
+        if experts is not None:
+            yield from experts
             continue
         hf = gguf_to_hf_name(name, cfg)
         yield hf, gguf_to_hf_array(hf, arr, cfg)
@@ -389,8 +395,8 @@ def _model_key(checkpoint: Checkpoint, prefix: Any, name: str) -> str | None:
     """The model key a checkpoint name fills (before a fused tensor is split), or None."""
     if checkpoint.format != "gguf":
         return prefix(name)
-    try:
-        return gguf_to_hf_name(name)
+    try:  # an expert stack fills several keys: None, so it is read at once
+        return prefix(gguf_to_hf_name(name, checkpoint.config))
     except LowbitError:
         return None
 
@@ -413,10 +419,11 @@ def _is_tied(params: dict[str, Any], key: str, loaded: set[str]) -> bool:
 
 def _prefix_fix(model: Any, checkpoint: Checkpoint) -> Any:
     """Map checkpoint names onto the model's: the base-model prefix where they differ by it,
-    then the family's renames (``lowbit.models.moe.checkpoint_rename``: Mixtral's experts)."""
-    if checkpoint.format == "gguf":
-        return lambda n: n
+    then the family's renames (``lowbit.models.moe.checkpoint_rename``: Mixtral's experts; a
+    GGUF's names, already the checkpoint's, take the renames only)."""
     rename = checkpoint_rename(getattr(model.config, "model_type", None))
+    if checkpoint.format == "gguf":
+        return rename
     prefix = _base_prefix(model, checkpoint, rename)
     return lambda n: rename(prefix(n))
 
