@@ -109,6 +109,10 @@ def test_hf_gguf_model_round_trip(family: str, tokenizer_dir: Path, tmp_path: Pa
         want = model(ids).logits.numpy()
         got = built(ids).logits.numpy()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    # --act llamacpp knows every linear layer's GGUF type (experts, tied heads included)
+    linears = {n for n, m in built.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert set(built.lowbit_gguf_types) == linears
+    assert set(built.lowbit_gguf_types.values()) == {"F32"}
 
 
 def test_unknown_gguf_architecture_is_one_line(tokenizer_dir: Path, tmp_path: Path) -> None:

@@ -15,7 +15,13 @@ import numpy as np
 from lowbit.checkpoints.gguf_arch import FAMILIES, GGUF_ARCHS, Family
 from lowbit.errors import LowbitError
 
-__all__ = ["gguf_to_hf_array", "gguf_to_hf_experts", "gguf_to_hf_name", "unpermute_qk"]
+__all__ = [
+    "gguf_expert_names",
+    "gguf_to_hf_array",
+    "gguf_to_hf_experts",
+    "gguf_to_hf_name",
+    "unpermute_qk",
+]
 
 
 def _family(config: Mapping[str, Any] | None) -> Family:
@@ -52,6 +58,14 @@ def gguf_to_hf_name(name: str, config: Mapping[str, Any] | None = None) -> str:
     return hf
 
 
+def gguf_expert_names(
+    name: str, n_experts: int, config: Mapping[str, Any] | None
+) -> list[str] | None:
+    """The transformers checkpoint's per-expert names of a GGUF expert stack of ``n_experts``
+    (``blk.L.ffn_up_exps.weight``), in expert order; None for any other tensor."""
+    return _family(config).expert_names(name, n_experts)
+
+
 def gguf_to_hf_experts(
     name: str, arr: np.ndarray, config: Mapping[str, Any] | None
 ) -> list[tuple[str, np.ndarray]] | None:
@@ -62,8 +76,7 @@ def gguf_to_hf_experts(
     Raises:
         LowbitError: a stack that is not 3-D.
     """
-    fam = _family(config)
-    names = fam.expert_names(name, arr.shape[0] if arr.ndim else 0)
+    names = gguf_expert_names(name, arr.shape[0] if arr.ndim else 0, config)
     if names is None:
         return None
     if arr.ndim != 3:

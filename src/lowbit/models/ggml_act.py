@@ -30,8 +30,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.names import gguf_expert_names, gguf_to_hf_name
 from lowbit.errors import LowbitError
+from lowbit.models.moe import checkpoint_rename
 
 __all__ = ["VEC_DOT_TYPE", "fake_quantize_ggml", "gguf_linear_types", "vec_dot_type"]
 
@@ -121,8 +122,9 @@ def fake_quantize_ggml(x: Any, kind: str) -> Any:
 
 def gguf_linear_types(model: Any, checkpoint: Any) -> dict[str, str]:
     """``{module name: GGUF type}`` of the model's linear layers whose weights ``checkpoint``
-    (a GGUF, as ``open_checkpoint`` reads it) stores; an output layer tied to the token
-    embedding takes the embedding's type (llama.cpp multiplies by ``token_embd.weight``)."""
+    (a GGUF, as ``open_checkpoint`` reads it) stores — a mixture's expert stack gives each
+    expert's layer the stack's type; an output layer tied to the token embedding takes the
+    embedding's type (llama.cpp multiplies by ``token_embd.weight``)."""
     import torch
 
     modules = dict(model.named_modules())
@@ -135,16 +137,22 @@ def gguf_linear_types(model: Any, checkpoint: Any) -> dict[str, str]:
                 return k
         return None
 
+    rename = checkpoint_rename(getattr(getattr(model, "config", None), "model_type", None))
+    cfg = getattr(checkpoint, "config", None)
     out: dict[str, str] = {}
     for name in checkpoint.names():
         if not name.endswith(".weight"):
             continue
-        try:
-            found = module_of(gguf_to_hf_name(name))
+        shape = checkpoint.info(name).shape
+        try:  # an expert stack: one linear layer per expert, all of the stack's type
+            keys = gguf_expert_names(name, shape[0], cfg) if len(shape) == 3 else None
+            keys = keys or [gguf_to_hf_name(name, cfg)]
         except LowbitError:
             continue
-        if found is not None:
-            out[found] = str(checkpoint.dtype(name)).upper()
+        for key in keys:
+            found = module_of(rename(key))
+            if found is not None:
+                out[found] = str(checkpoint.dtype(name)).upper()
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_name = next((n for n, m in modules.items() if head is not None and m is head), None)
     if head_name and head_name not in out and "token_embd.weight" in checkpoint.names():
