@@ -226,3 +226,37 @@ def test_eval_rows_side_by_side(llama_dir: Path) -> None:
         evaluate_variants(llama_dir, schemes=["int8:ch"], smooth=True, progress=False)
     with pytest.raises(lowbit.LowbitError, match="AWQ or SmoothQuant"):
         awq_weights(llama_dir, "int4", cal, method="awq", progress=False)
+
+
+@pytest.mark.parametrize("source", ["folder", "gguf"])
+def test_folded_checkpoint_computes_the_original(
+    source: str, llama_dir: Path, calib: Calibration, tmp_path: Path
+) -> None:
+    """SmoothQuant then GPTQ starts from AWQRun.folded_checkpoint: every folded linear's
+    float weight rebuilt from its scales, and the folded norms; unquantized, it computes what
+    the source computes (relative error < 1e-5), though its 14 weights and 4 norms were
+    refolded."""
+    path = llama_dir if source == "folder" else save_gguf(tiny_llama(), tmp_path / "t.gguf")
+    run = awq_weights(path, "int8:ch", calib, SmoothQuant(activations="int8"), progress=False)
+    folded = run.folded_checkpoint(path)
+    ckpt = open_checkpoint(path)
+    assert len(folded.replaced) == 18
+    moved = [n for n in folded.replaced if not np.allclose(folded.get(n), ckpt.get(n))]
+    assert len(moved) >= 14  # a fold whose searched scales are all near 1 may move little
+    assert _rel(_outputs(build_model(folded), False), _outputs(build_model(ckpt), False)) < 1e-5
+
+
+def test_eval_smoothquant_then_gptq_row(llama_dir: Path) -> None:
+    """--smooth with gptq in --methods: a 'smoothquant+gptq' row (the folds made, GPTQ's
+    tensors), beside the gptq and smoothquant rows."""
+    cal = Calibration(samples=4, length=64)
+    res = evaluate_variants(
+        llama_dir, schemes=["int4:g32"], methods=["gptq"], w8a8="int8", smooth=True,
+        calibration=cal, tokens=256, window=128, threads=1, progress=False,
+    )  # fmt: skip
+    names = [r["name"] for r in res["rows"]]
+    assert names[:4] == ["original", "int4:g32 gptq", "int4:g32 smoothquant",
+                         "int4:g32 smoothquant+gptq"]  # fmt: skip
+    row = res["rows"][3]
+    assert row["folds"] == 8 and row["gptq_tensors"] == 14
+    assert row["smoothquant"]["activations"] == "int8" and row["kl_mean"] > 0

@@ -93,10 +93,39 @@ def test_quantize_smooth(setup: tuple[Path, Path, Path], tmp_path: Path,
               "--out", str(tmp_path / "x")]  # fmt: skip
     assert main(no_act) == 2
     assert "--smooth prepares activations for W8A8" in capsys.readouterr().err
-    assert main([*no_act, "--activations", "int8", "--method", "gptq"]) == 2
-    assert "drop --method gptq" in capsys.readouterr().err
+    assert main([*no_act, "--activations", "int8", "--method", "awq"]) == 2
+    assert "drop --method awq" in capsys.readouterr().err
     assert main([*no_act[:-2], "--activations", "int8", "--smooth", "2"]) == 2
     assert "[0, 1]" in capsys.readouterr().err
+
+
+def test_quantize_smooth_then_gptq(setup: tuple[Path, Path, Path], tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """--smooth --method gptq: SmoothQuant's folds, then GPTQ of the folded model; the codes
+    are smoothquant_gptq_weights' bit for bit, the folded norms stored, the record says both."""
+    from lowbit.calibration.smooth_gptq import smoothquant_gptq_weights
+    from lowbit.methods.gptq import GPTQ
+
+    folder, _, text = setup
+    out = tmp_path / "sqg"
+    argv = ["quantize", str(folder), "--to", "int4:g32", "--activations", "int8", "--smooth",
+            "0.5", "--method", "gptq", "--calib", str(text), *CAL, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "SmoothQuant (8 folds), then GPTQ" in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0
+    ckpt = LowbitCheckpoint(out)
+    method = ckpt.manifest["method"]
+    assert method["method"] == "gptq" and method["gptq_tensors"] == 14
+    assert method["smoothquant"]["alpha"] == 0.5 and len(method["smoothquant"]["folds"]) == 8
+    plan = lowbit.PrecisionPlan.uniform("int4:g32", activations="int8")
+    cal = Calibration(source=str(text), samples=3, length=50)
+    both = smoothquant_gptq_weights(folder, plan, SmoothQuant(alpha=0.5, activations="int8"),
+                                    GPTQ(), cal, progress=False)  # fmt: skip
+    for name, qt in both.weights.items():
+        np.testing.assert_array_equal(ckpt.get(name), qt.dequantize())
+    norm = "model.layers.0.input_layernorm.weight"
+    np.testing.assert_array_equal(ckpt.get(norm), both.checkpoint.get(norm))
+    assert not np.array_equal(ckpt.get(norm), lowbit.open_checkpoint(folder).get(norm))
 
 
 def test_eval_methods_side_by_side(

@@ -97,6 +97,20 @@ class AWQRun:
         out.update(self.replaced)
         return out
 
+    def folded_checkpoint(self, source: Any) -> Checkpoint:
+        """The source with the folds applied and nothing quantized: :attr:`replaced`, and every
+        folded linear's weight as ``diag(1/rows) W diag(cols)`` of its original ``W``
+        (:attr:`scales`, the checkpoint's layout). It computes what the source computes (the
+        folds are exact), so a second method can quantize it: SmoothQuant, then GPTQ."""
+        ckpt = open_model(source)
+        folded = dict(self.replaced)
+        for name, (rows, cols) in self.scales.items():
+            w = np.asarray(ckpt.get(name), dtype=np.float64)
+            folded[name] = (w / np.asarray(rows)[:, None] * np.asarray(cols)[None, :]).astype(
+                np.float32
+            )
+        return ReplacedCheckpoint(ckpt, folded)
+
     def checkpoint(self, source: Any) -> Checkpoint:
         """The source checkpoint with the folded tensors of :attr:`replaced` in place of its own
         (float32, ``F32``): what ``lowbit.checkpoints.quantize_model.quantize_model`` writes

@@ -9,8 +9,10 @@ from typing import Any
 
 from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.calibration.data import Calibration
+from lowbit.calibration.smooth_gptq import smoothquant_gptq_weights
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
+from lowbit.methods.gptq import GPTQ
 from lowbit.methods.smoothquant import SmoothQuant
 
 __all__ = [
@@ -22,7 +24,9 @@ __all__ = [
 ]
 
 
-def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
+def add_calibration_options(
+    p: argparse.ArgumentParser, *, needs: str, smooth_note: str = ""
+) -> None:
     """The options every calibrated method shares, the same in ``quantize`` and ``eval``:
     ``--smooth``, ``--no-clip``, ``--calib``, ``--calib-samples``, ``--calib-len``,
     ``--act-order``, ``--sequential``. ``needs`` names the option ``--smooth`` goes with."""
@@ -32,7 +36,7 @@ def add_calibration_options(p: argparse.ArgumentParser, *, needs: str) -> None:
         const="search",
         metavar="ALPHA",
         help=f"with {needs}: SmoothQuant's folds before rounding (ALPHA in [0, 1]; "
-        "default: chosen per layer group on the calibration data)",
+        f"default: chosen per layer group on the calibration data){smooth_note}",
     )
     p.add_argument("--no-clip", action="store_true", help="awq: no clipping search")
     p.add_argument(
@@ -94,9 +98,10 @@ def awq_run(
     rules naming ``method: awq``, ``--smooth``): written from the folded checkpoint, whatever
     the output format, so the folded norms and biases replace the originals."""
 
-    if args.smooth is not None and args.method != "rtn":
+    if args.smooth is not None and args.method not in ("rtn", "gptq"):
         raise LowbitError(
-            f"--smooth rounds to nearest after its folds: drop --method {args.method}"
+            f"--smooth rounds to nearest after its folds (or, with --method gptq, runs GPTQ "
+            f"on the folded model): drop --method {args.method}"
         )
     if args.smooth is not None and args.out_format == "gguf":
         raise LowbitError(
@@ -116,6 +121,15 @@ def awq_run(
     else:
         cfg = AWQ(clip=not args.no_clip)
     calib = calibration_of(args)
+    if isinstance(cfg, SmoothQuant) and args.method == "gptq":
+        if getattr(args, "workers", 1) != 1 or getattr(args, "ray", False):
+            raise LowbitError("SmoothQuant calibrates in one process: drop --workers/--ray")
+        gptq = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
+        both = smoothquant_gptq_weights(
+            ckpt, plan, cfg, gptq, calib, threads=args.threads, progress=progress,
+            compute=getattr(args, "compute", "fp32"),
+        )  # fmt: skip
+        return both.checkpoint, both.weights, both.record
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
         progress=progress, compute=getattr(args, "compute", "fp32"),
@@ -130,8 +144,11 @@ def method_summary(method: dict[str, Any]) -> str:
     if sec.get("workers"):  # split over worker processes or Ray actors (--workers, --ray)
         data += f" split over {sec['workers']:.0f} workers"
     if method["method"] == "gptq":
+        sq = method.get("smoothquant")
+        folds = [] if sq is None else [f for f in sq["folds"] if "skipped" not in f]
+        first = "" if sq is None else f"SmoothQuant ({len(folds)} folds), then "
         return (
-            f"GPTQ ({method['act_order']} act-order, damp {method['damp']:g}, "
+            f"{first}GPTQ ({method['act_order']} act-order, damp {method['damp']:g}, "
             f"{method.get('sequential', 'blocks')}-sequential) of "
             f"{method['gptq_tensors']} tensors on {data}: {sec['total']:.0f} s (collect "
             f"{sec['collect']:.0f} s, solve {sec['solve']:.0f} s)"

@@ -92,7 +92,12 @@ def register(sub: Any) -> None:
         "rotated online), hadamard+gptq (MR-GPTQ: GPTQ in the rotated basis); "
         "'rtn,gptq,awq' gives their rows side by side",
     )
-    add_calibration_options(p, needs="--w8a8 or --act")
+    add_calibration_options(
+        p,
+        needs="--w8a8 or --act",
+        smooth_note="; with gptq in --methods also a 'smoothquant+gptq' row per scheme: "
+        "GPTQ of the folded model",
+    )
     p.add_argument("--tokens", type=int, default=4096, help="tokens of the text (default 4096)")
     p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
     p.add_argument("--stride", type=int, help="tokens between windows (default: the window)")

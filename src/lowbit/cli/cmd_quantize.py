@@ -69,7 +69,8 @@ llama-quantize uses it;
 with --method gptq the mix's linear layers are GPTQ'd onto their block types, each block's
 scales from llama.cpp's search, importance from --imatrix or else the Hessian's diagonal).
 GPTQ, AWQ and SmoothQuant write all three (--smooth: not gguf), AWQ's and SmoothQuant's
-folded norms and biases in place of the originals. Plan rules may say method: gptq or
+folded norms and biases in place of the originals; --smooth --method gptq runs GPTQ on the
+SmoothQuant-folded model. Plan rules may say method: gptq or
 method: awq (not both in one plan); such rules calibrate without --method.
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from typing import Any
 
@@ -17,11 +18,17 @@ from lowbit.evaluation.rotated import rotate_inputs
 from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
 from lowbit.methods.mr_gptq import RotatedTensor
+from lowbit.methods.smoothquant import SmoothQuant
 from lowbit.models.build import build_model
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label
 
-__all__ = ["awq_variant", "gptq_variant", "variant_plan"]
+__all__ = [
+    "awq_variant",
+    "gptq_variant",
+    "smooth_gptq_variant",
+    "variant_plan",
+]
 
 
 def variant_plan(spec: str) -> PrecisionPlan:
@@ -160,6 +167,37 @@ def awq_variant(
             "layer_error_method": _mean_error(errs, method.name),
         },
     )
+
+
+def smooth_gptq_variant(
+    checkpoint: Any,
+    spec: str,
+    calibration: Any = None,
+    method: Any = None,
+    *,
+    avoid_tokens: int = 0,
+    exclude: Collection[str] = (),
+    threads: int | None = None,
+    progress: bool | None = None,
+    compute: str = "fp32",
+) -> Any:
+    """A ``lowbit eval`` row: SmoothQuant's folds (its α search on ``calibration``), then
+    GPTQ of the folded model's ``spec`` tensors on the same calibration data — llm-compressor's
+    SmoothQuant + GPTQ recipe. ``method``: ``(SmoothQuant, GPTQ)``.
+
+    Returns:
+        A :class:`~lowbit.evaluation._compare.Variant` named ``"{spec} smoothquant+gptq"``:
+        :func:`gptq_variant`'s extra fields and the folds made.
+    """
+    smooth, gptq = method if method is not None else (SmoothQuant(), GPTQ())
+    kw: dict[str, Any] = {"avoid_tokens": avoid_tokens, "exclude": exclude,
+                          "threads": threads, "progress": progress, "compute": compute}  # fmt: skip
+    run = awq_weights(checkpoint, PrecisionPlan.uniform(spec), calibration, smooth, **kw)
+    v = gptq_variant(run.folded_checkpoint(checkpoint), spec, calibration, gptq, **kw)
+    done = [f for f in run.folds if "skipped" not in f]
+    extra = {**v.extra, "smoothquant": smooth.to_dict(), "folds": len(done),
+             "smoothquant_seconds": run.seconds}  # fmt: skip
+    return dataclasses.replace(v, name=f"{spec} smoothquant+gptq", extra=extra)
 
 
 def _bits_per_weight(weights: dict[str, Any]) -> float | None:

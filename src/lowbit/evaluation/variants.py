@@ -57,7 +57,12 @@ from lowbit.evaluation._compare import (
     compare_encoder,
 )
 from lowbit.evaluation.act_modes import LLAMACPP, act_mode
-from lowbit.evaluation.calibrated_variants import awq_variant, gptq_variant, variant_plan
+from lowbit.evaluation.calibrated_variants import (
+    awq_variant,
+    gptq_variant,
+    smooth_gptq_variant,
+    variant_plan,
+)
 from lowbit.evaluation.perplexity import (
     DEFAULT_BATCH,
     _check_positive,
@@ -223,7 +228,13 @@ def _gptq_variant(
     exclude: Sequence[str] = ()
     if not causal:
         exclude, _ = _fidelity_sentences(None, body, label, sentences, seed)
-    make = awq_variant if isinstance(gptq, (AWQ, SmoothQuant)) else gptq_variant
+    make = (
+        smooth_gptq_variant
+        if isinstance(gptq, tuple)
+        else awq_variant
+        if isinstance(gptq, (AWQ, SmoothQuant))
+        else gptq_variant
+    )
     return make(
         ckpt, spec, calib, gptq, avoid_tokens=avoid, exclude=exclude, threads=threads,
         progress=progress, compute=compute,
@@ -289,7 +300,8 @@ def evaluate_variants(
             :class:`lowbit.methods.smoothquant.SmoothQuant` (its activations are ``w8a8``'s
             format or the ``act`` mode);
             one more row per scheme, ``"{scheme} smoothquant"``, rounded to nearest after the
-            folds.
+            folds, and with ``gptq`` in ``methods`` one more, ``"{scheme} smoothquant+gptq"``:
+            GPTQ of the folded model (``calibrated_variants.smooth_gptq_variant``).
         batch: causal LMs: windows per forward, at most (fewer where their float32 logits
             would pass 1 GiB; ``lowbit.evaluation.perplexity.batch_size``). The measured
             facts say the batch used.
@@ -374,8 +386,12 @@ def evaluate_variants(
             ("hadamard+gptq", mr),
             ("awq", awq or AWQ()),
             ("smooth", smooth),
+            ("smooth+gptq", (smooth, base_gptq)),
         ):
-            if how in methods or (how == "smooth" and smooth is not None):
+            smoothed = how.startswith("smooth") and smooth is not None
+            if (how in methods and how != "smooth+gptq") or (
+                smoothed and (how == "smooth" or "gptq" in methods)
+            ):
                 makers.append(
                     lambda spec=spec, cfg=cfg: _gptq_variant(
                         ckpt, spec, calibration, cfg, text, tokens, body, label, causal,
