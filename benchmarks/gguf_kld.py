@@ -13,7 +13,8 @@ llama-cpp-python source distribution (which vendors llama.cpp; about 25 minutes 
     python benchmarks/gguf_kld.py --llamacpp /tmp/lcpp/.../vendor/llama.cpp/build/bin
 
 What it does, on the shipped SmolLM2-135M (its Q4_1 GGUF decoded to an all-F32 GGUF: the
-reference every file is compared with):
+reference every file is compared with), or on ``--model`` (e.g. SmolLM2 widened to whole K-quant
+super-blocks by ``benchmarks/pad_llama.py``):
 
 1. Text: the default text (``pydoc_data.topics``) tokenized by SmolLM2's tokenizer; the
    evaluation text is its start (the tokens ``lowbit eval`` scores), the calibration text starts
@@ -140,7 +141,7 @@ def lowbit_ppl(path: Path, text: str, n_ctx: int, llamacpp: bool = False) -> flo
     text tokenized whole (BOS first where the GGUF asks for it), cut into chunks of ``n_ctx``
     tokens whose first token becomes BOS, and only each chunk's second half scored.
     ``llamacpp``: with llama.cpp's arithmetic (``lowbit eval --act llamacpp``: each layer's
-    input rounded to its weight type's Q8_0/Q8_K blocks, the F16 KV cache)."""
+    input rounded to its weight type's Q8_0/Q8_K blocks; attention in float32)."""
     import contextlib
 
     import torch
@@ -194,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llamacpp", required=True, type=Path, help="folder of llama.cpp's tools")
     ap.add_argument("--work", type=Path, default=Path("out/gguf-kld"))
+    ap.add_argument(
+        "--model", default="smollm2",
+        help="the model (what lowbit quantize takes; default smollm2), written as the F32 GGUF "
+        "reference",
+    )  # fmt: skip
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--eval-tokens", type=int, default=20480, help="evaluation text (tokens)")
     ap.add_argument("--calib-tokens", type=int, default=65536, help="calibration text (tokens)")
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = work / "f32-plan.json"
     plan.write_text(json.dumps({"rules": [{"match": "*", "format": "fp32"}]}))
     if not (a.reuse and base.exists()):
-        lowbit(["smollm2", "--plan", str(plan), "--out-format", "gguf", "--out", str(base)],
+        lowbit([a.model, "--plan", str(plan), "--out-format", "gguf", "--out", str(base)],
                work / "f32.log")  # fmt: skip
 
     imatrix = work / "imatrix.gguf"

@@ -179,5 +179,6 @@ def test_eval_rows_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(LowbitError, match="not a GGUF file"):
         evaluate_variants(save_hf_folder(tiny_llama(), tmp_path / "hf"), [], None,
                           act="llamacpp", text=text, progress=False)  # fmt: skip
-    with pytest.raises(LowbitError, match="drop --kv"):
-        evaluate_variants(f32, [], None, act="llamacpp", kv="fp8", text=text, progress=False)
+    res = evaluate_variants(f32, [q], None, act="llamacpp", kv="f16", tokens=80, window=40,
+                            text=text, threads=1, progress=False)  # fmt: skip
+    assert res["rows"][3]["name"] == "mixed.gguf + llamacpp+kv:f16"

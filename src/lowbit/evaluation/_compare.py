@@ -141,8 +141,6 @@ def _act_spec(w8a8: str | None, act: str | None, kv: str | None) -> str | None:
         raise LowbitError("--act and --w8a8 both choose the activations: give one")
     parts = [activation_format(w8a8)] if w8a8 else []
     if act and str(act).strip().lower() in (LLAMACPP, "llama.cpp"):
-        if kv:
-            raise LowbitError("--act llamacpp already keeps llama.cpp's F16 KV cache: drop --kv")
         parts.append(LLAMACPP)
     elif act:
         parts.append(act_mode(act))

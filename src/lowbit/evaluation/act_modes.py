@@ -122,18 +122,23 @@ def simulate_act_mode(
 
 @contextmanager
 def simulate_llamacpp_activations(
-    model: Any, *, attention: bool = True
+    model: Any, *, attention: bool = False
 ) -> Iterator[dict[str, str]]:
-    """Within the ``with`` block the model computes as llama.cpp's CPU backend does with its
-    default settings (``lowbit eval --act llamacpp``): every linear layer whose weight a GGUF
-    stores rounds its input to the weight type's ``vec_dot_type`` (Q8_0, Q8_1, Q8_K blocks,
-    F16, BF16; ``lowbit.models.ggml_act``), and attention multiplies float16 queries, keys
-    and values (the F16 KV cache, and the queries converted to it).
+    """Within the ``with`` block the model's matrix products with GGUF weights compute as
+    llama.cpp's CPU backend computes them (``lowbit eval --act llamacpp``): every linear layer
+    whose weight a GGUF stores rounds its input to the weight type's ``vec_dot_type`` (Q8_0,
+    Q8_1, Q8_K blocks, F16, BF16; ``lowbit.models.ggml_act``).
+
+    Attention is left in float32 by default: llama.cpp's F16 KV cache also rounds queries,
+    keys and values to float16 and then accumulates in float16 (flash attention) or rounds
+    the softmax to float16 (without it); modelling only the first part (``attention=True``)
+    agreed *worse* with llama-perplexity than modelling none (docs/export.md).
 
     Args:
         model: built from a GGUF (``build_model``/``load_model`` record the weight types in
             ``model.lowbit_gguf_types``).
-        attention: also round attention's queries, keys and values to float16.
+        attention: also round attention's queries, keys and values to float16 (``--kv f16``
+            rounds keys and values only).
 
     Yields:
         ``{layer name: activation type}`` of the layers whose inputs are rounded.

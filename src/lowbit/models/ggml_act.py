@@ -21,8 +21,9 @@ first converts the input rows to the weight type's ``vec_dot_type`` (ggml-cpu.c'
 
 Token embeddings are row lookups (no product) and are left alone; an output layer tied to the
 token embedding multiplies by the embedding's type, as llama.cpp does when a GGUF has no
-``output.weight``. What remains different from llama.cpp's numbers is summation order and the
-KV cache (llama.cpp's default cache is F16; not modelled here).
+``output.weight``. What remains different from llama.cpp's numbers is summation order and
+attention (llama.cpp's default F16 KV cache and its float16 accumulation; see
+``lowbit.evaluation.act_modes.simulate_llamacpp_activations``).
 """
 
 from __future__ import annotations
