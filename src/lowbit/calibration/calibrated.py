@@ -39,13 +39,7 @@ from lowbit.models._compute import check_compute
 from lowbit.plans.plan import AppliedPlan, PrecisionPlan
 from lowbit.plans.rules import activation_format, calibrated_method
 
-__all__ = [
-    "METHODS",
-    "CalibratedWeights",
-    "calibrated_weights",
-    "method_config",
-    "quantize_model",
-]
+__all__ = ["METHODS", "CalibratedWeights", "calibrated_weights", "method_config", "quantize_model"]
 
 #: The method names :func:`quantize_model` takes (or a GPTQ / AWQ / SmoothQuant object).
 METHODS = ("rtn", "gptq", "awq", "smoothquant")

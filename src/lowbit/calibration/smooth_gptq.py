@@ -8,9 +8,8 @@ import os
 from typing import Any
 
 from lowbit.calibration.awq import awq_weights
-from lowbit.calibration.calibrated import CalibratedWeights, _calibration
+from lowbit.calibration.calibrated import CalibratedWeights, _calibration, calibrated_weights
 from lowbit.calibration.data import Calibration
-from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints.quantize_model import open_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.methods.gptq import GPTQ
@@ -49,23 +48,15 @@ def smoothquant_gptq_weights(
     ckpt = open_model(model)
     kw: dict[str, Any] = {"threads": threads, "progress": progress, "compute": compute}
     sq = awq_weights(ckpt, plan, calib, smooth, default_method="awq", **kw)
-    folded = sq.folded_checkpoint(ckpt)
-    run = gptq_weights(folded, plan, calib, gptq, default_method="gptq", **kw)
-    done = run.weights
-    for n in [n for n, m in run.methods.items() if m != "gptq"]:
-        del done[n]  # rounded to nearest again by the writer
+    run = calibrated_weights(sq.folded_checkpoint(ckpt), plan, gptq, calib, **kw)
+    folded = run.checkpoint
     record = {
-        **gptq.to_dict(),
-        "sequential": run.sequential,
-        "calibration": run.calibration,
-        "seconds": run.seconds,
-        "gptq_tensors": len(done),
-        "layers": run.layers,
+        **run.record,
         "smoothquant": {
             **smooth.to_dict(),
             "seconds": sq.seconds,
-            "folded_tensors": sorted(folded.replaced),
+            "folded_tensors": sorted(getattr(folded, "replaced", {})),
             "folds": sq.folds,
         },
     }
-    return CalibratedWeights(folded, done, record)
+    return CalibratedWeights(folded, run.weights, record)

@@ -233,8 +233,6 @@ def simulate_kv_cache(model: Any, mode: str, *, query: bool = False) -> Iterator
             return t32.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(t.dtype)
         if key == "f16":
             return t32.to(torch.float16).to(t.dtype)
-        if key == "f16":
-            return t32.to(torch.float16).to(t.dtype)
         return fake_quantize_per_token(t32, "int8").to(t.dtype)
 
     def attention(module: Any, qs: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:

@@ -361,15 +361,14 @@ def evaluate_variants(
     )
     # variants are built when measured and released after (one variant model alive at a time)
     makers: list[Callable[[], Variant]] = [lambda: original]
-    for q in [None, *quantized] if llamacpp else []:
-        fmt = (ckpt if q is None else _open_disk_variant(Path(q), ckpt)).format
-        if fmt != "gguf":
+    for q, opened in [(None, ckpt)] + [(q, _open_disk_variant(Path(q), ckpt)) for q in quantized]:
+        # every path opened now (a bad one fails before the reference pass)
+        if llamacpp and opened.format != "gguf":
             raise LowbitError(
                 f"--act llamacpp rounds activations by each layer's GGUF weight type; "
-                f"{ckpt.path if q is None else q} is {fmt}, not a GGUF file"
+                f"{ckpt.path if q is None else q} is {opened.format}, not a GGUF file"
             )
     for q in quantized:
-        _open_disk_variant(Path(q), ckpt)  # fails now, before the reference pass
         makers.append(lambda q=q: _disk_variant(Path(q), ckpt, progress))
     causal = reference.get_output_embeddings() is not None
     base_gptq = gptq if gptq is not None else GPTQ()
@@ -388,10 +387,9 @@ def evaluate_variants(
             ("smooth", smooth),
             ("smooth+gptq", (smooth, base_gptq)),
         ):
-            smoothed = how.startswith("smooth") and smooth is not None
-            if (how in methods and how != "smooth+gptq") or (
-                smoothed and (how == "smooth" or "gptq" in methods)
-            ):
+            wanted = {"smooth": smooth is not None,
+                      "smooth+gptq": smooth is not None and "gptq" in methods}  # fmt: skip
+            if wanted.get(how, how in methods):
                 makers.append(
                     lambda spec=spec, cfg=cfg: _gptq_variant(
                         ckpt, spec, calibration, cfg, text, tokens, body, label, causal,
