@@ -46,8 +46,14 @@ def check_ct(applied: AppliedPlan, checkpoint: Any) -> None:
             why = "lowbit writes compressed-tensors scales as float32: use fp32 scales"
         if why is None and s.double_quant:
             why = "double quantization has no compressed-tensors layout"
-        if why is None and t.activations not in (None, "int8", "float8_e4m3fn"):
-            why = f"compressed-tensors declares int8 or fp8 activations, not {t.activations}"
+        if why is None and t.activations == "nvfp4" and not s.tensor_scale:
+            raise LowbitError(
+                f"tensor {t.name!r} as {t.label}: NVFP4 activations (W4A4) go with NVFP4 "
+                "weights in compressed-tensors: give --to nvfp4 (or a plan rule with format "
+                "nvfp4), or per-token activations (--activations int8|fp8)"
+            )
+        if why is None and t.activations not in (None, "int8", "float8_e4m3fn", "nvfp4"):
+            why = f"compressed-tensors declares int8, fp8 or nvfp4 activations, not {t.activations}"
         if why is not None:
             raise LowbitError(
                 f"tensor {t.name!r} (shape {t.shape}) as {t.label}: {why} (or write "

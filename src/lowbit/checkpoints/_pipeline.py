@@ -273,11 +273,14 @@ def write_ct(
     model_files: ModelFiles,
     done: Mapping[str, Any] | None = None,
     clock: Clock | None = None,
+    input_scales: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:
     """Write a compressed-tensors folder; returns the files copied and those left out.
 
     Tensors in ``done`` (name -> QuantizedTensor, e.g. GPTQ's) are written as they are (a GGUF
-    source's q/k rows put back in the transformers order, codes and scales alike)."""
+    source's q/k rows put back in the transformers order, codes and scales alike).
+    ``input_scales``: the output's weight name -> NVFP4 ``input_global_scale`` of every tensor
+    the plan gives NVFP4 activations (W4A4; ``lowbit.calibration.input_scales``)."""
     import tempfile
 
     is_gguf = ckpt.format == "gguf"
@@ -293,20 +296,19 @@ def write_ct(
         """The transformers layout (q/k rows, Gemma's norms) of a GGUF source's tensor."""
         return gguf_to_hf_array(hf, np.asarray(arr), cfg) if is_gguf else arr
 
-    acts = {"int8": "int8", "float8_e4m3fn": "fp8", None: None}
     planned: set[str] = set()
-    shared: dict[tuple[str, ...], Any] = {}
-    plans = {t.name: t for t in applied.quantized}
+    shared_scale = _SharedScales(ckpt, applied)
+    scales = dict(input_scales or {})
 
-    def shared_scale(t: TensorPlan) -> Any:
-        """NVFP4: one tensor scale for q/k/v and for gate/up (the smallest of theirs), as
-        llm-compressor writes them and vLLM, which fuses those layers, requires."""
-        group = tuple(
-            n for n in fused_siblings(t.name) if n in plans and plans[n].scheme == t.scheme
-        ) or (t.name,)
-        if group not in shared:
-            shared[group] = min(tensor_scale_of(ckpt.get(n), t.scheme) for n in group)
-        return shared[group]
+    def ct(qt: Any, t: TensorPlan, hf: str) -> Any:
+        if t.activations != "nvfp4":
+            return from_quantized(qt, activations=_CT_ACTS[t.activations])
+        if hf not in scales:
+            raise LowbitError(
+                f"tensor {t.name!r}: NVFP4 activations (W4A4) need a calibrated input scale "
+                "and none was given: run lowbit quantize --activations nvfp4, which calibrates it"
+            )
+        return from_quantized(qt, activations="nvfp4", input_global_scale=scales[hf])
 
     def make(hf: str) -> Any:
         t = by_out[hf]
@@ -321,15 +323,14 @@ def write_ct(
             qt = done[t.name]
             if is_gguf and (".q_proj." in hf or ".k_proj." in hf):
                 qt = _rows_permuted(qt, lambda a: unpermute(hf, a))
-            return from_quantized(qt, activations=acts[t.activations])
+            return ct(qt, t, hf)
         if t.action == "quantize" and first:
-            return from_quantized(_layout_of(t), activations=acts[t.activations])
+            return ct(_layout_of(t), t, hf)
         if t.action == "quantize":
             arr = unpermute(hf, ckpt.get(t.name))
-            g = shared_scale(t) if t.scheme.tensor_scale else None
-            qt = quantize(arr, t.scheme, tensor_scale=g)
+            qt = quantize(arr, t.scheme, tensor_scale=shared_scale(t))
             del arr
-            return from_quantized(qt, activations=acts[t.activations])
+            return ct(qt, t, hf)
         if t.action == "cast":
             return unpermute(hf, read_cast(ckpt, t))
         if is_gguf and not _plain_dtype(t.dtype) and first:  # the dtype kept_dense chooses
@@ -366,6 +367,55 @@ def write_ct(
             progress=progress,
         )
     return names, left
+
+
+#: compressed-tensors' names of the plan's activation formats.
+_CT_ACTS = {"int8": "int8", "float8_e4m3fn": "fp8", None: None}
+
+
+class _SharedScales:
+    """NVFP4: one tensor scale for q/k/v and for gate/up (the smallest of theirs), as
+    llm-compressor writes them and vLLM, which fuses those layers, requires; ``None`` for a
+    scheme without a tensor scale. Each group's scale is computed once."""
+
+    def __init__(self, ckpt: Any, applied: AppliedPlan) -> None:
+        self.ckpt = ckpt
+        self.plans = {t.name: t for t in applied.quantized}
+        self.shared: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, t: TensorPlan) -> Any:
+        assert t.scheme is not None
+        if not t.scheme.tensor_scale:
+            return None
+        plans = self.plans
+        group = tuple(
+            n for n in fused_siblings(t.name) if n in plans and plans[n].scheme == t.scheme
+        ) or (t.name,)
+        if group not in self.shared:
+            self.shared[group] = min(tensor_scale_of(self.ckpt.get(n), t.scheme) for n in group)
+        return self.shared[group]
+
+
+def ct_weights(
+    ckpt: Any, applied: AppliedPlan, done: Mapping[str, Any] | None = None
+) -> dict[str, QuantizedTensor]:
+    """Every tensor the plan quantizes as :func:`write_ct` writes it (checkpoint name ->
+    QuantizedTensor, the checkpoint's layout): ``done``'s as given, the others rounded to
+    nearest with NVFP4's shared tensor scales. A model built from them is the written one
+    (what NVFP4 input scales are calibrated on)."""
+    shared_scale = _SharedScales(ckpt, applied)
+    out: dict[str, QuantizedTensor] = {}
+    for t in applied.quantized:
+        if done is not None and t.name in done:
+            out[t.name] = read_quantized(ckpt, t, done)
+            continue
+        assert t.scheme is not None
+        ckpt.close()
+        try:
+            out[t.name] = quantize(ckpt.get(t.name), t.scheme, tensor_scale=shared_scale(t))
+        except LowbitError as exc:
+            raise LowbitError(f"tensor {t.name!r}: {exc}") from None
+    return out
 
 
 def _layout_of(t: TensorPlan) -> QuantizedTensor:

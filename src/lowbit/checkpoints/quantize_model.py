@@ -141,6 +141,13 @@ def plan_model(
     if gguf_rounding not in ("auto", "llama.cpp"):
         raise LowbitError(f"gguf_rounding must be 'auto' or 'llama.cpp', got {gguf_rounding!r}")
     applied = plan.apply(checkpoint_tensors(checkpoint), source=str(checkpoint.path.name))
+    w4a4 = [t for t in applied.quantized if t.activations == "nvfp4"]
+    if w4a4 and out_format != "compressed-tensors":
+        raise LowbitError(
+            f"tensor {w4a4[0].name!r}: NVFP4 activations (W4A4) are written to compressed-tensors "
+            f"only (their static input scales are its input_global_scale), not {out_format}: "
+            "write --out-format compressed-tensors, or drop --activations nvfp4"
+        )
     if out_format == "compressed-tensors":
         check_ct(applied, checkpoint)
     elif out_format == "gguf":
@@ -177,6 +184,7 @@ def quantize_model(
     progress: bool | None = None,
     weights: Mapping[str, Any] | None = None,
     method: Mapping[str, Any] | None = None,
+    input_scales: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Quantize a checkpoint with a precision plan and write the result.
 
@@ -200,6 +208,9 @@ def quantize_model(
             (GGUF: in Q4_0/Q8_0 layouts); the plan's other tensors are rounded to nearest.
         method: how ``weights`` were made (e.g. ``GPTQ().to_dict()`` plus the calibration),
             recorded in the manifest and, per tensor, as ``method``.
+        input_scales: compressed-tensors output of a plan with NVFP4 activations (W4A4): the
+            static ``input_global_scale`` of each such weight, by its output name
+            (``lowbit.calibration.input_scales.nvfp4_input_scales``).
 
     Returns:
         A summary: ``out``, ``out_format``, ``source``, ``totals`` (the plan's), ``bytes``
@@ -248,7 +259,7 @@ def quantize_model(
     elif out_format == "compressed-tensors":
         copied, left = qw.write_ct(
             ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights,
-            clock=clock,
+            clock=clock, input_scales=input_scales,
         )  # fmt: skip
     elif ckpt.format != "gguf":
         write_gguf_from_hf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights)

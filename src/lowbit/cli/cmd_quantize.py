@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.calibration.calibrated import calibrated_weights
+from lowbit.calibration.input_scales import nvfp4_input_scales
+from lowbit.checkpoints._pipeline import ct_weights
 from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
 from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _rotation
 from lowbit.cli._calibrated import (
@@ -111,7 +113,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--activations",
         metavar="FMT",
-        help="declare per-token activation quantization (int8, fp8) for the quantized layers",
+        help="declare the quantized layers' input quantization: per token (int8, fp8), or "
+        "nvfp4 (W4A4: with --to nvfp4 and --out-format compressed-tensors; each layer's "
+        "static input_global_scale calibrated on the --calib text)",
     )
     p.add_argument(
         "--w8a8",
@@ -132,7 +136,7 @@ def register(sub: Any) -> None:
         "Hadamard-rotated basis, the rotation recorded for lowbit.load_model/eval (lowbit "
         "format only)",
     )
-    add_calibration_options(p, needs="--w8a8 or --activations")
+    add_calibration_options(p, needs="--w8a8 or --activations")  # and nvfp4's input scales
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
     p.add_argument(
         "--threads",
@@ -319,6 +323,12 @@ def run(args: argparse.Namespace) -> int:
         raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
     args.compute = _common.compute_option(args.compute)
     plan = build_plan(args)
+    w4a4 = activation_format(args.activations) == "nvfp4"
+    if w4a4 and args.out_format != "compressed-tensors":
+        raise LowbitError(
+            "--activations nvfp4 (W4A4) is written as compressed-tensors' input_global_scale: "
+            "add --out-format compressed-tensors (with --to nvfp4)"
+        )
     ckpt = open_model(args.model)
     mixed = scan = None
     if plan is None and args.plan_preset:
@@ -366,6 +376,16 @@ def run(args: argparse.Namespace) -> int:
     if method is not None:  # GPTQ's solve, AWQ's search: the rest is calibration
         sec = method.get("seconds", {})
         clock.split("calibration", {"solve": sec.get("solve", sec.get("search", 0.0))})
+    inputs = None
+    if any(t.activations == "nvfp4" for t in applied.quantized):
+        if out.exists() and not args.overwrite:  # fail before the calibration forwards
+            raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+        with clock.part("input scales"):
+            done = ct_weights(source, applied, done)
+            inputs = nvfp4_input_scales(
+                source, {t.name: done[t.name] for t in applied.quantized}, calibration_of(args),
+                threads=args.threads, progress=progress, compute=args.compute,
+            )  # fmt: skip
     with warnings.catch_warnings(record=True) as caught, clock.part("write"):
         warnings.simplefilter("always")
         result = quantize_model(
@@ -379,10 +399,13 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             weights=done,
             method=method if record is None else record,
+            input_scales=None if inputs is None else inputs.scales,
         )
     clock.split("write", {"quantize": result["seconds_parts"]["quantize"]})
     if method is not None or record is not None:
         result["method"] = method if record is None else record
+    if inputs is not None:
+        result["input_scales"] = inputs.record
     _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)])
     with clock.part("eval" if args.eval else "other"):  # --eval; the plan file, --plot
         extra = _budget.after_write(args, ckpt, mixed, scan, out, progress)
@@ -397,6 +420,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {clock.line(result['seconds'])}")
     if method is not None:
         print(f"  {method_summary(method)}")
+    if inputs is not None:
+        r = inputs.record
+        print(
+            f"  NVFP4 input scales (input_global_scale) of {r['layers']} layers, "
+            f"{r['fused_groups']} fused groups sharing one, from {r['calibration']['described']}: "
+            f"{r['seconds']:.0f} s"
+        )
     if (method or record or {}).get("rotation"):
         n = len(result["method"]["rotation"]["tensors"])
         print(f"  {n} tensors stored block-Hadamard-rotated (their inputs rotated online)")

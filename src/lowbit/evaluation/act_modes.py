@@ -37,6 +37,7 @@ from lowbit.models.act_quant import (
     act_mode,
     fake_quantize_activation,
     input_global_scale,
+    observe_input_amax,
 )
 from lowbit.models.activations import fake_quantize_per_token
 from lowbit.models.ggml_act import fake_quantize_ggml, vec_dot_type
@@ -177,24 +178,7 @@ def calibrate_input_scales(
     """NVFP4's static input scales: every linear layer's ``448 * 6 / amax`` over its inputs in
     forward passes of ``batches`` (token id tensors), as llm-compressor's ``static_minmax``
     observer and ``generate_gparam`` make ``input_global_scale``."""
-    import torch
-
-    amax: dict[str, Any] = {}
-    handles = []
-    for name, module in _linears(model, exclude):
-
-        def hook(_m: Any, args: tuple[Any, ...], name: str = name) -> None:
-            a = args[0].detach().abs().amax().to(torch.float32)
-            amax[name] = a if name not in amax else torch.maximum(amax[name], a)
-
-        handles.append(module.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            for ids in batches:
-                model(input_ids=torch.as_tensor(ids).reshape(1, -1))
-    finally:
-        for h in handles:
-            h.remove()
+    amax = observe_input_amax(model, batches, _linears(model, exclude), progress=False)
     return {n: input_global_scale(a) for n, a in amax.items()}
 
 

@@ -8,10 +8,12 @@ them; evaluation imports them from here."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from lowbit._progress import progress_bar
 from lowbit.errors import LowbitError
 from lowbit.models.activations import fake_quantize_per_token
 
@@ -22,6 +24,7 @@ __all__ = [
     "fake_quantize_activation",
     "fake_quantize_rows",
     "input_global_scale",
+    "observe_input_amax",
 ]
 
 #: The activation modes of ``lowbit eval --act`` and their group sizes (None: per token).
@@ -68,6 +71,50 @@ def input_global_scale(amax: Any) -> Any:
     a = torch.as_tensor(amax, dtype=torch.float32).clamp(min=torch.finfo(torch.float32).tiny)
     g = a.reciprocal() * (FP8_MAX * 6.0)
     return torch.nan_to_num(g, nan=1.0, posinf=1.0, neginf=1.0)
+
+
+def observe_input_amax(
+    model: Any,
+    batches: Sequence[Any],
+    layers: Sequence[tuple[str, Any]],
+    *,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """The largest ``|x|`` of each layer's input over forward passes of ``batches`` (token id
+    sequences, one window per forward), as llm-compressor's ``static_minmax`` observer keeps
+    it for NVFP4's ``input_global_scale`` (:func:`input_global_scale` of it).
+
+    Args:
+        model: a causal LM taking ``input_ids``.
+        batches: token id sequences.
+        layers: ``(name, module)`` of the layers to observe.
+        progress: a bar over the windows (``None``: only on a terminal).
+
+    Returns:
+        name -> float32 scalar tensor, for every layer that saw an input.
+    """
+    import torch
+
+    amax: dict[str, Any] = {}
+    handles = []
+    for name, module in layers:
+
+        def hook(_m: Any, args: tuple[Any, ...], name: str = name) -> None:
+            a = args[0].detach().abs().amax().to(torch.float32)
+            amax[name] = a if name not in amax else torch.maximum(amax[name], a)
+
+        handles.append(module.register_forward_pre_hook(hook))
+    bar = progress_bar(len(batches), progress, "input scales", "window")
+    try:
+        with torch.no_grad():
+            for ids in batches:
+                model(input_ids=torch.as_tensor(ids).reshape(1, -1))
+                bar.update(1)
+    finally:
+        bar.close()
+        for h in handles:
+            h.remove()
+    return amax
 
 
 def fake_quantize_activation(x: Any, mode: str, global_scale: Any = None) -> Any:

@@ -158,7 +158,9 @@ def action_dict(action: Action) -> dict[str, Any]:
 
 
 def activation_format(name: str | None) -> str | None:
-    """Canonical name of an activation format for W8A8 simulation (``int8``, ``fp8`` = E4M3).
+    """Canonical name of a layer input's format: a per-token one for W8A8 simulation
+    (``int8``, ``fp8`` = E4M3), or ``nvfp4``: NVFP4 in groups of 16 under a static tensor
+    scale calibrated on data (W4A4; compressed-tensors output with NVFP4 weights only).
 
     Raises:
         LowbitError: a format the per-token simulation cannot take (value sets, unsigned).
@@ -166,6 +168,8 @@ def activation_format(name: str | None) -> str | None:
     if name is None:
         return None
     key = str(name).strip().lower()
+    if key == "nvfp4":
+        return "nvfp4"
     fmt = _lookup({"fp8": "float8_e4m3fn"}.get(key, key))
     ok = (fmt.kind == "int" and getattr(fmt, "signed", False) and fmt.bits <= 16) or (
         fmt.kind == "float" and getattr(fmt, "signed", True) and getattr(fmt, "subnormals", True)
@@ -173,7 +177,7 @@ def activation_format(name: str | None) -> str | None:
     if not ok:
         raise LowbitError(
             f"activations {name!r}: per-token simulation takes signed integers (int8) or signed "
-            f"floats with subnormals (fp8_e4m3, fp8_e5m2), not {fmt.name}"
+            f"floats with subnormals (fp8_e4m3, fp8_e5m2), not {fmt.name}; W4A4 is nvfp4"
         )
     return fmt.name
 
