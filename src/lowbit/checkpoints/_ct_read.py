@@ -62,6 +62,22 @@ def unpack_int32(words: np.ndarray, num_bits: int, n: int) -> np.ndarray:
     return (u - (1 << (num_bits - 1))).astype(np.int8)
 
 
+def _input_mode(a: dict[str, Any]) -> str | None:
+    """The ``lowbit eval --act`` mode of a config group's ``input_activations`` (None: none
+    fits)."""
+    if not a.get("symmetric", True):
+        return None
+    bits, kind, strategy = a.get("num_bits"), a.get("type"), a.get("strategy")
+    dynamic, group = a.get("dynamic"), a.get("group_size")
+    if bits == 8 and strategy == "token" and dynamic is True:
+        return {"int": "int8", "float": "fp8_token"}.get(kind)
+    if (bits, kind, strategy, group, dynamic) == (8, "float", "group", 128, True):
+        return "fp8_block"
+    if (bits, kind, strategy, group, dynamic) == (4, "float", "tensor_group", 16, "local"):
+        return "nvfp4"
+    return None
+
+
 class CompressedTensorsFolder(Checkpoint):
     """A compressed-tensors folder (as lowbit writes them), read with dense weight names.
 
@@ -93,15 +109,16 @@ class CompressedTensorsFolder(Checkpoint):
         all_modules = {n.rsplit(".", 1)[0] for n in names}
         quantized = sorted({n.rsplit(".", 1)[0] for n in names if n.rsplit(".", 1)[-1] in _PARTS})
         self._groups: dict[str, dict[str, Any]] = {}
+        self._group_names: dict[str, str] = {}
         for m in quantized:
-            fits = [g for _, g in _ct_candidates(m, groups, all_modules)
+            fits = [(n, g) for n, g in _ct_candidates(m, groups, all_modules)
                     if _ct_check_weight(self._st, m, g) is None]  # fmt: skip
             if not fits:
                 raise LowbitError(
                     f"{self.path}: {m} is stored quantized but matches no config group "
                     f"(lowbit verify {self.path} says why)"
                 )
-            self._groups[m] = fits[0]
+            self._group_names[m], self._groups[m] = fits[0]
         self._infos: dict[str, TensorInfo] = {}
         for n in names:
             module, _, part = n.rpartition(".")
@@ -132,6 +149,42 @@ class CompressedTensorsFolder(Checkpoint):
         self._infos[name] = TensorInfo(
             name, shape, kind, sum(i.nbytes for i in infos), data.file, data.offset
         )
+
+    def input_activations(self) -> dict[str, tuple[str, Any]]:
+        """How each quantized module's input is quantized when served, from its config
+        group's ``input_activations``: module -> ``(mode, scale)``, mode ``int8`` /
+        ``fp8_token`` (dynamic per token, scale None), ``fp8_block`` (dynamic, groups of 128)
+        or ``nvfp4`` (W4A4: scale the stored float32 ``input_global_scale``); weight-only
+        modules are absent.
+
+        Raises:
+            LowbitError: input quantization lowbit cannot emulate (static INT8/FP8 scales,
+                asymmetric, other groups), naming the module and its group.
+        """
+        out: dict[str, tuple[str, Any]] = {}
+        raw = self.quantization_config.get("config_groups") or {}
+        for module, gname in self._group_names.items():
+            a = (raw.get(gname) or {}).get("input_activations")
+            if not a:
+                continue
+            mode = _input_mode(a)
+            if mode is None:
+                raise LowbitError(
+                    f"{self.path}: {module} (config group {gname}) declares input_activations "
+                    f"{a} that lowbit cannot emulate: it emulates dynamic per-token int8/fp8, "
+                    "fp8 groups of 128 and NVFP4 (static input_global_scale)"
+                )
+            scale = None
+            if mode == "nvfp4":
+                name = f"{module}.input_global_scale"
+                if name not in self._st.names():
+                    raise LowbitError(
+                        f"{self.path}: {module} declares NVFP4 input activations but stores no "
+                        "input_global_scale"
+                    )
+                scale = np.float32(np.ravel(np.asarray(self._st.get(name), np.float32))[0])
+            out[module] = (mode, scale)
+        return out
 
     def info(self, name: str) -> TensorInfo:
         try:

@@ -28,6 +28,7 @@ from lowbit.evaluation.act_modes import (
     simulate_act_mode,
     simulate_kv_cache,
     simulate_llamacpp_activations,
+    simulate_stored_activations,
 )
 from lowbit.evaluation.perplexity import (
     DEFAULT_BATCH,
@@ -73,12 +74,17 @@ class Variant:
     source: str = "memory"
     extra: dict[str, Any] = field(default_factory=dict)
     act_calibration: Any = None  # NVFP4 activations: token windows for the static input scales
+    #: a folder's own input quantization, emulated as served: ``{layer: (mode, scale)}``
+    #: (``CompressedTensorsFolder.input_activations``); ``activations`` simulates on top
+    stored_activations: Any = None
 
     def row(self) -> dict[str, Any]:
+        stored = sorted({m for m, _ in (self.stored_activations or {}).values()})
+        own = "+".join(stored) + " (stored)" if stored else None
         return {
             "name": self.name,
             "format": self.format,
-            "activations": self.activations,
+            "activations": self.activations or own,
             "bits_per_weight": self.bits_per_weight,
             "bytes": self.nbytes,
             "size_source": self.source,
@@ -86,13 +92,16 @@ class Variant:
         }
 
 
-def _act_context(model: Any, fmt: str | None, calibration: Any = None) -> Any:
+def _act_context(model: Any, fmt: str | None, calibration: Any = None, stored: Any = None) -> Any:
     """The simulation ``fmt`` names: a per-token format (``int8``, ``float8_e4m3fn``), an
-    ``lowbit eval --act`` mode, ``kv:MODE``, or several joined by ``+``."""
-    if fmt is None:
+    ``lowbit eval --act`` mode, ``kv:MODE``, or several joined by ``+``; with ``stored``, a
+    folder's own input quantization (:func:`simulate_stored_activations`) first."""
+    if fmt is None and not stored:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
-    for part in fmt.split("+"):
+    if stored:
+        stack.enter_context(simulate_stored_activations(model, stored))
+    for part in (fmt or "").split("+") if fmt else []:
         if part.startswith("kv:"):
             stack.enter_context(simulate_kv_cache(model, part[3:]))
         elif part == LLAMACPP:
@@ -115,6 +124,10 @@ def _with_activations(
     v = make()
     if act is None:
         return [v]
+    # a folder's own input quantization stays under a KV-cache-only simulation; an --act or
+    # --w8a8 mode replaces it (the twin is the folder's weights with the asked activations)
+    kv_only = all(p.startswith("kv:") for p in act.split("+"))
+    stored = v.stored_activations if kv_only else None
     plain = (
         "+" not in act
         and not act.startswith("kv:")
@@ -130,7 +143,10 @@ def _with_activations(
         nbytes=v.nbytes,
         source=v.source,
         act_calibration=calibration,
+        stored_activations=stored,
     )
+    if v.stored_activations and not kv_only:
+        twin.format += " in place of its stored activations"
     return [v, twin]
 
 
@@ -306,13 +322,13 @@ def _measure_causal(
     secs = 0.0
     cache.seek(0)
     shape_of = iter(shapes)
-    same = v.model is reference and v.activations is None
+    same = v.model is reference and v.activations is None and not v.stored_activations
     for group in batches:
         t0 = time.perf_counter()
         if same:
             logps = iter([None] * len(group))
         else:
-            with _act_context(v.model, v.activations, v.act_calibration):
+            with _act_context(v.model, v.activations, v.act_calibration, v.stored_activations):
                 logps = _batch_log_probs(v.model, tokens, group)
         secs += time.perf_counter() - t0
         for begin, end, first in group:
@@ -410,10 +426,10 @@ def _compare_encoder_groups(
     for make in groups:
         for v in make():
             t0 = time.perf_counter()
-            if v.model is reference and v.activations is None:
+            if v.model is reference and v.activations is None and not v.stored_activations:
                 a = ref
             else:
-                with _act_context(v.model, v.activations, v.act_calibration):
+                with _act_context(v.model, v.activations, v.act_calibration, v.stored_activations):
                     a = embed(v.model, tokenizer, sentences, **kw)
             cos = np.sum(a.astype(np.float64) * ref, axis=1)
             row = {

@@ -51,6 +51,7 @@ __all__ = [
     "simulate_act_mode",
     "simulate_kv_cache",
     "simulate_llamacpp_activations",
+    "simulate_stored_activations",
 ]
 
 #: ``lowbit eval --act llamacpp``: a GGUF's activations as llama.cpp's CPU backend rounds them.
@@ -119,6 +120,42 @@ def simulate_act_mode(
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def simulate_stored_activations(
+    model: Any, layers: Mapping[str, tuple[str, Any]]
+) -> Iterator[list[str]]:
+    """Within the ``with`` block each named layer's input is fake-quantized as a folder
+    declares it (``CompressedTensorsFolder.input_activations``): ``{layer: (mode, scale)}``,
+    mode one of :data:`ACT_MODES`, scale NVFP4's stored ``input_global_scale`` (else None).
+    Only those layers are hooked: the folder's unquantized ones (the LM head) run as stored.
+
+    Yields:
+        The names of the layers hooked.
+
+    Raises:
+        LowbitError: a layer the model does not have.
+    """
+    modules = dict(model.named_modules())
+    with contextlib.ExitStack() as stack:
+        for name, (mode, scale) in layers.items():
+            if name not in modules:
+                raise LowbitError(
+                    f"{name}: the folder quantizes its input, the model has no such layer"
+                )
+            mode = act_mode(mode)
+
+            def hook(
+                _m: Any, args: tuple[Any, ...], mode: str = mode, g: Any = scale, name: str = name
+            ) -> tuple[Any, ...]:
+                try:
+                    return (fake_quantize_activation(args[0], mode, g), *args[1:])
+                except LowbitError as exc:
+                    raise LowbitError(f"{name}: {exc}") from None
+
+            stack.callback(modules[name].register_forward_pre_hook(hook).remove)
+        yield list(layers)
 
 
 @contextmanager

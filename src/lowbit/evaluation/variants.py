@@ -186,14 +186,26 @@ def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
         )
     ckpt = open_checkpoint(path)
     names = _default_quantized(ckpt)
+    fmt = f"{_dominant_dtype(ckpt, names)} {ckpt.format}"
+    extra: dict[str, Any] = {"path": str(path)}
+    # a compressed-tensors folder that declares input quantization (W8A8, W4A4) is measured
+    # with its inputs quantized as served, NVFP4's with its stored input_global_scale
+    stored = getattr(ckpt, "input_activations", dict)()
+    if stored:
+        modes = sorted({m for m, _ in stored.values()})
+        how = "/".join(modes) + " activations as stored"
+        how += " (input_global_scale)" if "nvfp4" in modes else " (dynamic)"
+        fmt += f" + {how}"
+        extra["activations_applied"] = f"{how} on {len(stored)} layers"
     return Variant(
         name=path.name,
-        format=f"{_dominant_dtype(ckpt, names)} {ckpt.format}",
+        format=fmt,
         model=build_model(ckpt, progress=progress),
         bits_per_weight=_stored_bits(ckpt, names),
         nbytes=ckpt.nbytes,
         source="disk",
-        extra={"path": str(path)},
+        extra=extra,
+        stored_activations=stored or None,
     )
 
 
