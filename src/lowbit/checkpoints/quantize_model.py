@@ -141,13 +141,6 @@ def plan_model(
     if gguf_rounding not in ("auto", "llama.cpp"):
         raise LowbitError(f"gguf_rounding must be 'auto' or 'llama.cpp', got {gguf_rounding!r}")
     applied = plan.apply(checkpoint_tensors(checkpoint), source=str(checkpoint.path.name))
-    w4a4 = [t for t in applied.quantized if t.activations == "nvfp4"]
-    if w4a4 and out_format != "compressed-tensors":
-        raise LowbitError(
-            f"tensor {w4a4[0].name!r}: NVFP4 activations (W4A4) are written to compressed-tensors "
-            f"only (their static input scales are its input_global_scale), not {out_format}: "
-            "write --out-format compressed-tensors, or drop --activations nvfp4"
-        )
     if out_format == "compressed-tensors":
         check_ct(applied, checkpoint)
     elif out_format == "gguf":
@@ -234,6 +227,13 @@ def quantize_model(
     start = time.perf_counter()
     ckpt = open_model(model)
     applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)
+    w4a4 = [t for t in applied.quantized if t.activations == "nvfp4"]
+    if w4a4 and out_format != "compressed-tensors":
+        raise LowbitError(
+            f"tensor {w4a4[0].name!r}: NVFP4 activations (W4A4) are written to compressed-tensors "
+            f"only (their static input scales are its input_global_scale), not {out_format}: "
+            "write --out-format compressed-tensors, or drop --activations nvfp4"
+        )
     ruled = [t for t in applied.quantized if t.method not in (None, "rtn")]
     if weights is None and ruled:  # rounding them to nearest would ignore what the rule says
         raise LowbitError(
