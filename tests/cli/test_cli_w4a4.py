@@ -197,3 +197,22 @@ def test_library_refuses_w4a4_without_scales(folders: dict[str, Any], tmp_path: 
                        progress=False)  # fmt: skip
     with pytest.raises(LowbitError, match="compressed-tensors only"):
         quantize_model(folders["hf"], plan, tmp_path / "b", progress=False)
+
+
+def test_gguf_source(tmp_path: Path) -> None:
+    """A GGUF source's W4A4 folder holds the W4A16 folder's tensors (q/k rows put back in the
+    transformers order with their NVFP4 group scales) plus one input_global_scale per layer."""
+    from tiny_models import save_gguf
+
+    gguf = save_gguf(tiny_llama(seed=3), tmp_path / "t.gguf", embedding="F32")
+    base = ["quantize", str(gguf), "--to", "nvfp4", "--out-format", "compressed-tensors", *CAL]
+    assert main([*base, "--activations", "nvfp4", "--out", str(tmp_path / "a4")]) == 0
+    assert main([*base, "--out", str(tmp_path / "a16")]) == 0
+    a4, a16 = _raw(tmp_path / "a4"), _raw(tmp_path / "a16")
+    assert sorted(set(a4) - set(a16)) == sorted(
+        f"model.layers.{i}.{m}.input_global_scale" for i in (0, 1)
+        for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    )  # fmt: skip
+    for n in a16:
+        assert torch.equal(a4[n], a16[n]), n

@@ -447,12 +447,14 @@ def _rows_permuted(qt: Any, permute: Any) -> Any:
 
     if qt._dq is not None:
         raise LowbitError("double-quantized scales cannot be reordered; write a lowbit checkpoint")
+    ts = None if qt.tensor_scale is None else (move(qt.group_scale), qt.tensor_scale)
     return QuantizedTensor(
         codes=_pack_unchecked(np.ascontiguousarray(raw[order]).reshape(-1), qt.format.bits),
         scale=move(qt.scale),
         zero_point=move(qt.zero_point),
         shape=qt.shape,
         scheme=qt.scheme,
+        ts=ts,  # NVFP4: the group scales move with their rows, the tensor scale stays
     )
 
 
