@@ -104,6 +104,37 @@ def test_rotated_unquantized_model_keeps_the_logits(tmp_path: Path) -> None:
             assert (build_model(ckpt, weights=weights)(ids).logits - ref).abs().max() > 1e-2
 
 
+def test_eval_hadamard_fold_rows(tmp_path: Path) -> None:
+    """--methods hadamard-fold,hadamard-fold+gptq: rows of the v -> o folded model, rounded and
+    GPTQ'd; with 8-bit groups the folded row stays next to the original (the fold is exact);
+    the record says the block and the pairs; a block straddling heads fails before any pass."""
+    from lowbit.calibration.data import Calibration
+    from lowbit.evaluation.variants import evaluate_variants
+
+    hf = save_hf_folder(tiny_llama(), tmp_path / "hf")  # heads of 16 channels
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i % 17} and {i}" for i in range(2000)))
+    calib = Calibration(source=str(text), samples=4, length=40)
+    kw = {"tokens": 120, "window": 40, "text": text, "threads": 1, "progress": False}
+    res = evaluate_variants(hf, [], ["int8:g16", "nvfp4"],
+                            methods=["rtn", "hadamard-fold", "hadamard-fold+gptq"],
+                            calibration=calib, **kw)  # fmt: skip
+    rows = {r["name"]: r for r in res["rows"]}
+    assert list(rows) == ["original", "int8:g16", "int8:g16 hadamard-fold",
+                          "int8:g16 hadamard-fold+gptq", "nvfp4", "nvfp4 hadamard-fold",
+                          "nvfp4 hadamard-fold+gptq"]  # fmt: skip
+    assert rows["int8:g16 hadamard-fold"]["kl_mean"] < 1e-3
+    fold = {"kind": "block-hadamard", "where": "v_proj -> o_proj", "block": 16, "pairs": 2}
+    assert rows["nvfp4 hadamard-fold"]["fold"] == fold
+    assert rows["nvfp4 hadamard-fold+gptq"]["fold"] == fold
+    g = rows["nvfp4 hadamard-fold+gptq"]
+    assert g["layer_error_gptq"] < g["layer_error_rtn"]
+    assert rows["nvfp4 hadamard-fold"]["bits_per_weight"] == rows["nvfp4"]["bits_per_weight"]
+    assert rows["nvfp4 hadamard-fold"]["kl_mean"] != rows["nvfp4"]["kl_mean"]
+    with pytest.raises(LowbitError, match="blocks of 32"):
+        evaluate_variants(hf, [], ["mxfp4"], methods=["hadamard-fold"], **kw)
+
+
 def test_eval_mr_gptq_rows(tmp_path: Path) -> None:
     """--methods rtn,hadamard+gptq with --act mxfp4: MR-GPTQ's row and its W4A4 twin, its
     weights in the rotated basis with every quantized layer's input rotated online."""

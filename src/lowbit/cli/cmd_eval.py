@@ -40,6 +40,8 @@ examples:
                                                 W8A8 with and without SmoothQuant
   lowbit eval --schemes mxfp4 --methods rtn,hadamard+gptq --act mxfp4
                                                 W4A4: round to nearest vs MR-GPTQ
+  lowbit eval minilm --schemes mxfp4 --methods rtn,hadamard-fold --act mxfp4
+                                                the v -> o rotation folded offline
   lowbit eval --schemes nvfp4 --act nvfp4 --smooth
                                                 NVFP4 W4A4 with and without SmoothQuant
 """
@@ -89,7 +91,9 @@ def register(sub: Any) -> None:
         default="rtn",
         help="how each scheme is quantized: rtn (round to nearest, default), gptq, awq "
         "(calibrated), hadamard (block Hadamard rotations sized to the scale group, inputs "
-        "rotated online), hadamard+gptq (MR-GPTQ: GPTQ in the rotated basis); "
+        "rotated online), hadamard+gptq (MR-GPTQ: GPTQ in the rotated basis), hadamard-fold, "
+        "hadamard-fold+gptq (the rotation folded offline into attention's v -> o "
+        "projections, exact, no runtime rotation; then rtn or GPTQ); "
         "'rtn,gptq,awq' gives their rows side by side",
     )
     add_calibration_options(
@@ -166,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                 "--act MODE"
             )
         smooth = SmoothQuant(alpha=parse_alpha(args.smooth), activations=args.w8a8 or args.act)
-    if wanted & {"gptq", "awq", "hadamard+gptq"} or smooth is not None:
+    if wanted & {"gptq", "awq", "hadamard+gptq", "hadamard-fold+gptq"} or smooth is not None:
         calibration = calibration_of(args)
         gptq = GPTQ(act_order=args.act_order, sequential=args.sequential)
         awq = AWQ(clip=not args.no_clip)

@@ -19,13 +19,19 @@ from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import Variant
 from lowbit.methods.hadamard import rotate_rows, rotation_block
-from lowbit.methods.hadamard_fold import fold_v_o, head_dim_of, v_o_pairs
+from lowbit.methods.hadamard_fold import (
+    VOPair,
+    check_fold_block,
+    fold_v_o,
+    head_dim_of,
+    v_o_pairs,
+)
 from lowbit.models.build import attach_rotations, build_model
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label
 from lowbit.quant.tensor import quantize
 
-__all__ = ["fold_checkpoint", "folded_variant", "rotate_inputs", "rotated_variant"]
+__all__ = ["fold_checkpoint", "fold_pairs", "folded_variant", "rotate_inputs", "rotated_variant"]
 
 
 def rotate_inputs(model: Any, checkpoint: Any, blocks: Mapping[str, int]) -> list[str]:
@@ -103,6 +109,20 @@ def fold_checkpoint(checkpoint: Any, block: int) -> tuple[Checkpoint, dict[str, 
             divide the head size.
     """
     ckpt = open_model(checkpoint)
+    hf_of, pairs, head_dim = fold_pairs(ckpt, block)
+    folded = fold_v_o(lambda n: ckpt.get(hf_of[n]), pairs, head_dim, block)
+    record = {"kind": "block-hadamard", "where": "v_proj -> o_proj", "block": int(block),
+              "pairs": len(pairs)}  # fmt: skip
+    return ReplacedCheckpoint(ckpt, {hf_of[n]: a for n, a in folded.items()}), record
+
+
+def fold_pairs(ckpt: Checkpoint, block: int) -> tuple[dict[str, str], list[VOPair], int]:
+    """What :func:`fold_checkpoint` folds, checked without reading a tensor: transformers
+    name -> checkpoint name, the value -> output pairs (transformers names) and the head size.
+
+    Raises:
+        LowbitError: as :func:`fold_checkpoint`.
+    """
     hf_of = {}
     for name in ckpt.names():
         try:
@@ -110,10 +130,9 @@ def fold_checkpoint(checkpoint: Any, block: int) -> tuple[Checkpoint, dict[str, 
         except LowbitError:
             continue  # no transformers counterpart (rope_freqs ...): never a projection
     pairs = v_o_pairs(hf_of, (ckpt.config or {}).get("model_type"))
-    folded = fold_v_o(lambda n: ckpt.get(hf_of[n]), pairs, head_dim_of(ckpt.config), block)
-    record = {"kind": "block-hadamard", "where": "v_proj -> o_proj", "block": int(block),
-              "pairs": len(pairs)}  # fmt: skip
-    return ReplacedCheckpoint(ckpt, {hf_of[n]: a for n, a in folded.items()}), record
+    head_dim = head_dim_of(ckpt.config)
+    check_fold_block(head_dim, block)
+    return hf_of, pairs, head_dim
 
 
 def folded_variant(

@@ -69,9 +69,10 @@ from lowbit.evaluation.perplexity import (
     _fidelity_sentences,
     load_text,
 )
-from lowbit.evaluation.rotated import rotated_variant
+from lowbit.evaluation.rotated import fold_pairs, folded_variant, rotated_variant
 from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
+from lowbit.methods.hadamard import rotation_block
 from lowbit.methods.mr_gptq import MRGPTQ
 from lowbit.methods.smoothquant import SmoothQuant
 from lowbit.models._compute import check_compute
@@ -209,7 +210,7 @@ def _disk_variant(path: Path, original: Any, progress: bool | None) -> Variant:
     )
 
 
-METHODS = ("rtn", "gptq", "awq", "hadamard", "hadamard+gptq")
+METHODS = ("rtn", "gptq", "awq", "hadamard", "hadamard+gptq", "hadamard-fold", "hadamard-fold+gptq")
 
 
 def _methods(methods: Sequence[str]) -> list[str]:
@@ -301,7 +302,10 @@ def evaluate_variants(
             ``awq``, ``hadamard`` (``lowbit.evaluation.rotated``), ``hadamard+gptq``
             (MR-GPTQ, :class:`lowbit.methods.mr_gptq.MRGPTQ` with ``gptq``'s settings: GPTQ
             in the block-Hadamard-rotated basis, inputs rotated online; rows
-            ``"{scheme} hadamard+gptq"``).
+            ``"{scheme} hadamard+gptq"``), ``hadamard-fold`` and ``hadamard-fold+gptq``
+            (the rotation folded offline into every value -> output projection pair,
+            ``lowbit.methods.hadamard_fold``, then rounded to nearest or GPTQ'd with
+            ``gptq``'s settings; no rotation at run time).
         calibration: GPTQ's, AWQ's and SmoothQuant's calibration data (``lowbit.calibration.data.Calibration``;
             default: the default text from token 32,768, never a token or sentence this
             evaluation measures).
@@ -360,6 +364,9 @@ def evaluate_variants(
         smooth = None
     label, body = load_text(text)
     ckpt = open_model(model)
+    if {"hadamard-fold", "hadamard-fold+gptq"} & set(methods):  # refused before any pass
+        for spec in schemes:
+            fold_pairs(ckpt, rotation_block(variant_plan(spec).default))
     tokenizer = build_tokenizer(ckpt)
     reference = build_model(ckpt, progress=progress)
     names = _default_quantized(ckpt)
@@ -392,6 +399,18 @@ def evaluate_variants(
             makers.append(
                 lambda spec=spec: rotated_variant(ckpt, variant_plan(spec), spec, progress)
             )
+        for how, make in (
+            ("hadamard-fold", lambda c, spec: _scheme_variant(c, spec, progress)),
+            ("hadamard-fold+gptq", lambda c, spec: _gptq_variant(
+                c, spec, calibration, base_gptq, text, tokens, body, label, causal, sentences,
+                seed, threads, progress, compute)),
+        ):  # fmt: skip
+            if how in methods:
+                makers.append(
+                    lambda spec=spec, how=how, make=make: folded_variant(
+                        ckpt, variant_plan(spec), spec, how, lambda c: make(c, spec)
+                    )
+                )
         for how, cfg in (
             ("gptq", gptq),
             ("hadamard+gptq", mr),

@@ -34,7 +34,7 @@ from lowbit.errors import LowbitError
 from lowbit.methods.folds import _FAMILY, FOLDS, FoldKind, fold_family, head_repeat
 from lowbit.methods.hadamard import rotate_rows
 
-__all__ = ["VOPair", "fold_v_o", "head_dim_of", "v_o_pairs"]
+__all__ = ["VOPair", "check_fold_block", "fold_v_o", "head_dim_of", "v_o_pairs"]
 
 #: model_type -> the :data:`~lowbit.methods.folds.FOLDS` family whose value -> output fold
 #: holds for it as well (Gemma's norms ``x * (1 + w)`` keep it out of the scale-fold table;
@@ -123,11 +123,7 @@ def fold_v_o(
             would mix heads that different query heads read), or widths that are not whole
             heads.
     """
-    if head_dim < 1 or head_dim % block:
-        raise LowbitError(
-            f"heads of {head_dim} channels do not split into Hadamard blocks of {block}: the "
-            "value -> output fold needs a block that divides the head size"
-        )
+    check_fold_block(head_dim, block)
     out: dict[str, np.ndarray] = {}
     for p in pairs:
         wv = np.asarray(get(p.v_weight), dtype=np.float64)
@@ -142,6 +138,20 @@ def fold_v_o(
             out[p.v_bias] = rotate_rows(bv, block).astype(np.float32)
         out[p.o_weight] = rotate_rows(wo, block).astype(np.float32)
     return out
+
+
+def check_fold_block(head_dim: int, block: int) -> None:
+    """Refuse a block that does not divide the head size (it would straddle two heads, which
+    different query heads read).
+
+    Raises:
+        LowbitError: such a block.
+    """
+    if head_dim < 1 or head_dim % block:
+        raise LowbitError(
+            f"heads of {head_dim} channels do not split into Hadamard blocks of {block}: the "
+            "value -> output fold needs a block that divides the head size"
+        )
 
 
 def head_dim_of(config: Mapping[str, Any] | None) -> int:
