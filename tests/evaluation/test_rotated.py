@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -214,3 +215,66 @@ def test_quantize_mr_gptq_records_the_rotation(tmp_path: Path) -> None:
         a, b, c = model(ids).logits, plain(ids).logits, unrotated(ids).logits
     assert (a - b).abs().max() > 1e-2
     torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
+def test_quantize_hadamard_fold_any_format(tmp_path: Path, capsys: Any) -> None:
+    """lowbit quantize --method hadamard-fold: compressed-tensors and GGUF written from the
+    v -> o folded weights (load_model gives eval's hadamard-fold model), the fold in --json and
+    the lowbit manifest, no online rotation recorded; hadamard-fold+gptq records GPTQ and the
+    fold; a block straddling heads is refused in one line."""
+    import json
+
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.cli import main
+    from lowbit.evaluation.calibrated_variants import variant_plan
+    from lowbit.evaluation.rotated import fold_checkpoint, folded_variant
+    from lowbit.evaluation.variants import _scheme_variant
+    from lowbit.models.build import load_model
+    from tiny_models import save_gguf
+
+    src = save_hf_folder(tiny_llama(), tmp_path / "hf")  # heads of 16 channels
+    fold = {"kind": "block-hadamard", "where": "v_proj -> o_proj", "block": 16, "pairs": 2}
+    ct = tmp_path / "ct"
+    capsys.readouterr()
+    assert main(["quantize", str(src), "--to", "nvfp4", "--method", "hadamard-fold", "--out",
+                 str(ct), "--out-format", "compressed-tensors", "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["method"] == {"method": "rtn", "fold": fold}
+    folded, _ = fold_checkpoint(open_checkpoint(src), 16)
+    for n in ("model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight"):
+        got = np.asarray(open_checkpoint(ct).get(n), np.float32)  # NVFP4 of the folded weight
+        near, far = np.abs(got - folded.get(n)).max(), np.abs(got - folded.base.get(n)).max()
+        assert near < 0.05 < far
+    q = tmp_path / "q"
+    assert main(["quantize", str(src), "--to", "nvfp4", "--method", "hadamard-fold", "--out",
+                 str(q), "--no-progress"]) == 0  # fmt: skip
+    ckpt = LowbitCheckpoint(q)
+    assert ckpt.manifest["method"]["fold"] == fold and ckpt.rotations() == {}
+    ref = folded_variant(open_checkpoint(src), variant_plan("nvfp4"), "nvfp4", "hadamard-fold",
+                         lambda c: _scheme_variant(c, "nvfp4", False)).model  # fmt: skip
+    ids = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(load_model(q)(ids).logits, ref(ids).logits, rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+    # GGUF to GGUF (q8_0, groups of 32; a llama with heads of 32): the folded rows are stored
+    big = save_gguf(tiny_llama(hidden=128), tmp_path / "big.gguf")
+    gg = tmp_path / "m.gguf"
+    assert main(["quantize", str(big), "--to", "q8_0", "--method", "hadamard-fold", "--out",
+                 str(gg), "--out-format", "gguf", "--no-progress"]) == 0  # fmt: skip
+    folded, _ = fold_checkpoint(open_checkpoint(big), 32)
+    for n in ("blk.0.attn_v.weight", "blk.1.attn_output.weight"):
+        got = np.asarray(open_checkpoint(gg).get(n), np.float32)
+        near, far = np.abs(got - folded.get(n)).max(), np.abs(got - folded.base.get(n)).max()
+        assert near < 2e-3 < 1e-2 < far
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i % 17} and {i}" for i in range(2000)))
+    assert main(["quantize", str(src), "--to", "nvfp4", "--method", "hadamard-fold+gptq",
+                 "--calib", str(text), "--calib-samples", "4", "--calib-len", "40", "--out",
+                 str(tmp_path / "g"), "--no-progress", "--threads", "1"]) == 0  # fmt: skip
+    m = LowbitCheckpoint(tmp_path / "g").manifest["method"]
+    assert m["method"] == "gptq" and m["fold"] == fold
+    capsys.readouterr()
+    assert main(["quantize", str(src), "--to", "mxfp4", "--method", "hadamard-fold", "--out",
+                 str(tmp_path / "x")]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert "blocks of 32" in err and len(err.splitlines()) == 1

@@ -129,12 +129,14 @@ def register(sub: Any) -> None:
     p.add_argument("--plan", metavar="FILE", help="plan file (JSON/YAML) of ordered rules")
     p.add_argument(
         "--method",
-        choices=["rtn", "gptq", "awq", *_rotation.ROTATING],
+        choices=["rtn", "gptq", "awq", *_rotation.ROTATING, *_rotation.FOLDING],
         default="rtn",
         help="rtn: round to nearest (default); gptq, awq: calibrated (plan rules may name "
         "their own method); hadamard, hadamard+gptq (MR-GPTQ): weights stored in the block-"
         "Hadamard-rotated basis, the rotation recorded for lowbit.load_model/eval (lowbit "
-        "format only)",
+        "format only); hadamard-fold, hadamard-fold+gptq: the rotation folded offline into "
+        "attention's v -> o projections (exact, nothing to rotate at run time: every format), "
+        "then rounded to nearest or GPTQ'd",
     )
     add_calibration_options(p, needs="--w8a8 or --activations")  # and nvfp4's input scales
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
@@ -283,8 +285,9 @@ def _gptq(
     calib = calibration_of(args)
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=getattr(cfg, "name", "gptq").split("+")[-1]
-        if args.method in _rotation.ROTATING else args.method, threads=args.threads,
-        progress=progress, compute=args.compute, workers=args.workers, ray=args.ray,
+        if args.method in (*_rotation.ROTATING, *_rotation.FOLDING) else args.method,
+        threads=args.threads, progress=progress, compute=args.compute, workers=args.workers,
+        ray=args.ray,
     )  # fmt: skip
     if args.method == "hadamard+gptq":
         return _rotation.unwrap(run.weights, run.record)
@@ -354,25 +357,32 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give a folder (or .gguf file) to write")
     out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
-    done = method = record = None
+    done = method = record = fold = None
     source = ckpt
     _rotation.check_rotation(args)
     if args.method == "hadamard":
         done, record = _rotation.rotated_rtn(ckpt, applied)
     # rule methods run their method without --method; gptq and awq never mix (one run)
-    base = {"hadamard": "rtn", "hadamard+gptq": "gptq"}.get(args.method, args.method)
+    base = {"hadamard": "rtn", "hadamard+gptq": "gptq", "hadamard-fold": "rtn",
+            "hadamard-fold+gptq": "gptq"}.get(args.method, args.method)  # fmt: skip
     named = calibrated_method([t.method for t in applied.quantized], base)
-    if args.method == "hadamard" and named != "rtn":
+    if args.method in ("hadamard", "hadamard-fold") and named != "rtn":
         raise LowbitError(
-            f"--method hadamard rounds to nearest, but plan rules ask for {named}: give them "
-            "method: rtn, or use --method hadamard+gptq"
+            f"--method {args.method} rounds to nearest, but plan rules ask for {named}: give "
+            f"them method: rtn, or use --method {args.method}+gptq"
         )
+    if args.method in _rotation.FOLDING:
+        source, fold = _rotation.fold_source(ckpt, plan)
+        if args.method == "hadamard-fold":
+            record = {"method": "rtn", "fold": fold}
     if args.smooth is not None or "awq" in (args.method, named):
         with clock.part("calibration"):
             source, done, method = awq_run(args, ckpt, plan, applied, out, progress)
     elif "gptq" in (base, named):
         with clock.part("calibration"):
-            done, method = _gptq(args, ckpt, plan, out, progress)
+            done, method = _gptq(args, source, plan, out, progress)
+        if fold is not None:
+            method = {**method, "fold": fold}
     if method is not None:  # GPTQ's solve, AWQ's search: the rest is calibration
         sec = method.get("seconds", {})
         clock.split("calibration", {"solve": sec.get("solve", sec.get("search", 0.0))})
@@ -430,6 +440,9 @@ def run(args: argparse.Namespace) -> int:
     if (method or record or {}).get("rotation"):
         n = len(result["method"]["rotation"]["tensors"])
         print(f"  {n} tensors stored block-Hadamard-rotated (their inputs rotated online)")
+    if fold is not None:
+        print(f"  block-Hadamard rotation ({fold['block']}) folded into {fold['pairs']} "
+              "attention v -> o projection pairs (exact; nothing to rotate at run time)")  # fmt: skip
     print(f"  {_summary(applied, sizes, t)}")
     _print_files(result)
     if args.out_format == "lowbit":
