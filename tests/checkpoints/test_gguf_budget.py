@@ -180,7 +180,7 @@ def test_cli_bad_inputs(l256: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
         "candidates mix GGUF types",
     )
     _one_line(capsys, [*base, "--budget", "q4_k_m_like"], "a number of bits per quantized")
-    _one_line(capsys, [*base, "--size", "1MB", "--method", "gptq"], "no --method")
+    _one_line(capsys, [*base, "--size", "1MB", "--method", "awq"], "no other --method")
     _one_line(capsys, [*base, "--size", "1MB", "--budget", "4"], "not both")
     assert not (tmp_path / "x.gguf").exists()
 

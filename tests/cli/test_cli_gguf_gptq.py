@@ -87,3 +87,40 @@ def test_gptq_mix_refusals(source: tuple[Path, Path], tmp_path: Path) -> None:
     assert main([*base, "--method", "awq", "--out", str(tmp_path / "a.gguf")]) == 2
     (tmp_path / "b.gguf").write_bytes(b"x")
     assert main([*base, "--method", "gptq", "--out", str(tmp_path / "b.gguf")]) == 2
+
+
+def test_gptq_budget_writes_the_budget_types_gptqd(
+    source: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    """--size with --method gptq: the same trials choose the same types and bytes as the
+    rounded budget; GPTQ rounds every linear layer among them onto its chosen type (other
+    bytes than llama.cpp's rounding, lower layer error), the others stay llama.cpp's."""
+    src, text = source
+    size = str(int(src.stat().st_size * 0.15))  # between all Q3_K and all Q6_K
+    common = ["quantize", str(src), "--size", size, "--candidates", "Q3_K,Q4_K,Q6_K",
+              "--out-format", "gguf", "--calib", str(text), "--calib-samples", "3",
+              "--calib-len", "48", "--no-progress", "--json"]  # fmt: skip
+    rtn, gq = tmp_path / "rtn.gguf", tmp_path / "gptq.gguf"
+    assert main([*common, "--out", str(rtn)]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*common, "--method", "gptq", "--out", str(gq)]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["bytes"] == plain["bytes"] == gq.stat().st_size <= int(size)
+    types = {r["tensor"]: r["type"] for r in plain["tensors"]}
+    assert {r["tensor"]: r["type"] for r in done["tensors"]} == types
+    assert len(set(types.values()) & {"Q3_K", "Q4_K", "Q6_K"}) >= 2  # a mix, not one type
+    method = done["method"]
+    assert method["gptq_tensors"] == 14
+    assert method["mean_error"]["gptq"] < method["mean_error"]["rtn"]
+    a, b = gguf.GGUFReader(rtn), gguf.GGUFReader(gq)
+    theirs = {t.name: t for t in b.tensors}
+    moved = 0
+    for t in a.tensors:
+        u = theirs[t.name]
+        assert u.tensor_type == t.tensor_type, t.name
+        same = np.asarray(t.data).tobytes() == np.asarray(u.data).tobytes()
+        if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2:
+            moved += not same
+        else:
+            assert same, t.name
+    assert moved == 14

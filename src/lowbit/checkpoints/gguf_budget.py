@@ -366,9 +366,11 @@ def write_gguf_types(
     vectors: Mapping[str, np.ndarray] | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
+    weights: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the plan's GGUF as the mixes are written (source metadata copied, kept tensors
-    byte for byte, the others quantized with llama.cpp's bytes and their importance vectors).
+    byte for byte, the others quantized with llama.cpp's bytes and their importance vectors;
+    ``weights``: blocks already made for some of them, GPTQ's, written as given).
 
     Returns:
         ``{"path", "bytes", "seconds"}``.
@@ -379,7 +381,7 @@ def write_gguf_types(
     start = time.perf_counter()
     path = write_gguf(
         out,
-        _Tensors(ckpt, plan.types, dict(vectors or {})),
+        _Tensors(ckpt, plan.types, dict(vectors or {}), weights),
         source=ckpt.path,
         metadata=_metadata(plan.file_type),
         overwrite=overwrite,

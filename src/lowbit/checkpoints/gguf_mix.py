@@ -30,7 +30,7 @@ from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, grids, mixes
 from lowbit.methods._ggml_gptq import GgmlTarget
 
-__all__ = ["gguf_mix_types", "gptq_targets", "write_gguf_mix"]
+__all__ = ["gguf_mix_types", "gguf_targets", "gptq_targets", "write_gguf_mix"]
 
 _FLOATS = {"F32", "F16", "BF16"}
 
@@ -105,12 +105,21 @@ def gptq_targets(
     """
     m = mixes.mix(mix_name)
     types = gguf_mix_types(ckpt, m.name, has_imatrix=imatrix is not None, **options)
-    vectors = _vectors(ckpt, types, imatrix, m.name)
+    return gguf_targets(ckpt, types, _vectors(ckpt, types, imatrix, m.name))
+
+
+def gguf_targets(
+    ckpt: Any, types: Mapping[str, str], vectors: Mapping[str, np.ndarray] | None = None
+) -> dict[str, GgmlTarget]:
+    """What GPTQ rounds onto when ``types`` (tensor -> GGUF type: a mix's, a solved budget's)
+    are written: every 2-D tensor requantized to a type with per-block scales
+    (:data:`lowbit.ggml.grids.GPTQ_TYPES`), with its importance vector where ``vectors`` has
+    one (else GPTQ uses its Hessian's diagonal)."""
     out = {}
     for name, t in types.items():
         info = ckpt.info(name)
         if len(info.shape) == 2 and t in grids.GPTQ_TYPES and t != info.dtype.upper():
-            out[name] = GgmlTarget(t, vectors.get(name))
+            out[name] = GgmlTarget(t, (vectors or {}).get(name))
     return out
 
 

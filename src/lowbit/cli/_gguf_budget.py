@@ -5,7 +5,9 @@ the file within the budget (:mod:`lowbit.checkpoints.gguf_budget`: candidates, f
 file bytes; :mod:`lowbit.evaluation.gguf_sensitivity`: the trials). Candidates come from
 ``--candidates`` (or ``--schemes``) as GGUF type names, default
 :data:`~lowbit.checkpoints.gguf_budget.DEFAULT_CANDIDATES`; ``--imatrix`` is used by the trials
-and the writer alike. A lowbit scheme among them (``int4:g128``) is refused: a GGUF budget
+and the writer alike. With ``--method gptq`` the trials still round as llama.cpp does (they
+choose the types), and then GPTQ rounds every linear layer onto its chosen type, as it does
+onto a fixed mix's (:func:`lowbit.cli._gguf_mix.gptq_onto`). A lowbit scheme among them (``int4:g128``) is refused: a GGUF budget
 chooses among GGUF types.
 """
 
@@ -27,11 +29,12 @@ from lowbit.checkpoints.gguf_budget import (
     solve_gguf,
     write_gguf_types,
 )
+from lowbit.checkpoints.gguf_mix import gguf_targets
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.imatrix import read_imatrix
 from lowbit.checkpoints.quantize_model import open_model
 from lowbit.cli import _common
-from lowbit.cli._gguf_mix import gguf_source
+from lowbit.cli._gguf_mix import gguf_source, gptq_onto
 from lowbit.errors import LowbitError
 from lowbit.evaluation.gguf_sensitivity import gguf_sensitivity
 from lowbit.evaluation.scan_samples import scan_samples
@@ -84,8 +87,11 @@ def _check(args: argparse.Namespace) -> tuple[float | None, int | None]:
                 f"--{flag.replace('_', '-')} does not apply to a GGUF budget (--budget/--size "
                 "with --out-format gguf choose each tensor's llama.cpp type)"
             )
-    if getattr(args, "method", "rtn") != "rtn" or getattr(args, "asym", False):
-        raise LowbitError("a GGUF budget rounds as llama.cpp does (no --method, no --asym)")
+    if getattr(args, "method", "rtn") not in ("rtn", "gptq") or getattr(args, "asym", False):
+        raise LowbitError(
+            "a GGUF budget rounds as llama.cpp does, or with --method gptq onto the chosen "
+            "types (no other --method, no --asym)"
+        )
     if getattr(args, "measure", "exact") != "exact":
         raise LowbitError("a GGUF budget measures each trial exactly; drop --measure")
     if getattr(args, "workers", 1) != 1:
@@ -169,9 +175,16 @@ def _run(
         "damages": sens.damages,  # every option measured, {tensor: {type: damage}}
     }
     if not args.dry_run:
+        done = None
+        if getattr(args, "method", "rtn") == "gptq":  # onto the types the trials chose
+            targets = gguf_targets(ckpt, plan.types, vectors)
+            done, doc["method"] = gptq_onto(args, ckpt, targets, imatrix is not None, progress)
+            seconds["gptq"] = doc["method"]["seconds"].get("total", sum(
+                doc["method"]["seconds"].values()))  # fmt: skip
         written = write_gguf_types(
-            ckpt, out, plan, vectors=vectors, overwrite=args.overwrite, progress=progress
-        )
+            ckpt, out, plan, vectors=vectors, overwrite=args.overwrite, progress=progress,
+            weights=done,
+        )  # fmt: skip
         seconds["write"] = written["seconds"]
         doc = {"path": written["path"], "bytes": written["bytes"], **doc}
     seconds["total"] = time.perf_counter() - start
@@ -205,6 +218,13 @@ def _print(doc: dict[str, Any], plan: Any, dry_run: bool) -> None:
         f"at most {a.gap:.3e} above the best choice within the budget; calibration "
         f"{doc['calibration']}; {doc['seconds']['total']:.1f} s"
     )
+    m = doc.get("method")
+    if m is not None:
+        print(
+            f"gptq onto the chosen types: {m['gptq_tensors']} tensors, layer-output error "
+            f"{m['mean_error']['gptq']:.4g} (llama.cpp's rounding {m['mean_error']['rtn']:.4g}), "
+            f"importance: {m['importance']}"
+        )
     if dry_run:
         print("Dry run: nothing written.")
     else:

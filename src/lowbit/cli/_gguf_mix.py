@@ -230,6 +230,18 @@ def _gptq(
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     targets = gptq_targets(ckpt, mix_name, imatrix=imatrix, **options)
+    return gptq_onto(args, ckpt, targets, imatrix is not None, progress)
+
+
+def gptq_onto(
+    args: argparse.Namespace,
+    ckpt: Any,
+    targets: dict[str, Any],
+    importance: bool,
+    progress: bool | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """GPTQ of ``targets`` (tensor -> :class:`~lowbit.methods._ggml_gptq.GgmlTarget`) with the
+    options' calibration: the GGUF blocks of the tensors it rounded, and its record."""
     cfg = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
     compute = _common.compute_option(args.compute)
     run = gptq_weights(
@@ -242,7 +254,7 @@ def _gptq(
     record = {
         **cfg.to_dict(),
         "gptq_tensors": len(done),
-        "importance": "importance matrix" if imatrix is not None else "diag(H)",
+        "importance": "importance matrix" if importance else "diag(H)",
         "mean_error": mean,
         "layers": run.layers,
         "calibration": run.calibration,
