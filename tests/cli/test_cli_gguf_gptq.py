@@ -99,7 +99,8 @@ def test_gptq_budget_writes_the_budget_types_gptqd(
     size = str(int(src.stat().st_size * 0.15))  # between all Q3_K and all Q6_K
     common = ["quantize", str(src), "--size", size, "--candidates", "Q3_K,Q4_K,Q6_K",
               "--out-format", "gguf", "--calib", str(text), "--calib-samples", "3",
-              "--calib-len", "48", "--no-progress", "--json"]  # fmt: skip
+              "--calib-len", "48", "--scan-samples", "2", "--scan-len", "32", "--no-progress",
+              "--json"]  # fmt: skip
     rtn, gq = tmp_path / "rtn.gguf", tmp_path / "gptq.gguf"
     assert main([*common, "--out", str(rtn)]) == 0
     plain = json.loads(capsys.readouterr().out)
@@ -109,6 +110,8 @@ def test_gptq_budget_writes_the_budget_types_gptqd(
     types = {r["tensor"]: r["type"] for r in plain["tensors"]}
     assert {r["tensor"]: r["type"] for r in done["tensors"]} == types
     assert len(set(types.values()) & {"Q3_K", "Q4_K", "Q6_K"}) >= 2  # a mix, not one type
+    assert done["calibration"].startswith("2 x 32 tokens")  # the trials: --scan-*
+    assert done["method"]["calibration"]["tokens"] == 3 * 48  # GPTQ: --calib-*
     method = done["method"]
     assert method["gptq_tensors"] == 14
     assert method["mean_error"]["gptq"] < method["mean_error"]["rtn"]

@@ -165,6 +165,8 @@ def replay(args: argparse.Namespace, plan_file: Path) -> list[str]:
         ("--calib", args.calib, "default"),
         ("--calib-samples", args.calib_samples, None),
         ("--calib-len", args.calib_len, None),
+        ("--scan-samples", getattr(args, "scan_samples", None), None),
+        ("--scan-len", getattr(args, "scan_len", None), None),
         ("--act-order", args.act_order, "static"),
         ("--sequential", args.sequential, "layers"),
         ("--damp", args.damp, 0.01),

@@ -35,6 +35,7 @@ from lowbit.checkpoints.imatrix import read_imatrix
 from lowbit.checkpoints.quantize_model import open_model
 from lowbit.cli import _common
 from lowbit.cli._gguf_mix import gguf_source, gptq_onto
+from lowbit.cli._scan import scan_windows
 from lowbit.errors import LowbitError
 from lowbit.evaluation.gguf_sensitivity import gguf_sensitivity
 from lowbit.evaluation.scan_samples import scan_samples
@@ -147,10 +148,10 @@ def _run(
     options = budget_options(ckpt, types)
     imatrix = read_imatrix(args.imatrix) if getattr(args, "imatrix", None) else None
     vectors = budget_vectors(ckpt, options, imatrix) if imatrix is not None else {}
+    samples, length = scan_windows(args)
     calib = scan_samples(
-        "causal", build_tokenizer(ckpt), args.calib, samples=args.calib_samples,
-        length=args.calib_len or 512,
-    )  # fmt: skip
+        "causal", build_tokenizer(ckpt), args.calib, samples=samples, length=length
+    )
     total = sum(len(v) for v in options.values())
     with progress_bar(total, progress, "GGUF trials", "trial") as bar:
 

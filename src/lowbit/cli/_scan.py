@@ -39,7 +39,36 @@ def add_scan_options(
     )
     if calib:  # lowbit quantize has them already (GPTQ's, same meaning)
         _calib_options(p)
+    else:  # the trials need far fewer windows than GPTQ; by default they share them
+        p.add_argument(
+            "--scan-samples",
+            type=int,
+            metavar="N",
+            help="windows (sentences) the sensitivity trials run on (default: --calib-samples)",
+        )
+        p.add_argument(
+            "--scan-len",
+            type=int,
+            metavar="L",
+            help="tokens per trial window (default: --calib-len)",
+        )
     _trial_options(p, measure)
+
+
+def scan_windows(args: argparse.Namespace) -> tuple[int | None, int]:
+    """The trials' ``(samples, length)``: ``--scan-samples``/``--scan-len`` where given (lowbit
+    quantize), else ``--calib-samples``/``--calib-len``.
+
+    Raises:
+        LowbitError: a count or length below 1.
+    """
+    samples = getattr(args, "scan_samples", None) or args.calib_samples
+    length = getattr(args, "scan_len", None) or args.calib_len or 512
+    for flag, v in (("--scan-samples", getattr(args, "scan_samples", None)),
+                    ("--scan-len", getattr(args, "scan_len", None))):  # fmt: skip
+        if v is not None and v < 1:
+            raise LowbitError(f"{flag} must be a positive integer, got {v}")
+    return samples, length
 
 
 def _calib_options(p: argparse.ArgumentParser) -> None:
@@ -125,9 +154,8 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
     kind = "causal" if is_causal(ckpt) else "encoder"
     if proxy == "fisher" and kind != "causal":
         raise LowbitError("the fisher proxy needs a causal LM (its loss is next-token); use proxy")
-    calib = scan_samples(
-        kind, tokenizer, args.calib, samples=args.calib_samples, length=args.calib_len or 512
-    )
+    samples, length = scan_windows(args)
+    calib = scan_samples(kind, tokenizer, args.calib, samples=samples, length=length)
     with progress_bar(None, progress, f"sensitivity ({args.measure})", "trial") as bar:
 
         def tick(done: int, total: int) -> None:
