@@ -216,3 +216,30 @@ def test_gguf_source(tmp_path: Path) -> None:
     )  # fmt: skip
     for n in a16:
         assert torch.equal(a4[n], a16[n]), n
+
+
+@pytest.mark.parametrize(("w8a8", "mode"), [("int8", "int8"), ("fp8", "fp8_token")])
+def test_eval_applies_stored_per_token_activations(
+    folders: dict[str, Any], tmp_path: Path, w8a8: str, mode: str
+) -> None:
+    """A W8A8 folder (int8 or fp8 weights per channel, dynamic per-token inputs) is measured
+    with its inputs quantized per token as declared: the perplexity of its weight-only twin
+    under the same per-token emulation, not the weight-only one."""
+    hf = folders["hf"]
+    a8, w8 = tmp_path / "a8", tmp_path / "w8"
+    base = ["quantize", str(hf), "--out-format", "compressed-tensors", "--no-progress"]
+    assert main([*base, "--w8a8", w8a8, "--out", str(a8)]) == 0
+    to = {"int8": "int8:ch", "fp8": "fp8_e4m3:ch"}[w8a8]
+    assert main([*base, "--to", to, "--out", str(w8)]) == 0
+    res = evaluate_variants(hf, [a8, w8], schemes=[], tokens=600, window=200, threads=1,
+                            progress=False)  # fmt: skip
+    rows = {r["name"]: r for r in res["rows"]}
+    assert rows["a8"]["activations"] == f"{mode} (stored)"
+    applied = rows["a8"]["activations_applied"]
+    assert applied == f"{mode} activations as stored (dynamic) on 14 layers"
+    tok = build_tokenizer(open_checkpoint(hf))
+    model = build_model(open_checkpoint(w8), progress=False)
+    with simulate_act_mode(model, mode):
+        want = perplexity(model, tok, max_tokens=600, window=200, threads=1, progress=False)
+    assert rows["a8"]["perplexity"] == want["perplexity"]
+    assert rows["a8"]["perplexity"] != rows["w8"]["perplexity"]
