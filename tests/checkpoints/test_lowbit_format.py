@@ -163,6 +163,12 @@ def test_bad_manifests(tmp_path: Path, mixed_folder: Path) -> None:
     (out / "lowbit.json").write_text("{not json")
     with pytest.raises(LowbitError, match="not valid JSON"):
         lowbit.load(out)
+    entries = manifest["tensors"]
+    name = next(n for n, e in entries.items() if e.get("kind") == "quantized")
+    w4a4 = {**entries, name: {**entries[name], "activations": "nvfp4"}}
+    (out / "lowbit.json").write_text(json.dumps({**manifest, "tensors": w4a4}))
+    with pytest.raises(LowbitError, match=r"per-token activations \(int8, fp8\) only"):
+        LowbitCheckpoint(out, verify=False)  # past the checksum, the schema refuses it
     (out / "lowbit.json").write_text(json.dumps(manifest))
     (out / "model.safetensors").rename(out / "gone.safetensors")
     with pytest.raises(LowbitError, match=r"shard model\.safetensors is missing"):

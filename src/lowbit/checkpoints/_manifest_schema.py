@@ -289,9 +289,15 @@ def _quantized(
         if not isinstance(act, str):
             raise _fail(where, f"{field}.activations", f"{show(act)} is not a format name or null")
         try:
-            activation_format(act)
+            canonical = activation_format(act)
         except LowbitError as exc:
             raise _fail(where, f"{field}.activations", str(exc)) from None
+        if canonical == "nvfp4":  # its static input scale has no place in a lowbit manifest
+            raise _fail(
+                where, f"{field}.activations",
+                "nvfp4 (W4A4) is written as compressed-tensors' input_global_scale; a lowbit "
+                "manifest records per-token activations (int8, fp8) only",
+            )  # fmt: skip
     return [
         ExpectedArray(k, dtype_code(s.dtype), s.shape) for k, s in zip(keys, specs, strict=True)
     ]
