@@ -33,6 +33,11 @@ NAMES = [
     "tiny-mixtral",
     "tiny-qwen2moe",
     "tiny-qwen3moe",
+    "tiny-llama-yarn",
+    "tiny-qwen3-yarn",
+    "tiny-llama-defaults",
+    "tiny-qwen3-dynamic",
+    "tiny-phi3-longrope",
 ]
 
 
@@ -339,3 +344,49 @@ def test_mix_from_hugging_face_bad_out_is_one_line(tiny: Path, tmp_path: Path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "does not exist" in err[0]
     assert not (tmp_path / "missing").exists()
+
+
+def test_tied_qwen2moe_is_one_line(tiny: Path, tmp_path: Path) -> None:
+    """A Qwen2-MoE without lm_head.weight is refused in one line: llama.cpp's converter writes
+    it, but its qwen2moe loader requires output.weight (unlike qwen3moe, which reuses the
+    embedding)."""
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny / "tiny-qwen2moe", folder)
+    ckpt = open_checkpoint(folder / "model.safetensors")
+    weights = {n: ckpt.get(n) for n in ckpt.names() if n != "lm_head.weight"}
+    ckpt.close()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(LowbitError, match=r"tied embeddings.*output\.weight") as e:
+        convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert "\n" not in str(e.value) and str(folder) in str(e.value)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    ("rope", "match"),
+    [
+        ({"type": "linear", "long_factor": [1.0] * 8, "short_factor": [1.0] * 8},
+         r"Phi-3 rope scaling 'linear' with long_factor"),
+        ({"type": "longrope", "long_factor": [1.0] * 7, "short_factor": [1.0] * 7},
+         r"must both hold 8 factors.*not 7 / 7"),
+        ({"type": "longrope", "long_factor": [1.0] * 8}, r"not 8 / None"),
+        ({"rope_type": "mrope", "factor": 2.0}, r"rope scaling 'mrope' is not converted"),
+    ],
+)  # fmt: skip
+def test_rope_scaling_lowbit_refuses_is_one_line(
+    tiny: Path, tmp_path: Path, rope: dict, match: str
+) -> None:
+    """Rope settings the converter refuses (Phi-3 factors of another type or length) or does
+    not know are one LowbitError, no GGUF written."""
+    folder = tmp_path / "m"
+    name = "tiny-phi3-longrope" if "long_factor" in rope else "tiny-qwen3-dynamic"
+    shutil.copytree(tiny / name, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_scaling"] = rope
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LowbitError, match=match) as e:
+        convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "x.gguf").exists()

@@ -34,7 +34,8 @@ from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints._output_checks import GGUF_Q, _gguf_exact
 from lowbit.checkpoints.gguf_arch import Family, check_moe_config, family_for, permute_qk
-from lowbit.checkpoints.gguf_hparams import add_hparams, rope_factors
+from lowbit.checkpoints.gguf_hf_config import converter_config
+from lowbit.checkpoints.gguf_hparams import add_hparams, phi3_rope_factors, rope_factors
 from lowbit.checkpoints.gguf_tokenizer import add_hf_vocab, check_hf_tokenizer
 from lowbit.checkpoints.gguf_writer import GGUFTensor, _Raw, gguf_from_quantized
 from lowbit.errors import LowbitError
@@ -63,6 +64,13 @@ def hf_family(checkpoint: Any) -> Family:
         check_moe_config(fam, cfg)
     except LowbitError as exc:
         raise LowbitError(f"{checkpoint.path}: {exc}") from None
+    names = checkpoint.names() if hasattr(checkpoint, "names") else None
+    if fam.arch == "qwen2moe" and names is not None and "lm_head.weight" not in names:
+        # the converter writes such a file, but llama.cpp's qwen2moe loader requires output.weight
+        raise LowbitError(
+            f"{checkpoint.path}: a Qwen2-MoE with tied embeddings (no lm_head.weight) has no GGUF "
+            f"llama.cpp loads (its qwen2moe models need their own output.weight)"
+        )
     return fam
 
 
@@ -85,14 +93,21 @@ class _Source:
 def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _Source]:
     """GGUF name -> its source tensors, in the order the converter writes them (checkpoint
     order; a block's expert stacks, in the family's order, where its last expert comes)."""
-    cfg = checkpoint.config or {}
+    cfg = converter_config(checkpoint.config or {})
     n_head = int(cfg.get("num_attention_heads", 0) or 0)
     n_kv = int(cfg.get("num_key_value_heads") or n_head)
     shift = fam.norm_shift
     out: dict[str, _Source] = {}
-    factors = rope_factors(cfg)
+    factors = rope_factors(cfg) if fam.arch == "llama" else None
     if factors is not None:  # the converter writes it first
         out["rope_freqs.weight"] = _Source("rope_freqs.weight", fixed=factors)
+    phi3 = phi3_rope_factors(cfg) if fam.arch == "phi3" else None
+    if phi3 is not None:  # so are Phi-3's long-context factors
+        for key, arr in (
+            ("rope_factors_long.weight", phi3[1]),
+            ("rope_factors_short.weight", phi3[2]),
+        ):
+            out[key] = _Source(key, fixed=arr)
     n_experts = check_moe_config(fam, cfg)
     # block -> GGUF stack -> {expert: tensor}, until the block has all its experts
     blocks: dict[int, dict[str, dict[int, TensorPlan]]] = {}
@@ -333,7 +348,7 @@ def hf_metadata(
     import gguf
 
     folder = _folder(checkpoint)
-    cfg = dict(checkpoint.config or {})
+    cfg = converter_config(checkpoint.config or {})
     w = gguf.GGUFWriter(path=None, arch=fam.arch)
     w.add_type(gguf.GGUFType.MODEL)
     total, shared, expert, n_exp = _parameter_counts(shapes)

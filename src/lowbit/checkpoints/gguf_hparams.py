@@ -2,10 +2,10 @@
 family lowbit converts, read from the checkpoint's ``config.json``.
 
 Transformers 4 and 5 style configs both work (``rope_theta`` at the top or inside
-``rope_parameters``).
-
-Only what is in ``config.json`` is used (the converter also fills values from transformers'
-config defaults; where llama.cpp needs one the file may lack, the family's default is named here).
+``rope_parameters``). The config is first completed as the converter sees it through
+transformers' ``AutoConfig`` (:func:`lowbit.checkpoints.gguf_hf_config.converter_config`:
+the class defaults of absent keys, the rope settings standardised), and keys are looked up as
+its ``find_hparam`` does (the first of its names present, even when null).
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints.gguf_arch import Family
+from lowbit.checkpoints.gguf_hf_config import converter_config
 from lowbit.errors import LowbitError
 
-__all__ = ["add_hparams", "rope_factors"]
+__all__ = ["add_hparams", "phi3_rope_factors", "rope_factors"]
 
 
 def _find(cfg: Mapping[str, Any], *keys: str) -> Any:
-    return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+    """The converter's ``find_hparam(keys, optional=True)``: the first key present wins."""
+    return next((cfg[k] for k in keys if k in cfg), None)
 
 
 def _rope_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,48 +43,75 @@ def _rope_params(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _rope_scaling(w: Any, cfg: Mapping[str, Any]) -> None:
+    """The converter's ``TextModel`` rope keys: linear and yarn with their factors (yarn's
+    original length and optional extrapolation / attention factors and betas), longrope as the
+    type alone; dynamic writes nothing (llama.cpp has no dynamic NTK), llama3 is the
+    ``rope_freqs`` tensor (:func:`rope_factors`)."""
     import gguf
 
     rp = _rope_params(cfg)
     kind = rp.get("rope_type", rp.get("type"))
-    if kind in (None, "default", "llama3"):  # llama3: the rope_freqs tensor (rope_factors)
+    factor = rp.get("factor")
+    if kind in (None, "default", "llama3", "dynamic") or (
+        kind in ("linear", "yarn") and factor is None
+    ):
         return
-    if kind == "linear" and rp.get("factor") is not None:
+    if kind == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(rp["factor"])
-    elif kind == "yarn" and rp.get("factor") is not None:
+        w.add_rope_scaling_factor(factor)
+    elif kind == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(rp["factor"])
-        if rp.get("original_max_position_embeddings") is not None:
-            w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+        w.add_rope_scaling_factor(factor)
+        orig = rp.get("original_max_position_embeddings", cfg.get("max_position_embeddings"))
+        w.add_rope_scaling_orig_ctx_len(orig)
+        if (v := rp.get("extrapolation_factor")) is not None:
+            w.add_rope_scaling_yarn_ext_factor(v)
+        if (v := rp.get("attention_factor", rp.get("attn_factor"))) is not None:
+            w.add_rope_scaling_yarn_attn_factor(v)
+        if (v := rp.get("beta_fast")) is not None:
+            w.add_rope_scaling_yarn_beta_fast(v)
+        if (v := rp.get("beta_slow")) is not None:
+            w.add_rope_scaling_yarn_beta_slow(v)
+    elif kind in ("longrope", "su"):
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
     else:
         raise LowbitError(
-            f"rope scaling {kind!r} is not converted to GGUF by lowbit (linear and yarn are)"
+            f"rope scaling {kind!r} is not converted to GGUF by lowbit (linear, yarn, longrope, "
+            f"dynamic and llama3 are)"
         )
 
 
 def _base(w: Any, cfg: Mapping[str, Any]) -> None:
     """The keys every text model gets (the converter's ``TextModel.set_gguf_parameters``)."""
-    w.add_block_count(int(_find(cfg, "num_hidden_layers", "n_layer", "num_layers")))
-    if (n := _find(cfg, "max_position_embeddings", "n_ctx", "n_positions")) is not None:
+    w.add_block_count(int(_find(cfg, "n_layers", "num_hidden_layers", "n_layer", "num_layers")))
+    ctx = ("max_position_embeddings", "n_ctx", "n_positions", "max_length",
+           "max_sequence_length", "model_max_length")  # fmt: skip
+    if (n := _find(cfg, *ctx)) is not None:
         w.add_context_length(n)
     if (n := _find(cfg, "hidden_size", "n_embd", "dim")) is not None:
         w.add_embedding_length(n)
-    if (n := _find(cfg, "intermediate_size", "n_inner", "hidden_dim")) is not None:
+    ff = ("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size",
+          "n_inner", "hidden_dim")  # fmt: skip
+    if (n := _find(cfg, *ff)) is not None:
         w.add_feed_forward_length(n)
     if (n := _find(cfg, "num_attention_heads", "n_head", "n_heads")) is not None:
         w.add_head_count(n)
-    if (n := cfg.get("num_key_value_heads")) is not None:
+    if (n := _find(cfg, "num_key_value_heads", "n_kv_heads")) is not None:
         w.add_head_count_kv(n)
+    if cfg.get("is_causal") is False:
+        w.add_causal_attention(False)
+    _rope_scaling(w, cfg)
     if (theta := _rope_params(cfg).get("rope_theta")) is not None:
         w.add_rope_freq_base(theta)
     if (eps := _find(cfg, "rms_norm_eps", "norm_eps")) is not None:
         w.add_layer_norm_rms_eps(eps)
     if (eps := _find(cfg, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
         w.add_layer_norm_eps(eps)
-    if (n := _find(cfg, "num_local_experts", "num_experts")) is not None:
+    if (n := _find(cfg, "num_local_experts", "num_experts", "n_routed_experts")) is not None:
         w.add_expert_count(n)
-    if (n := _find(cfg, "num_experts_per_tok", "num_experts_per_token")) is not None:
+    if (
+        n := _find(cfg, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")
+    ) is not None:
         w.add_expert_used_count(n)
     if (n := cfg.get("head_dim")) is not None:
         w.add_key_length(n)
@@ -94,12 +123,10 @@ def _llama(w: Any, cfg: Mapping[str, Any]) -> None:
     w.add_vocab_size(cfg["vocab_size"])
     rope_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w.add_rope_dimension_count(rope_dim)
-    _rope_scaling(w, cfg)
 
 
 def _qwen(w: Any, cfg: Mapping[str, Any]) -> None:
     _base(w, cfg)
-    _rope_scaling(w, cfg)
 
 
 def _qwen_moe(w: Any, cfg: Mapping[str, Any]) -> None:
@@ -122,8 +149,6 @@ def _gemma3(w: Any, cfg: Mapping[str, Any]) -> None:
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     if cfg.get("sliding_window_pattern") != 1:
         w.add_sliding_window(cfg["sliding_window"])
-    if cfg.get("rope_scaling") is not None:
-        _rope_scaling(w, cfg)
 
 
 def _gemma2(w: Any, cfg: Mapping[str, Any]) -> None:
@@ -143,22 +168,61 @@ def _gemma2(w: Any, cfg: Mapping[str, Any]) -> None:
 
 
 def _phi3(w: Any, cfg: Mapping[str, Any]) -> None:
+    """Phi-3's own keys (no rope scaling type; long-context models: the attention factor here,
+    the factors as tensors, :func:`phi3_rope_factors`)."""
+    rp = _rope_params(cfg)
     n_embd, n_head = cfg["hidden_size"], cfg["num_attention_heads"]
-    w.add_context_length(cfg["max_position_embeddings"])
-    orig = cfg.get("original_max_position_embeddings")
-    if orig is not None:
-        w.add_rope_scaling_orig_ctx_len(orig)
+    if (found := phi3_rope_factors(cfg)) is not None:
+        w.add_rope_scaling_attn_factors(found[0])
+    w.add_context_length(_find(cfg, "n_positions", "max_position_embeddings"))
+    w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_head_count(n_head)
     w.add_head_count_kv(cfg.get("num_key_value_heads", n_head))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_dimension_count(int(cfg.get("partial_rotary_factor", 1.0) * n_embd) // n_head)
-    w.add_rope_freq_base(_rope_params(cfg).get("rope_theta", 10000.0))
+    w.add_rope_dimension_count(_phi3_rope_dims(cfg))
+    w.add_rope_freq_base(rp["rope_theta"])
     w.add_sliding_window(cfg.get("sliding_window") or 0)
-    if cfg.get("rope_scaling") is not None:
-        raise LowbitError("Phi-3's long-context rope factors are not converted to GGUF by lowbit")
+
+
+def _phi3_rope_dims(cfg: Mapping[str, Any]) -> int:
+    rot = _rope_params(cfg).get("partial_rotary_factor", 1.0)
+    return int(rot * cfg["hidden_size"]) // cfg["num_attention_heads"]
+
+
+def phi3_rope_factors(cfg: Mapping[str, Any]) -> tuple[float, np.ndarray, np.ndarray] | None:
+    """A long-context Phi-3's rope as the converter writes it: the attention factor and the
+    ``rope_factors_long`` / ``rope_factors_short`` tensors (float32, one per rotary pair);
+    None without ``long_factor``. The factor is ``sqrt(1 + ln(s) / ln(original))`` for
+    longrope (``su``), ``0.1 ln(s) + 1`` for yarn, 1 when ``s = context / original <= 1``.
+
+    Raises:
+        LowbitError: another rope type, a missing ``short_factor``, or factor lists whose
+            length is not half the rotary dimension (the converter refuses these too).
+    """
+    cfg = converter_config(cfg)
+    rp = _rope_params(cfg)
+    long, short = rp.get("long_factor"), rp.get("short_factor")
+    if not long:
+        return None
+    orig = rp["original_max_position_embeddings"]
+    scale = _find(cfg, "n_positions", "max_position_embeddings") / orig
+    kind = str(rp.get("rope_type") or "").lower()
+    if kind in ("su", "longrope"):
+        attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+    elif kind == "yarn":
+        attn = 0.1 * math.log(scale) + 1.0 if scale > 1.0 else 1.0
+    else:
+        raise LowbitError(f"Phi-3 rope scaling {kind!r} with long_factor has no GGUF form")
+    half = _phi3_rope_dims(cfg) / 2
+    if short is None or len(long) != len(short) or len(long) != half:
+        raise LowbitError(
+            f"Phi-3 rope long_factor / short_factor must both hold {half:g} factors "
+            f"(one per rotary pair), not {len(long)} / {None if short is None else len(short)}"
+        )
+    return attn, np.asarray(long, dtype=np.float32), np.asarray(short, dtype=np.float32)
 
 
 _BY_ARCH = {
@@ -181,7 +245,7 @@ def add_hparams(writer: Any, fam: Family, cfg: Mapping[str, Any]) -> None:
             convert.
     """
     try:
-        _BY_ARCH[fam.arch](writer, cfg)
+        _BY_ARCH[fam.arch](writer, converter_config(cfg))
     except (KeyError, TypeError) as exc:
         raise LowbitError(f"config.json lacks what a {fam.arch} GGUF needs ({exc})") from None
 
@@ -194,9 +258,10 @@ def rope_factors(cfg: Mapping[str, Any]) -> np.ndarray | None:
     (factor 1) when ``w`` is below ``original / high_freq_factor``, is divided by ``factor``
     when above ``original / low_freq_factor``, and in between by
     ``1 / ((1 - s) / factor + s)`` with ``s = (original / w - low) / (high - low)``; every step
-    in float32 as the converter computes it. ``original`` is the config's top-level
-    ``original_max_position_embeddings`` (8192 when absent), as in the converter.
+    in float32 as the converter computes it. ``original`` is the rope settings'
+    ``original_max_position_embeddings`` (transformers gives the context length when absent).
     """
+    cfg = converter_config(cfg)
     rp = _rope_params(cfg)
     if str(rp.get("rope_type", rp.get("type")) or "").lower() != "llama3":
         return None
@@ -206,7 +271,7 @@ def rope_factors(cfg: Mapping[str, Any]) -> np.ndarray | None:
     freqs = f32(1.0) / (f32(base) ** (np.arange(0, dim, 2, dtype=f32) / f32(dim)))
     factor = f32(rp.get("factor", 8.0))
     low, high = f32(rp.get("low_freq_factor", 1.0)), f32(rp.get("high_freq_factor", 4.0))
-    old = f32(cfg.get("original_max_position_embeddings", 8192))
+    old = f32(rp.get("original_max_position_embeddings", 8192))
     low_wave, high_wave = old / low, old / high
     out = []
     for freq in freqs:
