@@ -390,3 +390,35 @@ def test_rope_scaling_lowbit_refuses_is_one_line(
         convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-yarn", "tiny-qwen3-yarn", "tiny-llama"])
+def test_rope_scaled_gguf_builds_the_source_model(tiny: Path, tmp_path: Path, name: str) -> None:
+    """A converted yarn model's GGUF builds back into the model it came from (rope scaling read
+    from llama.cpp's rope.scaling.* keys): the same logits, at positions past the original
+    context length too. Without the keys the yarn models differ by 0.2 and 1.5 in logits."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from lowbit.models.build import build_model
+
+    out = tmp_path / f"{name}.gguf"
+    convert_hf_to_gguf(tiny / name, out, outtype="f32", progress=False)
+    ids = (torch.arange(1, 700) % 997).reshape(1, -1)  # past yarn's original 512 positions
+    with torch.no_grad():
+        want = build_model(open_checkpoint(tiny / name), progress=False)(input_ids=ids).logits
+        got = build_model(open_checkpoint(out), progress=False)(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_rope_scaling_gguf_lowbit_cannot_build_is_one_line() -> None:
+    """A GGUF rope scaling type lowbit does not rebuild, or a bad factor: one LowbitError."""
+    from lowbit.checkpoints._gguf_config import derive_config
+
+    base = {"general.architecture": "llama", "llama.block_count": 1}
+    with pytest.raises(LowbitError, match="linear or yarn rope scaling only"):
+        derive_config({**base, "llama.rope.scaling.type": "longrope"}, set())
+    with pytest.raises(LowbitError, match=r"positive llama\.rope\.scaling\.factor"):
+        derive_config({**base, "llama.rope.scaling.type": "yarn"}, set())
+    cfg = derive_config({**base, "llama.rope.scaling.type": "linear",
+                         "llama.rope.scaling.factor": 2.0}, set())  # fmt: skip
+    assert cfg["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}

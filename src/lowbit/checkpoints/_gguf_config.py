@@ -72,7 +72,18 @@ _ARCH_USED = {
     "expert_count": _INT,
     "expert_used_count": _INT,
     "expert_feed_forward_length": _INT,
+    "rope.scaling.type": _STR,
+    "rope.scaling.factor": _NUM,
+    "rope.scaling.original_context_length": _ID,
+    "rope.scaling.yarn_attn_factor": _NUM,
+    "rope.scaling.yarn_beta_fast": _NUM,
+    "rope.scaling.yarn_beta_slow": _NUM,
 }
+
+# llama.cpp's yarn keys -> transformers' rope_scaling keys (convert_hf_to_gguf.py writes them
+# from these; absent ones take transformers' defaults on both sides)
+_YARN = {"yarn_attn_factor": "attention_factor", "yarn_beta_fast": "beta_fast",
+         "yarn_beta_slow": "beta_slow"}  # fmt: skip
 
 
 def _is_int(v: Any) -> bool:
@@ -155,6 +166,9 @@ def derive_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str,
         value = metadata.get(f"{arch}.{gkey}")
         if value is not None:
             cfg[hkey] = value
+    rope = _rope_scaling(metadata, arch)
+    if rope is not None:
+        cfg["rope_scaling"] = rope
     if "head_dim" not in cfg and f"{arch}.rope.dimension_count" in metadata:
         cfg["head_dim"] = metadata[f"{arch}.rope.dimension_count"]
     if "vocab_size" not in cfg and "tokenizer.ggml.tokens" in metadata:
@@ -173,3 +187,42 @@ def derive_config(metadata: dict[str, Any], tensor_names: set[str]) -> dict[str,
         cfg["attention_bias"] = True
     family_config(arch, metadata, cfg)  # model_type, architectures, family keys
     return cfg
+
+
+def _decimal(v: Any) -> float:
+    """A float32 metadata number as the decimal it was written from."""
+    return float(np.format_float_positional(np.float32(v)))
+
+
+def _rope_scaling(metadata: dict[str, Any], arch: str) -> dict[str, Any] | None:
+    """transformers' ``rope_scaling`` from llama.cpp's ``rope.scaling.*`` keys (linear and yarn,
+    as the converter writes them; None: no scaling). Without it a yarn model's GGUF would build
+    a model computing another function (attention scaled and frequencies interpolated by yarn in
+    llama.cpp, not here).
+
+    Raises:
+        LowbitError: a scaling type lowbit does not rebuild, or a factor that is not positive.
+    """
+    kind = metadata.get(f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    if kind not in ("linear", "yarn"):
+        raise LowbitError(
+            f"GGUF rope scaling {short_repr(kind)}: lowbit builds models with linear or yarn "
+            "rope scaling only"
+        )
+    factor = metadata.get(f"{arch}.rope.scaling.factor")
+    if factor is None or not np.isfinite(factor) or factor <= 0:
+        raise LowbitError(
+            f"GGUF rope scaling {kind} needs a positive {arch}.rope.scaling.factor; got "
+            f"{short_repr(factor)}"
+        )
+    out: dict[str, Any] = {"rope_type": kind, "factor": _decimal(factor)}
+    if kind == "yarn":
+        orig = metadata.get(f"{arch}.rope.scaling.original_context_length")
+        if orig is not None:
+            out["original_max_position_embeddings"] = int(orig)
+        for gkey, hkey in _YARN.items():
+            if f"{arch}.rope.scaling.{gkey}" in metadata:
+                out[hkey] = _decimal(metadata[f"{arch}.rope.scaling.{gkey}"])
+    return out
