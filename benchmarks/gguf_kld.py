@@ -141,7 +141,8 @@ def lowbit_ppl(path: Path, text: str, n_ctx: int, llamacpp: bool = False) -> flo
     text tokenized whole (BOS first where the GGUF asks for it), cut into chunks of ``n_ctx``
     tokens whose first token becomes BOS, and only each chunk's second half scored.
     ``llamacpp``: with llama.cpp's arithmetic (``lowbit eval --act llamacpp``: each layer's
-    input rounded to its weight type's Q8_0/Q8_K blocks; attention in float32)."""
+    input rounded to its weight type's Q8_0/Q8_K blocks, keys and values through the F16
+    cache, the rest of attention in float32)."""
     import contextlib
 
     import torch

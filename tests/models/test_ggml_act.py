@@ -182,3 +182,23 @@ def test_eval_rows_and_refusals(tmp_path: Path) -> None:
     res = evaluate_variants(f32, [q], None, act="llamacpp", kv="f16", tokens=80, window=40,
                             text=text, threads=1, progress=False)  # fmt: skip
     assert res["rows"][3]["name"] == "mixed.gguf + llamacpp+kv:f16"
+
+
+def test_llamacpp_attention_reads_the_f16_cache(tmp_path: Path) -> None:
+    """--act llamacpp also reads keys and values through llama.cpp's default F16 cache (queries
+    stay float32, as its batched flash attention reads them): the logits equal the linear-input
+    emulation nested with simulate_kv_cache(f16), and differ from it without the cache."""
+    from lowbit.evaluation.act_modes import simulate_kv_cache
+    from lowbit.models.build import load_model
+
+    model = load_model(_gguf(tmp_path, {"attn_q": "Q4_0", "ffn_gate": "Q5_0"}))
+    ids = torch.arange(3, 40).reshape(1, -1)
+    with torch.no_grad():
+        with simulate_llamacpp_activations(model):
+            full = model(input_ids=ids).logits
+        with simulate_llamacpp_activations(model, cache=False):
+            linear_only = model(input_ids=ids).logits
+            with simulate_kv_cache(model, "f16"):
+                nested = model(input_ids=ids).logits
+    assert torch.equal(full, nested)
+    assert not torch.equal(full, linear_only)

@@ -76,8 +76,8 @@ def register(sub: Any) -> None:
         help="also measure each model with activations as vLLM computes them: int8, "
         "fp8_token, fp8_block (groups of 128), mxfp4, nvfp4 (static input scales from 16 "
         "calibration windows); or llamacpp: GGUF files as llama.cpp's CPU backend computes "
-        "them (each layer's input rounded to its weight type's Q8_0/Q8_K blocks or F16/BF16; "
-        "add --kv f16 for llama.cpp's default cache)",
+        "them (each layer's input rounded to its weight type's Q8_0/Q8_K blocks or F16/BF16, "
+        "keys and values through llama.cpp's default F16 cache, which --kv replaces)",
     )
     p.add_argument(
         "--kv",

@@ -101,11 +101,13 @@ def _act_context(model: Any, fmt: str | None, calibration: Any = None, stored: A
     stack = contextlib.ExitStack()
     if stored:
         stack.enter_context(simulate_stored_activations(model, stored))
-    for part in (fmt or "").split("+") if fmt else []:
+    parts = fmt.split("+") if fmt else []
+    for part in parts:
         if part.startswith("kv:"):
             stack.enter_context(simulate_kv_cache(model, part[3:]))
         elif part == LLAMACPP:
-            stack.enter_context(simulate_llamacpp_activations(model))
+            kv = any(p.startswith("kv:") for p in parts)  # a --kv cache replaces its F16 one
+            stack.enter_context(simulate_llamacpp_activations(model, cache=not kv))
         elif part in ACT_MODES and part != "int8":
             scales = None
             if part == "nvfp4" and calibration:

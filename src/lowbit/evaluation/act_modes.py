@@ -159,24 +159,25 @@ def simulate_stored_activations(
 
 
 @contextmanager
-def simulate_llamacpp_activations(
-    model: Any, *, attention: bool = False
-) -> Iterator[dict[str, str]]:
+def simulate_llamacpp_activations(model: Any, *, cache: bool = True) -> Iterator[dict[str, str]]:
     """Within the ``with`` block the model's matrix products with GGUF weights compute as
     llama.cpp's CPU backend computes them (``lowbit eval --act llamacpp``): every linear layer
     whose weight a GGUF stores rounds its input to the weight type's ``vec_dot_type`` (Q8_0,
-    Q8_1, Q8_K blocks, F16, BF16; ``lowbit.models.ggml_act``).
+    Q8_1, Q8_K blocks, F16, BF16; ``lowbit.models.ggml_act``), and attention reads keys and
+    values rounded to float16, as llama.cpp's default F16 cache holds them.
 
-    Attention is left in float32 by default: llama.cpp's F16 KV cache also rounds queries,
-    keys and values to float16 and then accumulates in float16 (flash attention) or rounds
-    the softmax to float16 (without it); modelling only the first part (``attention=True``)
-    agreed *worse* with llama-perplexity than modelling none (docs/export.md).
+    Queries stay float32 and the attention arithmetic too: for a batch of prompt tokens (what
+    llama-perplexity runs) the CPU flash-attention kernel takes its tiled path, which widens
+    the F16 keys and values to float32 and computes the scores, the softmax and the weighted
+    sum of values in float32 (ggml-cpu's ``ggml_compute_forward_flash_attn_ext_tiled``). Its
+    one-query path (generation, one token at a time) rounds the query to F16 and accumulates
+    values in F16 instead; that path is not modelled.
 
     Args:
         model: built from a GGUF (``build_model``/``load_model`` record the weight types in
             ``model.lowbit_gguf_types``).
-        attention: also round attention's queries, keys and values to float16 (``--kv f16``
-            rounds keys and values only).
+        cache: round keys and values to float16 (default); False where another ``--kv`` cache
+            is simulated instead.
 
     Yields:
         ``{layer name: activation type}`` of the layers whose inputs are rounded.
@@ -204,8 +205,8 @@ def simulate_llamacpp_activations(
                     raise LowbitError(f"{name}: {exc}") from None
 
             stack.callback(modules[name].register_forward_pre_hook(hook).remove)
-        if attention:
-            stack.enter_context(simulate_kv_cache(model, "f16", query=True))
+        if cache:
+            stack.enter_context(simulate_kv_cache(model, "f16"))
         yield {n: k for n, k in kinds.items() if k != "F32"}
 
 
@@ -220,14 +221,13 @@ def calibrate_input_scales(
 
 
 @contextmanager
-def simulate_kv_cache(model: Any, mode: str, *, query: bool = False) -> Iterator[str]:
+def simulate_kv_cache(model: Any, mode: str) -> Iterator[str]:
     """Within the ``with`` block attention reads keys and values through a ``mode`` cache:
     ``fp8`` casts them to E4M3 with scale 1 (vLLM's fp8 KV cache without calibrated scales:
     values beyond ±448 saturate); ``int8`` keeps one absmax scale per token and head (``amax /
     127``); ``f16`` rounds them to float16 (llama.cpp's default cache). Keys are quantized
-    after the rotary embedding, as the cache holds them. ``query``: the queries are rounded
-    the same way (llama.cpp's CPU attention converts them to the cache's F16 before the
-    product).
+    after the rotary embedding, as the cache holds them; queries are not (llama.cpp's batched
+    CPU attention reads them in float32).
 
     Raises:
         LowbitError: an unknown mode, or a model whose attention lowbit cannot wrap.
@@ -257,7 +257,7 @@ def simulate_kv_cache(model: Any, mode: str, *, query: bool = False) -> Iterator
         return fake_quantize_per_token(t32, "int8").to(t.dtype)
 
     def attention(module: Any, qs: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
-        return inner(module, q(qs) if query else qs, q(k), q(v), *args, **kwargs)
+        return inner(module, qs, q(k), q(v), *args, **kwargs)
 
     name = f"lowbit_kv_{key}_{orig}"
     AttentionInterface.register(name, attention)
