@@ -392,18 +392,26 @@ def test_rope_scaling_lowbit_refuses_is_one_line(
     assert not (tmp_path / "x.gguf").exists()
 
 
-@pytest.mark.parametrize("name", ["tiny-llama-yarn", "tiny-qwen3-yarn", "tiny-llama"])
-def test_rope_scaled_gguf_builds_the_source_model(tiny: Path, tmp_path: Path, name: str) -> None:
-    """A converted yarn model's GGUF builds back into the model it came from (rope scaling read
-    from llama.cpp's rope.scaling.* keys): the same logits, at positions past the original
-    context length too. Without the keys the yarn models differ by 0.2 and 1.5 in logits."""
+@pytest.mark.parametrize(
+    ("name", "length"),
+    [("tiny-llama-yarn", 700), ("tiny-qwen3-yarn", 700), ("tiny-llama", 700),
+     ("tiny-phi3-longrope", 1000), ("tiny-phi3-longrope", 2100)],
+)  # fmt: skip
+def test_rope_scaled_gguf_builds_the_source_model(
+    tiny: Path, tmp_path: Path, name: str, length: int
+) -> None:
+    """A converted rope-scaled model's GGUF builds back into the model it came from (yarn from
+    llama.cpp's rope.scaling.* keys, Phi-3's longrope from its rope_factors_long/short tensors):
+    the same logits, past the original context length too (yarn's 512; Phi-3's 2,048, where
+    transformers switches to the long factors). Without them the yarn models differ by 0.2 and
+    1.5 in logits and the Phi-3 GGUF is refused."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from lowbit.models.build import build_model
 
     out = tmp_path / f"{name}.gguf"
     convert_hf_to_gguf(tiny / name, out, outtype="f32", progress=False)
-    ids = (torch.arange(1, 700) % 997).reshape(1, -1)  # past yarn's original 512 positions
+    ids = (torch.arange(1, length) % 997).reshape(1, -1)
     with torch.no_grad():
         want = build_model(open_checkpoint(tiny / name), progress=False)(input_ids=ids).logits
         got = build_model(open_checkpoint(out), progress=False)(input_ids=ids).logits

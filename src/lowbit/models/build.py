@@ -81,7 +81,7 @@ def hf_tensors(
     is_gguf = checkpoint.format == "gguf"
     cfg = checkpoint.config or {}
     names = checkpoint.names() if names is None else names
-    names = [n for n in names if not (is_gguf and n == ROPE_FREQS)]
+    names = [n for n in names if not (is_gguf and n in _ROPE_TENSORS)]
     for name in progress_iter(names, progress, f"loading {checkpoint.path.name}", "tensor"):
         arr = weights[name] if name in weights else checkpoint.get(name)
         arr = np.asarray(arr, dtype=np.float32)
@@ -128,6 +128,8 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
             f"{checkpoint.path}: no config.json beside the weights, so the model cannot be built "
             f"(reading tensors works)"
         )
+    if checkpoint.format == "gguf" and LONGROPE[0] in checkpoint:
+        cfg = _longrope_config(checkpoint, cfg)
     model_type = cfg.pop("model_type", None)
     if model_type is None:
         raise LowbitError(f"{checkpoint.path}: config has no model_type")
@@ -255,6 +257,38 @@ def build_model(
 
 #: llama.cpp's per-frequency rope divisors (Llama 3's rope scaling, stored as a tensor).
 ROPE_FREQS = "rope_freqs.weight"
+#: Phi-3's long-context rope factors as llama.cpp stores them (long, short).
+LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
+_ROPE_TENSORS = (ROPE_FREQS, *LONGROPE)
+
+
+def _longrope_config(checkpoint: Checkpoint, cfg: dict[str, Any]) -> dict[str, Any]:
+    """A Phi-3 GGUF's long-context rope as transformers configures it: ``rope_scaling``
+    ``longrope`` with the file's long and short factors and ``original_max_position_embeddings``
+    from ``phi3.rope.scaling.original_context_length`` (what convert_hf_to_gguf.py wrote them
+    from; transformers derives the attention factor from the two lengths, as the converter's
+    ``attn_factor`` was).
+
+    Raises:
+        LowbitError: factors on another family, only one of the two, factors that are not
+            finite and positive, or no original context length.
+    """
+    arch = cfg.get("model_type")
+    meta = getattr(checkpoint, "metadata", {})
+    orig = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if arch != "phi3" or LONGROPE[1] not in checkpoint or not isinstance(orig, int):
+        raise LowbitError(
+            f"{checkpoint.path}: rope_factors_long/short are Phi-3's long-context rope; lowbit "
+            f"rebuilds them for a phi3 GGUF with both tensors and "
+            f"phi3.rope.scaling.original_context_length (this is {arch!r})"
+        )
+    factors = [np.asarray(checkpoint.get(n), dtype=np.float32).ravel() for n in LONGROPE]
+    if any(f.size == 0 or not np.all(np.isfinite(f)) or np.any(f <= 0) for f in factors):
+        raise LowbitError(f"{checkpoint.path}: rope_factors_long/short must be positive numbers")
+    long, short = ([float(np.format_float_positional(v)) for v in f] for f in factors)
+    return {**cfg, "original_max_position_embeddings": orig,
+            "rope_scaling": {"rope_type": "longrope", "long_factor": long,
+                             "short_factor": short}}  # fmt: skip
 
 
 def _scale_rotary(model: Any, factors: np.ndarray) -> None:
