@@ -392,6 +392,22 @@ def test_rope_scaling_lowbit_refuses_is_one_line(
     assert not (tmp_path / "x.gguf").exists()
 
 
+@pytest.mark.parametrize("orig", [1, 0, None])
+def test_phi3_longrope_bad_original_length_is_one_line(
+    tiny: Path, tmp_path: Path, orig: int | None
+) -> None:
+    """A long-context Phi-3 whose original context length is no length (1, 0, null) is one
+    LowbitError line, not a division by zero or a TypeError."""
+    folder = tmp_path / "m"
+    shutil.copytree(tiny / "tiny-phi3-longrope", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["original_max_position_embeddings"] = orig
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LowbitError, match="needs whole context lengths") as e:
+        convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize(
     ("name", "length"),
     [("tiny-llama-yarn", 700), ("tiny-qwen3-yarn", 700), ("tiny-llama", 700),
@@ -427,6 +443,11 @@ def test_rope_scaling_gguf_lowbit_cannot_build_is_one_line() -> None:
         derive_config({**base, "llama.rope.scaling.type": "longrope"}, set())
     with pytest.raises(LowbitError, match=r"positive llama\.rope\.scaling\.factor"):
         derive_config({**base, "llama.rope.scaling.type": "yarn"}, set())
+    yarn = {**base, "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
+    with pytest.raises(LowbitError, match="positive length"):
+        derive_config({**yarn, "llama.rope.scaling.original_context_length": 0}, set())
+    with pytest.raises(LowbitError, match="yarn_beta_fast is nan, not finite"):
+        derive_config({**yarn, "llama.rope.scaling.yarn_beta_fast": float("nan")}, set())
     cfg = derive_config({**base, "llama.rope.scaling.type": "linear",
                          "llama.rope.scaling.factor": 2.0}, set())  # fmt: skip
     assert cfg["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}

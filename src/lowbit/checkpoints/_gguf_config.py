@@ -221,8 +221,16 @@ def _rope_scaling(metadata: dict[str, Any], arch: str) -> dict[str, Any] | None:
     if kind == "yarn":
         orig = metadata.get(f"{arch}.rope.scaling.original_context_length")
         if orig is not None:
+            if orig < 1:
+                raise LowbitError(
+                    f"GGUF {arch}.rope.scaling.original_context_length is {orig}; yarn needs a "
+                    "positive length"
+                )
             out["original_max_position_embeddings"] = int(orig)
         for gkey, hkey in _YARN.items():
             if f"{arch}.rope.scaling.{gkey}" in metadata:
-                out[hkey] = _decimal(metadata[f"{arch}.rope.scaling.{gkey}"])
+                v = metadata[f"{arch}.rope.scaling.{gkey}"]
+                if not np.isfinite(v):
+                    raise LowbitError(f"GGUF {arch}.rope.scaling.{gkey} is {v}, not finite")
+                out[hkey] = _decimal(v)
     return out

@@ -207,8 +207,14 @@ def phi3_rope_factors(cfg: Mapping[str, Any]) -> tuple[float, np.ndarray, np.nda
     long, short = rp.get("long_factor"), rp.get("short_factor")
     if not long:
         return None
-    orig = rp["original_max_position_embeddings"]
-    scale = _find(cfg, "n_positions", "max_position_embeddings") / orig
+    orig = rp.get("original_max_position_embeddings")
+    ctx = _find(cfg, "n_positions", "max_position_embeddings")
+    if not (type(orig) is int and orig > 1 and type(ctx) is int and ctx > 0):
+        raise LowbitError(
+            f"Phi-3 long-context rope needs whole context lengths (original > 1): got original "
+            f"{orig!r}, context {ctx!r}"
+        )
+    scale = ctx / orig
     kind = str(rp.get("rope_type") or "").lower()
     if kind in ("su", "longrope"):
         attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
