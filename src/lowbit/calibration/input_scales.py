@@ -30,7 +30,7 @@ from lowbit.errors import LowbitError
 from lowbit.models._compute import compute_context
 from lowbit.models._threads import _threads
 from lowbit.models.act_quant import input_global_scale, observe_input_amax
-from lowbit.models.build import build_model
+from lowbit.models.build import attach_rotations, build_model
 
 __all__ = ["InputScales", "nvfp4_input_scales"]
 
@@ -60,6 +60,7 @@ def nvfp4_input_scales(
     threads: int | None = None,
     progress: bool | None = None,
     compute: str = "fp32",
+    rotations: Mapping[str, int] | None = None,
 ) -> InputScales:
     """The static NVFP4 input scale of every layer whose weight is in ``weights``.
 
@@ -72,6 +73,10 @@ def nvfp4_input_scales(
         threads: torch threads (default: the usable cores).
         progress: a bar over the windows (``None``: only on a terminal).
         compute: the precision of the forwards (``fp32``, ``bf16``, ``auto``).
+        rotations: weight name -> Hadamard block of the weights stored rotated
+            (``--method hadamard|hadamard+gptq``): those layers' inputs are rotated online
+            (``lowbit.models.build.attach_rotations``), so their scales are the rotated
+            inputs' maxima, what the served layer quantizes.
 
     Raises:
         LowbitError: a weight that is not a linear layer's, or one whose layer saw no input.
@@ -83,6 +88,7 @@ def nvfp4_input_scales(
     dense = {n: qt.dequantize(np.float32) for n, qt in weights.items()}
     model = build_model(ckpt, weights=dense, progress=False)
     del dense
+    attach_rotations(model, dict(rotations or {}), ckpt.format)
     modules = dict(model.named_modules())
     layers = []
     for name in weights:

@@ -21,6 +21,7 @@ import numpy as np
 from lowbit.checkpoints._ct_fp4 import FP4_FORMATS, read_fp4
 from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_check_weight, _ct_groups
 from lowbit.checkpoints._ct_tensor import CTTensor
+from lowbit.checkpoints._ct_transforms import InputTransform, input_transforms, transform_matrix
 from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, TensorInfo
 from lowbit.errors import LowbitError
 
@@ -78,12 +79,21 @@ def _input_mode(a: dict[str, Any]) -> str | None:
     return None
 
 
+def _owner(name: str) -> str:
+    """The last module-name part of a tensor name (``q_proj`` of ``...q_proj.weight``)."""
+    parts = name.split(".")
+    return parts[-2] if len(parts) > 1 else ""
+
+
 class CompressedTensorsFolder(Checkpoint):
     """A compressed-tensors folder (as lowbit writes them), read with dense weight names.
 
     Attributes:
         quantization_config: the folder's ``quantization_config`` (``config`` is
             ``config.json`` without it, so a model built from it is a plain float model).
+        transforms: the online input transforms its ``transform_config`` declares
+            (``lowbit.checkpoints._ct_transforms``), which ``lowbit.models.build.build_model``
+            applies; their stored matrices are not among :meth:`names`.
     """
 
     format = "compressed-tensors"
@@ -105,7 +115,10 @@ class CompressedTensorsFolder(Checkpoint):
                 f"compressed checkpoints"
             )
         groups = _ct_groups(self.quantization_config, where)
-        names = self._st.names()
+        self.transforms = input_transforms(self.quantization_config, where)
+        # a transform's stored matrices (``<layer>.v_input.weight``) are not the model's
+        hidden = {t.tensor_suffix for t in self.transforms}
+        names = [n for n in self._st.names() if _owner(n) not in hidden]
         all_modules = {n.rsplit(".", 1)[0] for n in names}
         quantized = sorted({n.rsplit(".", 1)[0] for n in names if n.rsplit(".", 1)[-1] in _PARTS})
         self._groups: dict[str, dict[str, Any]] = {}
@@ -185,6 +198,25 @@ class CompressedTensorsFolder(Checkpoint):
                 scale = np.float32(np.ravel(np.asarray(self._st.get(name), np.float32))[0])
             out[module] = (mode, scale)
         return out
+
+    def transform_matrix(self, t: InputTransform, layer: str, width: int) -> np.ndarray:
+        """The matrix with which ``layer``'s input blocks are multiplied at run time under
+        the online transform ``t`` (one of :attr:`transforms`): see
+        :func:`lowbit.checkpoints._ct_transforms.transform_matrix`."""
+        suffix = f".{t.tensor_suffix}.weight"
+        stored = [n for n in self._st.names() if n.endswith(suffix)]
+
+        def get(name: str) -> np.ndarray | None:
+            own = name + suffix
+            if own in stored:
+                return np.asarray(self._st.get(own))
+            # compressed-tensors shares one matrix per group and size; save_pretrained keeps
+            # the first layer's copy of the tied tensors
+            size = t.head_dim or width
+            shared = [n for n in stored if tuple(self._st.info(n).shape) == (size, size)]
+            return np.asarray(self._st.get(shared[0])) if shared else None
+
+        return transform_matrix(t, layer, width, get)
 
     def info(self, name: str) -> TensorInfo:
         try:

@@ -274,13 +274,16 @@ def write_ct(
     done: Mapping[str, Any] | None = None,
     clock: Clock | None = None,
     input_scales: Mapping[str, Any] | None = None,
+    rotations: Mapping[str, int] | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:
     """Write a compressed-tensors folder; returns the files copied and those left out.
 
     Tensors in ``done`` (name -> QuantizedTensor, e.g. GPTQ's) are written as they are (a GGUF
     source's q/k rows put back in the transformers order, codes and scales alike).
     ``input_scales``: the output's weight name -> NVFP4 ``input_global_scale`` of every tensor
-    the plan gives NVFP4 activations (W4A4; ``lowbit.calibration.input_scales``)."""
+    the plan gives NVFP4 activations (W4A4; ``lowbit.calibration.input_scales``).
+    ``rotations``: checkpoint name -> Hadamard block of the weights stored rotated, declared
+    as ``transform_config`` (``lowbit.checkpoints._ct_transforms``)."""
     import tempfile
 
     is_gguf = ckpt.format == "gguf"
@@ -365,6 +368,10 @@ def write_ct(
             copy_files=files,
             overwrite=overwrite,
             progress=progress,
+            transforms={
+                (gguf_to_hf_name(n, cfg) if is_gguf else n).removesuffix(".weight"): b
+                for n, b in (rotations or {}).items()
+            },
         )
     return names, left
 

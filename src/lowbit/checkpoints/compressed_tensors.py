@@ -47,12 +47,15 @@ from lowbit.checkpoints import _safetensors_write as _safetensors
 from lowbit.checkpoints._atomic import atomic_dir
 from lowbit.checkpoints._ct_config import (
     CT_FORMAT_VERSION,
+    _compact_targets,
     _config,
+    _module_name,
     _scheme_key,
     quantization_config,
 )
 from lowbit.checkpoints._ct_fp4 import e8m0_bytes, pack_fp4
 from lowbit.checkpoints._ct_tensor import CTTensor, _checked, _fp8, from_quantized, pack_int32
+from lowbit.checkpoints._ct_transforms import transform_entries
 from lowbit.checkpoints._outputs import writer_metadata
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
@@ -205,6 +208,7 @@ class _Unit:
         self.tensors, self.key, self.name, self.scale_dtype = tensors, key, str(key), scale_dtype
         value = tensors[key]
         self.scheme = _scheme_key(value) if isinstance(value, CTTensor) else None
+        self.shape = tuple(getattr(value, "shape", ()))
         planned = self._build(value)
         del value
         self.entries = [
@@ -259,6 +263,7 @@ def write_compressed_tensors(
     copy_files: Iterable[str | os.PathLike[str]] = (),
     overwrite: bool = False,
     progress: bool | None = None,
+    transforms: Mapping[str, int] | None = None,
 ) -> Path:
     """Write a compressed-tensors checkpoint folder (config.json + safetensors).
 
@@ -282,13 +287,18 @@ def write_compressed_tensors(
         overwrite: replace an existing folder.
         progress: a tqdm progress bar: ``True``, ``False``, or ``None`` (default) for "only on
             a terminal" (none without tqdm).
+        transforms: layer (module) name -> block: layers whose weights ``tensors`` holds in a
+            block-Hadamard-rotated basis (``W R``, ``lowbit.methods.hadamard``), so their inputs
+            must be rotated at run time. Declared as ``transform_config`` with each layer's
+            ``<layer>.v_input.weight`` (``lowbit.checkpoints._ct_transforms``), which vLLM reads.
 
     Returns:
         The folder written.
 
     Raises:
         LowbitError: a weight compressed-tensors cannot hold (named, with the reason), a missing
-            file to copy, or an existing folder without ``overwrite``.
+            file to copy, an existing folder without ``overwrite``, or a transform of a layer
+            without a 2-D weight among ``tensors`` or whose block does not divide its width.
     """
     if scale_dtype not in _SCALE_DTYPES:
         raise LowbitError(f"scale_dtype must be one of {list(_SCALE_DTYPES)}, got {scale_dtype!r}")
@@ -303,6 +313,21 @@ def write_compressed_tensors(
             raise LowbitError(f"{f.name} is written by the exporter; do not copy it")
 
     planned = [_Unit(tensors, key, sdtype) for key in tensors]
+    tconfig = None
+    if transforms:
+        shapes = {u.name: u.shape for u in planned}
+        for layer, block in transforms.items():
+            shape = shapes.get(f"{layer}.weight", ())
+            if len(shape) != 2 or not isinstance(block, int) or block < 1 or shape[1] % block:
+                raise LowbitError(
+                    f"a rotation of {layer!r} in blocks of {block!r}: the tensors hold no 2-D "
+                    f"weight {layer}.weight whose width those blocks divide"
+                )
+        modules = {_module_name(n) for n in tensors if "." in str(n)}
+        tconfig, matrices = transform_entries(
+            transforms, lambda members: _compact_targets(members, modules)
+        )
+        planned += [_Unit(matrices, key, sdtype) for key in matrices]
     units = [u.entries for u in planned]
     seen: set[str] = set()
     for unit in units:
@@ -312,6 +337,8 @@ def write_compressed_tensors(
             seen.add(e.name)
     cfg = dict(config or {})
     cfg["quantization_config"] = _config({u.name: u.scheme for u in planned}, CT_FORMAT_VERSION)
+    if tconfig is not None:
+        cfg["quantization_config"]["transform_config"] = tconfig
     shards = _shards(units, max_shard_size)
     names = (
         ["model.safetensors"]

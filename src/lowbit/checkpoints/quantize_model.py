@@ -50,6 +50,7 @@ from lowbit.plans.plan import AppliedPlan, PrecisionPlan, TensorPlan
 
 __all__ = [
     "OUT_FORMATS",
+    "check_unrotated",
     "checkpoint_tensors",
     "convert_hf_to_gguf",
     "open_model",
@@ -106,6 +107,23 @@ def open_model(model: str | os.PathLike[str] | Checkpoint | None) -> Checkpoint:
             f"{path} is already a lowbit checkpoint; quantize its source model instead"
         )
     return open_checkpoint(path)
+
+
+def check_unrotated(checkpoint: Checkpoint) -> None:
+    """Refuse to write a new checkpoint from one whose weights are stored in a rotated basis
+    (a compressed-tensors ``transform_config`` with online input transforms): the output would
+    hold rotated weights without the rotation its layers' inputs need.
+
+    Raises:
+        LowbitError: such a source.
+    """
+    transforms = getattr(checkpoint, "transforms", None)
+    if transforms:
+        raise LowbitError(
+            f"{checkpoint.path}: its weights are stored rotated (transform_config group "
+            f"{transforms[0].group!r}) and an output made from them would lose the rotation: "
+            "quantize the float model it was made from"
+        )
 
 
 def plan_model(
@@ -200,7 +218,10 @@ def quantize_model(
             ``lowbit.calibration.gptq.gptq_weights(...).weights``), written as they are
             (GGUF: in Q4_0/Q8_0 layouts); the plan's other tensors are rounded to nearest.
         method: how ``weights`` were made (e.g. ``GPTQ().to_dict()`` plus the calibration),
-            recorded in the manifest and, per tensor, as ``method``.
+            recorded in the manifest and, per tensor, as ``method``. A ``rotation`` in it
+            (``{"tensors": {name: block}}``: weights stored block-Hadamard rotated) is
+            declared for the consumer: the manifest's, or compressed-tensors'
+            ``transform_config``; a GGUF is refused.
         input_scales: compressed-tensors output of a plan with NVFP4 activations (W4A4): the
             static ``input_global_scale`` of each such weight, by its output name
             (``lowbit.calibration.input_scales.nvfp4_input_scales``).
@@ -225,7 +246,15 @@ def quantize_model(
         UserWarning: temporary folders of an interrupted earlier run completed or removed.
     """
     start = time.perf_counter()
+    # weights stored rotated (MR-GPTQ, --method hadamard): the consumer must rotate their inputs
+    rotated = dict(((method or {}).get("rotation") or {}).get("tensors") or {})
+    if rotated and out_format == "gguf":
+        raise LowbitError(
+            "the weights are stored block-Hadamard rotated and a GGUF cannot declare the "
+            "rotation their inputs need: write lowbit or compressed-tensors"
+        )
     ckpt = open_model(model)
+    check_unrotated(ckpt)
     applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)
     w4a4 = [t for t in applied.quantized if t.activations == "nvfp4"]
     if w4a4 and out_format != "compressed-tensors":
@@ -259,7 +288,7 @@ def quantize_model(
     elif out_format == "compressed-tensors":
         copied, left = qw.write_ct(
             ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights,
-            clock=clock, input_scales=input_scales,
+            clock=clock, input_scales=input_scales, rotations=rotated,
         )  # fmt: skip
     elif ckpt.format != "gguf":
         write_gguf_from_hf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights)

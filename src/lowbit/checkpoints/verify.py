@@ -28,6 +28,7 @@ from lowbit._json import path_exists
 from lowbit.checkpoints import _gguf
 from lowbit.checkpoints._ct_fp4 import fused_scales_differ
 from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_check_weight, _ct_groups
+from lowbit.checkpoints._ct_transforms import input_transforms, transform_matrix
 from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.opener import open_checkpoint
@@ -163,6 +164,7 @@ def _compressed_tensors(p: Path) -> dict[str, Any]:
     why = fused_scales_differ(ckpt.get, set(names))
     if why:
         raise LowbitError(f"{p}: {why}")
+    rotated = _ct_transforms(ckpt, qc, where)
     files = [
         {"file": f.name, "bytes": f.stat().st_size, "sha256": "not recorded"}
         for f in sorted({ckpt.info(n).file for n in names})
@@ -176,15 +178,42 @@ def _compressed_tensors(p: Path) -> dict[str, Any]:
             "safetensors headers",
             "weights, scales and zero points match their group's scheme",
             "fused layers (q/k/v, gate/up) share one NVFP4 global scale",
+            *(
+                ["transform_config: online input rotations lowbit applies, their matrices"]
+                if rotated
+                else []
+            ),
         ],
         "files": files,
         "summary": {
             "config groups": len(groups),
             "quantized weights": len(modules),
             **{f"{k} weights": n for k, n in sorted(per_format.items())},
+            **({"online input transforms": rotated} if rotated else {}),
             "version": qc.get("version"),
         },
     }
+
+
+def _ct_transforms(ckpt: Any, qc: dict[str, Any], where: str) -> int:
+    """Check a folder's ``transform_config`` as ``lowbit.load_model`` reads it (its online
+    input transforms, each stored matrix's shape and, for ``hadamard``, Sylvester's values);
+    the number of online transforms.
+
+    Raises:
+        LowbitError: a transform lowbit cannot apply, a stored matrix that is wrong, or a
+            ``random-hadamard`` transform without one.
+    """
+    transforms = input_transforms(qc, where)
+    for t in transforms:
+        suffix = f".{t.tensor_suffix}.weight"
+        stored = [n for n in ckpt.names() if n.endswith(suffix)]
+        for n in stored:
+            size = t.head_dim or int(ckpt.info(n).shape[0])
+            transform_matrix(t, n[: -len(suffix)], size, lambda _layer, n=n: ckpt.get(n))
+        if not stored and t.type != "hadamard":
+            raise LowbitError(f"{where}: the {t.type} transform {t.group!r} stores no matrix")
+    return len(transforms)
 
 
 # ---------------------------------------------------------------------------------- GGUF

@@ -32,7 +32,7 @@ from lowbit.checkpoints.gguf_budget import (
 from lowbit.checkpoints.gguf_mix import gguf_targets
 from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
 from lowbit.checkpoints.imatrix import read_imatrix
-from lowbit.checkpoints.quantize_model import open_model
+from lowbit.checkpoints.quantize_model import check_unrotated, open_model
 from lowbit.cli import _common
 from lowbit.cli._gguf_mix import gguf_source, gptq_onto
 from lowbit.cli._scan import scan_windows
@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     types = parse_types(_given(args) or DEFAULT_CANDIDATES)
     progress = False if args.no_progress or args.json else None
     ckpt = open_model(args.model)
+    check_unrotated(ckpt)
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give the .gguf file to write")
     out = Path(args.out) if args.out else _default_out(Path(ckpt.path), args)

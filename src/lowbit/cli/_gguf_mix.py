@@ -28,7 +28,7 @@ from lowbit.checkpoints._outputs import check_output
 from lowbit.checkpoints.gguf_convert import check_hf_source
 from lowbit.checkpoints.gguf_mix import gguf_mix_types, gptq_targets, write_gguf_mix
 from lowbit.checkpoints.imatrix import read_imatrix
-from lowbit.checkpoints.quantize_model import open_model, quantize_model
+from lowbit.checkpoints.quantize_model import check_unrotated, open_model, quantize_model
 from lowbit.cli import _common
 from lowbit.cli._calibrated import calibration_of
 from lowbit.errors import LowbitError
@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress or args.json else None
     m = mixes.mix(args.to.strip())
     ckpt = open_model(args.model)
+    check_unrotated(ckpt)
     imatrix = read_imatrix(args.imatrix) if args.imatrix else None
     options = _overrides(args)
     if args.out is not None and not args.out.strip():

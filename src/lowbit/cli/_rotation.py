@@ -1,7 +1,9 @@
 """``lowbit quantize --method hadamard|hadamard+gptq``: weights stored in the
 block-Hadamard-rotated basis (``W R``, ``lowbit.methods.hadamard``) and the rotation recorded
-in the lowbit manifest (``method.rotation.tensors``: tensor name -> block), which
-``lowbit.load_model`` (and so ``lowbit eval``) applies to those layers' inputs online; and
+for the consumer, who applies it to those layers' inputs online: in the lowbit manifest
+(``method.rotation.tensors``: tensor name -> block) for ``lowbit.load_model`` (and so
+``lowbit eval``), or as compressed-tensors' ``transform_config`` for vLLM
+(``lowbit.checkpoints._ct_transforms``); and
 ``--method hadamard-fold|hadamard-fold+gptq``: the rotation folded offline into attention's
 value -> output projections (``lowbit.methods.hadamard_fold``), which every format can write
 (nothing is left for the consumer to rotate), the fold recorded as ``method.fold``."""
@@ -12,13 +14,22 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints.readers import ReplacedCheckpoint, TensorInfo
 from lowbit.errors import LowbitError
 from lowbit.evaluation.rotated import fold_checkpoint
 from lowbit.methods.hadamard import rotate_rows, rotation_block
 from lowbit.methods.mr_gptq import RotatedTensor
 from lowbit.quant.tensor import quantize
 
-__all__ = ["FOLDING", "ROTATING", "check_rotation", "fold_source", "rotated_rtn", "rotation_record"]
+__all__ = [
+    "FOLDING",
+    "ROTATING",
+    "RotatedCheckpoint",
+    "check_rotation",
+    "fold_source",
+    "rotated_rtn",
+    "rotation_record",
+]
 
 #: The ``--method`` values that store rotated weights.
 ROTATING = ("hadamard", "hadamard+gptq")
@@ -27,38 +38,81 @@ FOLDING = ("hadamard-fold", "hadamard-fold+gptq")
 
 
 def check_rotation(args: Any) -> None:
-    """A rotating ``--method`` writes lowbit's format only (the others cannot declare it).
+    """A rotating ``--method`` writes lowbit's format or compressed-tensors (a GGUF cannot
+    declare the rotation its layers' inputs need).
 
     Raises:
-        LowbitError: another output format.
+        LowbitError: a GGUF output.
     """
-    if args.method in ROTATING and args.out_format != "lowbit":
+    if args.method in ROTATING and args.out_format not in ("lowbit", "compressed-tensors"):
         raise LowbitError(
             f"--method {args.method} stores rotated weights whose layers' inputs must be "
-            f"rotated online; {args.out_format} cannot record that: write --out-format lowbit"
+            f"rotated online; {args.out_format} cannot record that: write --out-format lowbit "
+            "or compressed-tensors (or use --method hadamard-fold, which every format holds)"
         )
 
 
-def rotated_rtn(ckpt: Any, applied: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Round to nearest of ``W R`` for every quantized 2-D weight whose width the scheme's
-    group divides (the others as ``lowbit quantize`` rounds them): the weights and the record.
+def rotation_blocks(ckpt: Any, applied: Any) -> dict[str, int]:
+    """The Hadamard block of every quantized 2-D weight whose width its scheme's group
+    divides (the others stay unrotated).
 
     Raises:
         LowbitError: a scheme without power-of-two groups along the input axis.
     """
-    done: dict[str, Any] = {}
     blocks: dict[str, int] = {}
     for t in applied.quantized:
         shape = tuple(ckpt.shape(t.name))
         if len(shape) != 2:
             continue
         block = rotation_block(t.scheme)
-        if shape[1] % block:
-            continue
-        w = np.asarray(ckpt.get(t.name), dtype=np.float32)
-        done[t.name] = quantize(rotate_rows(w, block), t.scheme)
-        blocks[t.name] = block
+        if shape[1] % block == 0:
+            blocks[t.name] = block
+    return blocks
+
+
+def rotated_rtn(ckpt: Any, applied: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Round to nearest of ``W R`` for every weight :func:`rotation_blocks` rotates (the
+    others as ``lowbit quantize`` rounds them): the weights and the record.
+
+    Raises:
+        LowbitError: a scheme without power-of-two groups along the input axis.
+    """
+    blocks = rotation_blocks(ckpt, applied)
+    plans = {t.name: t for t in applied.quantized}
+    done = {
+        name: quantize(rotate_rows(np.asarray(ckpt.get(name), dtype=np.float32), b),
+                       plans[name].scheme)
+        for name, b in blocks.items()
+    }  # fmt: skip
     return done, rotation_record({"method": "hadamard"}, blocks)
+
+
+class RotatedCheckpoint(ReplacedCheckpoint):
+    """``base`` with the weights of ``blocks`` read in the rotated basis, ``W R`` as float32
+    (``lowbit.methods.hadamard.rotate_rows``), computed on each read: the source a
+    compressed-tensors output of ``--method hadamard`` rounds to nearest, so NVFP4's shared
+    q/k/v and gate/up tensor scales are taken from the rotated weights, as written.
+
+    Attributes:
+        blocks: weight name -> Hadamard block.
+    """
+
+    def __init__(self, base: Any, blocks: dict[str, int]) -> None:
+        super().__init__(base, {})
+        self.blocks = dict(blocks)
+
+    def info(self, name: str) -> TensorInfo:
+        info = self.base.info(name)
+        if name in self.blocks:
+            n = int(np.prod(info.shape)) * 4
+            return TensorInfo(name, info.shape, "F32", n, info.file, info.offset)
+        return info
+
+    def get(self, name: str, dtype: Any = None) -> np.ndarray:
+        if name not in self.blocks:
+            return self.base.get(name, dtype)
+        arr = rotate_rows(np.asarray(self.base.get(name), dtype=np.float32), self.blocks[name])
+        return arr if dtype is None else arr.astype(dtype)
 
 
 def rotation_record(record: dict[str, Any], blocks: dict[str, int]) -> dict[str, Any]:
@@ -67,6 +121,11 @@ def rotation_record(record: dict[str, Any], blocks: dict[str, int]) -> dict[str,
         **record,
         "rotation": {"kind": "block-hadamard", "tensors": dict(sorted(blocks.items()))},
     }
+
+
+def recorded_blocks(record: dict[str, Any] | None) -> dict[str, int]:
+    """The rotated weights a method's record names (weight name -> block; empty: none)."""
+    return dict(((record or {}).get("rotation") or {}).get("tensors") or {})
 
 
 def unwrap(done: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

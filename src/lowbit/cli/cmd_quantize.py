@@ -11,7 +11,13 @@ from typing import Any
 from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.calibration.input_scales import nvfp4_input_scales
 from lowbit.checkpoints._pipeline import ct_weights
-from lowbit.checkpoints.quantize_model import open_model, output_nbytes, plan_model, quantize_model
+from lowbit.checkpoints.quantize_model import (
+    check_unrotated,
+    open_model,
+    output_nbytes,
+    plan_model,
+    quantize_model,
+)
 from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _rotation
 from lowbit.cli._calibrated import (
     add_calibration_options,
@@ -133,8 +139,9 @@ def register(sub: Any) -> None:
         default="rtn",
         help="rtn: round to nearest (default); gptq, awq: calibrated (plan rules may name "
         "their own method); hadamard, hadamard+gptq (MR-GPTQ): weights stored in the block-"
-        "Hadamard-rotated basis, the rotation recorded for lowbit.load_model/eval (lowbit "
-        "format only); hadamard-fold, hadamard-fold+gptq: the rotation folded offline into "
+        "Hadamard-rotated basis, the rotation the inputs need recorded (lowbit: for "
+        "lowbit.load_model/eval; compressed-tensors: transform_config, for vLLM; no GGUF); "
+        "hadamard-fold, hadamard-fold+gptq: the rotation folded offline into "
         "attention's v -> o projections (exact, nothing to rotate at run time: every format), "
         "then rounded to nearest or GPTQ'd",
     )
@@ -333,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
             "add --out-format compressed-tensors (with --to nvfp4)"
         )
     ckpt = open_model(args.model)
+    check_unrotated(ckpt)
     mixed = scan = None
     if plan is None and args.plan_preset:
         plan = _budget.preset(args, ckpt)
@@ -360,7 +368,12 @@ def run(args: argparse.Namespace) -> int:
     done = method = record = fold = None
     source = ckpt
     _rotation.check_rotation(args)
-    if args.method == "hadamard":
+    if args.method == "hadamard" and args.out_format == "compressed-tensors":
+        # rounded by the writer from the rotated weights: NVFP4's fused groups share a scale
+        blocks = _rotation.rotation_blocks(ckpt, applied)
+        source = _rotation.RotatedCheckpoint(ckpt, blocks)
+        record = _rotation.rotation_record({"method": "hadamard"}, blocks)
+    elif args.method == "hadamard":
         done, record = _rotation.rotated_rtn(ckpt, applied)
     # rule methods run their method without --method; gptq and awq never mix (one run)
     base = {"hadamard": "rtn", "hadamard+gptq": "gptq", "hadamard-fold": "rtn",
@@ -395,6 +408,7 @@ def run(args: argparse.Namespace) -> int:
             inputs = nvfp4_input_scales(
                 source, {t.name: done[t.name] for t in applied.quantized}, calibration_of(args),
                 threads=args.threads, progress=progress, compute=args.compute,
+                rotations=_rotation.recorded_blocks(method if record is None else record),
             )  # fmt: skip
     with warnings.catch_warnings(record=True) as caught, clock.part("write"):
         warnings.simplefilter("always")

@@ -36,6 +36,7 @@ from lowbit.errors import LowbitError
 from lowbit.methods.hadamard import rotate_rows
 from lowbit.models.activations import fake_quantize_per_token
 from lowbit.models.ggml_act import gguf_linear_types
+from lowbit.models.input_transforms import attach_input_transforms
 from lowbit.models.moe import (
     check_layouts,
     checkpoint_rename,
@@ -214,7 +215,9 @@ def build_model(
     Returns:
         The model (a ``transformers.PreTrainedModel``) in eval mode on the CPU. Its
         ``lowbit_gguf_types`` maps linear layers to the GGUF types of the weights they hold
-        (a GGUF's own tensors; empty otherwise), for ``lowbit.models.ggml_act``.
+        (a GGUF's own tensors; empty otherwise), for ``lowbit.models.ggml_act``; its
+        ``lowbit_input_transforms`` the layers whose inputs a compressed-tensors folder's
+        ``transform_config`` rotates at run time (hooked: ``lowbit.models.input_transforms``).
 
     Raises:
         LowbitError: no config, an unknown architecture, names or shapes that do not match.
@@ -252,6 +255,8 @@ def build_model(
     model.eval()
     model.lowbit_deferred = sorted(deferred)
     model.lowbit_gguf_types = gguf_linear_types(model, checkpoint) if stored_gguf else {}
+    # a compressed-tensors folder's online input rotations (its weights are stored rotated)
+    model.lowbit_input_transforms = attach_input_transforms(model, checkpoint)
     return model
 
 
