@@ -302,3 +302,28 @@ def test_verify_checks_the_transforms(tmp_path: Path, capsys: pytest.CaptureFixt
     bad = _crafted(tmp_path, _set_online("location", "output"))
     assert main(["verify", str(bad)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_report_measures_rotated_weights_in_their_basis(tiny: Path, tmp_path: Path) -> None:
+    """lowbit report compares a weight stored rotated (W R) with the rotated source, the same
+    error as the weight the layer computes with: MR-GPTQ's errors are equal in lowbit's format
+    and in compressed-tensors, each close to the dequantized weight's own error (``W`` against
+    ``Q Rᵀ``), and llm-compressor's folder shows no transform matrix as a tensor."""
+    from lowbit.view.report import build_report
+
+    ct, lb = tmp_path / "ct", tmp_path / "lb"
+    _quantize(tiny, ct, "--method", "hadamard+gptq", "--out-format", "compressed-tensors")
+    _quantize(tiny, lb, "--method", "hadamard+gptq")
+    a = {r.name: r.rel_fro for r in build_report(ct, against=tiny).rows if r.stored != "kept"}
+    b = {r.name: r.rel_fro for r in build_report(lb, against=tiny).rows if r.stored != "kept"}
+    assert len(a) == 14 and a.keys() == b.keys()
+    src, folder = open_checkpoint(tiny), open_checkpoint(ct)
+    for name in a:
+        assert a[name] == pytest.approx(b[name], rel=1e-6)
+        x = np.asarray(src.get(name), np.float64)
+        back = rotate_rows(np.asarray(folder.get(name), np.float64), 16)  # Q R R = Q Rᵀ
+        assert a[name] == pytest.approx(np.linalg.norm(x - back) / np.linalg.norm(x), rel=1e-4)
+        assert a[name] < 0.3
+    rows = build_report(REF / "nvfp4-b16", against=REF / "src").rows
+    assert not any("v_input" in r.name for r in rows)
+    assert max(r.rel_fro for r in rows if r.stored != "kept") < 0.3

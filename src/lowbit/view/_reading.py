@@ -10,6 +10,7 @@ import numpy as np
 
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.verify import _ct_config
+from lowbit.methods.hadamard import hadamard
 from lowbit.quant.tensor import QuantizedTensor
 from lowbit.view import _ct_read
 
@@ -23,8 +24,12 @@ class QuantizedReader:
 
         self.path = path
         self.ckpt = open_checkpoint(path)
+        self._transforms: list[Any] = []
+        self._folder: Any = None
         if self.ckpt.format == "compressed-tensors":
             # the stored parts (packed codes, scales), not the dequantized view of the weights
+            self._folder = self.ckpt
+            self._transforms = list(getattr(self.ckpt, "transforms", []))
             self.ckpt = self.ckpt._st  # type: ignore[attr-defined]
         self.format = self.ckpt.format
         self.manifest: dict[str, Any] | None = getattr(self.ckpt, "manifest", None)
@@ -53,13 +58,33 @@ class QuantizedReader:
         if self.ct is None:
             return self.ckpt.names()
         out: dict[str, None] = {}
+        hidden = {f".{t.tensor_suffix}.weight" for t in self._transforms}
         for n in self.ckpt.names():
             module, _, part = n.rpartition(".")
+            if any(n.endswith(h) for h in hidden):
+                continue  # a transform's matrix, not a model tensor
             if part.startswith("weight_"):
                 out.setdefault(f"{module}.weight", None)
             else:
                 out.setdefault(n, None)
         return list(out)
+
+    def input_rotation(self, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        """The block matrix ``M`` by which the weight ``name`` is stored rotated (``W M``;
+        its layer's input is rotated alike at run time), or None: a lowbit checkpoint's
+        recorded block Hadamard rotation (MR-GPTQ), a compressed-tensors folder's online input
+        transform (resolved by layer name, ``re:`` pattern, or a class-name target such as
+        ``Linear``, taken to name every 2-D weight the config quantizes)."""
+        if len(shape) != 2:
+            return None
+        if self.manifest is not None:
+            block = self.ckpt.rotations().get(name)  # type: ignore[attr-defined]
+            return None if block is None else hadamard(block)
+        layer = name.removesuffix(".weight")
+        hits = [t for t in self._transforms if t.matches(layer, ("Linear",))]
+        if not hits or not self._ct_quantized(name):
+            return None
+        return self._folder.transform_matrix(hits[0], layer, int(shape[1]))
 
     def tensor(self, name: str) -> tuple[str, str, str | None, tuple[int, ...], int, Any]:
         """``(stored, scheme, rule, shape, stored bits, values)``; values is a

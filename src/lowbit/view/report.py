@@ -411,6 +411,9 @@ def build_report(
                         f"{name}: {src_path} has shape {list(x.shape)}, the checkpoint "
                         f"{list(shape)}; is --against the model it was quantized from?"
                     )
+                # stored rotated (W M): measured against the rotated source, the same error
+                # as the weight the layer computes with (M is orthogonal)
+                x = _rotated(x, q.input_rotation(name, shape))
                 approx = qt if qt is not None else q.values(name, qt)
                 if approx is not None:
                     rel, sqnr = _errors(x, approx)
@@ -432,6 +435,7 @@ def build_report(
         details = []
         for r in ranked[: max(0, worst)]:
             x = np.asarray(src.get(r.name), dtype=np.float32)  # type: ignore[union-attr]
+            x = _rotated(x, q.input_rotation(r.name, r.shape))
             details.append(_detail(r, q.ckpt.quantized(r.name), x, candidates, seed))  # type: ignore[attr-defined]
         source_bytes = (
             sum(src.info(r.name).nbytes for r in rows if r.name in src.names()) if src else None
@@ -457,6 +461,17 @@ def build_report(
         scale_rules=tuple(rule_sums.values()),
         scale_rule_tensors=rule_tensors,
     )
+
+
+def _rotated(x: Any, m: np.ndarray | None) -> Any:
+    """``x`` (rows of a weight ``[out, in]``) with each block of ``m.shape[0]`` values
+    multiplied by ``m`` (None: ``x`` as it is)."""
+    if m is None:
+        return x
+    x = np.asarray(x, dtype=np.float32)
+    b = m.shape[0]
+    v = x.astype(np.float64).reshape(x.shape[0], x.shape[1] // b, b)
+    return (v @ m).reshape(x.shape).astype(np.float32)
 
 
 def _errors(x: np.ndarray, approx: Any) -> tuple[float, float]:
