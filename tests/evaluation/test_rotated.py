@@ -256,6 +256,15 @@ def test_quantize_hadamard_fold_any_format(tmp_path: Path, capsys: Any) -> None:
     with torch.inference_mode():
         torch.testing.assert_close(load_model(q)(ids).logits, ref(ids).logits, rtol=1e-5,
                                    atol=1e-5)  # fmt: skip
+    # lowbit report measures v/o against the folded source (the same model), not the unfolded
+    from lowbit.view.report import build_report
+
+    rows = {r.name: r for r in build_report(q).rows}
+    for n in ("model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight"):
+        x = folded.get(n).astype(np.float64)
+        back = np.asarray(ckpt.get(n), np.float64)
+        want = np.linalg.norm(x - back) / np.linalg.norm(x)
+        assert rows[n].rel_fro == pytest.approx(want, rel=1e-5) and want < 0.3
     # GGUF to GGUF (q8_0, groups of 32; a llama with heads of 32): the folded rows are stored
     big = save_gguf(tiny_llama(hidden=128), tmp_path / "big.gguf")
     gg = tmp_path / "m.gguf"

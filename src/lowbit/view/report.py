@@ -26,6 +26,7 @@ import numpy as np
 
 from lowbit.checkpoints import open_checkpoint
 from lowbit.errors import LowbitError, UnderflowWarning
+from lowbit.evaluation.rotated import fold_checkpoint
 from lowbit.evaluation.sensitivity import SensitivityResult
 from lowbit.quant.block_clipping import BlockCounts, fp4_block_counts
 from lowbit.quant.metrics import error
@@ -394,6 +395,11 @@ def build_report(
     src = None
     if src_path is not None and (against is not None or Path(src_path).exists()):
         src = open_checkpoint(src_path)
+    fold = ((q.manifest or {}).get("method") or {}).get("fold")
+    if src is not None and isinstance(fold, dict):
+        # --method hadamard-fold: the output's v/o are the folded source's (exactly the same
+        # model), so they are measured against those, not the unfolded weights
+        src, _ = fold_checkpoint(src, int(fold.get("block", 0)))
     rows: list[TensorRow] = []
     held: dict[str, Any] = {}
     rule_sums: dict[str, BlockCounts] = {}
@@ -437,8 +443,11 @@ def build_report(
             x = np.asarray(src.get(r.name), dtype=np.float32)  # type: ignore[union-attr]
             x = _rotated(x, q.input_rotation(r.name, r.shape))
             details.append(_detail(r, q.ckpt.quantized(r.name), x, candidates, seed))  # type: ignore[attr-defined]
+        stored_src = getattr(src, "base", src)  # a folded source's bytes are the source's
         source_bytes = (
-            sum(src.info(r.name).nbytes for r in rows if r.name in src.names()) if src else None
+            sum(stored_src.info(r.name).nbytes for r in rows if r.name in src.names())
+            if src
+            else None
         )
     finally:
         if src is not None:
