@@ -184,8 +184,15 @@ def test_quantize_hadamard_writes_and_load_applies_the_rotation(tmp_path: Path) 
     ids = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=1e-6, atol=1e-6)
+    # compressed-tensors declares the rotation (transform_config): the same model; GGUF cannot
     assert main(["quantize", str(src), "--to", "mxfp4", "--method", "hadamard", "--out",
-                 str(tmp_path / "ct"), "--out-format", "compressed-tensors"]) == 2  # fmt: skip
+                 str(tmp_path / "ct"), "--out-format", "compressed-tensors"]) == 0  # fmt: skip
+    with torch.inference_mode():
+        ct = load_model(tmp_path / "ct")
+        assert len(ct.lowbit_input_transforms) == 14
+        torch.testing.assert_close(ct(ids).logits, ref(ids).logits, rtol=1e-6, atol=1e-6)
+    assert main(["quantize", str(src), "--to", "mxfp4", "--method", "hadamard", "--out",
+                 str(tmp_path / "g.gguf"), "--out-format", "gguf"]) == 2  # fmt: skip
 
 
 def test_quantize_mr_gptq_records_the_rotation(tmp_path: Path) -> None:
