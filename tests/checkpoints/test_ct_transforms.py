@@ -327,3 +327,27 @@ def test_report_measures_rotated_weights_in_their_basis(tiny: Path, tmp_path: Pa
     rows = build_report(REF / "nvfp4-b16", against=REF / "src").rows
     assert not any("v_input" in r.name for r in rows)
     assert max(r.rel_fro for r in rows if r.stored != "kept") < 0.3
+
+
+def test_rotated_experts_refused_for_compressed_tensors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM applies transform_config to linear layers, not to fused experts: a mixture's
+    rotated experts are refused for compressed-tensors before any work (CLI) and by the
+    library, in one line; lowbit's own format takes them."""
+    from tiny_models import save_moe_folder, tiny_moe
+
+    src = save_moe_folder(tiny_moe("mixtral"), tmp_path / "moe")
+    out = tmp_path / "ct"
+    capsys.readouterr()
+    code = main(["quantize", str(src), "--to", "nvfp4", "--method", "hadamard",
+                 "--out-format", "compressed-tensors", "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "fused experts" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+    name = "model.layers.0.mlp.experts.0.w1.weight"
+    with pytest.raises(LowbitError, match="fused experts"):
+        quantize_model(src, PrecisionPlan.uniform("nvfp4"), out, out_format="compressed-tensors",
+                       weights={}, method={"rotation": {"tensors": {name: 16}}})  # fmt: skip
+    assert main(["quantize", str(src), "--to", "nvfp4", "--method", "hadamard",
+                 "--out", str(tmp_path / "lb"), "--no-progress"]) == 0  # fmt: skip

@@ -253,6 +253,13 @@ def quantize_model(
             "the weights are stored block-Hadamard rotated and a GGUF cannot declare the "
             "rotation their inputs need: write lowbit or compressed-tensors"
         )
+    experts = [n for n in rotated if ".experts." in n]
+    if experts and out_format == "compressed-tensors":
+        raise LowbitError(
+            f"{experts[0]}: a mixture's expert weights stored rotated; vLLM applies a "
+            "transform_config to linear layers, not to its fused experts: write lowbit, or use "
+            "--method hadamard-fold"
+        )
     ckpt = open_model(model)
     check_unrotated(ckpt)
     applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)

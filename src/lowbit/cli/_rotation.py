@@ -19,6 +19,7 @@ from lowbit.errors import LowbitError
 from lowbit.evaluation.rotated import fold_checkpoint
 from lowbit.methods.hadamard import rotate_rows, rotation_block
 from lowbit.methods.mr_gptq import RotatedTensor
+from lowbit.models.moe import expert_of
 from lowbit.quant.tensor import quantize
 
 __all__ = [
@@ -49,6 +50,24 @@ def check_rotation(args: Any) -> None:
             f"--method {args.method} stores rotated weights whose layers' inputs must be "
             f"rotated online; {args.out_format} cannot record that: write --out-format lowbit "
             "or compressed-tensors (or use --method hadamard-fold, which every format holds)"
+        )
+
+
+def check_experts(args: Any, applied: Any) -> None:
+    """Refuse, before any calibration, rotated expert weights in compressed-tensors output
+    (vLLM applies ``transform_config`` to linear layers, not to its fused experts).
+
+    Raises:
+        LowbitError: a rotating ``--method`` with compressed-tensors output of a mixture.
+    """
+    if args.method not in ROTATING or args.out_format != "compressed-tensors":
+        return
+    experts = [t.name for t in applied.quantized if expert_of(t.name)]
+    if experts:
+        raise LowbitError(
+            f"{experts[0]}: --method {args.method} would store a mixture's expert weights "
+            "rotated, and vLLM applies transform_config to linear layers, not to its fused "
+            "experts: write --out-format lowbit, or use --method hadamard-fold"
         )
 
 

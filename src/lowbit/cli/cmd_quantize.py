@@ -368,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
     done = method = record = fold = None
     source = ckpt
     _rotation.check_rotation(args)
+    _rotation.check_experts(args, applied)
     if args.method == "hadamard" and args.out_format == "compressed-tensors":
         # rounded by the writer from the rotated weights: NVFP4's fused groups share a scale
         blocks = _rotation.rotation_blocks(ckpt, applied)
