@@ -5,8 +5,12 @@ from lowbit's test extra), so this script runs in two: in lowbit's, it writes th
 token ids lowbit's GPTQ uses (SmolLM2: 32 windows of 512 tokens after the scored text; MiniLM:
 the 256 default sentences ``lowbit eval`` does not measure) and starts itself again under
 ``--llmc-python`` to run llm-compressor's ``QuantizationModifier`` (round to nearest) and
-``GPTQModifier`` (its defaults) with ``scheme="NVFP4A16"``; then ``lowbit eval`` measures both
-compressed-tensors folders on its default slices. docs/quantization.md has the results.
+``GPTQModifier`` (its defaults) with ``scheme="NVFP4A16"``, and with ``--methods ...,quip-gptq``
+its MR-GPTQ recipe (``QuIPModifier(rotations=["v"], transform_type="hadamard",
+transform_block_size=16)`` before GPTQ: weights rotated in blocks of 16, the rotation of each
+layer's input recorded as ``transform_config``, which ``lowbit eval`` applies); then
+``lowbit eval`` measures the compressed-tensors folders on its default slices.
+docs/quantization.md has the results.
 
     python benchmarks/llmc_nvfp4.py --model minilm --llmc-python /path/to/llmc-venv/bin/python
     python benchmarks/llmc_nvfp4.py --model smollm2 --source F32_HF_FOLDER --llmc-python ...
@@ -49,6 +53,7 @@ def _run_llmc(src: str, ids_file: str, out: str, how: str, kind: str) -> None:
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform import QuIPModifier
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(2)
@@ -65,6 +70,10 @@ def _run_llmc(src: str, ids_file: str, out: str, how: str, kind: str) -> None:
         oneshot(model=model, recipe=recipe)
     else:
         recipe = GPTQModifier(targets="Linear", scheme="NVFP4A16", ignore=ignore)
+        if how == "quip-gptq":  # MR-GPTQ: GPTQ over block-Hadamard-rotated weights
+            quip = QuIPModifier(rotations=["v"], transform_type="hadamard",
+                                transform_block_size=16, ignore=ignore)  # fmt: skip
+            recipe = [quip, recipe]
         extra = {} if causal else {"sequential_targets": ["BertLayer"]}
         oneshot(model=model, dataset=ds, recipe=recipe, num_calibration_samples=len(ids),
                 max_seq_length=max(map(len, ids)), **extra)  # fmt: skip
@@ -79,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", help="float32 Hugging Face folder (SmolLM2: required)")
     ap.add_argument("--llmc-python", required=True, help="python of llm-compressor's venv")
     ap.add_argument("--work", type=Path, default=Path("out/llmc-nvfp4"))
+    ap.add_argument(
+        "--methods",
+        default="rtn,gptq",
+        help="llm-compressor runs, of rtn, gptq, quip-gptq (default rtn,gptq)",
+    )
     ap.add_argument("--_run", nargs=5, metavar="ARG", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._run:
@@ -94,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     ids_file.write_text(json.dumps(_calibration_ids(args.model)))
     kind = "causal" if args.model == "smollm2" else "encoder"
     outs = []
-    for how in ("rtn", "gptq"):
+    hows = [h.strip() for h in args.methods.split(",") if h.strip()]
+    bad = sorted(set(hows) - {"rtn", "gptq", "quip-gptq"})
+    if bad or not hows:
+        ap.error(f"--methods takes rtn, gptq, quip-gptq; got {args.methods!r}")
+    for how in hows:
         out = args.work / f"{args.model}-{how}"
         subprocess.run([args.llmc_python, __file__, "--llmc-python", args.llmc_python,
                         "--_run", src, str(ids_file), str(out), how, kind], check=True)  # fmt: skip
