@@ -11,6 +11,7 @@ rotation onto each linear layer's input, ahead of any activation quantization ho
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,9 @@ def attach_input_transforms(model: Any, checkpoint: Any) -> dict[str, int]:
     where = getattr(checkpoint, "path", "the folder")
     out: dict[str, int] = {}
     used = set()
+    # one torch copy per distinct matrix: a full-width rotation of a wide model is large, and
+    # every layer of a group shares it
+    shared: dict[tuple[Any, ...], Any] = {}
     for name, module in model.named_modules():
         classes = tuple(c.__name__ for c in type(module).__mro__)
         hits = [t for t in transforms if name and t.matches(name, classes)]
@@ -60,9 +64,12 @@ def attach_input_transforms(model: Any, checkpoint: Any) -> dict[str, int]:
             )
         t = hits[0]
         used.add(t)
-        m = checkpoint.transform_matrix(t, name, int(module.in_features))
+        m = np.ascontiguousarray(checkpoint.transform_matrix(t, name, int(module.in_features)))
         block = int(m.shape[0])
-        mt = torch.tensor(np.asarray(m), dtype=torch.float32)
+        key = (t, block, hashlib.blake2b(m.tobytes(), digest_size=16).digest())
+        if key not in shared:
+            shared[key] = torch.tensor(m, dtype=torch.float32)
+        mt = shared[key]
 
         def hook(_m: Any, args: tuple[Any, ...], mt: Any = mt, b: int = block) -> tuple[Any, ...]:
             x = args[0]
