@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lowbit.errors import LowbitError
@@ -74,11 +74,15 @@ def test_dequantize_equals_gguf(qtype: str) -> None:
 _BOUND = {
     "Q8_0": 0.0066, "Q6_K": 0.066, "Q5_0": 0.12, "Q5_1": 0.093, "Q5_K": 0.1, "Q4_0": 0.31,
     "Q4_1": 0.29, "Q4_K": 0.19, "IQ4_NL": 0.29, "IQ4_XS": 0.32, "Q3_K": 0.44, "Q2_K": 0.86,
-    "MXFP4": 0.2501, "NVFP4": 0.26, "TQ1_0": 0.5002, "TQ2_0": 0.5002,
+    "MXFP4": 0.2501, "NVFP4": 0.26, "TQ1_0": 0.5005, "TQ2_0": 0.5005,
 }  # fmt: skip
+# The ternary types round x / amax to a trit but store amax as float16 (relative error up to
+# 2^-11): a value just above amax / 2 decodes to float16(amax), off by up to (1/2 + 2^-11) amax.
+# Hypothesis found 0.50027 (TQ1_0, seed 2^32 - 1, scale 22.57, tail 100) against 0.5002 here.
 
 
 @settings(max_examples=40, deadline=None)
+@example(qtype="TQ1_0", seed=2**32 - 1, scale=22.5703125, tail=100.0, use_imatrix=False)
 @given(
     qtype=st.sampled_from(sorted(blocks.TYPES)),
     seed=st.integers(0, 2**32 - 1),
