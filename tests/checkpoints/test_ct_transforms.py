@@ -248,6 +248,7 @@ def _not_sylvester(raw: dict[str, Any]) -> None:
         (lambda tc: tc.update(config_groups=[]), None, "no config_groups"),
         (_set_online("targets", ["re:model\\.norm$"]), None, "linear layers"),
         (_set_online("targets", ["nothing.here"]), None, "matches no layer"),
+        (_set_online("targets", 5), None, "strings or lists"),
         (lambda tc: _v(tc).update(type="random-hadamard"), lambda raw: raw.pop(
             "model.layers.0.self_attn.q_proj.v_input.weight"), "needs its stored matrix"),
         (lambda tc: None, _not_sylvester, "not the ±1 Sylvester"),

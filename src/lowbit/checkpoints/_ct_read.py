@@ -116,6 +116,7 @@ class CompressedTensorsFolder(Checkpoint):
             )
         groups = _ct_groups(self.quantization_config, where)
         self.transforms = input_transforms(self.quantization_config, where)
+        self._stored_matrices: dict[str, list[str]] = {}
         # a transform's stored matrices (``<layer>.v_input.weight``) are not the model's
         hidden = {t.tensor_suffix for t in self.transforms}
         names = [n for n in self._st.names() if _owner(n) not in hidden]
@@ -204,7 +205,10 @@ class CompressedTensorsFolder(Checkpoint):
         the online transform ``t`` (one of :attr:`transforms`): see
         :func:`lowbit.checkpoints._ct_transforms.transform_matrix`."""
         suffix = f".{t.tensor_suffix}.weight"
-        stored = [n for n in self._st.names() if n.endswith(suffix)]
+        stored = self._stored_matrices.get(suffix)
+        if stored is None:  # one scan per transform, not one per layer
+            stored = [n for n in self._st.names() if n.endswith(suffix)]
+            self._stored_matrices[suffix] = stored
 
         def get(name: str) -> np.ndarray | None:
             own = name + suffix

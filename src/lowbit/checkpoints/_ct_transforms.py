@@ -145,8 +145,9 @@ def input_transforms(qc: Mapping[str, Any], where: str) -> list[InputTransform]:
             targets, ignore = args.get("targets", []), args.get("ignore", [])
             targets = [targets] if isinstance(targets, str) else targets
             ignore = [ignore] if isinstance(ignore, str) else ignore
-            if not all(isinstance(t, str) for t in [*targets, *ignore]):
-                raise LowbitError(f"{at}: targets and ignore must be strings")
+            ok = isinstance(targets, list) and isinstance(ignore, list)
+            if not ok or not all(isinstance(t, str) for t in [*targets, *ignore]):
+                raise LowbitError(f"{at}: targets and ignore must be strings or lists of them")
             inverse = bool(args.get("inverse", False))
             out.append(
                 InputTransform(str(gname), kind, head, inverse, tuple(targets), tuple(ignore))

@@ -59,6 +59,7 @@ __all__ = [
     "quantize_model",
     "quantized_weights",
     "resolve_model",
+    "rotated_tensors",
 ]
 
 OUT_FORMATS = ("lowbit", "compressed-tensors", "gguf")
@@ -107,6 +108,12 @@ def open_model(model: str | os.PathLike[str] | Checkpoint | None) -> Checkpoint:
             f"{path} is already a lowbit checkpoint; quantize its source model instead"
         )
     return open_checkpoint(path)
+
+
+def rotated_tensors(method: Mapping[str, Any] | None) -> dict[str, int]:
+    """The weights a method's record says are stored block-Hadamard rotated (its
+    ``rotation.tensors``: weight name -> block; empty: none)."""
+    return dict(((method or {}).get("rotation") or {}).get("tensors") or {})
 
 
 def check_unrotated(checkpoint: Checkpoint) -> None:
@@ -247,7 +254,7 @@ def quantize_model(
     """
     start = time.perf_counter()
     # weights stored rotated (MR-GPTQ, --method hadamard): the consumer must rotate their inputs
-    rotated = dict(((method or {}).get("rotation") or {}).get("tensors") or {})
+    rotated = rotated_tensors(method)
     if rotated and out_format == "gguf":
         raise LowbitError(
             "the weights are stored block-Hadamard rotated and a GGUF cannot declare the "

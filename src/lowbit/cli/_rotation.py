@@ -142,11 +142,6 @@ def rotation_record(record: dict[str, Any], blocks: dict[str, int]) -> dict[str,
     }
 
 
-def recorded_blocks(record: dict[str, Any] | None) -> dict[str, int]:
-    """The rotated weights a method's record names (weight name -> block; empty: none)."""
-    return dict(((record or {}).get("rotation") or {}).get("tensors") or {})
-
-
 def unwrap(done: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """MR-GPTQ's weights as the rotated QuantizedTensors a writer stores, and the record with
     the rotation of each."""

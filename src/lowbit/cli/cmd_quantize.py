@@ -17,6 +17,7 @@ from lowbit.checkpoints.quantize_model import (
     output_nbytes,
     plan_model,
     quantize_model,
+    rotated_tensors,
 )
 from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _rotation
 from lowbit.cli._calibrated import (
@@ -409,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
             inputs = nvfp4_input_scales(
                 source, {t.name: done[t.name] for t in applied.quantized}, calibration_of(args),
                 threads=args.threads, progress=progress, compute=args.compute,
-                rotations=_rotation.recorded_blocks(method if record is None else record),
+                rotations=rotated_tensors(method if record is None else record),
             )  # fmt: skip
     with warnings.catch_warnings(record=True) as caught, clock.part("write"):
         warnings.simplefilter("always")

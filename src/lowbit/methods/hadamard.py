@@ -22,7 +22,7 @@ import numpy as np
 
 from lowbit.errors import LowbitError
 
-__all__ = ["hadamard", "rotate_rows", "rotation_block"]
+__all__ = ["hadamard", "rotate_blocks", "rotate_rows", "rotation_block"]
 
 
 @cache
@@ -70,18 +70,25 @@ def rotate_rows(w: Any, block: int) -> Any:
     Raises:
         LowbitError: the last dimension not a multiple of ``block``.
     """
-    k = w.shape[-1]
-    if k % block:
+    if w.shape[-1] % block:
         raise LowbitError(
-            f"rows of {k} values do not split into Hadamard blocks of {block}: keep this layer "
-            "unrotated or choose a group that divides it"
+            f"rows of {w.shape[-1]} values do not split into Hadamard blocks of {block}: keep "
+            "this layer unrotated or choose a group that divides it"
         )
-    h = hadamard(block)
-    if isinstance(w, np.ndarray):
-        v = w.astype(np.float64).reshape(*w.shape[:-1], k // block, block)
-        return (v @ h).reshape(w.shape).astype(w.dtype)
+    return rotate_blocks(w, hadamard(block))
+
+
+def rotate_blocks(x: Any, m: Any) -> Any:
+    """``x`` with each consecutive block of ``m.shape[0]`` values of its last axis multiplied
+    by the square matrix ``m`` (``x_block @ m``), in ``x``'s dtype: numpy in float64, torch in
+    float32 (``m`` numpy or an already-made torch tensor, which a hook reuses call after call).
+    The caller checks that the block divides the last axis."""
+    b = m.shape[0]
+    if isinstance(x, np.ndarray):
+        v = x.astype(np.float64).reshape(*x.shape[:-1], x.shape[-1] // b, b)
+        return (v @ np.asarray(m, dtype=np.float64)).reshape(x.shape).astype(x.dtype)
     import torch
 
-    ht = torch.tensor(np.array(h), dtype=torch.float32, device=w.device)
-    v = w.to(torch.float32).reshape(*w.shape[:-1], k // block, block)
-    return (v @ ht).reshape(w.shape).to(w.dtype)
+    mt = m if isinstance(m, torch.Tensor) else torch.tensor(np.array(m), dtype=torch.float32)
+    v = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // b, b)
+    return (v @ mt.to(device=x.device)).reshape(x.shape).to(x.dtype)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
+from lowbit.methods.hadamard import rotate_blocks
 
 __all__ = ["attach_input_transforms"]
 
@@ -71,10 +72,8 @@ def attach_input_transforms(model: Any, checkpoint: Any) -> dict[str, int]:
             shared[key] = torch.tensor(m, dtype=torch.float32)
         mt = shared[key]
 
-        def hook(_m: Any, args: tuple[Any, ...], mt: Any = mt, b: int = block) -> tuple[Any, ...]:
-            x = args[0]
-            v = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // b, b)
-            return ((v @ mt).reshape(x.shape).to(x.dtype), *args[1:])
+        def hook(_m: Any, args: tuple[Any, ...], mt: Any = mt) -> tuple[Any, ...]:
+            return (rotate_blocks(args[0], mt), *args[1:])
 
         module.register_forward_pre_hook(hook)
         out[name] = block

@@ -28,6 +28,7 @@ from lowbit.checkpoints import open_checkpoint
 from lowbit.errors import LowbitError, UnderflowWarning
 from lowbit.evaluation.rotated import fold_checkpoint
 from lowbit.evaluation.sensitivity import SensitivityResult
+from lowbit.methods.hadamard import rotate_blocks
 from lowbit.quant.block_clipping import BlockCounts, fp4_block_counts
 from lowbit.quant.metrics import error
 from lowbit.quant.scheme import Granularity, Scheme
@@ -475,12 +476,7 @@ def build_report(
 def _rotated(x: Any, m: np.ndarray | None) -> Any:
     """``x`` (rows of a weight ``[out, in]``) with each block of ``m.shape[0]`` values
     multiplied by ``m`` (None: ``x`` as it is)."""
-    if m is None:
-        return x
-    x = np.asarray(x, dtype=np.float32)
-    b = m.shape[0]
-    v = x.astype(np.float64).reshape(x.shape[0], x.shape[1] // b, b)
-    return (v @ m).reshape(x.shape).astype(np.float32)
+    return x if m is None else rotate_blocks(np.asarray(x, dtype=np.float32), m)
 
 
 def _errors(x: np.ndarray, approx: Any) -> tuple[float, float]:
