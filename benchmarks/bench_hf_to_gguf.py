@@ -40,7 +40,7 @@ def make_folder(root: Path, layers: int) -> Path:
     from safetensors.numpy import save_file
 
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf_tokenizer import write_tokenizer
+    from lowbit.checkpoints.gguf.tokenizer import write_tokenizer
     from lowbit.checkpoints.shipped import default_model_path
 
     d = root / "smollm2-shape"
@@ -106,7 +106,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from lowbit.checkpoints.gguf_tokenizer import _parsed
+    from lowbit.checkpoints.gguf.tokenizer import _parsed
     from lowbit.checkpoints.quantize_model import convert_hf_to_gguf
 
     rows = []

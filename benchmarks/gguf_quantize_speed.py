@@ -43,7 +43,7 @@ def _timed(cmd: list[str]) -> float:
 def smollm2_tokenizer(folder: Path) -> None:
     """SmolLM2's tokenizer files in ``folder`` (a pre-tokenizer llama.cpp knows)."""
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf_tokenizer import write_tokenizer
+    from lowbit.checkpoints.gguf.tokenizer import write_tokenizer
     from lowbit.checkpoints.shipped import default_model_path
 
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -59,7 +59,7 @@ def synthetic_imatrix(gguf_path: Path, out: Path) -> None:
     """An importance matrix for every 2-D tensor of a GGUF: positive random sums, 512 tokens."""
     from gguf import GGUFReader
 
-    from lowbit.checkpoints.imatrix import write_imatrix
+    from lowbit.checkpoints.gguf.imatrix import write_imatrix
 
     rng = np.random.default_rng(0)
     sums, counts = {}, {}

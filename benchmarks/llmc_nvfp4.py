@@ -35,7 +35,7 @@ def _calibration_ids(model: str) -> list[list[int]]:
     from lowbit.calibration.data import Calibration, decoder_windows, encoder_texts
     from lowbit.calibration.text import evaluated_sentences
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from lowbit.checkpoints.shipped import default_model_path
 
     with open_checkpoint(default_model_path(model)) as ck:

@@ -30,12 +30,12 @@ with atheris.instrument_imports():
     import fuzz_strategies as fs
     import lowbit._json
     import lowbit._regex
-    import lowbit.checkpoints._ct_layout
-    import lowbit.checkpoints._ct_read
-    import lowbit.checkpoints._gguf
-    import lowbit.checkpoints._safetensors
-    import lowbit.checkpoints.gguf_writer
-    import lowbit.checkpoints.lowbit_format
+    import lowbit.checkpoints.compressed_tensors.layout
+    import lowbit.checkpoints.compressed_tensors.reader
+    import lowbit.checkpoints.gguf.writer
+    import lowbit.checkpoints.io.gguf_file
+    import lowbit.checkpoints.io.safetensors
+    import lowbit.checkpoints.lowbit_format.checkpoint
     import lowbit.checkpoints.readers
     import lowbit.cli._explore_server
     import lowbit.evaluation.sensitivity_result

@@ -400,8 +400,9 @@ def exercise_safetensors(data: bytes, folder: Path) -> None:
 def exercise_gguf(data: bytes, folder: Path) -> None:
     """Open a GGUF, read every tensor and the derived config, count it for the planner, and
     copy its metadata into a new GGUF, which must read back with the same metadata."""
-    from lowbit.checkpoints import _gguf, open_checkpoint
-    from lowbit.checkpoints.gguf_writer import write_gguf
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.gguf.writer import write_gguf
+    from lowbit.checkpoints.io import gguf_file as _gguf
     from lowbit.planning.archs import spec_from_checkpoint
 
     path = folder / "fuzz.gguf"
@@ -434,7 +435,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def exercise_manifest(text: bytes, folder: Path) -> None:
     """Open a lowbit checkpoint folder whose lowbit.json is ``text`` and read every tensor."""
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
 
     (folder / "lowbit.json").write_bytes(text)
     ckpt = LowbitCheckpoint(folder, verify=False)  # hashes would refuse every mutant first
@@ -517,8 +518,8 @@ def make_ct_folder(folder: Path) -> dict[str, bytes]:
     import numpy as np
 
     import lowbit
-    from lowbit.checkpoints._ct_tensor import from_quantized
-    from lowbit.checkpoints.compressed_tensors import write_compressed_tensors
+    from lowbit.checkpoints.compressed_tensors.tensor import from_quantized
+    from lowbit.checkpoints.compressed_tensors.writer import write_compressed_tensors
     from lowbit.quant.scheme_text import parse_scheme
 
     rng = np.random.default_rng(0)

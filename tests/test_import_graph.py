@@ -18,7 +18,7 @@ Every ``import`` statement of ``src/lowbit`` counts, at module level and inside 
 
     The codecs sit below the formats: ``FloatFormat.encode`` calls them, and they read a format
     through the ``lowbit.codecs._common.FloatFields`` protocol. Training sits above the
-    checkpoints (the train lab writes its outputs through ``lowbit.checkpoints._outputs``).
+    checkpoints (the train lab writes its outputs through ``lowbit.checkpoints.io.outputs``).
     Only the CLI may use the ``lowbit`` package facade; the library imports the module that
     defines a name.
 

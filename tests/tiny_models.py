@@ -222,7 +222,7 @@ def save_gguf(
     """Write a llama as llama.cpp's converter would: GGUF names, permuted q/k, F32 weights and
     the token embedding in ``embedding`` (Q8_0 by default, stored with llama.cpp's rounding);
     ``metadata`` adds or replaces keys (e.g. ``tokenizer.ggml.pre``)."""
-    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+    from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
 
     tensors: dict[str, Any] = gguf_tensors(model)
     tensors["token_embd.weight"] = GGUFTensor(tensors["token_embd.weight"], embedding)
@@ -272,7 +272,7 @@ def shipped_path(name: str) -> Path:
 def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
     """(path, open checkpoint, built torch model, tokenizer) of a shipped model."""
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from lowbit.models.build import build_model
 
     path = shipped_path(name)

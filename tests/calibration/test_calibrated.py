@@ -23,7 +23,7 @@ pytestmark = pytest.mark.torch
 import lowbit  # noqa: E402
 import lowbit.calibration.calibrated as calibrated  # noqa: E402
 from lowbit.calibration.gptq import gptq_weights  # noqa: E402
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint  # noqa: E402
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from tiny_models import save_hf_folder, tiny_bert, tiny_llama  # noqa: E402

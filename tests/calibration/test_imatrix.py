@@ -13,7 +13,7 @@ pytest.importorskip("gguf")
 
 from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.calibration.imatrix import compute_imatrix
-from lowbit.checkpoints.imatrix import read_imatrix
+from lowbit.checkpoints.gguf.imatrix import read_imatrix
 from lowbit.cli import main
 from lowbit.errors import LowbitError
 from tiny_models import save_gguf, tiny_llama
@@ -31,7 +31,7 @@ def test_sums_are_squared_inputs_per_column(tiny: tuple[Path, object]) -> None:
     the LM head is left out (llama-imatrix's default)."""
     import torch
 
-    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from lowbit.checkpoints.opener import open_checkpoint
 
     path, model = tiny

@@ -25,9 +25,9 @@ from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import (  
 from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-import lowbit.checkpoints._ct_tensor as ct_tensor  # noqa: E402
-import lowbit.checkpoints.compressed_tensors as lct  # noqa: E402
-from lowbit.checkpoints.compressed_tensors import (  # noqa: E402
+import lowbit.checkpoints.compressed_tensors.tensor as ct_tensor  # noqa: E402
+import lowbit.checkpoints.compressed_tensors.writer as lct  # noqa: E402
+from lowbit.checkpoints.compressed_tensors.writer import (  # noqa: E402
     CTTensor,
     from_quantized,
     pack_int32,

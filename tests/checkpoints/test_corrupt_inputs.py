@@ -33,7 +33,9 @@ from fuzz_strategies import (
     safetensors_model,
 )
 from lowbit._json import short_repr
-from lowbit.checkpoints import _gguf, _safetensors, open_checkpoint
+from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints.io import gguf_file as _gguf
+from lowbit.checkpoints.io import safetensors as _safetensors
 from lowbit.cli import main
 from lowbit.errors import LowbitError
 from lowbit.planning.archs import spec_from_checkpoint
@@ -118,7 +120,7 @@ def test_short_repr_never_formats_a_huge_value() -> None:
 
 def test_lowbit_manifest_nested_1000_deep_and_huge_int(tmp_path: Path) -> None:
     """lowbit.json nested 1,000 deep, or holding a 5,000-digit integer, is refused."""
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
 
     folder = tmp_path / "ck"
     folder.mkdir()
@@ -321,7 +323,7 @@ def _returns_within(fn: Any, seconds: float = 20.0) -> BaseException | None:
 def test_fifo_is_refused_not_read(tmp_path: Path, name: str) -> None:
     """A FIFO as the model path (a hang before), as config.json, a plan file or lowbit.json
     is refused before it is opened."""
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
     from lowbit.plans.plan import PrecisionPlan
 
     fifo = tmp_path / name
@@ -360,7 +362,7 @@ def test_device_is_refused(tmp_path: Path) -> None:
 def test_gguf_metadata_copy_of_a_5m_element_array(tmp_path: Path) -> None:
     """A 5 MB GGUF whose metadata holds one 5M-element array (157 s and 3.7 GB through
     gguf.GGUFReader before) is copied into a GGUF output byte for byte by lowbit's parser."""
-    from lowbit.checkpoints.gguf_writer import write_gguf
+    from lowbit.checkpoints.gguf.writer import write_gguf
 
     n = 5_000_000
     big = struct.pack("<IQ", U8, n) + bytes(range(256)) * (n // 256) + bytes(n % 256)
@@ -399,7 +401,7 @@ def test_json_limits_are_not_hit_by_real_files() -> None:
 def test_gguf_copy_refuses_an_empty_architecture(tmp_path: Path) -> None:
     """An empty general.architecture (GGUFWriter drops it silently, so the copy lost it) is
     refused when the metadata is copied into a new GGUF."""
-    from lowbit.checkpoints.gguf_writer import write_gguf
+    from lowbit.checkpoints.gguf.writer import write_gguf
 
     src = _gg(tmp_path, gguf_model(llama_kvs(arch="")))
     with pytest.raises(LowbitError, match=r"non-empty general\.architecture"):

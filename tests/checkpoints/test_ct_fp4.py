@@ -32,7 +32,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[i] / d) for i, d in ((1, "q
 from test_fp4_ct_oracle import ct_mx, ct_nvfp4  # noqa: E402
 from test_fp4_served import _cases  # noqa: E402
 
-from lowbit.checkpoints.compressed_tensors import (  # noqa: E402
+from lowbit.checkpoints.compressed_tensors.writer import (  # noqa: E402
     from_quantized,
     write_compressed_tensors,
 )
@@ -144,7 +144,7 @@ def test_configs_validate_and_infer_their_format(tmp_path: Path) -> None:
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     """Widths a block cannot hold and broken NVFP4 parts: one LowbitError each."""
-    from lowbit.checkpoints.compressed_tensors import CTTensor
+    from lowbit.checkpoints.compressed_tensors.writer import CTTensor
 
     x = np.random.default_rng(2).standard_normal((8, 40)).astype(np.float32)
     for spec, what in [("nvfp4", "multiple of 16"), ("mxfp4", "multiple of 32")]:

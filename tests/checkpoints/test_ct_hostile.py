@@ -97,7 +97,7 @@ def test_malformed_quantization_config(ct: Path, tmp_path: Path, qc, match: str)
 def test_many_targets_over_many_modules() -> None:
     """50,000 exact targets over 10,000 modules: a set look-up per module (a scan of every
     target per module before: 5 x 10^8 comparisons)."""
-    from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_groups
+    from lowbit.checkpoints.compressed_tensors.layout import _ct_candidates, _ct_groups
 
     targets = [f"model.layers.{i}.mlp.up_proj" for i in range(50_000)]
     qc = {"format": "pack-quantized", "config_groups": {"g": {

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import fuzz_strategies as fs
 from lowbit import _json
-from lowbit.checkpoints import _gguf, _safetensors
+from lowbit.checkpoints.io import gguf_file as _gguf
+from lowbit.checkpoints.io import safetensors as _safetensors
 from lowbit.errors import LowbitError
 
 pytest.importorskip("gguf")

@@ -1,4 +1,4 @@
-"""lowbit.checkpoints.gguf_budget, lowbit.evaluation.gguf_sensitivity and `lowbit quantize
+"""lowbit.checkpoints.gguf.budget, lowbit.evaluation.gguf_sensitivity and `lowbit quantize
 --budget/--size --out-format gguf`: llama.cpp types per tensor in exact file bytes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lowbit.checkpoints.gguf_budget import (
+from lowbit.checkpoints.gguf.budget import (
     budget_options,
     file_overhead,
     parse_types,
@@ -18,7 +18,7 @@ from lowbit.checkpoints.gguf_budget import (
     type_bytes,
     write_gguf_types,
 )
-from lowbit.checkpoints.gguf_mix import gguf_mix_types, write_gguf_mix
+from lowbit.checkpoints.gguf.mix import gguf_mix_types, write_gguf_mix
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.cli import main
 from lowbit.errors import LowbitError
@@ -211,7 +211,7 @@ def test_cli_size_json(l256: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 def test_importance_vectors_checked_as_llama_quantize(l256: Path) -> None:
     """--imatrix: each tensor's vector must have one weight per column (a wrong token
     embedding is quantized without one); a matrix naming no tensor is an error."""
-    from lowbit.checkpoints.gguf_budget import budget_vectors
+    from lowbit.checkpoints.gguf.budget import budget_vectors
 
     ckpt = open_checkpoint(l256)
     names = list(budget_options(ckpt, ["Q4_K"]))

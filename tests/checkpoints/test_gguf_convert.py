@@ -1,4 +1,4 @@
-"""Hugging Face -> GGUF (lowbit.checkpoints.gguf_convert): the tiny models of
+"""Hugging Face -> GGUF (lowbit.checkpoints.gguf.convert): the tiny models of
 tests/fixtures/llamacpp/convert/ convert to what llama.cpp's convert_hf_to_gguf.py wrote."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ gguf = pytest.importorskip("gguf")
 pytest.importorskip("safetensors")
 
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.gguf_arch import FAMILIES, permute_qk  # noqa: E402
-from lowbit.checkpoints.gguf_tokenizer import write_tokenizer  # noqa: E402
-from lowbit.checkpoints.names import unpermute_qk  # noqa: E402
+from lowbit.checkpoints.gguf.arch import FAMILIES, permute_qk  # noqa: E402
+from lowbit.checkpoints.gguf.names import unpermute_qk  # noqa: E402
+from lowbit.checkpoints.gguf.tokenizer import write_tokenizer  # noqa: E402
 from lowbit.checkpoints.quantize_model import convert_hf_to_gguf  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
@@ -222,7 +222,7 @@ def test_q4_0_values_equal_lowbit_codes(tiny: Path, tmp_path: Path, given: bool)
     QuantizedTensor's values (rounded here, or given as weights= as GPTQ gives them: q/k rows
     reordered with their codes and scales)."""
     import lowbit
-    from lowbit.checkpoints.gguf_arch import FAMILIES
+    from lowbit.checkpoints.gguf.arch import FAMILIES
     from lowbit.checkpoints.quantize_model import open_model, plan_model, quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
@@ -250,7 +250,7 @@ def test_q4_0_values_equal_lowbit_codes(tiny: Path, tmp_path: Path, given: bool)
 def test_gguf_to_hf_array_per_family(rng: np.random.Generator) -> None:
     """A GGUF tensor goes back to transformers' layout by its family: llama's q/k rows
     un-permuted (k by the KV heads), Gemma's norms less one, Qwen's and Phi-3's unchanged."""
-    from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
+    from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_name
 
     q, k = rng.standard_normal((64, 8)), rng.standard_normal((32, 8))
     norm = rng.random(16).astype(np.float32)
@@ -277,7 +277,7 @@ def test_gguf_expert_stacks_split_per_family(rng: np.random.Generator) -> None:
     """A GGUF expert stack splits into the family's per-expert transformers tensors, expert e
     being slice e (Mixtral's w1/w2/w3, Qwen's gate/up/down_proj); other tensors are not
     stacks; a stack that is not 3-D is one LowbitError."""
-    from lowbit.checkpoints.names import gguf_to_hf_experts
+    from lowbit.checkpoints.gguf.names import gguf_to_hf_experts
 
     stack = rng.standard_normal((3, 8, 4)).astype(np.float32)
     cases = [
@@ -436,7 +436,7 @@ def test_rope_scaled_gguf_builds_the_source_model(
 
 def test_rope_scaling_gguf_lowbit_cannot_build_is_one_line() -> None:
     """A GGUF rope scaling type lowbit does not rebuild, or a bad factor: one LowbitError."""
-    from lowbit.checkpoints._gguf_config import derive_config
+    from lowbit.checkpoints.gguf.config import derive_config
 
     base = {"general.architecture": "llama", "llama.block_count": 1}
     with pytest.raises(LowbitError, match="linear or yarn rope scaling only"):

@@ -1,4 +1,4 @@
-"""The converter's view of a config.json (lowbit.checkpoints.gguf_hf_config): transformers'
+"""The converter's view of a config.json (lowbit.checkpoints.gguf.hf_config): transformers'
 defaults and rope standardisation, compared with transformers' own AutoConfig."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lowbit.checkpoints.gguf_hf_config import DEFAULTS, converter_config
+from lowbit.checkpoints.gguf.hf_config import DEFAULTS, converter_config
 
 _CASES = [
     {},

@@ -1,4 +1,4 @@
-"""lowbit.checkpoints.gguf_mix, imatrix and `lowbit quantize --to q4_k_m`: llama.cpp's files."""
+"""lowbit.checkpoints.gguf.mix, imatrix and `lowbit quantize --to q4_k_m`: llama.cpp's files."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from lowbit.checkpoints._pipeline import raw_bytes
-from lowbit.checkpoints.gguf_mix import gguf_mix_types, write_gguf_mix
-from lowbit.checkpoints.gguf_writer import write_gguf
-from lowbit.checkpoints.imatrix import read_imatrix, write_imatrix
+from lowbit.checkpoints.gguf.imatrix import read_imatrix, write_imatrix
+from lowbit.checkpoints.gguf.mix import gguf_mix_types, write_gguf_mix
+from lowbit.checkpoints.gguf.writer import write_gguf
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.cli import main
 from lowbit.errors import LowbitError
@@ -275,7 +275,7 @@ def test_smollm2_types_equal_llama_quantize() -> None:
 
 def test_experts_take_one_vector_each(tmp_path: Path) -> None:
     """A 3-D tensor of experts is quantized expert by expert, each with its own vector."""
-    from lowbit.checkpoints.gguf_writer import GGUFTensor
+    from lowbit.checkpoints.gguf.writer import GGUFTensor
 
     rng = np.random.default_rng(3)
     w = rng.standard_normal((3, 8, 256)).astype(np.float32)

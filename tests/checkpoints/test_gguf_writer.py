@@ -18,7 +18,7 @@ from lowbit.errors import LowbitError
 from lowbit.ggml import legacy
 
 gguf = pytest.importorskip("gguf")
-from lowbit.checkpoints.gguf_writer import GGUFTensor, gguf_from_quantized, write_gguf  # noqa: E402
+from lowbit.checkpoints.gguf.writer import GGUFTensor, gguf_from_quantized, write_gguf  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 QTYPES = {"Q8_0": T.Q8_0, "Q4_0": T.Q4_0}

@@ -15,7 +15,7 @@ from lowbit.errors import LowbitError
 _FULL_DISK = """
 import resource, signal, sys
 import numpy as np
-from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
 from lowbit.errors import LowbitError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
@@ -50,7 +50,7 @@ def test_gguf_merges_outside_the_vocabulary(tmp_path: Path, merges: list[str]) -
     pytest.importorskip("torch")
     pytest.importorskip("tokenizers")
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from tiny_models import save_gguf, tiny_llama
 
     p = save_gguf(tiny_llama(), tmp_path / "t.gguf", metadata={"tokenizer.ggml.merges": merges})

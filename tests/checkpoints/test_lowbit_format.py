@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import lowbit
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.quantize_model import quantize_model
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
@@ -32,7 +32,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 def _write_st(path: Path, tensors: dict[str, np.ndarray]) -> Path:
     """A safetensors file through lowbit's streaming writer (bf16/fp8 included)."""
-    from lowbit.checkpoints import _safetensors_write as _safetensors
+    from lowbit.checkpoints.io import safetensors_write as _safetensors
 
     entries = [_safetensors.Entry(k, v.dtype, v.shape, lambda v=v: v) for k, v in tensors.items()]
     _safetensors.write_file(path, entries, {"format": "pt"})

@@ -43,7 +43,7 @@ BUDGET = 3 * TENSOR_BYTES + 200_000_000
 def _write_sharded(folder: Path) -> Path:
     """A Hugging Face folder: 4 safetensors shards + index + config, written one tensor at a
     time (the test process never holds the checkpoint either)."""
-    from lowbit.checkpoints import _safetensors_write as _safetensors
+    from lowbit.checkpoints.io import safetensors_write as _safetensors
 
     folder.mkdir()
     weight_map = {}
@@ -71,7 +71,7 @@ def _write_sharded(folder: Path) -> Path:
 
 def _write_small(folder: Path) -> Path:
     """Two small tensors in the same layout, for the warm-up run."""
-    from lowbit.checkpoints import _safetensors_write as _safetensors
+    from lowbit.checkpoints.io import safetensors_write as _safetensors
 
     folder.mkdir()
     names = ("model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight")
@@ -154,7 +154,7 @@ def test_quantizing_stays_within_the_memory_bound(tmp_path: Path) -> None:
     # the measurement can fail: holding the checkpoint in memory shows up
     assert r["control"] - r["base"] > BUDGET and r["loaded"] == N_TENSORS
     # and the result is complete
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
 
     ckpt = LowbitCheckpoint(out)
     assert len(ckpt.names()) == N_TENSORS

@@ -1,4 +1,4 @@
-"""lowbit.checkpoints._outputs and _model_files: outputs never destroy what lowbit did not make,
+"""lowbit.checkpoints.io.outputs and _model_files: outputs never destroy what lowbit did not make,
 are swapped in complete, and carry only the files that belong to a model (issue 11)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lowbit.checkpoints import _outputs
-from lowbit.checkpoints.compressed_tensors import write_compressed_tensors
-from lowbit.checkpoints.gguf_writer import write_gguf
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+from lowbit.checkpoints.compressed_tensors.writer import write_compressed_tensors
+from lowbit.checkpoints.gguf.writer import write_gguf
+from lowbit.checkpoints.io import outputs as _outputs
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
 from lowbit.checkpoints.quantize_model import quantize_model
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
@@ -294,7 +294,7 @@ _KILLED = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from lowbit.checkpoints import _outputs
+    from lowbit.checkpoints.io import outputs as _outputs
     stage, out, exchange = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "1"
     if not exchange:
         _outputs._libc_renameat2 = lambda: None
@@ -444,7 +444,7 @@ def test_write_errors_name_the_output(
 ) -> None:
     """Disk full / read-only while writing: one LowbitError naming OUT (not the temporary),
     nothing left behind."""
-    from lowbit.checkpoints import _safetensors_write
+    from lowbit.checkpoints.io import safetensors_write as _safetensors_write
 
     def full(path: Any, *args: Any, **kwargs: Any) -> None:
         Path(path).write_bytes(b"partial")

@@ -86,7 +86,7 @@ def test_compressed_tensors_pipeline_decompresses_exactly(
     )
     from safetensors import safe_open
 
-    from lowbit.checkpoints.names import gguf_to_hf_name
+    from lowbit.checkpoints.gguf.names import gguf_to_hf_name
     from lowbit.models.build import hf_tensors
 
     src = hf_folder if source == "hf" else gguf_file

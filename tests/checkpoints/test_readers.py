@@ -335,7 +335,7 @@ def test_gguf_dequantizes_in_bands_as_the_package(
 ) -> None:
     """Block types decode in bands of rows (here one row each) by the gguf package's own
     row decoder, bit for bit what ``gguf.quants.dequantize`` gives for the whole tensor."""
-    from lowbit.checkpoints import _gguf
+    from lowbit.checkpoints.io import gguf_file as _gguf
 
     monkeypatch.setattr(_gguf, "_DEQUANT_VALUES", 1)
     path, expected = gguf_file
@@ -351,7 +351,7 @@ def test_gguf_block_decoding_any_bytes(name: str, monkeypatch: pytest.MonkeyPatc
     """Random block bytes (NaN, infinite and subnormal float16 scales among them) decode to
     the bits ``gguf.quants.dequantize`` gives, with lowbit's table decoders for Q4_0/Q4_1 and
     gguf's own for the rest, in one band or many."""
-    from lowbit.checkpoints import _gguf
+    from lowbit.checkpoints.io import gguf_file as _gguf
 
     kind = getattr(gguf.quants, name)
     raw = np.random.default_rng(5).integers(0, 256, (300, kind.type_size * 8), dtype=np.uint8)
@@ -370,7 +370,7 @@ def test_gguf_block_decoding_any_bytes(name: str, monkeypatch: pytest.MonkeyPatc
 def test_gguf_metadata_copy_reuses_the_parse(gguf_file, monkeypatch: pytest.MonkeyPatch) -> None:
     """raw_metadata after opening a file takes the value spans of that parse (no second
     parse); once the file changes it parses again, and the bytes are the file's."""
-    from lowbit.checkpoints import _gguf
+    from lowbit.checkpoints.io import gguf_file as _gguf
 
     path, _ = gguf_file
     open_checkpoint(path)

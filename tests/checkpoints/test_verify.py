@@ -21,9 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lowbit
-from lowbit.checkpoints import _safetensors, open_checkpoint
-from lowbit.checkpoints._manifest import canonical_json, manifest_digest
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints.io import safetensors as _safetensors
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
+from lowbit.checkpoints.lowbit_format.manifest import canonical_json, manifest_digest
 from lowbit.checkpoints.quantize_model import quantize_model
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
@@ -47,7 +48,7 @@ RULES = [
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small lowbit checkpoint with every kind of entry and two copied files."""
-    from lowbit.checkpoints import _safetensors_write
+    from lowbit.checkpoints.io import safetensors_write as _safetensors_write
 
     rng = np.random.default_rng(11)
     src = tmp_path_factory.mktemp("verify") / "src"

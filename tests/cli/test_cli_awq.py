@@ -15,7 +15,7 @@ pytestmark = pytest.mark.torch
 import lowbit  # noqa: E402
 from lowbit.calibration.awq import awq_weights  # noqa: E402
 from lowbit.calibration.data import Calibration  # noqa: E402
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint  # noqa: E402
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.methods.smoothquant import SmoothQuant  # noqa: E402
 from tiny_models import save_gguf, save_hf_folder, tiny_llama  # noqa: E402

@@ -19,8 +19,8 @@ from lowbit.calibration.awq import awq_weights  # noqa: E402
 from lowbit.calibration.data import Calibration  # noqa: E402
 from lowbit.calibration.gptq import gptq_weights  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint  # noqa: E402
-from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk  # noqa: E402
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name, unpermute_qk  # noqa: E402
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.evaluation.calibrated_variants import awq_variant  # noqa: E402
@@ -236,7 +236,7 @@ def test_awq_to_gguf_refuses_inexact_folds(
     """A fold into a tensor the plan keeps and the GGUF stores in a block type (Q8_0) cannot be
     written exactly: one error says why. --smooth to GGUF is refused (no activation format)."""
     pytest.importorskip("gguf")
-    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+    from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
 
     model = tiny_llama()
     tensors: dict[str, Any] = gguf_tensors(model)

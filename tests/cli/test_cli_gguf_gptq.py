@@ -16,7 +16,7 @@ gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.torch
 
 from lowbit.checkpoints._pipeline import raw_bytes  # noqa: E402
-from lowbit.checkpoints.gguf_mix import gguf_mix_types  # noqa: E402
+from lowbit.checkpoints.gguf.mix import gguf_mix_types  # noqa: E402
 from lowbit.checkpoints.opener import open_checkpoint  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.ggml import blocks  # noqa: E402

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.torch
 
 from lowbit.calibration.data import Calibration  # noqa: E402
 from lowbit.calibration.gptq import gptq_weights  # noqa: E402
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint  # noqa: E402
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from tiny_models import save_hf_folder, tiny_llama  # noqa: E402
 
@@ -93,7 +93,7 @@ def test_gptq_to_compressed_tensors(
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk
+    from lowbit.checkpoints.gguf.names import gguf_to_hf_name, unpermute_qk
     from lowbit.quant.scheme_text import parse_scheme
     from lowbit.quant.tensor import quantize
     from tiny_models import save_gguf

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lowbit.checkpoints import _outputs
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+from lowbit.checkpoints.io import outputs as _outputs
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
 from lowbit.cli import main
 from tiny_models import save_hf_folder, tiny_llama
 

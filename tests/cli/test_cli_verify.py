@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lowbit.checkpoints import _safetensors
+from lowbit.checkpoints.io import safetensors as _safetensors
 from lowbit.cli import main
 
 pytest.importorskip("torch")

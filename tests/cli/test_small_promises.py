@@ -100,7 +100,7 @@ def test_report_help_against_a_shipped_model(
 def test_recovery_never_moves_a_planted_symlink(tmp_path: Path) -> None:
     """A marked, complete temporary whose new output is a symbolic link (planted by someone
     else) is removed, not moved into place as the output."""
-    from lowbit.checkpoints import _outputs
+    from lowbit.checkpoints.io import outputs as _outputs
 
     secret = tmp_path / "secret"
     secret.write_text("not yours")

@@ -164,7 +164,7 @@ def test_quantize_hadamard_writes_and_load_applies_the_rotation(tmp_path: Path) 
     recorded per tensor in the manifest; load_model rotates those layers' inputs, giving
     eval --methods hadamard's model (same logits); other formats and mixes are refused."""
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
     from lowbit.cli import main
     from lowbit.evaluation.calibrated_variants import variant_plan
     from lowbit.evaluation.rotated import rotated_variant
@@ -198,7 +198,7 @@ def test_quantize_hadamard_writes_and_load_applies_the_rotation(tmp_path: Path) 
 def test_quantize_mr_gptq_records_the_rotation(tmp_path: Path) -> None:
     """lowbit quantize --method hadamard+gptq: MR-GPTQ's rotated codes written with their
     rotation; load_model's logits are those of the rotated codes with rotated inputs."""
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
     from lowbit.cli import main
     from lowbit.models.build import build_model, load_model
 
@@ -232,7 +232,7 @@ def test_quantize_hadamard_fold_any_format(tmp_path: Path, capsys: Any) -> None:
     import json
 
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.lowbit_format import LowbitCheckpoint
+    from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
     from lowbit.cli import main
     from lowbit.evaluation.calibrated_variants import variant_plan
     from lowbit.evaluation.rotated import fold_checkpoint, folded_variant

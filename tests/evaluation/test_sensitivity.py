@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.evaluation.scan_samples import ScanSamples as Calibration
 from lowbit.evaluation.sensitivity import (

@@ -112,7 +112,7 @@ def test_ggml_decode_kernel_matches_numpy(qtype: str, monkeypatch: pytest.Monkey
     minimum (numpy's path, which keeps gguf's NaN bits) decode to gguf's bits too."""
     import gguf
 
-    from lowbit.checkpoints import _gguf
+    from lowbit.checkpoints.io import gguf_file as _gguf
 
     kind = getattr(gguf.quants, qtype)
     rng = np.random.default_rng(zlib.crc32(qtype.encode()))

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-from lowbit.checkpoints.names import gguf_to_hf_name, unpermute_qk  # noqa: E402
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name, unpermute_qk  # noqa: E402
 from lowbit.models.build import build_model, hf_tensors  # noqa: E402
 from tiny_models import (  # noqa: E402
     gguf_tensors,

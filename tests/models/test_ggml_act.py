@@ -118,7 +118,7 @@ def test_vec_dot_types_and_bad_input() -> None:
 
 
 def _gguf(tmp_path: Path, types: dict[str, str], tie: bool = True) -> Path:
-    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+    from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
 
     model = tiny_llama(tie=tie)
     tensors = {

@@ -39,8 +39,8 @@ from lowbit.calibration.blocks import _calibration, _capture, _find_blocks, _loc
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.hessians import HessianCollector
 from lowbit.checkpoints import _pipeline as qw
-from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.errors import LowbitError

@@ -68,7 +68,7 @@ from lowbit.calibration.data import (
 )
 from lowbit.calibration.hessians import HessianCollector
 from lowbit.checkpoints import _pipeline as qw
-from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
+from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential

@@ -8,7 +8,7 @@ dequantized weights, as llama-imatrix runs it); windows of ``length`` tokens com
 :func:`lowbit.calibration.data.decoder_windows`. As llama-imatrix does by default, the
 LM head (``output.weight``) is left out unless asked for. Sums are kept in float64 (llama.cpp
 adds float32), then stored as float32. Write them with
-:func:`lowbit.checkpoints.imatrix.write_imatrix`.
+:func:`lowbit.checkpoints.gguf.imatrix.write_imatrix`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from lowbit.calibration.data import Calibration, decoder_windows
-from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.checkpoints.quantize_model import open_model
 from lowbit.errors import LowbitError
 from lowbit.models._threads import _threads

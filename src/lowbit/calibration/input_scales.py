@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from lowbit.calibration.data import Calibration, decoder_windows
-from lowbit.checkpoints._ct_fp4 import fused_siblings
-from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.compressed_tensors.fp4 import fused_siblings
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.models._compute import compute_context
 from lowbit.models._threads import _threads

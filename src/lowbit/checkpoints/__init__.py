@@ -9,9 +9,9 @@ loaded on first use);
 Every name here loads its module on first use. Writers for checkpoints other tools load:
 
 - :mod:`lowbit.ggml`: llama.cpp's block quantizers (Q8_0, Q4_0, ...), numpy only.
-- :mod:`lowbit.checkpoints.gguf_writer`: :func:`write_gguf`, :class:`GGUFTensor`,
+- :mod:`lowbit.checkpoints.gguf.writer`: :func:`write_gguf`, :class:`GGUFTensor`,
   :func:`gguf_from_quantized` (writing needs the ``gguf`` package).
-- :mod:`lowbit.checkpoints.compressed_tensors`: :func:`write_compressed_tensors`,
+- :mod:`lowbit.checkpoints.compressed_tensors.writer`: :func:`write_compressed_tensors`,
   :class:`CTTensor`, :func:`from_quantized`.
 """
 
@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from lowbit.checkpoints import _moved
+
+_moved.install()
 
 # Every name loads on first use: importing one submodule (``checkpoints._outputs`` for the
 # CLI's file checks) then costs that submodule alone, not every reader and writer.
@@ -30,12 +34,12 @@ _LAZY = {
     # load_model builds a torch model: it lives in the evaluation layer above this one
     "load_model": "lowbit.models.build",
     "quantize_model": "lowbit.checkpoints.quantize_model",
-    "write_gguf": "lowbit.checkpoints.gguf_writer",
-    "GGUFTensor": "lowbit.checkpoints.gguf_writer",
-    "gguf_from_quantized": "lowbit.checkpoints.gguf_writer",
-    "write_compressed_tensors": "lowbit.checkpoints.compressed_tensors",
-    "CTTensor": "lowbit.checkpoints.compressed_tensors",
-    "from_quantized": "lowbit.checkpoints.compressed_tensors",
+    "write_gguf": "lowbit.checkpoints.gguf.writer",
+    "GGUFTensor": "lowbit.checkpoints.gguf.writer",
+    "gguf_from_quantized": "lowbit.checkpoints.gguf.writer",
+    "write_compressed_tensors": "lowbit.checkpoints.compressed_tensors.writer",
+    "CTTensor": "lowbit.checkpoints.compressed_tensors.writer",
+    "from_quantized": "lowbit.checkpoints.compressed_tensors.writer",
 }
 
 __all__ = [

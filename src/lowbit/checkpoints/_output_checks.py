@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name
 from lowbit.errors import LowbitError
 from lowbit.ggml import legacy
 from lowbit.plans.plan import AppliedPlan, TensorPlan

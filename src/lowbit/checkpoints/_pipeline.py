@@ -17,16 +17,16 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import bfloat16
-from lowbit.checkpoints import gguf_writer
-from lowbit.checkpoints import lowbit_format as lf
-from lowbit.checkpoints._ct_fp4 import fused_siblings
 from lowbit.checkpoints._model_files import ModelFiles
 from lowbit.checkpoints._output_checks import GGUF_Q, _gguf_exact, _plain_dtype
-from lowbit.checkpoints._safetensors_write import dtype_code
-from lowbit.checkpoints.compressed_tensors import from_quantized, write_compressed_tensors
-from lowbit.checkpoints.gguf_tokenizer import write_tokenizer
-from lowbit.checkpoints.gguf_writer import GGUFTensor
-from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
+from lowbit.checkpoints.compressed_tensors.fp4 import fused_siblings
+from lowbit.checkpoints.compressed_tensors.writer import from_quantized, write_compressed_tensors
+from lowbit.checkpoints.gguf import writer as gguf_writer
+from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_name
+from lowbit.checkpoints.gguf.tokenizer import write_tokenizer
+from lowbit.checkpoints.gguf.writer import GGUFTensor
+from lowbit.checkpoints.io.safetensors_write import dtype_code
+from lowbit.checkpoints.lowbit_format import checkpoint as lf
 from lowbit.checkpoints.readers import ReplacedCheckpoint
 from lowbit.codecs.packing import _pack_unchecked, unpack
 from lowbit.errors import LowbitError
@@ -283,7 +283,7 @@ def write_ct(
     ``input_scales``: the output's weight name -> NVFP4 ``input_global_scale`` of every tensor
     the plan gives NVFP4 activations (W4A4; ``lowbit.calibration.input_scales``).
     ``rotations``: checkpoint name -> Hadamard block of the weights stored rotated, declared
-    as ``transform_config`` (``lowbit.checkpoints._ct_transforms``)."""
+    as ``transform_config`` (``lowbit.checkpoints.compressed_tensors.transforms``)."""
     import tempfile
 
     is_gguf = ckpt.format == "gguf"

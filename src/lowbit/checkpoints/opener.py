@@ -2,7 +2,7 @@
 checkpoint folder), or read all its tensors at once.
 
 The readers (``lowbit.checkpoints.readers``) and the lowbit checkpoint
-(``lowbit.checkpoints.lowbit_format``) each know one kind; this module sits above both and
+(``lowbit.checkpoints.lowbit_format.checkpoint``) each know one kind; this module sits above both and
 picks one.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from lowbit import _json
-from lowbit.checkpoints._ct_read import CompressedTensorsFolder
+from lowbit.checkpoints.compressed_tensors.reader import CompressedTensorsFolder
 from lowbit.checkpoints.experts_view import ExpertsView, has_fused
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.readers import Checkpoint, GGUFFile, HuggingFaceFolder, SafetensorsFile
 from lowbit.errors import LowbitError
 

@@ -15,12 +15,12 @@ temporary name and renamed when complete.
 
 Outputs:
 
-- ``lowbit``: lowbit's own checkpoint (``lowbit.checkpoints.lowbit_format``), any scheme;
-- ``compressed-tensors``: the folder vLLM serves (``lowbit.checkpoints.compressed_tensors``), for the
+- ``lowbit``: lowbit's own checkpoint (``lowbit.checkpoints.lowbit_format.checkpoint``), any scheme;
+- ``compressed-tensors``: the folder vLLM serves (``lowbit.checkpoints.compressed_tensors.writer``), for the
   schemes it defines: int1..8 per tensor / output channel / group (groups must divide the rows),
   fp8 E4M3 per tensor / channel; a GGUF source is renamed to Hugging Face names with its q/k
   rows un-permuted and its tokenizer saved beside;
-- ``gguf``: llama.cpp's file (``lowbit.checkpoints.gguf_writer``) from a GGUF source (its metadata
+- ``gguf``: llama.cpp's file (``lowbit.checkpoints.gguf.writer``) from a GGUF source (its metadata
   is copied): int4/int8 symmetric groups of 32 with float16 scales are stored exactly as Q4_0 /
   Q8_0 blocks; other int4/int8 schemes (and ``--to q4_0`` / ``q8_0``) use llama.cpp's own
   reference rounding (``lowbit.ggml.legacy``); kept tensors are copied byte for byte.
@@ -39,10 +39,10 @@ from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints._model_files import model_files
 from lowbit.checkpoints._output_checks import check_ct, check_gguf, output_nbytes
-from lowbit.checkpoints._outputs import check_not_input
-from lowbit.checkpoints.gguf_convert import check_hf_source, write_gguf_from_hf
-from lowbit.checkpoints.lowbit_format import is_lowbit_checkpoint
-from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.convert import check_hf_source, write_gguf_from_hf
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name
+from lowbit.checkpoints.io.outputs import check_not_input
+from lowbit.checkpoints.lowbit_format.checkpoint import is_lowbit_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
 from lowbit.errors import LowbitError
@@ -247,7 +247,7 @@ def quantize_model(
             ``weights``, an output that is, contains or lies inside the source, an existing output
             without ``overwrite`` (or not written by lowbit), another run writing the same
             output, a write error (disk full, read-only). Nothing is left half-written: the
-            output is swapped in complete (``lowbit.checkpoints._outputs``).
+            output is swapped in complete (``lowbit.checkpoints.io.outputs``).
 
     Warns:
         UserWarning: temporary folders of an interrupted earlier run completed or removed.

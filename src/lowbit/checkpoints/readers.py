@@ -10,7 +10,7 @@ Tensors are memory-mapped, so a checkpoint larger than RAM can be walked tensor 
 files (``pytorch_model.bin``) are never loaded.
 
 Headers are parsed and checked against the file by lowbit's own parsers
-(:mod:`lowbit.checkpoints._safetensors`, :mod:`lowbit.checkpoints._gguf`), not by the
+(:mod:`lowbit.checkpoints.io.safetensors`, :mod:`lowbit.checkpoints.io.gguf_file`), not by the
 ``safetensors`` package, whose numpy loader rejects bfloat16 and float8 tensors, the ones lowbit
 deals in. The tests check this reader against ``safetensors``' own.
 """
@@ -28,7 +28,9 @@ import numpy as np
 from lowbit import _json
 from lowbit._arrays import ml_dtype
 from lowbit._progress import progress_iter
-from lowbit.checkpoints import _gguf, _gguf_config, _safetensors
+from lowbit.checkpoints.gguf import config as _gguf_config
+from lowbit.checkpoints.io import gguf_file as _gguf
+from lowbit.checkpoints.io import safetensors as _safetensors
 from lowbit.errors import LowbitError
 
 # safetensors dtype -> numpy dtype factory (the sub-byte F6/F4 types have none)
@@ -214,10 +216,10 @@ def _readonly(arr: np.ndarray) -> np.ndarray:
 
 
 def _parse_safetensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """The checked header (see :func:`lowbit.checkpoints._safetensors.parse`) as TensorInfos.
+    """The checked header (see :func:`lowbit.checkpoints.io.safetensors.parse`) as TensorInfos.
 
     Raises:
-        LowbitError: a header :func:`~lowbit.checkpoints._safetensors.parse` refuses, or a
+        LowbitError: a header :func:`~lowbit.checkpoints.io.safetensors.parse` refuses, or a
             dtype with no numpy type (F6_E2M3, F6_E3M2, F4).
     """
     header = _safetensors.parse(path)

@@ -2,7 +2,7 @@
 
 :func:`verify_checkpoint` recognises what it is given and checks:
 
-- a **lowbit** checkpoint folder: everything :class:`~lowbit.checkpoints.lowbit_format.
+- a **lowbit** checkpoint folder: everything :class:`~lowbit.checkpoints.lowbit_format.checkpoint.
   LowbitCheckpoint` checks on open (the manifest's schema and digest, every recorded file inside
   the folder with its size and sha256, every array's dtype and shape in the shard headers), then
   decodes every tensor;
@@ -11,7 +11,7 @@
   its packed/int8/fp8 values, scale and (asymmetric) zero point with the dtypes and shapes its
   group's scheme gives;
 - a **GGUF** file: the header parses and every tensor has a known type and lies inside the
-  file (:func:`lowbit.checkpoints._gguf.parse`);
+  file (:func:`lowbit.checkpoints.io.gguf_file.parse`);
 - any other **safetensors** file or Hugging Face folder: its headers are valid.
 
 The first problem found is raised as one :class:`~lowbit.errors.LowbitError`; a checkpoint that
@@ -25,12 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from lowbit._json import path_exists
-from lowbit.checkpoints import _gguf
-from lowbit.checkpoints._ct_fp4 import fused_scales_differ
-from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_check_weight, _ct_groups
-from lowbit.checkpoints._ct_transforms import input_transforms, transform_matrix
-from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.compressed_tensors.fp4 import fused_scales_differ
+from lowbit.checkpoints.compressed_tensors.layout import (
+    _ct_candidates,
+    _ct_check_weight,
+    _ct_groups,
+)
+from lowbit.checkpoints.compressed_tensors.transforms import input_transforms, transform_matrix
+from lowbit.checkpoints.io import gguf_file as _gguf
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.lowbit_format.manifest import CHECKSUMS_KEY, MANIFEST
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import HuggingFaceFolder, _read_config
 from lowbit.errors import LowbitError

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit import _json
-from lowbit.checkpoints._outputs import check_output
+from lowbit.checkpoints.io.outputs import check_output
 from lowbit.checkpoints.quantize_model import checkpoint_tensors
 from lowbit.cli import _common
 from lowbit.cli._mixed_plots import plot_plan

@@ -1,10 +1,10 @@
 """``lowbit quantize GGUF --budget BPW|--size BYTES --out-format gguf``: llama.cpp types per tensor.
 
 Each tensor llama-quantize would quantize gets the GGUF type of least measured damage that keeps
-the file within the budget (:mod:`lowbit.checkpoints.gguf_budget`: candidates, fallbacks, exact
+the file within the budget (:mod:`lowbit.checkpoints.gguf.budget`: candidates, fallbacks, exact
 file bytes; :mod:`lowbit.evaluation.gguf_sensitivity`: the trials). Candidates come from
 ``--candidates`` (or ``--schemes``) as GGUF type names, default
-:data:`~lowbit.checkpoints.gguf_budget.DEFAULT_CANDIDATES`; ``--imatrix`` is used by the trials
+:data:`~lowbit.checkpoints.gguf.budget.DEFAULT_CANDIDATES`; ``--imatrix`` is used by the trials
 and the writer alike. With ``--method gptq`` the trials still round as llama.cpp does (they
 choose the types), and then GPTQ rounds every linear layer onto its chosen type, as it does
 onto a fixed mix's (:func:`lowbit.cli._gguf_mix.gptq_onto`). A lowbit scheme among them (``int4:g128``) is refused: a GGUF budget
@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit._progress import progress_bar
-from lowbit.checkpoints._outputs import check_output
-from lowbit.checkpoints.gguf_budget import (
+from lowbit.checkpoints.gguf.budget import (
     DEFAULT_CANDIDATES,
     budget_options,
     budget_vectors,
@@ -29,9 +28,10 @@ from lowbit.checkpoints.gguf_budget import (
     solve_gguf,
     write_gguf_types,
 )
-from lowbit.checkpoints.gguf_mix import gguf_targets
-from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-from lowbit.checkpoints.imatrix import read_imatrix
+from lowbit.checkpoints.gguf.imatrix import read_imatrix
+from lowbit.checkpoints.gguf.mix import gguf_targets
+from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+from lowbit.checkpoints.io.outputs import check_output
 from lowbit.checkpoints.quantize_model import check_unrotated, open_model
 from lowbit.cli import _common
 from lowbit.cli._gguf_mix import gguf_source, gptq_onto

@@ -3,10 +3,10 @@
 The options llama-quantize users know (``--imatrix``, ``--tensor-type PATTERN=TYPE``,
 ``--output-tensor-type``, ``--token-embedding-type``, ``--pure``, ``--leave-output-tensor``) and
 the run: types from :mod:`lowbit.ggml.mixes`, bytes from :mod:`lowbit.ggml.blocks`, the file
-from :func:`lowbit.checkpoints.gguf_mix.write_gguf_mix`. ``--to q4_0`` and ``--to q8_0`` keep
+from :func:`lowbit.checkpoints.gguf.mix.write_gguf_mix`. ``--to q4_0`` and ``--to q8_0`` keep
 lowbit's own plan (the linear weights only) unless one of these options asks for llama's mix.
 ``--method gptq`` GPTQs every linear layer the mix requantizes onto its block type
-(:func:`lowbit.checkpoints.gguf_mix.gptq_targets`, ``lowbit.methods._ggml_gptq``); the others
+(:func:`lowbit.checkpoints.gguf.mix.gptq_targets`, ``lowbit.methods._ggml_gptq``); the others
 are rounded as llama.cpp rounds them.
 """
 
@@ -24,10 +24,10 @@ import numpy as np
 
 from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints._outputs import check_output
-from lowbit.checkpoints.gguf_convert import check_hf_source
-from lowbit.checkpoints.gguf_mix import gguf_mix_types, gptq_targets, write_gguf_mix
-from lowbit.checkpoints.imatrix import read_imatrix
+from lowbit.checkpoints.gguf.convert import check_hf_source
+from lowbit.checkpoints.gguf.imatrix import read_imatrix
+from lowbit.checkpoints.gguf.mix import gguf_mix_types, gptq_targets, write_gguf_mix
+from lowbit.checkpoints.io.outputs import check_output
 from lowbit.checkpoints.quantize_model import check_unrotated, open_model, quantize_model
 from lowbit.cli import _common
 from lowbit.cli._calibrated import calibration_of

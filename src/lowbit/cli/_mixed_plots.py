@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints._outputs import save_figure
+from lowbit.checkpoints.io.outputs import save_figure
 from lowbit.plans.presets import tensor_group
 from lowbit.view._order import block_order
 from lowbit.view.palette import KEPT, palette

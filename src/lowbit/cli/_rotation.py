@@ -3,7 +3,7 @@ block-Hadamard-rotated basis (``W R``, ``lowbit.methods.hadamard``) and the rota
 for the consumer, who applies it to those layers' inputs online: in the lowbit manifest
 (``method.rotation.tensors``: tensor name -> block) for ``lowbit.load_model`` (and so
 ``lowbit eval``), or as compressed-tensors' ``transform_config`` for vLLM
-(``lowbit.checkpoints._ct_transforms``); and
+(``lowbit.checkpoints.compressed_tensors.transforms``); and
 ``--method hadamard-fold|hadamard-fold+gptq``: the rotation folded offline into attention's
 value -> output projections (``lowbit.methods.hadamard_fold``), which every format can write
 (nothing is left for the consumer to rotate), the fold recorded as ``method.fold``."""

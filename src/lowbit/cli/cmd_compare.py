@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowbit.checkpoints._outputs import save_figure
+from lowbit.checkpoints.io.outputs import save_figure
 from lowbit.cli import _common
 from lowbit.cli._payloads import COMPARE_DEFAULT_FORMATS, compare_payload
 from lowbit.cli.cmd_quantize_tensor import add_scheme_options

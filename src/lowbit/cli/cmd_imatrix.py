@@ -10,7 +10,7 @@ from typing import Any
 from lowbit._optional import require
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.imatrix import compute_imatrix
-from lowbit.checkpoints.imatrix import write_imatrix
+from lowbit.checkpoints.gguf.imatrix import write_imatrix
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints._outputs import save_figure
+from lowbit.checkpoints.io.outputs import save_figure
 from lowbit.checkpoints.quantize_model import open_model
 from lowbit.cli import _budget, _common
 from lowbit.errors import LowbitError

@@ -11,7 +11,7 @@ from typing import Any
 
 import lowbit
 from lowbit._json import check_regular_file
-from lowbit.checkpoints._outputs import output_file, writer_metadata
+from lowbit.checkpoints.io.outputs import output_file, writer_metadata
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.quant.scheme import Cast, Granularity, Scheme
@@ -228,7 +228,7 @@ def load_tensor(source: str) -> tuple[Any, str]:
 def save_quantized(
     qt: Any, name: str, out: str, *, overwrite: bool = False, inputs: tuple[str, ...] = ()
 ) -> None:
-    """Write ``qt`` as safetensors, marked as lowbit's, through ``lowbit.checkpoints._outputs``
+    """Write ``qt`` as safetensors, marked as lowbit's, through ``lowbit.checkpoints.io.outputs``
     (never over an input or a file lowbit did not write; swapped in complete; umask honoured).
 
     Raises:

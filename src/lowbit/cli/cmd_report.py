@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from lowbit import _json
-from lowbit.checkpoints._outputs import check_output, output_file
+from lowbit.checkpoints.io.outputs import check_output, output_file
 from lowbit.checkpoints.quantize_model import resolve_model
 from lowbit.cli import _common
 from lowbit.cli._stopwatch import Stopwatch

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints._outputs import check_output
+from lowbit.checkpoints.io.outputs import check_output
 from lowbit.checkpoints.quantize_model import open_model
 from lowbit.cli import _common
 from lowbit.cli._mixed_plots import plot_sensitivity

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from lowbit._optional import require
-from lowbit.checkpoints._outputs import check_output
+from lowbit.checkpoints.io.outputs import check_output
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 

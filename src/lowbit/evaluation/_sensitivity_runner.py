@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
+from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.models._compute import exact

@@ -2,7 +2,7 @@
 
 The GGUF counterpart of :mod:`lowbit.evaluation.sensitivity`'s exact measure: for every tensor
 llama-quantize would quantize and every type it may become
-(:func:`lowbit.checkpoints.gguf_budget.budget_options`), the tensor alone is quantized with
+(:func:`lowbit.checkpoints.gguf.budget.budget_options`), the tensor alone is quantized with
 llama.cpp's bytes (:func:`lowbit.ggml.blocks.quantize`, with its importance vector when
 given) and decoded, the model runs with it, and the damage is the mean
 KL(original || trial) of the next-token distributions over the calibration windows.
@@ -117,7 +117,7 @@ def gguf_sensitivity(
 
     Args:
         checkpoint: an open GGUF checkpoint of a causal LM lowbit builds.
-        options: ``{tensor: {type: ...}}`` (:func:`~lowbit.checkpoints.gguf_budget.budget_options`).
+        options: ``{tensor: {type: ...}}`` (:func:`~lowbit.checkpoints.gguf.budget.budget_options`).
         calibration: token windows (keep them apart from the evaluation's text).
         vectors: ``{tensor: importance vector}`` for the types that use one.
         batch: windows per forward pass.

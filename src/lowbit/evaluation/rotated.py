@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name
 from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.errors import LowbitError

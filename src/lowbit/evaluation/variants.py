@@ -35,8 +35,8 @@ from lowbit._optional import require
 from lowbit.calibration.blocks import _calibration
 from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.gguf_tokenizer import build_tokenizer
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.quantize_model import (
     checkpoint_tensors,
     open_model,

@@ -3,7 +3,7 @@
 ``build_model(checkpoint, weights=None)`` turns what a reader gives (see
 ``lowbit.checkpoints.open_checkpoint``) into a transformers model in eval mode:
 
-- a GGUF file of a family in ``lowbit.checkpoints.gguf_arch.GGUF_ARCHS`` (llama, qwen2, qwen3,
+- a GGUF file of a family in ``lowbit.checkpoints.gguf.arch.GGUF_ARCHS`` (llama, qwen2, qwen3,
   qwen2moe, qwen3moe, gemma2, gemma3, phi3; a llama file with experts is Mixtral; the default
   SmolLM2-135M-Instruct is llama): tensors dequantized, renamed to Hugging Face names, llama.cpp's
   q/k row permutation and Gemma's stored norm offset undone, expert stacks split per expert,
@@ -27,9 +27,9 @@ import numpy as np
 
 from lowbit._optional import require
 from lowbit._progress import progress_iter
-from lowbit.checkpoints.gguf_arch import GGUF_ARCHS
-from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
-from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_experts, gguf_to_hf_name
+from lowbit.checkpoints.gguf.arch import GGUF_ARCHS
+from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_experts, gguf_to_hf_name
+from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
@@ -515,7 +515,7 @@ def load_model(
             asks for (``lowbit.models.activations.fake_quantize_per_token`` on the inputs of
             those linear layers); False gives the weight-only model. Other checkpoints have none.
         verify: for a lowbit checkpoint, check its manifest's digest and every file's sha256
-            (see ``lowbit.checkpoints.lowbit_format.LowbitCheckpoint``).
+            (see ``lowbit.checkpoints.lowbit_format.checkpoint.LowbitCheckpoint``).
         **kwargs: passed to :func:`build_model` (``dtype``, ``strict``, ``progress``).
 
     Returns:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lowbit.checkpoints.names import gguf_expert_names, gguf_to_hf_name
+from lowbit.checkpoints.gguf.names import gguf_expert_names, gguf_to_hf_name
 from lowbit.errors import LowbitError
 from lowbit.models.moe import checkpoint_rename
 

@@ -1,7 +1,7 @@
 """Online input transforms of a compressed-tensors folder, hooked onto the built model.
 
 A folder whose ``transform_config`` rotates layer inputs at run time
-(``lowbit.checkpoints._ct_transforms``: MR-GPTQ and QuIP's "v" rotation, as lowbit and
+(``lowbit.checkpoints.compressed_tensors.transforms``: MR-GPTQ and QuIP's "v" rotation, as lowbit and
 llm-compressor write them) holds weights in the rotated basis; the model computes what the
 folder means only with ``x ↦ x M`` (block by block) before each such layer. This module
 resolves each transform's targets against the model's layers, as compressed-tensors'

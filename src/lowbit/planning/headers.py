@@ -1,7 +1,7 @@
 """Checkpoint headers without the data, as the planner's tensors: safetensors and GGUF.
 
 The headers are parsed and checked by the same parsers the checkpoint readers use
-(:mod:`lowbit.checkpoints._safetensors`, :mod:`lowbit.checkpoints._gguf`): every length is
+(:mod:`lowbit.checkpoints.io.safetensors`, :mod:`lowbit.checkpoints.io.gguf_file`): every length is
 validated against the file size, so a truncated or corrupt file is a clear
 :class:`~lowbit.errors.LowbitError`, and a 100 GB checkpoint is counted in milliseconds. GGUF's
 GGML block sizes come from the ``gguf`` package (``GGML_QUANT_SIZES``); its ``GGUFReader`` is not
@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints import _gguf, _safetensors
-from lowbit.checkpoints._safetensors import SAFETENSORS_DTYPE_BITS
+from lowbit.checkpoints.io import gguf_file as _gguf
+from lowbit.checkpoints.io import safetensors as _safetensors
+from lowbit.checkpoints.io.safetensors import SAFETENSORS_DTYPE_BITS
 from lowbit.planning.modelspec import TensorInfo
 from lowbit.plans.components import classify
 
@@ -55,7 +56,7 @@ def read_gguf_header(path: str | Path) -> tuple[list[TensorInfo], dict[str, Any]
 
     Raises:
         LowbitError: not a GGUF file, or a header that does not fit the file (see
-            :func:`lowbit.checkpoints._gguf.parse`).
+            :func:`lowbit.checkpoints.io.gguf_file.parse`).
         ImportError: the ``gguf`` package (for the GGML type table) is missing.
     """
     header = _gguf.parse(Path(path))

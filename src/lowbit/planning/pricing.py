@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from lowbit.checkpoints.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.names import gguf_to_hf_name
 from lowbit.errors import LowbitError
 from lowbit.planning.modelspec import ModelSpec, TensorInfo
 from lowbit.plans.components import COMPONENTS

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from lowbit.checkpoints._outputs import save_figure
+from lowbit.checkpoints.io.outputs import save_figure
 from lowbit.training._lab_results import LabResult
 
 __all__ = ["plot"]
@@ -17,7 +17,7 @@ def plot(lab: LabResult, path: str | os.PathLike[str], *, overwrite: bool = Fals
     """Loss curves of every recipe on one PNG: training loss (smoothed) and validation loss.
 
     Needs matplotlib (``pip install 'lowbit[plot]'``). Written through
-    ``lowbit.checkpoints._outputs.save_figure`` (an existing file is replaced only with
+    ``lowbit.checkpoints.io.outputs.save_figure`` (an existing file is replaced only with
     ``overwrite`` and only when lowbit drew it).
     """
     try:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lowbit.checkpoints._outputs import output_file, writer_metadata
+from lowbit.checkpoints.io.outputs import output_file, writer_metadata
 from lowbit.errors import LowbitError
 from lowbit.quant.tensor import QuantizedTensor, quantize
 from lowbit.torch import EmulatedLinear
@@ -86,7 +86,7 @@ def save_quantized(
 
     Each quantized tensor ``W`` is stored as ``W.codes``/``W.scale`` (``QuantizedTensor.to_arrays``)
     with its metadata in the ``"lowbit"`` JSON header entry. Written through
-    ``lowbit.checkpoints._outputs.output_file`` (an existing file is replaced only with
+    ``lowbit.checkpoints.io.outputs.output_file`` (an existing file is replaced only with
     ``overwrite`` and only when lowbit wrote it; the umask is honoured). Returns the file size in
     bytes.
     """

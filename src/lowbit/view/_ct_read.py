@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints._ct_fp4 import FP4_FORMATS, read_fp4
-from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_groups
-from lowbit.checkpoints._ct_tensor import CTTensor
+from lowbit.checkpoints.compressed_tensors.fp4 import FP4_FORMATS, read_fp4
+from lowbit.checkpoints.compressed_tensors.layout import _ct_candidates, _ct_groups
+from lowbit.checkpoints.compressed_tensors.tensor import CTTensor
 from lowbit.errors import LowbitError
 
 __all__ = ["ct_scheme", "ct_weight"]
@@ -52,7 +52,7 @@ def label(g: dict[str, Any]) -> str:
 
 
 def _unpack(words: np.ndarray, bits: int, cols: int) -> np.ndarray:
-    """Inverse of ``lowbit.checkpoints._ct_tensor.pack_int32`` along rows: signed codes."""
+    """Inverse of ``lowbit.checkpoints.compressed_tensors.tensor.pack_int32`` along rows: signed codes."""
     stream = np.unpackbits(
         np.ascontiguousarray(words).view("<u4").view(np.uint8), axis=1, bitorder="little"
     )

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from lowbit.checkpoints._output_marks import writer_tag
+from lowbit.checkpoints.io.marks import writer_tag
 from lowbit.view import svg
 from lowbit.view.palette import KEPT_COLOUR, Palette
 from lowbit.view.report import Report, TensorRow
@@ -17,7 +17,7 @@ from lowbit.view.report import Report, TensorRow
 __all__ = ["GENERATOR", "render"]
 
 #: The ``<meta name="generator">`` line that marks a page as lowbit's (so ``--overwrite`` may
-#: replace it; see ``lowbit.checkpoints._output_marks``).
+#: replace it; see ``lowbit.checkpoints.io.marks``).
 GENERATOR = '<meta name="generator" content="{tag}">'
 
 _CSS = """

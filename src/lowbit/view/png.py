@@ -1,7 +1,7 @@
 """The report's figures as PNG files (matplotlib), for papers and issues.
 
 Each figure has a title, axis labels with units and a legend or colour bar; files go through
-``lowbit.checkpoints._outputs.save_figure`` (never over a file lowbit did not write).
+``lowbit.checkpoints.io.outputs.save_figure`` (never over a file lowbit did not write).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints._outputs import save_figure
+from lowbit.checkpoints.io.outputs import save_figure
 from lowbit.errors import LowbitError
 from lowbit.view.labels import place_labels
 from lowbit.view.palette import KEPT_COLOUR, Palette

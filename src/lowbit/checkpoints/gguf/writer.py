@@ -23,10 +23,10 @@ import numpy as np
 
 from lowbit._arrays import _is_ml_float, bfloat16
 from lowbit._progress import progress_bar
-from lowbit.checkpoints import _gguf
-from lowbit.checkpoints._atomic import atomic_file
-from lowbit.checkpoints._outputs import WRITER_KEY, writer_tag
-from lowbit.checkpoints._write_arrays import as_numpy
+from lowbit.checkpoints.io import gguf_file as _gguf
+from lowbit.checkpoints.io.arrays import as_numpy
+from lowbit.checkpoints.io.atomic import atomic_file
+from lowbit.checkpoints.io.outputs import WRITER_KEY, writer_tag
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks as ggml_blocks
 from lowbit.ggml import legacy
@@ -314,7 +314,7 @@ class _Raw:
 def _source_fields(source: Any) -> dict[str, Any]:
     """Every metadata key of a GGUF file as ``(value, GGUFValueType, None)`` with a raw value.
 
-    Read with lowbit's own parser (:func:`lowbit.checkpoints._gguf.raw_metadata`): each value
+    Read with lowbit's own parser (:func:`lowbit.checkpoints.io.gguf_file.raw_metadata`): each value
     is copied as its stored bytes, so a vocabulary of millions of entries costs one memory copy
     (the ``gguf`` package's ``GGUFReader`` builds a numpy view per element: minutes and
     gigabytes for a 5 MB file), and any value (nested or empty arrays, byte tokens that are not

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import ml_dtype
-from lowbit.checkpoints._write_arrays import as_numpy
+from lowbit.checkpoints.io.arrays import as_numpy
 from lowbit.errors import LowbitError
 
 __all__: list[str] = []

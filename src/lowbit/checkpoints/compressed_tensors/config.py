@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from lowbit.checkpoints._ct_fp4 import input_args, weights_args
-from lowbit.checkpoints._ct_tensor import CTTensor, _format
+from lowbit.checkpoints.compressed_tensors.fp4 import input_args, weights_args
+from lowbit.checkpoints.compressed_tensors.tensor import CTTensor, _format
 
 __all__ = ["CT_FORMAT_VERSION", "quantization_config"]
 

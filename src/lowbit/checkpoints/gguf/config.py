@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._json import short_repr
-from lowbit.checkpoints.gguf_arch import family_config
+from lowbit.checkpoints.gguf.arch import family_config
 from lowbit.errors import LowbitError
 
 # GGUF metadata key (after the "<arch>." prefix) -> Hugging Face config key.

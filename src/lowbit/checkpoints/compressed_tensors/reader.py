@@ -18,10 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints._ct_fp4 import FP4_FORMATS, read_fp4
-from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_check_weight, _ct_groups
-from lowbit.checkpoints._ct_tensor import CTTensor
-from lowbit.checkpoints._ct_transforms import InputTransform, input_transforms, transform_matrix
+from lowbit.checkpoints.compressed_tensors.fp4 import FP4_FORMATS, read_fp4
+from lowbit.checkpoints.compressed_tensors.layout import (
+    _ct_candidates,
+    _ct_check_weight,
+    _ct_groups,
+)
+from lowbit.checkpoints.compressed_tensors.tensor import CTTensor
+from lowbit.checkpoints.compressed_tensors.transforms import (
+    InputTransform,
+    input_transforms,
+    transform_matrix,
+)
 from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, TensorInfo
 from lowbit.errors import LowbitError
 
@@ -45,7 +53,7 @@ _QUANT_PARTS = frozenset(
 
 
 def unpack_int32(words: np.ndarray, num_bits: int, n: int) -> np.ndarray:
-    """Inverse of :func:`lowbit.checkpoints._ct_tensor.pack_int32` along the last axis.
+    """Inverse of :func:`lowbit.checkpoints.compressed_tensors.tensor.pack_int32` along the last axis.
 
     Args:
         words: int32 array ``[rows, ceil(n * num_bits / 32)]``.
@@ -92,7 +100,7 @@ class CompressedTensorsFolder(Checkpoint):
         quantization_config: the folder's ``quantization_config`` (``config`` is
             ``config.json`` without it, so a model built from it is a plain float model).
         transforms: the online input transforms its ``transform_config`` declares
-            (``lowbit.checkpoints._ct_transforms``), which ``lowbit.models.build.build_model``
+            (``lowbit.checkpoints.compressed_tensors.transforms``), which ``lowbit.models.build.build_model``
             applies; their stored matrices are not among :meth:`names`.
     """
 
@@ -203,7 +211,7 @@ class CompressedTensorsFolder(Checkpoint):
     def transform_matrix(self, t: InputTransform, layer: str, width: int) -> np.ndarray:
         """The matrix with which ``layer``'s input blocks are multiplied at run time under
         the online transform ``t`` (one of :attr:`transforms`): see
-        :func:`lowbit.checkpoints._ct_transforms.transform_matrix`."""
+        :func:`lowbit.checkpoints.compressed_tensors.transforms.transform_matrix`."""
         suffix = f".{t.tensor_suffix}.weight"
         stored = self._stored_matrices.get(suffix)
         if stored is None:  # one scan per transform, not one per layer

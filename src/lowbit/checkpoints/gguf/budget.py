@@ -1,6 +1,6 @@
 """GGUF files within a size or bits budget: each tensor's llama.cpp type chosen from measured damage.
 
-The counterpart of llama-quantize's fixed mixes (:mod:`lowbit.checkpoints.gguf_mix`) for
+The counterpart of llama-quantize's fixed mixes (:mod:`lowbit.checkpoints.gguf.mix`) for
 ``lowbit quantize MODEL --budget BPW|--size BYTES --out-format gguf``:
 
 - **which tensors**: those llama-quantize quantizes (:mod:`lowbit.ggml.mixes`' rules: 2-D and
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.gguf_mix import _Tensors, importance_vectors
-from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.gguf.mix import _Tensors, importance_vectors
+from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
 from lowbit.plans.budget import Allocation, solve
@@ -155,7 +155,7 @@ def budget_vectors(
     ckpt: Any, names: Iterable[str], imatrix: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Each candidate tensor's importance vector, checked as llama-quantize checks it (see
-    :mod:`lowbit.checkpoints.gguf_mix`): a vector of the wrong length is an error except for
+    :mod:`lowbit.checkpoints.gguf.mix`): a vector of the wrong length is an error except for
     ``token_embd.weight`` (then quantized without one); tensors it does not name get none.
 
     Raises:

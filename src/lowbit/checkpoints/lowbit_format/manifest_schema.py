@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from lowbit.checkpoints._safetensors import SAFETENSORS_DTYPE_BITS
-from lowbit.checkpoints._safetensors_write import dtype_code
+from lowbit.checkpoints.io.safetensors import SAFETENSORS_DTYPE_BITS
+from lowbit.checkpoints.io.safetensors_write import dtype_code
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import activation_format
@@ -18,7 +18,9 @@ from lowbit.quant.scheme import Scheme
 from lowbit.quant.tensor import FORMAT_VERSION as TENSOR_VERSION
 from lowbit.quant.tensor import TENSOR_SCALE_DIRECTION
 
-MANIFEST = "lowbit.json"  # the manifest's file name (lowbit.checkpoints._manifest.MANIFEST)
+MANIFEST = (
+    "lowbit.json"  # the manifest's file name (lowbit.checkpoints.lowbit_format.manifest.MANIFEST)
+)
 
 _TYPE_WORDS: dict[Any, str] = {
     str: "a string",

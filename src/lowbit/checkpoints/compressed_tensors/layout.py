@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._regex import compile_bounded
-from lowbit.checkpoints._ct_fp4 import FP4_FORMATS, check_fp4_weight
+from lowbit.checkpoints.compressed_tensors.fp4 import FP4_FORMATS, check_fp4_weight
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 

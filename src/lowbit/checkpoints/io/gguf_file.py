@@ -37,8 +37,8 @@ import numpy as np
 from lowbit._arrays import bfloat16
 from lowbit._json import check_regular_file, short_repr
 from lowbit._parallel import map_chunks
-from lowbit.checkpoints._gguf_config import check_metadata
-from lowbit.checkpoints._safetensors import check_overlaps, check_shape
+from lowbit.checkpoints.gguf.config import check_metadata
+from lowbit.checkpoints.io.safetensors import check_overlaps, check_shape
 from lowbit.errors import LowbitError
 from lowbit.ggml import _numba
 

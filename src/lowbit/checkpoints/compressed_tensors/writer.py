@@ -24,8 +24,8 @@ default, so the result is exactly lowbit's float32 dequantization. The format ch
 is the one compressed-tensors itself infers (``infer_module_format``), so its model-free
 dequantizer and its model loaders agree with the file.
 
-The jobs live in three modules: :mod:`lowbit.checkpoints._ct_tensor` (:class:`CTTensor`, its
-checks, :func:`pack_int32`, :func:`from_quantized`), :mod:`lowbit.checkpoints._ct_config`
+The jobs live in three modules: :mod:`lowbit.checkpoints.compressed_tensors.tensor` (:class:`CTTensor`, its
+checks, :func:`pack_int32`, :func:`from_quantized`), :mod:`lowbit.checkpoints.compressed_tensors.config`
 (:func:`quantization_config`) and this one (the writer: safetensors entries, shards, the folder).
 """
 
@@ -43,9 +43,7 @@ import numpy as np
 
 from lowbit._arrays import bfloat16
 from lowbit._progress import progress_bar
-from lowbit.checkpoints import _safetensors_write as _safetensors
-from lowbit.checkpoints._atomic import atomic_dir
-from lowbit.checkpoints._ct_config import (
+from lowbit.checkpoints.compressed_tensors.config import (
     CT_FORMAT_VERSION,
     _compact_targets,
     _config,
@@ -53,11 +51,19 @@ from lowbit.checkpoints._ct_config import (
     _scheme_key,
     quantization_config,
 )
-from lowbit.checkpoints._ct_fp4 import e8m0_bytes, pack_fp4
-from lowbit.checkpoints._ct_tensor import CTTensor, _checked, _fp8, from_quantized, pack_int32
-from lowbit.checkpoints._ct_transforms import transform_entries
-from lowbit.checkpoints._outputs import writer_metadata
-from lowbit.checkpoints._write_arrays import as_numpy
+from lowbit.checkpoints.compressed_tensors.fp4 import e8m0_bytes, pack_fp4
+from lowbit.checkpoints.compressed_tensors.tensor import (
+    CTTensor,
+    _checked,
+    _fp8,
+    from_quantized,
+    pack_int32,
+)
+from lowbit.checkpoints.compressed_tensors.transforms import transform_entries
+from lowbit.checkpoints.io import safetensors_write as _safetensors
+from lowbit.checkpoints.io.arrays import as_numpy
+from lowbit.checkpoints.io.atomic import atomic_dir
+from lowbit.checkpoints.io.outputs import writer_metadata
 from lowbit.errors import LowbitError
 
 __all__ = [
@@ -290,7 +296,7 @@ def write_compressed_tensors(
         transforms: layer (module) name -> block: layers whose weights ``tensors`` holds in a
             block-Hadamard-rotated basis (``W R``, ``lowbit.methods.hadamard``), so their inputs
             must be rotated at run time. Declared as ``transform_config`` with each layer's
-            ``<layer>.v_input.weight`` (``lowbit.checkpoints._ct_transforms``), which vLLM reads.
+            ``<layer>.v_input.weight`` (``lowbit.checkpoints.compressed_tensors.transforms``), which vLLM reads.
 
     Returns:
         The folder written.

@@ -4,7 +4,7 @@ writes it (metadata keys, tensor names, layouts and tokenizer), its weights as l
 The rules, learnt from llama.cpp's converter and checked against what it wrote for tiny models
 (``tests/fixtures/llamacpp/convert/``):
 
-- names and layouts per family: :mod:`lowbit.checkpoints.gguf_arch` (llama's q/k rows reordered,
+- names and layouts per family: :mod:`lowbit.checkpoints.gguf.arch` (llama's q/k rows reordered,
   Gemma's norms stored as ``w + 1`` in float32, the mixtures' experts stacked into
   ``ffn_*_exps``: a block's stacks are written together, in the family's order, where the
   block's last expert tensor comes);
@@ -14,7 +14,7 @@ The rules, learnt from llama.cpp's converter and checked against what it wrote f
   llama.cpp's ``--outtype bf16`` file); quantized ones Q4_0 / Q8_0;
 - metadata: ``general.*`` from the ``gguf`` package's own ``Metadata`` heuristics (name from the
   folder, size label from the parameter count), the family's hyperparameters under
-  ``<arch>.*``, and the tokenizer (:func:`lowbit.checkpoints.gguf_tokenizer.add_hf_vocab`).
+  ``<arch>.*``, and the tokenizer (:func:`lowbit.checkpoints.gguf.tokenizer.add_hf_vocab`).
 
 Each tensor is read, transformed and written one at a time (peak memory about one tensor; an
 expert stack, about one stack).
@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints import _pipeline as qw
-from lowbit.checkpoints import gguf_writer
 from lowbit.checkpoints._output_checks import GGUF_Q, _gguf_exact
-from lowbit.checkpoints.gguf_arch import Family, check_moe_config, family_for, permute_qk
-from lowbit.checkpoints.gguf_hf_config import converter_config
-from lowbit.checkpoints.gguf_hparams import add_hparams, phi3_rope_factors, rope_factors
-from lowbit.checkpoints.gguf_tokenizer import add_hf_vocab, check_hf_tokenizer
-from lowbit.checkpoints.gguf_writer import GGUFTensor, _Raw, gguf_from_quantized
+from lowbit.checkpoints.gguf import writer as gguf_writer
+from lowbit.checkpoints.gguf.arch import Family, check_moe_config, family_for, permute_qk
+from lowbit.checkpoints.gguf.hf_config import converter_config
+from lowbit.checkpoints.gguf.hparams import add_hparams, phi3_rope_factors, rope_factors
+from lowbit.checkpoints.gguf.tokenizer import add_hf_vocab, check_hf_tokenizer
+from lowbit.checkpoints.gguf.writer import GGUFTensor, _Raw, gguf_from_quantized
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import AppliedPlan, TensorPlan
 from lowbit.quant.tensor import quantize
@@ -54,7 +54,7 @@ def hf_family(checkpoint: Any) -> Family:
     Raises:
         LowbitError: no config, a model type lowbit does not convert (supported ones named), or
             a mixture's config llama.cpp cannot run
-            (:func:`lowbit.checkpoints.gguf_arch.check_moe_config`).
+            (:func:`lowbit.checkpoints.gguf.arch.check_moe_config`).
     """
     cfg = checkpoint.config or {}
     if not cfg:
@@ -272,7 +272,7 @@ def check_hf_source(checkpoint: Any) -> Family:
     Raises:
         LowbitError: an unsupported family (the supported ones named), or a tokenizer lowbit
             cannot store as llama.cpp does (see
-            :func:`lowbit.checkpoints.gguf_tokenizer.check_hf_tokenizer`).
+            :func:`lowbit.checkpoints.gguf.tokenizer.check_hf_tokenizer`).
     """
     fam = hf_family(checkpoint)
     check_hf_tokenizer(_folder(checkpoint))
@@ -295,7 +295,7 @@ def write_gguf_from_hf(
 
     Raises:
         LowbitError: an unsupported family, a tensor with no GGUF name, experts planned
-            differently, or what :func:`lowbit.checkpoints.gguf_writer.write_gguf` raises.
+            differently, or what :func:`lowbit.checkpoints.gguf.writer.write_gguf` raises.
     """
     fam = hf_family(checkpoint)  # the tokenizer was checked when planning, and is read below
     srcs = _sources(checkpoint, applied, fam)

@@ -3,7 +3,7 @@ family lowbit converts, read from the checkpoint's ``config.json``.
 
 Transformers 4 and 5 style configs both work (``rope_theta`` at the top or inside
 ``rope_parameters``). The config is first completed as the converter sees it through
-transformers' ``AutoConfig`` (:func:`lowbit.checkpoints.gguf_hf_config.converter_config`:
+transformers' ``AutoConfig`` (:func:`lowbit.checkpoints.gguf.hf_config.converter_config`:
 the class defaults of absent keys, the rope settings standardised), and keys are looked up as
 its ``find_hparam`` does (the first of its names present, even when null).
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.gguf_arch import Family
-from lowbit.checkpoints.gguf_hf_config import converter_config
+from lowbit.checkpoints.gguf.arch import Family
+from lowbit.checkpoints.gguf.hf_config import converter_config
 from lowbit.errors import LowbitError
 
 __all__ = ["add_hparams", "phi3_rope_factors", "rope_factors"]

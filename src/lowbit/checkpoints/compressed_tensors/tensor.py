@@ -3,7 +3,7 @@
 :class:`CTTensor` holds codes, scales and zero points in compressed-tensors' layout and says
 which storage format compressed-tensors infers for it; :func:`pack_int32` is its int32 bit
 packing (``pack-quantized``); :func:`from_quantized` maps a lowbit ``QuantizedTensor`` onto it.
-The files these end up in are described in :mod:`lowbit.checkpoints.compressed_tensors`.
+The files these end up in are described in :mod:`lowbit.checkpoints.compressed_tensors.writer`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import ml_dtype
-from lowbit.checkpoints._ct_fp4 import checked_fp4, e2m1_values
-from lowbit.checkpoints._write_arrays import as_numpy
+from lowbit.checkpoints.compressed_tensors.fp4 import checked_fp4, e2m1_values
+from lowbit.checkpoints.io.arrays import as_numpy
 from lowbit.codecs.packing import unpack
 from lowbit.errors import LowbitError
 from lowbit.quant.tensor import QuantizedTensor

@@ -1,6 +1,6 @@
 """Debris of interrupted runs beside an output: completed, rolled back or removed, and said so.
 
-A run writes inside ``OUT.tmp-XXXXXXXX`` (``lowbit.checkpoints._outputs``), marked by the file
+A run writes inside ``OUT.tmp-XXXXXXXX`` (``lowbit.checkpoints.io.outputs``), marked by the file
 ``.lowbit-output`` inside it (``.lowbit-complete`` once the new output is whole). A run killed
 with ``kill -9`` leaves that folder behind; the next run to ``OUT`` calls :func:`recover`.
 """
@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-from lowbit.checkpoints._output_marks import (
+from lowbit.checkpoints.io.marks import (
     _LOWBIT_JSON,
     _safetensors_metadata,
     _small_json,

@@ -31,8 +31,8 @@ Files and folders follow the umask. An ``OSError`` while writing (disk full, rea
 system, permission denied) becomes one :class:`~lowbit.errors.LowbitError` naming ``OUT``, with
 the temporary output removed.
 
-What counts as written by lowbit is in ``lowbit.checkpoints._output_marks``; the clean-up of
-interrupted runs in ``lowbit.checkpoints._output_debris``.
+What counts as written by lowbit is in ``lowbit.checkpoints.io.marks``; the clean-up of
+interrupted runs in ``lowbit.checkpoints.io.debris``.
 
 These guarantees hold against the process being killed at any point; they do not order writes
 against a power failure (no ``fsync``).
@@ -59,8 +59,8 @@ try:
 except ImportError:  # pragma: no cover - Windows: no advisory locks, outputs still atomic
     fcntl = None  # type: ignore[assignment]
 
-from lowbit.checkpoints._output_debris import COMPLETE, MARKER, _remove_work, recover
-from lowbit.checkpoints._output_marks import (
+from lowbit.checkpoints.io.debris import COMPLETE, MARKER, _remove_work, recover
+from lowbit.checkpoints.io.marks import (
     _FIGURE_MARKS,
     FILES_KEY,
     WRITER_KEY,

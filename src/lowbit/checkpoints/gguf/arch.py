@@ -2,12 +2,12 @@
 the layout conventions of each (llama.cpp's ``convert_hf_to_gguf.py`` and ``llama-model.cpp``).
 
 One table per GGUF architecture, read in both directions: the converter
-(:mod:`lowbit.checkpoints.gguf_convert`) renames Hugging Face tensors with it, and the model
+(:mod:`lowbit.checkpoints.gguf.convert`) renames Hugging Face tensors with it, and the model
 builder (:mod:`lowbit.models.build`) renames a GGUF's tensors back. What else differs:
 
 - llama (also Mistral and Mixtral, which llama.cpp stores as ``llama``): q/k rows reordered for
   llama.cpp's interleaved rotary pairs (:func:`permute_qk`, undone by
-  :func:`lowbit.checkpoints.names.unpermute_qk`); Mixtral's experts stacked into one
+  :func:`lowbit.checkpoints.gguf.names.unpermute_qk`); Mixtral's experts stacked into one
   ``ffn_*_exps`` tensor per projection, ``[experts, rows, cols]``.
 - gemma2 / gemma3: every ``*norm.weight`` is stored as ``w + 1`` (Gemma's RMSNorm multiplies by
   ``1 + w``, llama.cpp's by the stored weight), in float32. The embedding scale
@@ -270,7 +270,7 @@ def check_moe_config(fam: Family, cfg: Mapping[str, Any]) -> int:
 
 def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     """Reorder q/k projection rows as llama.cpp's converter does (inverse of
-    :func:`lowbit.checkpoints.names.unpermute_qk`).
+    :func:`lowbit.checkpoints.gguf.names.unpermute_qk`).
 
     Each head's rows ``[r_0 .. r_{d/2-1}, s_0 .. s_{d/2-1}]`` (transformers' ``rotate_half``
     pairs ``r_i`` with ``s_i``) become ``[r_0, s_0, r_1, s_1, ...]`` (llama.cpp pairs rows 2i

@@ -25,7 +25,7 @@ entry}}`` where an entry is ``{"kind": "quantized" | "kept" | "cast", "file", "s
 ``version``, shape, scale shape and the full ``Scheme``) and ``"activations"``; kept entries add
 ``"dtype"`` and ``"encoding"`` (``"array"`` or ``"gguf:TYPE"``). ``"checksums"`` records the
 size and sha256 of every file written into the folder and ``"manifest_sha256"`` the digest of
-the manifest itself (:mod:`lowbit.checkpoints._manifest`, which also holds the schema every
+the manifest itself (:mod:`lowbit.checkpoints.lowbit_format.manifest`, which also holds the schema every
 load checks).
 
 Reading back (:class:`LowbitCheckpoint`, ``lowbit.load(DIR)``) first checks the manifest and the
@@ -50,11 +50,12 @@ import numpy as np
 
 from lowbit._progress import progress_bar
 from lowbit._version import __version__
-from lowbit.checkpoints import _gguf, _manifest
-from lowbit.checkpoints import _safetensors_write as _safetensors
-from lowbit.checkpoints._atomic import atomic_dir
-from lowbit.checkpoints._manifest import GGUF_METADATA, MANIFEST
-from lowbit.checkpoints.gguf_writer import write_gguf
+from lowbit.checkpoints.gguf.writer import write_gguf
+from lowbit.checkpoints.io import gguf_file as _gguf
+from lowbit.checkpoints.io import safetensors_write as _safetensors
+from lowbit.checkpoints.io.atomic import atomic_dir
+from lowbit.checkpoints.lowbit_format import manifest as _manifest
+from lowbit.checkpoints.lowbit_format.manifest import GGUF_METADATA, MANIFEST
 from lowbit.checkpoints.readers import Checkpoint, SafetensorsFile, TensorInfo
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
@@ -303,7 +304,7 @@ class LowbitCheckpoint(Checkpoint):
             path: the folder.
             verify: check the manifest's own digest and every file's sha256 against it
                 (reads every byte once); False skips both. The schema, containment and file
-                sizes are checked either way (see :mod:`lowbit.checkpoints._manifest`).
+                sizes are checked either way (see :mod:`lowbit.checkpoints.lowbit_format.manifest`).
 
         Raises:
             LowbitError: no manifest, or one that does not pass those checks, naming the file

@@ -39,7 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from lowbit import _json
-from lowbit.checkpoints._manifest_schema import (
+from lowbit.checkpoints.lowbit_format.manifest_schema import (
     MANIFEST,
     ExpectedArray,
     _fail,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.gguf_arch import FAMILIES, GGUF_ARCHS, Family
+from lowbit.checkpoints.gguf.arch import FAMILIES, GGUF_ARCHS, Family
 from lowbit.errors import LowbitError
 
 __all__ = [
@@ -44,7 +44,7 @@ def gguf_to_hf_name(name: str, config: Mapping[str, Any] | None = None) -> str:
     Args:
         name: the GGUF tensor name (``blk.0.attn_q.weight``).
         config: the GGUF checkpoint's config (``Checkpoint.config``), whose ``model_type``
-            names the family (:mod:`lowbit.checkpoints.gguf_arch`); None: llama.
+            names the family (:mod:`lowbit.checkpoints.gguf.arch`); None: llama.
 
     Raises:
         LowbitError: a tensor with no counterpart (e.g. ``rope_freqs.weight``).

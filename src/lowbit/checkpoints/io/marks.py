@@ -15,7 +15,7 @@ from typing import Any
 
 from lowbit import _json
 from lowbit._version import __version__
-from lowbit.checkpoints import _gguf
+from lowbit.checkpoints.io import gguf_file as _gguf
 from lowbit.errors import LowbitError
 
 WRITER_KEY = "lowbit.writer"  # safetensors __metadata__ / GGUF metadata: which lowbit wrote it

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints._pretokenizers import pre_tokenizer, pre_tokenizer_name
+from lowbit.checkpoints.gguf._pretokenizers import pre_tokenizer, pre_tokenizer_name
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 

@@ -2,13 +2,13 @@
 
 The types come from :func:`lowbit.ggml.mixes.choose_types` (the architecture and
 hyperparameters read from the source's metadata), the blocks from :mod:`lowbit.ggml.blocks`
-(llama.cpp's bytes), the file from :func:`lowbit.checkpoints.gguf_writer.write_gguf` with the
+(llama.cpp's bytes), the file from :func:`lowbit.checkpoints.gguf.writer.write_gguf` with the
 source's metadata copied and ``general.file_type`` set to the mix's. As in llama-quantize:
 
 - a tensor whose chosen type is the one it is stored in is copied byte for byte; every other
   tensor is decoded to float32 and quantized (a quantized source is requantized, which
   llama-quantize only does with ``--allow-requantize``);
-- an importance matrix (:func:`lowbit.checkpoints.imatrix.read_imatrix`) gives the tensor of the
+- an importance matrix (:func:`lowbit.checkpoints.gguf.imatrix.read_imatrix`) gives the tensor of the
   same name its vector; a vector of the wrong length is an error, except for
   ``token_embd.weight``, which is then quantized without one; tensors it does not name are
   quantized without one; Q2_K_S needs one for its Q2_K tensors.
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints._pipeline import raw_bytes
-from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, grids, mixes
 from lowbit.methods._ggml_gptq import GgmlTarget
@@ -221,7 +221,7 @@ def write_gguf_mix(
         ckpt: an open GGUF checkpoint.
         out: the ``.gguf`` file to write (atomically; see ``write_gguf``).
         mix_name: llama-quantize's type name (q2_k ... q6_k, iq4_xs, q4_1, ...).
-        imatrix: ``{weight name: vector}`` (:func:`lowbit.checkpoints.imatrix.read_imatrix`).
+        imatrix: ``{weight name: vector}`` (:func:`lowbit.checkpoints.gguf.imatrix.read_imatrix`).
         overwrite: replace an existing file lowbit wrote.
         progress: progress bar (None: on a terminal).
         weights: tensors already quantized to their chosen type (GPTQ's

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints import _gguf
-from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.io import gguf_file as _gguf
 from lowbit.errors import LowbitError
 
 __all__ = ["read_imatrix", "write_imatrix"]

@@ -1,0 +1,62 @@
+"""Module paths that moved when ``checkpoints/`` was split by format, kept importable.
+
+``import lowbit.checkpoints.gguf_writer`` (documented before the split) still works: it warns
+once with a :class:`DeprecationWarning` naming the new path and binds the old name to the very
+same module object, so ``monkeypatch``-style code and ``isinstance`` checks see one module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+
+#: old dotted path -> new dotted path (public modules only; private ones just moved).
+MOVED = {
+    "lowbit.checkpoints.gguf_arch": "lowbit.checkpoints.gguf.arch",
+    "lowbit.checkpoints.gguf_budget": "lowbit.checkpoints.gguf.budget",
+    "lowbit.checkpoints.gguf_convert": "lowbit.checkpoints.gguf.convert",
+    "lowbit.checkpoints.gguf_hf_config": "lowbit.checkpoints.gguf.hf_config",
+    "lowbit.checkpoints.gguf_hparams": "lowbit.checkpoints.gguf.hparams",
+    "lowbit.checkpoints.gguf_mix": "lowbit.checkpoints.gguf.mix",
+    "lowbit.checkpoints.gguf_tokenizer": "lowbit.checkpoints.gguf.tokenizer",
+    "lowbit.checkpoints.gguf_writer": "lowbit.checkpoints.gguf.writer",
+    "lowbit.checkpoints.imatrix": "lowbit.checkpoints.gguf.imatrix",
+    "lowbit.checkpoints.names": "lowbit.checkpoints.gguf.names",
+}
+
+
+class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds an old path of :data:`MOVED` and hands back the module at its new path."""
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        new = MOVED[spec.name]
+        warnings.warn(
+            f"{spec.name} moved to {new}; the old path will be removed in a later release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        module = importlib.import_module(new)
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # the import system set the alias's spec on the shared module: give it its own back
+        module.__spec__ = self._spec
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` once."""
+    if not any(isinstance(f, MovedFinder) for f in sys.meta_path):
+        sys.meta_path.append(MovedFinder())
