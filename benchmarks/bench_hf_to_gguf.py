@@ -40,8 +40,8 @@ def make_folder(root: Path, layers: int) -> Path:
     from safetensors.numpy import save_file
 
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf.tokenizer import write_tokenizer
     from lowbit.checkpoints.shipped import default_model_path
+    from lowbit.checkpoints.tokenizer import write_tokenizer
 
     d = root / "smollm2-shape"
     d.mkdir()

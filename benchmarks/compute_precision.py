@@ -143,8 +143,8 @@ def gptq_ppl(args: argparse.Namespace) -> None:
     """GPTQ calibrated in fp32 and in bf16, both measured in fp32 on the first ``--tokens``
     tokens of the default text (calibration never overlaps them): held-out perplexity."""
     from lowbit.calibration.data import Calibration
-    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.evaluation._compare import compare_causal
     from lowbit.evaluation.calibrated_variants import gptq_variant
     from lowbit.models.build import build_model
@@ -173,8 +173,8 @@ def gptq_ppl(args: argparse.Namespace) -> None:
 
 
 def scan(args: argparse.Namespace) -> None:
-    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.evaluation.scan_samples import scan_samples
     from lowbit.evaluation.sensitivity import sensitivity
     from lowbit.evaluation.sensitivity_result import spearman

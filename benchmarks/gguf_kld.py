@@ -70,8 +70,8 @@ def texts(work: Path, eval_tokens: int, calib_tokens: int) -> tuple[Path, Path]:
     """The evaluation and calibration text files, cut from the default text at token offsets."""
     from lowbit.calibration.text import default_text
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from lowbit.checkpoints.shipped import default_model_path
+    from lowbit.checkpoints.tokenizer import build_tokenizer
 
     _, text = default_text()
     with open_checkpoint(default_model_path("smollm2")) as ck:
@@ -149,7 +149,7 @@ def lowbit_ppl(path: Path, text: str, n_ctx: int, llamacpp: bool = False) -> flo
 
     from lowbit.calibration.text import tokenize
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+    from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.evaluation.act_modes import simulate_llamacpp_activations
     from lowbit.models.build import load_model
 

@@ -43,8 +43,8 @@ def _timed(cmd: list[str]) -> float:
 def smollm2_tokenizer(folder: Path) -> None:
     """SmolLM2's tokenizer files in ``folder`` (a pre-tokenizer llama.cpp knows)."""
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf.tokenizer import write_tokenizer
     from lowbit.checkpoints.shipped import default_model_path
+    from lowbit.checkpoints.tokenizer import write_tokenizer
 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).unlink(missing_ok=True)

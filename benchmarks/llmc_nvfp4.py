@@ -35,8 +35,8 @@ def _calibration_ids(model: str) -> list[list[int]]:
     from lowbit.calibration.data import Calibration, decoder_windows, encoder_texts
     from lowbit.calibration.text import evaluated_sentences
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from lowbit.checkpoints.shipped import default_model_path
+    from lowbit.checkpoints.tokenizer import build_tokenizer
 
     with open_checkpoint(default_model_path(model)) as ck:
         tok = build_tokenizer(ck)

@@ -272,7 +272,7 @@ def shipped_path(name: str) -> Path:
 def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
     """(path, open checkpoint, built torch model, tokenizer) of a shipped model."""
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+    from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.models.build import build_model
 
     path = shipped_path(name)

@@ -24,7 +24,7 @@ from lowbit.calibration.data import (  # noqa: E402
 )
 from lowbit.calibration.hessians import HessianCollector  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer  # noqa: E402
+from lowbit.checkpoints.tokenizer import build_tokenizer  # noqa: E402
 from lowbit.evaluation.perplexity import (  # noqa: E402
     _tokens_and_windows,
     default_text,

@@ -31,8 +31,8 @@ def test_sums_are_squared_inputs_per_column(tiny: tuple[Path, object]) -> None:
     the LM head is left out (llama-imatrix's default)."""
     import torch
 
-    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
     from lowbit.checkpoints.opener import open_checkpoint
+    from lowbit.checkpoints.tokenizer import build_tokenizer
 
     path, model = tiny
     calib = Calibration(samples=3, length=32)

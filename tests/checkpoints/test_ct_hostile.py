@@ -97,15 +97,15 @@ def test_malformed_quantization_config(ct: Path, tmp_path: Path, qc, match: str)
 def test_many_targets_over_many_modules() -> None:
     """50,000 exact targets over 10,000 modules: a set look-up per module (a scan of every
     target per module before: 5 x 10^8 comparisons)."""
-    from lowbit.checkpoints.compressed_tensors.layout import _ct_candidates, _ct_groups
+    from lowbit.checkpoints.compressed_tensors.layout import ct_candidates, ct_groups
 
     targets = [f"model.layers.{i}.mlp.up_proj" for i in range(50_000)]
     qc = {"format": "pack-quantized", "config_groups": {"g": {
         "targets": targets, "weights": {"num_bits": 4, "type": "int", "strategy": "channel"}}}}  # fmt: skip
-    groups = _ct_groups(qc, "config.json")
+    groups = ct_groups(qc, "config.json")
     modules = {f"m.{i}" for i in range(10_000)}
     t0 = time.perf_counter()
-    hits = sum(bool(_ct_candidates(m, groups, modules)) for m in modules)
+    hits = sum(bool(ct_candidates(m, groups, modules)) for m in modules)
     assert time.perf_counter() - t0 < 2.0
     assert hits == 10_000  # no module is named, and its targets name no module: class-like
-    assert _ct_candidates("model.layers.7.mlp.up_proj", groups, modules)[0][0] == "g"
+    assert ct_candidates("model.layers.7.mlp.up_proj", groups, modules)[0][0] == "g"

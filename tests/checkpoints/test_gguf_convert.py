@@ -19,8 +19,8 @@ pytest.importorskip("safetensors")
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.gguf.arch import FAMILIES, permute_qk  # noqa: E402
 from lowbit.checkpoints.gguf.names import unpermute_qk  # noqa: E402
-from lowbit.checkpoints.gguf.tokenizer import write_tokenizer  # noqa: E402
 from lowbit.checkpoints.quantize_model import convert_hf_to_gguf  # noqa: E402
+from lowbit.checkpoints.tokenizer import write_tokenizer  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from tiny_models import shipped_path  # noqa: E402

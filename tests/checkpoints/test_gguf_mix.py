@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lowbit.checkpoints._pipeline import raw_bytes
 from lowbit.checkpoints.gguf.imatrix import read_imatrix, write_imatrix
 from lowbit.checkpoints.gguf.mix import gguf_mix_types, write_gguf_mix
 from lowbit.checkpoints.gguf.writer import write_gguf
 from lowbit.checkpoints.opener import open_checkpoint
+from lowbit.checkpoints.steps import raw_bytes
 from lowbit.cli import main
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")
 
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer, write_tokenizer  # noqa: E402
+from lowbit.checkpoints.tokenizer import build_tokenizer, write_tokenizer  # noqa: E402
 from tiny_models import save_gguf, save_hf_folder, shipped_path, tiny_llama  # noqa: E402
 
 TEMPLATE = (

@@ -50,7 +50,7 @@ def test_gguf_merges_outside_the_vocabulary(tmp_path: Path, merges: list[str]) -
     pytest.importorskip("torch")
     pytest.importorskip("tokenizers")
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+    from lowbit.checkpoints.tokenizer import build_tokenizer
     from tiny_models import save_gguf, tiny_llama
 
     p = save_gguf(tiny_llama(), tmp_path / "t.gguf", metadata={"tokenizer.ggml.merges": merges})

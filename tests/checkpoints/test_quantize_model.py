@@ -201,7 +201,7 @@ def test_interrupted_write_leaves_nothing(
     tmp_path: Path, gguf_file: Path, monkeypatch: pytest.MonkeyPatch, out_format: str, exc: type
 ) -> None:
     """A failure midway (the 5th tensor's quantization) leaves no output and no temporaries."""
-    import lowbit.checkpoints._pipeline
+    import lowbit.checkpoints.steps
     import lowbit.quant.tensor
 
     real = lowbit.quant.tensor.quantize
@@ -215,7 +215,7 @@ def test_interrupted_write_leaves_nothing(
 
     monkeypatch.setattr(lowbit.quant.tensor, "quantize", failing)
     # the writers call quantize through the name their module imported
-    monkeypatch.setattr(lowbit.checkpoints._pipeline, "quantize", failing)
+    monkeypatch.setattr(lowbit.checkpoints.steps, "quantize", failing)
     work = tmp_path / "work"
     work.mkdir()
     out = work / ("o.gguf" if out_format == "gguf" else "o")

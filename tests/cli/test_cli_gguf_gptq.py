@@ -15,9 +15,9 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.torch
 
-from lowbit.checkpoints._pipeline import raw_bytes  # noqa: E402
 from lowbit.checkpoints.gguf.mix import gguf_mix_types  # noqa: E402
 from lowbit.checkpoints.opener import open_checkpoint  # noqa: E402
+from lowbit.checkpoints.steps import raw_bytes  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.ggml import blocks  # noqa: E402
 from tiny_models import save_gguf, tiny_llama  # noqa: E402

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.torch
 
 from lowbit.calibration.data import Calibration, decoder_windows  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer  # noqa: E402
+from lowbit.checkpoints.tokenizer import build_tokenizer  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.evaluation.act_modes import simulate_act_mode  # noqa: E402
 from lowbit.evaluation.perplexity import perplexity  # noqa: E402

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.evaluation.scan_samples import ScanSamples as Calibration
 from lowbit.evaluation.sensitivity import (
@@ -176,7 +176,7 @@ def test_proxy_values_unchanged(
     res = sensitivity(ckpt, schemes, windows, measure="proxy")
     scan = _Scan(ckpt, schemes, windows, None, "proxy", 4)
     want = _full_pass_moments(scan.runner, [scan.weights.module(n) for n in scan.names])
-    from lowbit.checkpoints._pipeline import read_quantized
+    from lowbit.checkpoints.steps import read_quantized
 
     plans = [t for a in scan.plans for t in a.quantized]  # scheme-major, as the entries
     for e, t in zip(res.entries, plans, strict=True):

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.evaluation.scan_samples import ScanSamples as Calibration
 from lowbit.evaluation.sensitivity import SensitivityResult, _proxy_score, sensitivity, spearman
@@ -109,7 +109,7 @@ def test_fisher_score_is_the_formula() -> None:
 def test_scan_proxy_equals_formula(llama_dir: Path, windows: Calibration) -> None:
     """Each trial's fisher proxy is the formula over the runner's moments and the tensor's
     quantization error; the JSON names the proxy and reads back."""
-    from lowbit.checkpoints._pipeline import read_quantized
+    from lowbit.checkpoints.steps import read_quantized
     from lowbit.evaluation.sensitivity import _Scan
 
     ckpt = open_checkpoint(llama_dir)

@@ -38,11 +38,11 @@ from lowbit.calibration._block_args import block_args, with_block_args
 from lowbit.calibration.blocks import _calibration, _capture, _find_blocks, _locate, _out, _samples
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.hessians import HessianCollector
-from lowbit.checkpoints import _pipeline as qw
+from lowbit.checkpoints import steps as qw
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
 from lowbit.methods.folds import FOLDS, expand_experts, fold_family

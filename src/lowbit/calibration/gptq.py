@@ -67,9 +67,9 @@ from lowbit.calibration.data import (
     Calibration,
 )
 from lowbit.calibration.hessians import HessianCollector
-from lowbit.checkpoints import _pipeline as qw
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+from lowbit.checkpoints import steps as qw
 from lowbit.checkpoints.quantize_model import open_model, plan_model
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential
 from lowbit.models._compute import compute_context

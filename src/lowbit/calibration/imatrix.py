@@ -20,8 +20,8 @@ import numpy as np
 
 from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.checkpoints.quantize_model import open_model
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.models._threads import _threads
 from lowbit.models.build import build_model

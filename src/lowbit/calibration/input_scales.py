@@ -25,7 +25,7 @@ import numpy as np
 from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.checkpoints.compressed_tensors.fp4 import fused_siblings
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.models._compute import compute_context
 from lowbit.models._threads import _threads
@@ -67,7 +67,7 @@ def nvfp4_input_scales(
     Args:
         ckpt: the checkpoint written from (an open one; AWQ's and SmoothQuant's folded one).
         weights: checkpoint name -> QuantizedTensor of every layer that gets NVFP4 activations
-            and every other quantized weight (``lowbit.checkpoints._pipeline.ct_weights``): the
+            and every other quantized weight (``lowbit.checkpoints.compressed_tensors.pipeline.ct_weights``): the
             model is built with them dequantized, as the folder will hold it.
         calibration: the calibration text and its slice (windows, tokens per window).
         threads: torch threads (default: the usable cores).

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import ml_dtype
-from lowbit.checkpoints.readers import Checkpoint, TensorInfo, _convert, _readonly
+from lowbit.checkpoints.readers import Checkpoint, TensorInfo, as_dtype, readonly
 from lowbit.codecs.packing import unpack
 from lowbit.errors import LowbitError
 from lowbit.formats import catalog
@@ -131,7 +131,7 @@ class ExpertsView(Checkpoint):
     (everything else passes through from ``base``).
 
     A per-expert tensor's :meth:`info` names the file of the tensor it comes from with offset
-    ``-1`` (it is no contiguous span there; ``lowbit.checkpoints._pipeline.raw_bytes`` reads it
+    ``-1`` (it is no contiguous span there; ``lowbit.checkpoints.steps.raw_bytes`` reads it
     through :meth:`get`) and, for MXFP4, the bytes its share of blocks and scales takes on
     disk; MXFP4 weights read as bfloat16, which holds every E2M1 value times a power of two
     exactly.
@@ -308,7 +308,7 @@ class ExpertsView(Checkpoint):
             rows_out = not lay.get("transposed")
         parts = dict(expert_slices(v.what, w, rows_out=rows_out, interleaved=lay["interleaved"],
                                    bias=v.kind == "_bias"))  # fmt: skip
-        return _readonly(_convert(parts[v.part], dtype))
+        return readonly(as_dtype(parts[v.part], dtype))
 
     def close(self) -> None:
         self.base.close()

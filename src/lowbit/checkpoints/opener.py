@@ -17,8 +17,9 @@ import numpy as np
 from lowbit import _json
 from lowbit.checkpoints.compressed_tensors.reader import CompressedTensorsFolder
 from lowbit.checkpoints.experts_view import ExpertsView, has_fused
+from lowbit.checkpoints.gguf.reader import GGUFFile
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
-from lowbit.checkpoints.readers import Checkpoint, GGUFFile, HuggingFaceFolder, SafetensorsFile
+from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, SafetensorsFile
 from lowbit.errors import LowbitError
 
 __all__ = ["load", "open_checkpoint"]

@@ -35,14 +35,19 @@ from pathlib import Path
 from typing import Any
 
 from lowbit._progress import progress_bar
-from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints import steps as qw
 from lowbit.checkpoints._model_files import model_files
-from lowbit.checkpoints._output_checks import check_ct, check_gguf, output_nbytes
+from lowbit.checkpoints.compressed_tensors.checks import check_ct
+from lowbit.checkpoints.compressed_tensors.pipeline import write_ct
+from lowbit.checkpoints.gguf.checks import check_gguf
 from lowbit.checkpoints.gguf.convert import check_hf_source, write_gguf_from_hf
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
+from lowbit.checkpoints.gguf.pipeline import write_gguf
 from lowbit.checkpoints.io.outputs import check_not_input
 from lowbit.checkpoints.lowbit_format.checkpoint import is_lowbit_checkpoint
+from lowbit.checkpoints.lowbit_format.pipeline import write_lowbit
+from lowbit.checkpoints.output_bytes import output_nbytes
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
 from lowbit.errors import LowbitError
@@ -295,19 +300,19 @@ def quantize_model(
     left: list[dict[str, str]] = []
     clock = qw.Clock()
     if out_format == "lowbit":
-        copied, left = qw.write_lowbit(
+        copied, left = write_lowbit(
             ckpt, applied, out, overwrite, max_shard_size, progress, files,
             done=weights, method=None if method is None else dict(method), clock=clock,
         )  # fmt: skip
     elif out_format == "compressed-tensors":
-        copied, left = qw.write_ct(
+        copied, left = write_ct(
             ckpt, applied, out, overwrite, max_shard_size, progress, files, done=weights,
             clock=clock, input_scales=input_scales, rotations=rotated,
         )  # fmt: skip
     elif ckpt.format != "gguf":
         write_gguf_from_hf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights)
     else:
-        qw.write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights,
+        write_gguf(ckpt, applied, out, overwrite, progress, gguf_rounding, done=weights,
                       clock=clock)  # fmt: skip
     ckpt.close()
     seconds = time.perf_counter() - start

@@ -28,8 +28,6 @@ import numpy as np
 from lowbit import _json
 from lowbit._arrays import ml_dtype
 from lowbit._progress import progress_iter
-from lowbit.checkpoints.gguf import config as _gguf_config
-from lowbit.checkpoints.io import gguf_file as _gguf
 from lowbit.checkpoints.io import safetensors as _safetensors
 from lowbit.errors import LowbitError
 
@@ -198,13 +196,13 @@ class Checkpoint(ABC):
         return LowbitError(f"{self.path}: no tensor named {name!r}{hint}")
 
 
-def _convert(arr: np.ndarray, dtype: Any) -> np.ndarray:
+def as_dtype(arr: np.ndarray, dtype: Any) -> np.ndarray:
     if dtype is None or arr.dtype == np.dtype(dtype):
         return arr
     return arr.astype(dtype)
 
 
-def _readonly(arr: np.ndarray) -> np.ndarray:
+def readonly(arr: np.ndarray) -> np.ndarray:
     arr = np.asarray(arr)  # a plain ndarray view, not np.memmap (whose reductions stay memmaps)
     if arr.flags.writeable:
         arr = arr.view()
@@ -236,7 +234,7 @@ def _parse_safetensors(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str
     return infos, header.metadata
 
 
-class _Indexed(Checkpoint):
+class IndexedCheckpoint(Checkpoint):
     """A checkpoint whose header gave every tensor's TensorInfo up front (``_infos``)."""
 
     _infos: dict[str, TensorInfo]
@@ -251,13 +249,13 @@ class _Indexed(Checkpoint):
         return list(self._infos)
 
 
-class _SafetensorsBase(_Indexed):
+class _SafetensorsBase(IndexedCheckpoint):
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
         info = self.info(name)
         np_dtype = _ST_DTYPES[info.dtype]()
         raw = self._map(info.file)[info.offset : info.offset + info.nbytes]
         arr = raw.view(np_dtype).reshape(info.shape)
-        return _readonly(_convert(arr, dtype))
+        return readonly(as_dtype(arr, dtype))
 
 
 class SafetensorsFile(_SafetensorsBase):
@@ -269,7 +267,7 @@ class SafetensorsFile(_SafetensorsBase):
         super().__init__()
         self.path = path
         self._infos, self.metadata = _parse_safetensors(path)
-        self.config = _read_config(path.parent / "config.json")
+        self.config = read_config(path.parent / "config.json")
 
 
 class HuggingFaceFolder(_SafetensorsBase):
@@ -284,7 +282,7 @@ class HuggingFaceFolder(_SafetensorsBase):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = path
-        self.config = _read_config(path / "config.json")
+        self.config = read_config(path / "config.json")
         self.metadata = {}
         indexes = sorted(path.glob("*.safetensors.index.json"))
         if len(indexes) > 1:
@@ -356,7 +354,7 @@ def _no_weights_message(path: Path) -> str:
     return f"{path}: no .safetensors or .gguf weights in this folder"
 
 
-def _read_config(path: Path) -> dict[str, Any] | None:
+def read_config(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     cfg = _json.load(path)
@@ -368,33 +366,6 @@ def _read_config(path: Path) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------- GGUF
 
 
-class GGUFFile(_Indexed):
-    """A llama.cpp ``.gguf`` file: metadata key/values and (block-quantized) tensors.
-
-    Names are GGUF's own ("blk.0.attn_q.weight"); shapes are in numpy order; ``get`` dequantizes
-    block formats (Q4_0 ... Q8_0, K-quants, IQ types) to float32 with ``gguf.quants``. The
-    q/k rows keep llama.cpp's permutation: ``lowbit.models.build`` undoes it when building a model.
-    """
-
-    format = "gguf"
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-        self.header = _gguf.parse(path)
-        self.metadata = self.header.metadata
-        self.config = _gguf_config.derive_config(self.metadata, set(self.header.tensors))
-        self._infos = {
-            t.name: TensorInfo(t.name, t.shape, t.type_name, t.nbytes, path, t.offset)
-            for t in self.header.tensors.values()
-        }
-
-    def get(self, name: str, dtype: Any = None) -> np.ndarray:
-        self.info(name)
-        arr = _gguf.dequantize(self._map(self.path), self.header.tensors[name], self.path)
-        return _readonly(_convert(arr, dtype))
-
-
 # --------------------------------------------------------------------------------- entry
 
 
@@ -403,7 +374,7 @@ class ReplacedCheckpoint(Checkpoint):
     folded norms, ``lowbit.calibration.awq.AWQRun.checkpoint``); every other tensor is
     read from ``base``. A replaced tensor's :meth:`info` says ``F32`` and the float32 bytes;
     its ``file`` and ``offset`` still point at the original, so writers that copy stored
-    bytes must look at :attr:`replaced` first (``lowbit.checkpoints._pipeline`` does).
+    bytes must look at :attr:`replaced` first (``lowbit.checkpoints.steps`` does).
 
     Attributes:
         base: the checkpoint read for everything not replaced.

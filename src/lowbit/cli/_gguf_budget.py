@@ -30,9 +30,9 @@ from lowbit.checkpoints.gguf.budget import (
 )
 from lowbit.checkpoints.gguf.imatrix import read_imatrix
 from lowbit.checkpoints.gguf.mix import gguf_targets
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.checkpoints.io.outputs import check_output
 from lowbit.checkpoints.quantize_model import check_unrotated, open_model
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.cli import _common
 from lowbit.cli._gguf_mix import gguf_source, gptq_onto
 from lowbit.cli._scan import scan_windows

@@ -13,8 +13,8 @@ from typing import Any
 
 from lowbit import _json
 from lowbit._progress import progress_bar
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.checkpoints.io.outputs import check_not_input
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.evaluation.scan_samples import is_causal, scan_samples

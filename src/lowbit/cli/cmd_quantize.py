@@ -10,7 +10,7 @@ from typing import Any
 
 from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.calibration.input_scales import nvfp4_input_scales
-from lowbit.checkpoints._pipeline import ct_weights
+from lowbit.checkpoints.compressed_tensors.pipeline import ct_weights
 from lowbit.checkpoints.quantize_model import (
     check_unrotated,
     open_model,

@@ -35,7 +35,6 @@ from lowbit._optional import require
 from lowbit.calibration.blocks import _calibration
 from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.quantize_model import (
     checkpoint_tensors,
@@ -44,6 +43,7 @@ from lowbit.checkpoints.quantize_model import (
     quantized_weights,
 )
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import (
     DEFAULT_SENTENCES,

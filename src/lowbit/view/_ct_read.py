@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints.compressed_tensors.fp4 import FP4_FORMATS, read_fp4
-from lowbit.checkpoints.compressed_tensors.layout import _ct_candidates, _ct_groups
+from lowbit.checkpoints.compressed_tensors.layout import ct_candidates, ct_groups
 from lowbit.checkpoints.compressed_tensors.tensor import CTTensor
 from lowbit.errors import LowbitError
 
@@ -26,7 +26,7 @@ def ct_scheme(ckpt: Any, qc: dict[str, Any], module: str) -> dict[str, Any] | No
     held = _GROUPS.get(id(qc))
     if held is None or held[0] is not qc:  # parsed once per config, not once per module
         try:
-            held = (qc, _ct_groups(qc, str(ckpt.path)))
+            held = (qc, ct_groups(qc, str(ckpt.path)))
         except LowbitError:
             held = (qc, None)
         _GROUPS.clear()
@@ -34,7 +34,7 @@ def ct_scheme(ckpt: Any, qc: dict[str, Any], module: str) -> dict[str, Any] | No
     groups = held[1]
     if groups is None:
         return None
-    found = _ct_candidates(module, groups, _NO_MODULES)
+    found = ct_candidates(module, groups, _NO_MODULES)
     return found[0][1] if len(found) == 1 else None
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.verify import _ct_config
+from lowbit.checkpoints.compressed_tensors.verify import ct_config
 from lowbit.methods.hadamard import hadamard
 from lowbit.quant.tensor import QuantizedTensor
 from lowbit.view import _ct_read
@@ -36,7 +36,7 @@ class QuantizedReader:
         self.ct: dict[str, Any] | None = None
         self._index: tuple[set[str], dict[str, list[str]]] | None = None
         if self.format == "huggingface":
-            self.ct = _ct_config(path)
+            self.ct = ct_config(path)
             if self.ct is not None:
                 self.format = "compressed-tensors"
 

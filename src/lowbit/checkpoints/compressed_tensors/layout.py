@@ -21,7 +21,7 @@ _CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quan
 _CT_STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block")
 
 
-def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
+def ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
     """``[(group name, {targets, bits, type, symmetric, strategy, group_size, format})]``."""
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
@@ -87,7 +87,7 @@ def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]
                 str(gname),
                 {
                     "targets": patterns,
-                    # for _ct_candidates: a set look-up per module, not a scan of every target
+                    # for ct_candidates: a set look-up per module, not a scan of every target
                     "names": frozenset(t for k, t in patterns if k == "name"),
                     "regexes": [t for k, t in patterns if k == "re"],
                     "bits": bits,
@@ -103,7 +103,7 @@ def _ct_groups(qc: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]
     return out
 
 
-def _ct_candidates(
+def ct_candidates(
     module: str, groups: list[tuple[str, dict[str, Any]]], modules: set[str]
 ) -> list[tuple[str, dict[str, Any]]]:
     """The groups whose targets name ``module`` (exactly or by ``re:`` match); failing that,
@@ -128,7 +128,7 @@ def _names_a_class(g: dict[str, Any], modules: set[str]) -> bool:
     return held[1]
 
 
-def _ct_check_weight(ckpt: Checkpoint, module: str, g: dict[str, Any]) -> str | None:
+def ct_check_weight(ckpt: Checkpoint, module: str, g: dict[str, Any]) -> str | None:
     """What is wrong with one quantized weight under a group's scheme (None: nothing)."""
     names = set(ckpt.names())
     bits, fmt = g["bits"], g["format"]

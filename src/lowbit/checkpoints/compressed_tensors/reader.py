@@ -20,9 +20,9 @@ import numpy as np
 
 from lowbit.checkpoints.compressed_tensors.fp4 import FP4_FORMATS, read_fp4
 from lowbit.checkpoints.compressed_tensors.layout import (
-    _ct_candidates,
-    _ct_check_weight,
-    _ct_groups,
+    ct_candidates,
+    ct_check_weight,
+    ct_groups,
 )
 from lowbit.checkpoints.compressed_tensors.tensor import CTTensor
 from lowbit.checkpoints.compressed_tensors.transforms import (
@@ -122,7 +122,7 @@ class CompressedTensorsFolder(Checkpoint):
                 f"{self.quantization_config.get('quantization_status')!r}: lowbit reads "
                 f"compressed checkpoints"
             )
-        groups = _ct_groups(self.quantization_config, where)
+        groups = ct_groups(self.quantization_config, where)
         self.transforms = input_transforms(self.quantization_config, where)
         self._stored_matrices: dict[str, list[str]] = {}
         # a transform's stored matrices (``<layer>.v_input.weight``) are not the model's
@@ -133,8 +133,8 @@ class CompressedTensorsFolder(Checkpoint):
         self._groups: dict[str, dict[str, Any]] = {}
         self._group_names: dict[str, str] = {}
         for m in quantized:
-            fits = [(n, g) for n, g in _ct_candidates(m, groups, all_modules)
-                    if _ct_check_weight(self._st, m, g) is None]  # fmt: skip
+            fits = [(n, g) for n, g in ct_candidates(m, groups, all_modules)
+                    if ct_check_weight(self._st, m, g) is None]  # fmt: skip
             if not fits:
                 raise LowbitError(
                     f"{self.path}: {m} is stored quantized but matches no config group "

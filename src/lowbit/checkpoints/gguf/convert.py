@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints import _pipeline as qw
-from lowbit.checkpoints._output_checks import GGUF_Q, _gguf_exact
+from lowbit.checkpoints import steps as qw
 from lowbit.checkpoints.gguf import writer as gguf_writer
 from lowbit.checkpoints.gguf.arch import Family, check_moe_config, family_for, permute_qk
+from lowbit.checkpoints.gguf.checks import GGUF_Q, _gguf_exact
 from lowbit.checkpoints.gguf.hf_config import converter_config
 from lowbit.checkpoints.gguf.hparams import add_hparams, phi3_rope_factors, rope_factors
 from lowbit.checkpoints.gguf.tokenizer import add_hf_vocab, check_hf_tokenizer
@@ -217,7 +217,7 @@ def _one(
         qt = done[t.name]
         if not _gguf_exact(qt.scheme):
             raise LowbitError(f"{t.name}: {qt.scheme.label} is not a GGUF block type")
-        return qt if src.transform is None else qw._rows_permuted(qt, src.transform)
+        return qt if src.transform is None else qw.rows_permuted(qt, src.transform)
     checkpoint.close()
     want = _DTYPES.get(gtype)
     if t.action == "cast" and gtype != "F32" and t.dtype != gtype:
@@ -312,7 +312,7 @@ def write_gguf_from_hf(
 
     gguf_writer.write_gguf(
         out,
-        qw._Lazy(list(srcs), make),
+        qw.LazyMapping(list(srcs), make),
         metadata=metadata,
         arch=fam.arch,
         overwrite=overwrite,

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints._pipeline import raw_bytes
 from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.steps import raw_bytes
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, grids, mixes
 from lowbit.methods._ggml_gptq import GgmlTarget

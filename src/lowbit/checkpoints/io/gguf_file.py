@@ -5,7 +5,7 @@ Why our own parser: the ``gguf`` package's ``GGUFReader`` takes seconds to walk 
 truncated file or a header that lies surfaces as a numpy reshape error. This parser reads the
 header with ``struct`` (fast), checks every length, count, type and offset against the file before
 anything is trusted, and names the file and tensor in each error. The reader
-(:class:`~lowbit.checkpoints.readers.GGUFFile`) and the planner (:mod:`lowbit.planning.headers`) both build
+(:class:`~lowbit.checkpoints.gguf.reader.GGUFFile`) and the planner (:mod:`lowbit.planning.headers`) both build
 on :func:`parse`. Tensor data is then decoded with the ``gguf`` package's own dequantizers
 (``gguf.quants.dequantize``).
 
@@ -37,7 +37,7 @@ import numpy as np
 from lowbit._arrays import bfloat16
 from lowbit._json import check_regular_file, short_repr
 from lowbit._parallel import map_chunks
-from lowbit.checkpoints.gguf.config import check_metadata
+from lowbit.checkpoints.io.gguf_metadata import check_metadata
 from lowbit.checkpoints.io.safetensors import check_overlaps, check_shape
 from lowbit.errors import LowbitError
 from lowbit.ggml import _numba
