@@ -12,7 +12,7 @@ Every ``import`` statement of ``src/lowbit`` counts, at module level and inside 
     statement and is allowed;
 (d) imports go down the layers, never up or sideways:
 
-    cli -> view -> planning, evaluation -> calibration -> models, training -> checkpoints
+    cli -> jobs -> view -> planning, evaluation -> calibration -> models, training -> checkpoints
     -> methods -> plans -> quant, torch -> ggml -> formats -> codecs
     -> base (errors, enums, _arrays, _cpu, _parallel, _progress, _files, _json, _optional, _version)
 
@@ -39,7 +39,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Layer of each top-level package or module of lowbit (higher may import lower).
 LAYERS = {
-    "cli": 12,
+    "cli": 13,
+    "jobs": 12,
     "view": 11,
     "planning": 10,
     "evaluation": 10,

@@ -30,7 +30,7 @@ _LAZY = {
     "load": "lowbit.checkpoints",
     "load_model": "lowbit.models.build",
     "open_checkpoint": "lowbit.checkpoints",
-    "quantize_model": "lowbit.calibration.calibrated",
+    "quantize_model": "lowbit.jobs.quantize",
     "PrecisionPlan": "lowbit.plans.plan",
     "GPTQ": "lowbit.methods.gptq",
     "AWQ": "lowbit.methods.awq",

@@ -9,8 +9,8 @@ from lowbit import _json
 from lowbit.checkpoints.io.outputs import check_output, output_file
 from lowbit.checkpoints.quantize_model import resolve_model
 from lowbit.cli import _common
-from lowbit.cli._stopwatch import Stopwatch
 from lowbit.errors import LowbitError
+from lowbit.jobs.stopwatch import Stopwatch
 from lowbit.view.html import render
 from lowbit.view.png import write_pngs
 from lowbit.view.report import build_report
