@@ -510,7 +510,8 @@ def load_model(
     weights, with the per-token activation quantization its plan asks for simulated.
 
     Args:
-        path: a checkpoint file or folder (see ``lowbit.checkpoints.open_checkpoint``).
+        path: a checkpoint file or folder, or a shipped model's name (``"smollm2"``; see
+            ``lowbit.checkpoints.open_checkpoint``).
         activations: for a lowbit checkpoint, simulate the activation quantization its plan
             asks for (``lowbit.models.activations.fake_quantize_per_token`` on the inputs of
             those linear layers); False gives the weight-only model. Other checkpoints have none.
@@ -526,6 +527,9 @@ def load_model(
         LowbitError: an unreadable checkpoint, or an activation rule on a tensor that is not
             an ``nn.Linear`` weight.
     """
+    from lowbit.checkpoints.shipped import shipped_or_path
+
+    path = shipped_or_path(path)
     if not is_lowbit_checkpoint(path):
         return build_model(open_checkpoint(path), **kwargs)
     ckpt = LowbitCheckpoint(path, verify=verify)
