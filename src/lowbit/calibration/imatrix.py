@@ -139,7 +139,7 @@ def compute_imatrix(
     tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)
     windows = decoder_windows(tokenizer, calib)
-    label = calib.text()[0] if not calib.is_jsonl else str(calib.source)
+    label = calib.text()[0] if not calib.is_records else str(calib.source)
     named = dict(net.named_modules())
     if process_output and "output.weight" not in modules.values():
         modules["lm_head"] = "token_embd.weight"  # tied: the head multiplies by the embedding
