@@ -11,8 +11,9 @@ Loaded on first use (the names below import their module when first touched; typ
 and editors see them through the ``TYPE_CHECKING`` imports of this file):
 
 - ``quantize(x, "int4:g128")``, ``dequantize``, ``quantize_dynamic``, ``QuantizedTensor``,
-  ``GgmlTensor`` (llama.cpp block types: ``quantize(x, "q4_k")``), ``Scheme``
-  (``Scheme.parse("nvfp4")``), ``error``, ``pack``, ``unpack``;
+  ``GgmlTensor`` (llama.cpp block types: ``quantize(x, "q4_k")``), ``Scheme``,
+  ``parse_scheme`` (``parse_scheme("nvfp4")``: the text form every command reads), ``error``,
+  ``pack``, ``unpack``;
 - ``PrecisionPlan`` (``PrecisionPlan.uniform("int4:g128")``), ``plan`` (memory planning);
 - ``open_checkpoint``, ``load``, ``load_model`` (files, folders or a shipped model name:
   ``"smollm2"``, ``"minilm"``), ``quantize_model``;
@@ -39,6 +40,7 @@ _LAZY = {
     "dequantize": "lowbit.quant.tensor",
     "QuantizedTensor": "lowbit.quant.tensor",
     "Scheme": "lowbit.quant.scheme",
+    "parse_scheme": "lowbit.quant.scheme_text",
     "error": "lowbit.quant.metrics",
     "pack": "lowbit.codecs.packing",
     "unpack": "lowbit.codecs.packing",
@@ -71,6 +73,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not
     from lowbit.quant.ggml_tensor import GgmlTensor as GgmlTensor
     from lowbit.quant.metrics import error as error
     from lowbit.quant.scheme import Scheme as Scheme
+    from lowbit.quant.scheme_text import parse_scheme as parse_scheme
     from lowbit.quant.tensor import (
         QuantizedTensor as QuantizedTensor,
     )
@@ -130,6 +133,7 @@ __all__ = [
     "open_checkpoint",
     "p3109",
     "pack",
+    "parse_scheme",
     "plan",
     "quantize",
     "quantize_dynamic",

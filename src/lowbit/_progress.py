@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from lowbit.errors import LowbitError
+
 __all__ = ["Progress", "progress_bar", "progress_iter", "step_reporter"]
 
 #: What ``progress=`` takes: a bar on (True), off (False), automatic (None), or, where steps are
@@ -114,8 +116,6 @@ def step_reporter(
     if callable(progress):
         return progress, lambda: None
     if progress is not None and not isinstance(progress, bool):
-        from lowbit.errors import LowbitError
-
         raise LowbitError(
             f"progress must be True, False, None or a callable(done, total), got {progress!r}"
         )

@@ -1,5 +1,5 @@
 """One vocabulary: every scheme string the CLI's ``--to`` accepts means the same in
-``lowbit.quantize``, ``Scheme.parse`` and ``PrecisionPlan.uniform`` (lowbit.quant.ggml_tensor,
+``lowbit.quantize``, ``lowbit.parse_scheme`` and ``PrecisionPlan.uniform`` (lowbit.quant.ggml_tensor,
 lowbit.quant.tensor, lowbit.quant.scheme_text)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_quantize_takes_scheme_text(w: np.ndarray, text: str) -> None:
     scheme = parse_scheme(text)
     assert isinstance(scheme, Scheme)
     _same(lowbit.quantize(w, text), lowbit.quantize(w, scheme))
-    assert lowbit.quantize(w, text).scheme == Scheme.parse(text)
+    assert lowbit.quantize(w, text).scheme == lowbit.parse_scheme(text)
 
 
 def test_text_equals_options(w: np.ndarray) -> None:
@@ -103,7 +103,7 @@ def test_mix_is_one_error_naming_quantize_model(w: np.ndarray, call: str) -> Non
     """A llama.cpp mix is not one scheme: every entry point says to write it as GGUF."""
     fn = {
         "quantize": lambda: lowbit.quantize(w, "q4_k_m"),
-        "parse": lambda: Scheme.parse("q4_k_m"),
+        "parse": lambda: lowbit.parse_scheme("q4_k_m"),
         "uniform": lambda: PrecisionPlan.uniform("q4_k_m"),
         "parse_scheme": lambda: parse_scheme("Q3_K_S"),
     }[call]
@@ -128,29 +128,26 @@ def test_unknown_name_is_still_unknown(w: np.ndarray) -> None:
 # ---- Scheme and PrecisionPlan ------------------------------------------------------------
 
 
-def test_scheme_parse() -> None:
-    assert Scheme.parse("int4:g128") == Scheme(format="int4", group_size=128, axis=-1)
-    assert Scheme.parse("int4", group_size=32) == Scheme.parse("int4:g32")
-    with pytest.raises(LowbitError, match="plain cast to bfloat16"):
-        Scheme.parse("bf16")
-    with pytest.raises(LowbitError, match="takes a string"):
-        Scheme.parse(4)  # type: ignore[arg-type]
+def test_parse_scheme_is_top_level() -> None:
+    assert lowbit.parse_scheme is parse_scheme
+    assert parse_scheme("int4:g128") == Scheme(format="int4", group_size=128, axis=-1)
+    assert parse_scheme("int4", group_size=32) == parse_scheme("int4:g32")
 
 
 def test_scheme_constructor_points_to_parse() -> None:
-    """``Scheme(format="int4:g128")`` says that ``Scheme.parse`` reads scheme strings."""
-    with pytest.raises(UnknownFormatError, match=r"Scheme.parse\('int4:g128'\)"):
+    """``Scheme(format="int4:g128")`` says that ``lowbit.parse_scheme`` reads scheme strings."""
+    with pytest.raises(UnknownFormatError, match=r"lowbit.parse_scheme\('int4:g128'\)"):
         Scheme(format="int4:g128")
     with pytest.raises(UnknownFormatError) as err:
         Scheme(format="bogus")
-    assert "Scheme.parse" not in str(err.value)
+    assert "parse_scheme" not in str(err.value)
 
 
 def test_uniform_group_size_is_group() -> None:
     """``group_size`` (the Scheme field's name) and the older ``group`` make the same plan."""
     a = PrecisionPlan.uniform("int4", group_size=64)
     assert a == PrecisionPlan.uniform("int4", group=64)
-    assert a.default == Scheme.parse("int4:g64")
+    assert a.default == parse_scheme("int4:g64")
     with pytest.raises(LowbitError, match="disagree"):
         PrecisionPlan.uniform("int4", group=32, group_size=64)
 

@@ -32,6 +32,7 @@ from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_experts, 
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shipped import shipped_or_path
 from lowbit.errors import LowbitError
 from lowbit.methods.hadamard import rotate_rows
 from lowbit.models.activations import fake_quantize_per_token
@@ -527,8 +528,6 @@ def load_model(
         LowbitError: an unreadable checkpoint, or an activation rule on a tensor that is not
             an ``nn.Linear`` weight.
     """
-    from lowbit.checkpoints.shipped import shipped_or_path
-
     path = shipped_or_path(path)
     if not is_lowbit_checkpoint(path):
         return build_model(open_checkpoint(path), **kwargs)

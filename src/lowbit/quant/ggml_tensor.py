@@ -23,6 +23,8 @@ from typing import Any, Literal
 import numpy as np
 
 from lowbit.errors import LowbitError
+from lowbit.ggml import blocks
+from lowbit.ggml.mixes import MIXES
 
 __all__ = ["GgmlTensor", "GgmlTypeName", "block_type_name", "mix_error", "mix_name"]
 
@@ -40,20 +42,15 @@ _SCHEMES = {"Q4_0", "Q5_0", "Q8_0", "MXFP4", "NVFP4"}
 def block_type_name(text: str) -> str | None:
     """llama.cpp's name of the GGML block type ``text`` names (any case) when it is one that
     has no lowbit scheme (``q4_k`` -> ``Q4_K``), else None."""
-    from lowbit.ggml.blocks import TYPES
-
     name = text.strip().upper()
-    return name if name in TYPES and name not in _SCHEMES else None
+    return name if name in blocks.TYPES and name not in _SCHEMES else None
 
 
 def mix_name(text: str) -> str | None:
     """llama-quantize's name of the mix ``text`` names (``q4_k_m`` -> ``Q4_K_M``) when it is a
     mix and not also a tensor type or lowbit format, else None."""
-    from lowbit.ggml.blocks import TYPES
-    from lowbit.ggml.mixes import MIXES
-
     name = text.strip().upper()
-    if name in MIXES and name not in TYPES and name not in ("F32", "F16", "BF16"):
+    if name in MIXES and name not in blocks.TYPES and name not in ("F32", "F16", "BF16"):
         return name
     return None
 
@@ -92,8 +89,6 @@ class GgmlTensor:
         Raises:
             LowbitError: an unknown type, rows that are not whole blocks, NaN/inf values.
         """
-        from lowbit.ggml import blocks
-
         t = blocks.ggml_type(qtype)
         arr = np.asarray(x)
         if arr.ndim == 0:
@@ -117,8 +112,6 @@ class GgmlTensor:
 
     def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
         """The values llama.cpp's ``dequantize_row_*`` gives, as ``dtype``."""
-        from lowbit.ggml import blocks
-
         return blocks.dequantize(self.data, self.type).reshape(self.shape).astype(dtype)
 
     def to_dict(self) -> dict[str, Any]:

@@ -196,12 +196,10 @@ class Scheme:
             try:
                 name = _lookup(name).name
             except UnknownFormatError as exc:
-                from lowbit.quant.scheme_text import ALIASES, PRESETS
-
-                if ":" not in name and name not in ALIASES and name not in PRESETS:
+                if ":" not in name:
                     raise
                 raise UnknownFormatError(
-                    f"{exc}; Scheme.parse({self.format!r}) reads a scheme string"
+                    f"{exc}; lowbit.parse_scheme({self.format!r}) reads a scheme string"
                 ) from None
         set_(self, "format", name)
         set_(self, "rounding", as_rounding(self.rounding).value)
@@ -484,33 +482,6 @@ class Scheme:
             d["block_shape"] = list(self.block_shape)
         d["version"] = SCHEME_VERSION
         return d
-
-    @classmethod
-    def parse(cls, text: str, **overrides: Any) -> Scheme:
-        """The scheme a text form names, as every command reads ``--to``: ``int4:g128``,
-        ``nvfp4``, ``q4_0``, ``fp8_e4m3:ch``, ``mxfp4`` (:mod:`lowbit.quant.scheme_text`; a
-        format alone gets the weight layout, ``int4`` = ``int4:ch``).
-
-        Args:
-            text: the scheme string.
-            **overrides: Scheme fields set on top of it (``group_size=64``).
-
-        Raises:
-            LowbitError: an unknown format or token, a llama.cpp mix or block type (no lowbit
-                scheme: the message says what to call), or a plain cast (``bf16``: a
-                :class:`Cast`, which :func:`lowbit.quant.scheme_text.parse_scheme` returns).
-        """
-        from lowbit.quant.scheme_text import parse_scheme
-
-        if not isinstance(text, str):
-            raise LowbitError(f"Scheme.parse takes a string, got {type(text).__name__}")
-        got = parse_scheme(text, **overrides)
-        if not isinstance(got, Scheme):
-            raise LowbitError(
-                f"{text!r} is a plain cast to {got.format}, not a scaled scheme "
-                "(lowbit.quant.scheme_text.parse_scheme returns it as a Cast)"
-            )
-        return got
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scheme:

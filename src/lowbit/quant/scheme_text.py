@@ -40,6 +40,7 @@ from lowbit.errors import LowbitError, UnknownFormatError
 from lowbit.formats.catalog import MX_FORMATS
 from lowbit.formats.catalog import format as _lookup
 from lowbit.formats.mx import is_mx_name
+from lowbit.quant.ggml_tensor import block_type_name, mix_error, mix_name
 from lowbit.quant.scheme import (
     CAST_FORMATS,
     Cast,
@@ -281,8 +282,6 @@ def _build(kw: dict[str, Any], given: dict[str, Any], shown: str) -> Scheme | Ca
 
 def _llama_name(name: str, shown: str) -> None:
     """Raise the one error for a llama.cpp block type or mix name given as a scheme."""
-    from lowbit.quant.ggml_tensor import block_type_name, mix_error, mix_name
-
     if mix_name(name) is not None:
         raise mix_error(name, where=f"scheme {shown}: ")
     block = block_type_name(name)

@@ -38,11 +38,19 @@ from lowbit.codecs.packing import pack, packed_nbytes, unpack
 from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as lookup
+from lowbit.formats.mx import is_mx_name
 from lowbit.quant._engine import decode_tensor, encode_tensor
-from lowbit.quant.ggml_tensor import GgmlTensor, GgmlTypeName
+from lowbit.quant.ggml_tensor import (
+    GgmlTensor,
+    GgmlTypeName,
+    block_type_name,
+    mix_error,
+    mix_name,
+)
 from lowbit.quant.layout import Layout, _load_scale, _store_scale, make_layout
 from lowbit.quant.nf4 import DQ_BLOCK, double_dequantize
 from lowbit.quant.scheme import Granularity, Scheme
+from lowbit.quant.scheme_text import ALIASES, PRESETS, REFUSED, parse_scheme
 
 FORMAT_VERSION = 1
 #: How a two-level scheme's tensor scale is applied, written into every file that stores one:
@@ -107,8 +115,6 @@ def _kw_defaults() -> dict[str, Any]:
 
 def _plain_name(text: str) -> bool:
     """Whether ``text`` is a catalog format or MX name (quantized as the options say)."""
-    from lowbit.formats.mx import is_mx_name
-
     name = text.strip().lower()
     if ":" in name:
         return False
@@ -123,8 +129,6 @@ def _plain_name(text: str) -> bool:
 
 def _is_scheme_name(text: str) -> bool:
     """Whether ``text`` is a preset, alias or refused name of the scheme text form."""
-    from lowbit.quant.scheme_text import ALIASES, PRESETS, REFUSED
-
     name = text.strip().lower()
     return name in PRESETS or name in ALIASES or name in REFUSED
 
@@ -246,8 +250,6 @@ def quantize(
     }  # fmt: skip
     changed = sorted(k for k, v in given.items() if v != _kw_defaults()[k])
     if isinstance(fmt, str) and not _plain_name(fmt):
-        from lowbit.quant.ggml_tensor import block_type_name, mix_error, mix_name
-
         block = block_type_name(fmt)
         if block is not None:
             if changed or tensor_scale is not None:
@@ -259,8 +261,6 @@ def quantize(
         if mix_name(fmt) is not None:
             raise mix_error(fmt)
         if ":" in fmt or _is_scheme_name(fmt):
-            from lowbit.quant.scheme_text import parse_scheme
-
             parsed = parse_scheme(fmt, **{k: given[k] for k in changed})
             if not isinstance(parsed, Scheme):
                 raise LowbitError(f"{fmt!r} is a plain cast, not a scaled scheme")
