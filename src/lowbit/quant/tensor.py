@@ -192,8 +192,14 @@ def quantize(
 
     Args:
         x: array-like or torch tensor (any float dtype; never modified).
-        fmt: a format name/alias, a catalog ``Format``, an MX name (``mxfp4``...), or a
-            :class:`~lowbit.quant.scheme.Scheme` (then the other options must be left default).
+        fmt: a format name/alias, a catalog ``Format``, an MX name (``mxfp4``...), a
+            :class:`~lowbit.quant.scheme.Scheme` (then the other options must be left default),
+            or any scheme string ``lowbit quantize --to`` takes (``int4:g128``, ``nvfp4``,
+            ``q4_0``: :func:`~lowbit.quant.scheme_text.parse_scheme`, the options given set
+            on top of it). A bare format name keeps one scale per tensor unless the options
+            say otherwise. llama.cpp's other block types (``q4_k``, ``q6_k``, ``iq4_xs``)
+            give a :class:`~lowbit.quant.ggml_tensor.GgmlTensor` of llama.cpp's bytes; a
+            llama.cpp mix (``q4_k_m``) is an error naming ``quantize_model``.
         axis: the channel axis (one scale per index along it), or with ``group_size`` the
             axis the groups run along (default -1).
         group_size: values per scale along ``axis``.
@@ -223,10 +229,11 @@ def quantize(
             (:func:`lowbit.quant.shared_scale.quantize_shared_tensor_scale`).
 
     Returns:
-        A :class:`QuantizedTensor`.
+        A :class:`QuantizedTensor` (a :class:`~lowbit.quant.ggml_tensor.GgmlTensor` for a
+        llama.cpp block type).
 
     Raises:
-        LowbitError: empty input, NaN/inf under ``nan="raise"``, axis out of range,
+        LowbitError: empty input, a llama.cpp mix, options given with a block type, NaN/inf under ``nan="raise"``, axis out of range,
             a group size that does not divide with ``pad=False``, a format that cannot
             be scaled, a scale beyond its scale format's range (float32, float16,
             bfloat16, or E8M0 in MX blocks), bad options.
