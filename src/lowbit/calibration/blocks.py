@@ -109,7 +109,7 @@ def _samples(
     if causal:
         wins = decoder_windows(tokenizer, calib, avoid=avoid)
         return [({"input_ids": torch.tensor([w], dtype=torch.long)}, None) for w in wins]
-    if exclude is None and not calib.is_jsonl:
+    if exclude is None and not calib.is_records:
         exclude = evaluated_sentences(calib.text()[1])
     texts = encoder_texts(calib, exclude=exclude or ())
     out = []

@@ -32,6 +32,7 @@ from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_experts, 
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shipped import shipped_or_path
 from lowbit.errors import LowbitError
 from lowbit.methods.hadamard import rotate_rows
 from lowbit.models.activations import fake_quantize_per_token
@@ -510,7 +511,8 @@ def load_model(
     weights, with the per-token activation quantization its plan asks for simulated.
 
     Args:
-        path: a checkpoint file or folder (see ``lowbit.checkpoints.open_checkpoint``).
+        path: a checkpoint file or folder, or a shipped model's name (``"smollm2"``; see
+            ``lowbit.checkpoints.open_checkpoint``).
         activations: for a lowbit checkpoint, simulate the activation quantization its plan
             asks for (``lowbit.models.activations.fake_quantize_per_token`` on the inputs of
             those linear layers); False gives the weight-only model. Other checkpoints have none.
@@ -526,6 +528,7 @@ def load_model(
         LowbitError: an unreadable checkpoint, or an activation rule on a tensor that is not
             an ``nn.Linear`` weight.
     """
+    path = shipped_or_path(path)
     if not is_lowbit_checkpoint(path):
         return build_model(open_checkpoint(path), **kwargs)
     ckpt = LowbitCheckpoint(path, verify=verify)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -38,10 +38,19 @@ from lowbit.codecs.packing import pack, packed_nbytes, unpack
 from lowbit.errors import LowbitError, UnderflowError, UnderflowWarning
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as lookup
+from lowbit.formats.mx import is_mx_name
 from lowbit.quant._engine import decode_tensor, encode_tensor
+from lowbit.quant.ggml_tensor import (
+    GgmlTensor,
+    GgmlTypeName,
+    block_type_name,
+    mix_error,
+    mix_name,
+)
 from lowbit.quant.layout import Layout, _load_scale, _store_scale, make_layout
 from lowbit.quant.nf4 import DQ_BLOCK, double_dequantize
 from lowbit.quant.scheme import Granularity, Scheme
+from lowbit.quant.scheme_text import ALIASES, PRESETS, REFUSED, parse_scheme
 
 FORMAT_VERSION = 1
 #: How a two-level scheme's tensor scale is applied, written into every file that stores one:
@@ -104,7 +113,55 @@ def _kw_defaults() -> dict[str, Any]:
     }
 
 
+def _plain_name(text: str) -> bool:
+    """Whether ``text`` is a catalog format or MX name (quantized as the options say)."""
+    name = text.strip().lower()
+    if ":" in name:
+        return False
+    if is_mx_name(name):
+        return True
+    try:
+        lookup(name)
+    except LowbitError:
+        return False
+    return True
+
+
+def _is_scheme_name(text: str) -> bool:
+    """Whether ``text`` is a preset, alias or refused name of the scheme text form."""
+    name = text.strip().lower()
+    return name in PRESETS or name in ALIASES or name in REFUSED
+
+
 # ---- public API --------------------------------------------------------------------
+
+
+@overload
+def quantize(x: Any, fmt: GgmlTypeName) -> GgmlTensor: ...
+
+
+@overload
+def quantize(
+    x: Any,
+    fmt: str | Format | Scheme,
+    *,
+    axis: int | None = None,
+    group_size: int | None = None,
+    scale_method: str | None = None,
+    symmetric: bool = True,
+    scale_format: str = "float32",
+    rounding: str = "nearest_even",
+    seed: Any = None,
+    restricted_range: bool = False,
+    percentile: float = 99.9,
+    k_std: float = 3.0,
+    double_quant: bool = False,
+    nan: str = "raise",
+    granularity: str | None = None,
+    pad: bool = True,
+    underflow: str = "warn",
+    tensor_scale: Any = None,
+) -> QuantizedTensor: ...
 
 
 def quantize(
@@ -127,7 +184,7 @@ def quantize(
     pad: bool = True,
     underflow: str = "warn",
     tensor_scale: Any = None,
-) -> QuantizedTensor:
+) -> QuantizedTensor | GgmlTensor:
     """Quantize a tensor to a scaled low-bit format.
 
     ``lowbit.quantize([-0.5, 0.3, 1.2, -2.1], "int8")`` gives scale 2.1/127 and codes
@@ -135,8 +192,14 @@ def quantize(
 
     Args:
         x: array-like or torch tensor (any float dtype; never modified).
-        fmt: a format name/alias, a catalog ``Format``, an MX name (``mxfp4``...), or a
-            :class:`~lowbit.quant.scheme.Scheme` (then the other options must be left default).
+        fmt: a format name/alias, a catalog ``Format``, an MX name (``mxfp4``...), a
+            :class:`~lowbit.quant.scheme.Scheme` (then the other options must be left default),
+            or any scheme string ``lowbit quantize --to`` takes (``int4:g128``, ``nvfp4``,
+            ``q4_0``: :func:`~lowbit.quant.scheme_text.parse_scheme`, the options given set
+            on top of it). A bare format name keeps one scale per tensor unless the options
+            say otherwise. llama.cpp's other block types (``q4_k``, ``q6_k``, ``iq4_xs``)
+            give a :class:`~lowbit.quant.ggml_tensor.GgmlTensor` of llama.cpp's bytes; a
+            llama.cpp mix (``q4_k_m``) is an error naming ``quantize_model``.
         axis: the channel axis (one scale per index along it), or with ``group_size`` the
             axis the groups run along (default -1).
         group_size: values per scale along ``axis``.
@@ -166,10 +229,11 @@ def quantize(
             (:func:`lowbit.quant.shared_scale.quantize_shared_tensor_scale`).
 
     Returns:
-        A :class:`QuantizedTensor`.
+        A :class:`QuantizedTensor` (a :class:`~lowbit.quant.ggml_tensor.GgmlTensor` for a
+        llama.cpp block type).
 
     Raises:
-        LowbitError: empty input, NaN/inf under ``nan="raise"``, axis out of range,
+        LowbitError: empty input, a llama.cpp mix, options given with a block type, NaN/inf under ``nan="raise"``, axis out of range,
             a group size that does not divide with ``pad=False``, a format that cannot
             be scaled, a scale beyond its scale format's range (float32, float16,
             bfloat16, or E8M0 in MX blocks), bad options.
@@ -185,14 +249,30 @@ def quantize(
         raise LowbitError(
             f"unknown underflow policy {underflow!r}; allowed: 'warn', 'raise', 'ignore'"
         )
+    given = {
+        "axis": axis, "group_size": group_size, "scale_method": scale_method,
+        "symmetric": symmetric, "scale_format": scale_format, "rounding": rounding,
+        "restricted_range": restricted_range, "percentile": percentile, "k_std": k_std,
+        "double_quant": double_quant, "granularity": granularity, "pad": pad,
+    }  # fmt: skip
+    changed = sorted(k for k, v in given.items() if v != _kw_defaults()[k])
+    if isinstance(fmt, str) and not _plain_name(fmt):
+        block = block_type_name(fmt)
+        if block is not None:
+            if changed or tensor_scale is not None:
+                raise LowbitError(
+                    f"{fmt!r} is llama.cpp's {block} block type, which takes no options "
+                    f"(got {changed or ['tensor_scale']})"
+                )
+            return GgmlTensor.quantize(_as_input(x)[0], block)
+        if mix_name(fmt) is not None:
+            raise mix_error(fmt)
+        if ":" in fmt or _is_scheme_name(fmt):
+            parsed = parse_scheme(fmt, **{k: given[k] for k in changed})
+            if not isinstance(parsed, Scheme):
+                raise LowbitError(f"{fmt!r} is a plain cast, not a scaled scheme")
+            fmt, changed = parsed, []
     if isinstance(fmt, Scheme):
-        given = {
-            "axis": axis, "group_size": group_size, "scale_method": scale_method,
-            "symmetric": symmetric, "scale_format": scale_format, "rounding": rounding,
-            "restricted_range": restricted_range, "percentile": percentile, "k_std": k_std,
-            "double_quant": double_quant, "granularity": granularity, "pad": pad,
-        }  # fmt: skip
-        changed = sorted(k for k, v in given.items() if v != _kw_defaults()[k])
         if changed:
             raise LowbitError(
                 f"pass either a Scheme or options, not both (got a Scheme and {changed})"
@@ -275,9 +355,10 @@ def quantize_dynamic(x: Any, fmt: str = "int8", *, axis: int = -1) -> QuantizedT
     return quantize(x, fmt, axis=axis, group_size=length)
 
 
-def dequantize(qt: QuantizedTensor, dtype: Any = np.float32) -> Any:
-    """Values of a :class:`QuantizedTensor` (see :meth:`QuantizedTensor.dequantize`)."""
-    if not isinstance(qt, QuantizedTensor):
+def dequantize(qt: QuantizedTensor | GgmlTensor, dtype: Any = np.float32) -> Any:
+    """Values of a :class:`QuantizedTensor` (see :meth:`QuantizedTensor.dequantize`) or of a
+    :class:`~lowbit.quant.ggml_tensor.GgmlTensor` (llama.cpp's decoding)."""
+    if not isinstance(qt, (QuantizedTensor, GgmlTensor)):
         raise LowbitError(f"dequantize takes a QuantizedTensor, got {type(qt).__name__}")
     return qt.dequantize(dtype)
 
