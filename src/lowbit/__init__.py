@@ -58,12 +58,12 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not run)
-    from lowbit.calibration.calibrated import quantize_model as quantize_model
     from lowbit.calibration.data import Calibration as Calibration
     from lowbit.checkpoints.opener import load as load
     from lowbit.checkpoints.opener import open_checkpoint as open_checkpoint
     from lowbit.codecs.packing import pack as pack
     from lowbit.codecs.packing import unpack as unpack
+    from lowbit.jobs.quantize import quantize_model as quantize_model
     from lowbit.methods.awq import AWQ as AWQ
     from lowbit.methods.gptq import GPTQ as GPTQ
     from lowbit.methods.smoothquant import SmoothQuant as SmoothQuant

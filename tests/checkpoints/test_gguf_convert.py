@@ -20,7 +20,7 @@ import lowbit  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.gguf.arch import FAMILIES, permute_qk  # noqa: E402
 from lowbit.checkpoints.gguf.names import unpermute_qk  # noqa: E402
-from lowbit.checkpoints.quantize_model import convert_hf_to_gguf  # noqa: E402
+from lowbit.checkpoints.streaming import convert_hf_to_gguf  # noqa: E402
 from lowbit.checkpoints.tokenizer import write_tokenizer  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
@@ -224,7 +224,7 @@ def test_q4_0_values_equal_lowbit_codes(tiny: Path, tmp_path: Path, given: bool)
     reordered with their codes and scales)."""
     import lowbit
     from lowbit.checkpoints.gguf.arch import FAMILIES
-    from lowbit.checkpoints.quantize_model import open_model, plan_model, quantize_model
+    from lowbit.checkpoints.streaming import open_model, plan_model, quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
     src = tiny / "tiny-llama"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import lowbit
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
-from lowbit.checkpoints.quantize_model import quantize_model
+from lowbit.checkpoints.streaming import quantize_model
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import parse_action

@@ -12,7 +12,7 @@ import pytest
 
 import lowbit
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.quantize_model import (
+from lowbit.checkpoints.streaming import (
     open_model,
     output_nbytes,
     plan_model,

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.torch
 
 import lowbit  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.quantize_model import plan_model, quantize_model  # noqa: E402
+from lowbit.checkpoints.streaming import plan_model, quantize_model  # noqa: E402
 from lowbit.plans.plan import PrecisionPlan  # noqa: E402
 from tiny_models import save_gguf, save_hf_folder, tiny_llama  # noqa: E402
 

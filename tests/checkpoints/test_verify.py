@@ -25,7 +25,7 @@ from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.io import safetensors as _safetensors
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
 from lowbit.checkpoints.lowbit_format.manifest import canonical_json, manifest_digest
-from lowbit.checkpoints.quantize_model import quantize_model
+from lowbit.checkpoints.streaming import quantize_model
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
 from strategies import json_values

@@ -76,7 +76,7 @@ def test_report_help_against_a_shipped_model(
 ) -> None:
     """The help's `lowbit report model-ct --against smollm2` works: --against takes a shipped
     model's name, as lowbit quantize does ("no such file or folder" before)."""
-    from lowbit.checkpoints.quantize_model import resolve_model
+    from lowbit.checkpoints.streaming import resolve_model
     from lowbit.cli import cmd_report, main
 
     assert "--against smollm2" in cmd_report._EPILOG

@@ -40,8 +40,8 @@ from lowbit.calibration.data import Calibration
 from lowbit.calibration.hessians import HessianCollector
 from lowbit.checkpoints import steps as qw
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
+from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
@@ -113,7 +113,7 @@ class AWQRun:
 
     def checkpoint(self, source: Any) -> Checkpoint:
         """The source checkpoint with the folded tensors of :attr:`replaced` in place of its own
-        (float32, ``F32``): what ``lowbit.checkpoints.quantize_model.quantize_model`` writes
+        (float32, ``F32``): what ``lowbit.checkpoints.streaming.quantize_model`` writes
         from, with ``weights=`` the quantized tensors."""
         return ReplacedCheckpoint(open_model(source), self.replaced)
 

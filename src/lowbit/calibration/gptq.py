@@ -68,7 +68,7 @@ from lowbit.calibration.data import (
 )
 from lowbit.calibration.hessians import HessianCollector
 from lowbit.checkpoints import steps as qw
-from lowbit.checkpoints.quantize_model import open_model, plan_model
+from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential

@@ -21,7 +21,7 @@ import numpy as np
 from lowbit._results import TableView
 from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.quantize_model import open_model
+from lowbit.checkpoints.streaming import open_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.models._threads import _threads
@@ -106,7 +106,7 @@ def compute_imatrix(
     """Collect llama.cpp's importance matrix of a GGUF causal LM on calibration windows.
 
     Args:
-        model: a GGUF file or shipped model name (``lowbit.checkpoints.quantize_model.open_model``).
+        model: a GGUF file or shipped model name (``lowbit.checkpoints.streaming.open_model``).
         calibration: the windows (default: lowbit's calibration text, 128 x 512 tokens).
         process_output: also collect ``output.weight`` (llama-imatrix's ``--process-output``).
         threads: torch threads (default: the usable cores).

@@ -33,7 +33,7 @@ _LAZY = {
     "TensorInfo": "lowbit.checkpoints.readers",
     # load_model builds a torch model: it lives in the evaluation layer above this one
     "load_model": "lowbit.models.build",
-    "quantize_model": "lowbit.checkpoints.quantize_model",
+    "quantize_model": "lowbit.checkpoints.streaming",
     "write_gguf": "lowbit.checkpoints.gguf.writer",
     "GGUFTensor": "lowbit.checkpoints.gguf.writer",
     "gguf_from_quantized": "lowbit.checkpoints.gguf.writer",

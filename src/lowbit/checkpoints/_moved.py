@@ -27,6 +27,9 @@ MOVED = {
     "lowbit.checkpoints.gguf_writer": "lowbit.checkpoints.gguf.writer",
     "lowbit.checkpoints.imatrix": "lowbit.checkpoints.gguf.imatrix",
     "lowbit.checkpoints.names": "lowbit.checkpoints.gguf.names",
+    # the module shadowed the function of its name: ``from lowbit.checkpoints import
+    # quantize_model`` gave the module once the module had been imported
+    "lowbit.checkpoints.quantize_model": "lowbit.checkpoints.streaming",
 }
 
 

@@ -1,4 +1,4 @@
-"""The per-tensor steps every format's writer shares (``lowbit.checkpoints.quantize_model``):
+"""The per-tensor steps every format's writer shares (``lowbit.checkpoints.streaming``):
 reading one tensor, quantizing it, its raw bytes, a kept tensor's dtype, and the clock of
 the work; each format's own step is its package's ``pipeline.py``.
 

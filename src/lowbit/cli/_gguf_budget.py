@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints.quantize_model import open_model
+from lowbit.checkpoints.streaming import open_model
 from lowbit.cli import _common
 from lowbit.cli._calibrated import calibration_of
 from lowbit.cli._gguf_mix import gptq_config

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints.quantize_model import (
+from lowbit.checkpoints.streaming import (
     check_unrotated,
     open_model,
     output_nbytes,

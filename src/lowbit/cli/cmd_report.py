@@ -7,7 +7,7 @@ from typing import Any
 
 from lowbit import _json
 from lowbit.checkpoints.io.outputs import check_output, output_file
-from lowbit.checkpoints.quantize_model import resolve_model
+from lowbit.checkpoints.streaming import resolve_model
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
 from lowbit.jobs.stopwatch import Stopwatch

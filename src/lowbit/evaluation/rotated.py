@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
+from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import Variant
 from lowbit.methods.hadamard import rotate_rows, rotation_block

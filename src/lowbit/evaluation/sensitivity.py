@@ -43,8 +43,8 @@ import numpy as np
 
 from lowbit._parallel import threads
 from lowbit._progress import Progress, step_reporter
-from lowbit.checkpoints.quantize_model import plan_model
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.streaming import plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
 from lowbit.evaluation._sensitivity_workers import distributed_scan

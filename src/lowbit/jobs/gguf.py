@@ -38,7 +38,7 @@ from lowbit.checkpoints.gguf.convert import check_hf_source
 from lowbit.checkpoints.gguf.imatrix import read_imatrix
 from lowbit.checkpoints.gguf.mix import gguf_mix_types, gguf_targets, gptq_targets, write_gguf_mix
 from lowbit.checkpoints.io.outputs import check_output
-from lowbit.checkpoints.quantize_model import check_unrotated, open_model, quantize_model
+from lowbit.checkpoints.streaming import check_unrotated, open_model, quantize_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.evaluation.gguf_sensitivity import gguf_sensitivity

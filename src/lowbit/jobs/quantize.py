@@ -15,7 +15,7 @@ The routes: a llama.cpp mix name with ``out_format="gguf"`` goes to
 string, a :class:`~lowbit.plans.plan.PrecisionPlan`, or one solved from a sensitivity scan for
 ``budget``/``size``), the method (round to nearest, GPTQ, AWQ, SmoothQuant with or without GPTQ,
 the Hadamard rotations and folds), NVFP4 input scales, and the writer
-(:func:`lowbit.checkpoints.quantize_model.quantize_model`).
+(:func:`lowbit.checkpoints.streaming.quantize_model`).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from lowbit.calibration.data import Calibration
 from lowbit.calibration.input_scales import nvfp4_input_scales
 from lowbit.calibration.smooth_gptq import smoothquant_gptq_weights
 from lowbit.checkpoints.compressed_tensors.pipeline import ct_weights
-from lowbit.checkpoints.quantize_model import (
+from lowbit.checkpoints.streaming import (
     OUT_FORMATS,
     check_unrotated,
     output_nbytes,
     plan_model,
     rotated_tensors,
 )
-from lowbit.checkpoints.quantize_model import quantize_model as write_plan
+from lowbit.checkpoints.streaming import quantize_model as write_plan
 from lowbit.errors import LowbitError
 from lowbit.ggml import mixes
 from lowbit.jobs import rotation

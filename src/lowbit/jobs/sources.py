@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints.quantize_model import open_model
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.streaming import open_model
 from lowbit.errors import LowbitError
 
 __all__ = ["is_module", "open_source"]

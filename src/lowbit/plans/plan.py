@@ -439,7 +439,7 @@ class PrecisionPlan:
 
         Args:
             tensors: ``(name, shape, dtype, nbytes[, alias])`` in file order
-                (``lowbit.checkpoints.quantize_model.checkpoint_tensors`` gives them for an open
+                (``lowbit.checkpoints.streaming.checkpoint_tensors`` gives them for an open
                 checkpoint).
             source: how to name the model in messages.
 
