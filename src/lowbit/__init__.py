@@ -16,7 +16,11 @@ and editors see them through the ``TYPE_CHECKING`` imports of this file):
   ``pack``, ``unpack``;
 - ``PrecisionPlan`` (``PrecisionPlan.uniform("int4:g128")``), ``plan`` (memory planning);
 - ``open_checkpoint``, ``load``, ``load_model`` (files, folders or a shipped model name:
-  ``"smollm2"``, ``"minilm"``), ``quantize_model``;
+  ``"smollm2"``, ``"minilm"``);
+- one call per job of the command line (docs/python.md): ``quantize_model`` (``lowbit
+  quantize``: any source, method and output; returns a ``QuantizeResult``), ``gguf_mix`` and
+  ``gguf_budget`` (its llama.cpp routes), ``evaluate`` (``lowbit eval``), ``sensitivity``
+  (``lowbit sensitivity``), ``imatrix``, ``report``, ``verify``, ``convert_hf_to_gguf``;
 - ``Calibration`` (texts, token arrays, datasets, files), ``GPTQ``, ``AWQ``, ``SmoothQuant``.
 """
 
@@ -55,6 +59,15 @@ _LAZY = {
     "SmoothQuant": "lowbit.methods.smoothquant",
     "Calibration": "lowbit.calibration.data",
     "GgmlTensor": "lowbit.quant.ggml_tensor",
+    "evaluate": "lowbit.jobs.tasks",
+    "imatrix": "lowbit.jobs.tasks",
+    "report": "lowbit.jobs.tasks",
+    "verify": "lowbit.jobs.tasks",
+    "convert_hf_to_gguf": "lowbit.jobs.tasks",
+    "gguf_mix": "lowbit.jobs.gguf",
+    "gguf_budget": "lowbit.jobs.gguf",
+    "sensitivity": "lowbit.evaluation.sensitivity",
+    "QuantizeResult": "lowbit.jobs.results",
 }
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not run)
@@ -63,7 +76,16 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not
     from lowbit.checkpoints.opener import open_checkpoint as open_checkpoint
     from lowbit.codecs.packing import pack as pack
     from lowbit.codecs.packing import unpack as unpack
+    from lowbit.evaluation.sensitivity import sensitivity as sensitivity
+    from lowbit.jobs.gguf import gguf_budget as gguf_budget
+    from lowbit.jobs.gguf import gguf_mix as gguf_mix
     from lowbit.jobs.quantize import quantize_model as quantize_model
+    from lowbit.jobs.results import QuantizeResult as QuantizeResult
+    from lowbit.jobs.tasks import convert_hf_to_gguf as convert_hf_to_gguf
+    from lowbit.jobs.tasks import evaluate as evaluate
+    from lowbit.jobs.tasks import imatrix as imatrix
+    from lowbit.jobs.tasks import report as report
+    from lowbit.jobs.tasks import verify as verify
     from lowbit.methods.awq import AWQ as AWQ
     from lowbit.methods.gptq import GPTQ as GPTQ
     from lowbit.methods.smoothquant import SmoothQuant as SmoothQuant
@@ -118,6 +140,7 @@ __all__ = [
     "NaN",
     "NaNPolicyError",
     "PrecisionPlan",
+    "QuantizeResult",
     "QuantizedTensor",
     "Rounding",
     "Scheme",
@@ -125,9 +148,14 @@ __all__ = [
     "UnknownFormatError",
     "ValueSetFormat",
     "__version__",
+    "convert_hf_to_gguf",
     "dequantize",
     "error",
+    "evaluate",
     "format",
+    "gguf_budget",
+    "gguf_mix",
+    "imatrix",
     "load",
     "load_model",
     "open_checkpoint",
@@ -138,5 +166,8 @@ __all__ = [
     "quantize",
     "quantize_dynamic",
     "quantize_model",
+    "report",
+    "sensitivity",
     "unpack",
+    "verify",
 ]
