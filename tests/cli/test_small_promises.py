@@ -90,7 +90,7 @@ def test_report_help_against_a_shipped_model(
         seen.update(kw)
         raise LowbitError("stop")
 
-    monkeypatch.setattr(cmd_report, "build_report", fake)
+    monkeypatch.setattr("lowbit.jobs.tasks.build_report", fake)
     (tmp_path / "ck").mkdir()
     out = str(tmp_path / "r.html")
     assert main(["report", str(tmp_path / "ck"), "--against", "minilm", "--out", out]) == 2

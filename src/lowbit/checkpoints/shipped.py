@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from lowbit._json import path_exists
 from lowbit.errors import LowbitError
 
 
@@ -120,7 +121,7 @@ def shipped_or_path(path: str | os.PathLike[str]) -> Path:
         ImportError: a shipped model whose package is not installed (says how to install it).
     """
     p = Path(path)
-    if p.exists() or not isinstance(path, str):
+    if path_exists(p) or not isinstance(path, str):  # a NUL or over-long name is no OSError
         return p
     key = default_model_key(path)
     return default_model_path(key) if key is not None else p
