@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,15 +15,12 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.streaming import convert_hf_to_gguf
-from lowbit.checkpoints.tokenizer import write_tokenizer
 from lowbit.cli import main
-from tiny_models import shipped_path
+from tiny_models import llamacpp_tiny_models
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "python.md"
-CONVERT = ROOT / "tests" / "fixtures" / "llamacpp" / "convert"
 
 
 def _blocks() -> list[str]:
@@ -52,15 +47,7 @@ def _same(cli: Path, api: Path) -> None:
 def test_python_doc_runs_and_matches_the_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    write_tokenizer(open_checkpoint(shipped_path("smollm2")), tok)
-    subprocess.run(
-        [sys.executable, str(CONVERT / "make_tiny.py"), str(tmp_path / "models"), str(tok)],
-        check=True,
-        capture_output=True,
-    )
-    hf = tmp_path / "models" / "tiny-llama"
+    hf = llamacpp_tiny_models(tmp_path) / "tiny-llama"
     gguf_path = tmp_path / "tiny-llama.gguf"
     convert_hf_to_gguf(hf, gguf_path, outtype="f32", progress=False)
     monkeypatch.chdir(tmp_path)

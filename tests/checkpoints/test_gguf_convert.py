@@ -21,10 +21,9 @@ from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.gguf.arch import FAMILIES, permute_qk  # noqa: E402
 from lowbit.checkpoints.gguf.names import unpermute_qk  # noqa: E402
 from lowbit.checkpoints.streaming import convert_hf_to_gguf  # noqa: E402
-from lowbit.checkpoints.tokenizer import write_tokenizer  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
-from tiny_models import shipped_path  # noqa: E402
+from tiny_models import llamacpp_tiny_models  # noqa: E402
 
 CONVERT = Path(__file__).parent.parent / "fixtures" / "llamacpp" / "convert"
 NAMES = [
@@ -46,16 +45,7 @@ NAMES = [
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Hugging Face models, made by the fixtures' own make_tiny.py with
     SmolLM2's tokenizer as lowbit writes it."""
-    root = tmp_path_factory.mktemp("convert")
-    tok = root / "tok"
-    tok.mkdir()
-    write_tokenizer(open_checkpoint(shipped_path("smollm2")), tok)
-    subprocess.run(
-        [sys.executable, str(CONVERT / "make_tiny.py"), str(root / "models"), str(tok)],
-        check=True,
-        capture_output=True,
-    )
-    return root / "models"
+    return llamacpp_tiny_models(tmp_path_factory.mktemp("convert"))
 
 
 def _summary(path: Path) -> dict:
