@@ -57,7 +57,7 @@ from lowbit.ggml._search import (
 from lowbit.ggml.iq_grids import Lattice, decode_grid, lattice
 
 QK_K = 256
-BLOCK_BYTES = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ3_XXS": 98}
+BLOCK_BYTES = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ2_S": 82, "IQ3_XXS": 98, "IQ3_S": 110}
 
 
 @dataclass(frozen=True)
@@ -66,16 +66,22 @@ class _Spec:
     kmaxq: int  # levels per coordinate
     tries: int  # is in -tries..tries
     step: float  # id = (2*kmaxq - 1 + is*step) / base
-    eps: float  # GROUP_MAX_EPS of the type
+    eps: float  # GROUP_MAX_EPS of the type (0: only an all-zero block is zero)
     sigma: float  # sigma2 = sigma * sum(x*x) / 256
     qp_start: bool  # IQ2_XXS: base = make_qp_quants scale * kmaxq
-    final_all: bool  # IQ2_XXS: the final pass rounds every group again
+    final: str  # which groups the final pass rounds again: all, offgrid, all_if_any
+    parity: bool  # 7 sign bits and an even number of minus signs per 8 (else 8 bits)
+    plain: str  # weights without an importance vector: "", "x2" or "sigma" (0.25*sigma2 + x*x)
+    fudge: float  # the stored d is float16(d * fudge)
+    clear_empty: bool  # a super-block whose scales are all 0 stores zero codes (else as found)
 
 
 _SPECS = {
-    "IQ2_XXS": _Spec(32, 3, 6, 0.1, 1e-15, 1.0, True, True),
-    "IQ2_XS": _Spec(16, 3, 9, 0.1, 1e-15, 1.0, False, False),
-    "IQ3_XXS": _Spec(32, 8, 15, 0.2, 1e-8, 2.0, False, False),
+    "IQ2_XXS": _Spec(32, 3, 6, 0.1, 1e-15, 1.0, True, "all", True, "", 1.0, True),
+    "IQ2_XS": _Spec(16, 3, 9, 0.1, 1e-15, 1.0, False, "offgrid", True, "", 1.0, True),
+    "IQ2_S": _Spec(16, 3, 9, 0.1, 1e-8, 2.0, False, "offgrid", False, "sigma", 0.9875, False),
+    "IQ3_XXS": _Spec(32, 8, 15, 0.2, 1e-8, 2.0, False, "offgrid", True, "x2", 1.0125, True),
+    "IQ3_S": _Spec(32, 8, 9, 0.2, 0.0, 2.0, False, "all_if_any", False, "x2", 1.033, False),
 }
 
 
@@ -84,20 +90,24 @@ def _rowsum(a: np.ndarray) -> np.ndarray:
     return seqsum(np.moveaxis(a, -1, 0))
 
 
-def _weights(xs: np.ndarray, qw: np.ndarray | None, sigma: float) -> np.ndarray:
-    if qw is None:
+def _weights(xs: np.ndarray, qw: np.ndarray | None, sp: _Spec) -> np.ndarray:
+    if qw is None and sp.plain == "x2":
         return xs * xs
     s = _rowsum(xs * xs)
-    sigma2 = (F32(sigma) * s if sigma != 1 else s) / F32(QK_K)
-    return qw * np.sqrt(sigma2[:, None] + xs * xs)
+    sigma2 = ((F32(sp.sigma) * s if sp.sigma != 1 else s) / F32(QK_K))[:, None]
+    if qw is None:
+        return F32(0.25) * sigma2 + xs * xs
+    return qw * np.sqrt(sigma2 + xs * xs)
 
 
-def _signs(xb: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(|x| with the parity value negated, 7-bit sign groups (G, n/8))."""
+def _signs(xb: np.ndarray, w: np.ndarray, parity: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(|x| with the parity value negated, sign groups (G, n/8): 7 bits, or 8 without parity)."""
     g, n = xb.shape
     x8 = xb.reshape(g, n // 8, 8)
     neg = x8 < 0
     xval = np.abs(x8)
+    if not parity:
+        return xval.reshape(g, n), (neg.astype(np.int64) << np.arange(8)).sum(axis=2)
     odd = neg.sum(axis=2) % 2 == 1
     imin = ((w.reshape(g, n // 8, 8) * x8) * x8).argmin(axis=2)  # first minimum, as C's `<`
     gi, ki = np.nonzero(odd)
@@ -156,9 +166,9 @@ def _search(name: str, xb: np.ndarray, w: np.ndarray) -> tuple:
     g, n = xb.shape
     ng = n // dims
     waux = np.sqrt(w)
-    xval, signs = _signs(xb, w)
+    xval, signs = _signs(xb, w, sp.parity)
     vmax = xval.max(axis=1)
-    zero = vmax < F32(sp.eps)
+    zero = (vmax < F32(sp.eps)) | (vmax == 0)
     if sp.qp_start:
         s0 = make_qp_quants(np.ascontiguousarray(xval.T), sp.kmaxq + 1, np.ascontiguousarray(w.T))[
             0
@@ -172,7 +182,7 @@ def _search(name: str, xb: np.ndarray, w: np.ndarray) -> tuple:
         base = np.where(zero, F32(1), vmax).astype(F32)
     best = np.zeros(g, dtype=F32)
     lev = np.zeros((g, n), dtype=np.int64)
-    ongrid = np.ones((g, ng), dtype=bool)
+    ongrid = np.full((g, ng), sp.final != "all_if_any")
     xg, wg = xval.reshape(-1, dims), waux.reshape(-1, dims)
     for it in range(-sp.tries, sp.tries + 1):
         ident = (F32(2 * sp.kmaxq - 1) + F32(it) * F32(sp.step)) / base
@@ -186,8 +196,12 @@ def _search(name: str, xb: np.ndarray, w: np.ndarray) -> tuple:
         best = np.where(take, scale * sumqx, best).astype(F32)
         lev = np.where(take[:, None], la, lev)
         ongrid = np.where(take[:, None], on.reshape(g, ng), ongrid)
-    redo_grp = np.ones((g, ng), dtype=bool) if sp.final_all else ~ongrid
+    redo_grp = ~ongrid
     redo = redo_grp.any(axis=1) & (scale > 0) & ~zero
+    if sp.final != "offgrid":
+        redo_grp = np.ones((g, ng), dtype=bool)
+        if sp.final == "all":
+            redo = (scale > 0) & ~zero
     redo_grp &= redo[:, None]
     if redo.any():
         ident = F32(1) / scale
@@ -201,7 +215,7 @@ def _search(name: str, xb: np.ndarray, w: np.ndarray) -> tuple:
         scale = np.where(redo & (sumq2 > 0), sumqx / sumq2, scale).astype(F32)
     flip = scale < 0
     scale = np.where(flip, -scale, scale).astype(F32)
-    signs = np.where(flip[:, None], ~signs & 127, signs)
+    signs = np.where(flip[:, None], ~signs & (127 if sp.parity else 255), signs)
     scale = np.where(zero, F32(0), scale).astype(F32)
     return scale, lev, signs, zero
 
@@ -212,8 +226,9 @@ def _super(name: str, xs: np.ndarray, qw: np.ndarray | None) -> tuple:
     sp = _SPECS[name]
     lat = lattice(name)
     nb = xs.shape[0]
-    w = _weights(xs, qw, sp.sigma)
-    scale, lev, signs, zero = _search(name, xs.reshape(-1, sp.block), w.reshape(-1, sp.block))
+    with np.errstate(all="ignore"):  # blocks that are zero (or weigh nothing) divide by zero
+        w = _weights(xs, qw, sp)
+        scale, lev, signs, zero = _search(name, xs.reshape(-1, sp.block), w.reshape(-1, sp.block))
     gi = lat.kmap[_pack_u(lev.reshape(-1, lat.levels.shape[1]), lat.bits)].astype(np.int64)
     gi = gi.reshape(nb * QK_K // sp.block, -1)
     gi[zero] = 0
@@ -227,16 +242,18 @@ def _super(name: str, xs: np.ndarray, qw: np.ndarray | None) -> tuple:
     empty = max_scale == 0
     ls[empty] = 0
     gi = gi.reshape(nb, -1)
-    gi[empty] = 0
     signs = signs.reshape(nb, -1)
-    signs[empty] = 0
+    if sp.clear_empty:
+        gi[empty] = 0
+        signs[empty] = 0
     d = np.where(empty, F32(0), d).astype(F32)
-    return d, ls, gi, signs
+    dh = (d * F32(sp.fudge)).astype(F32) if sp.fudge != 1 else d
+    return dh, ls, gi, signs, zero.reshape(nb, -1)
 
 
 def quantize_iq2_xxs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` and importance weights ``(B, 256)`` -> IQ2_XXS bytes ``(B, 66)``."""
-    d, ls, gi, signs = _super("IQ2_XXS", xs, qw)
+    d, ls, gi, signs, _ = _super("IQ2_XXS", xs, qw)
     nb = xs.shape[0]
     w0 = (gi.reshape(nb, 8, 4) << (8 * np.arange(4))).sum(axis=2)
     w1 = (signs.reshape(nb, 8, 4) << (7 * np.arange(4))).sum(axis=2) | (ls << 28)
@@ -246,7 +263,7 @@ def quantize_iq2_xxs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray
 
 def quantize_iq2_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` and importance weights -> IQ2_XS bytes ``(B, 74)``."""
-    d, ls, gi, signs = _super("IQ2_XS", xs, qw)
+    d, ls, gi, signs, _ = _super("IQ2_XS", xs, qw)
     q = (gi | (signs << 9)).astype("<u2")
     sc = (ls[:, 0::2] | (ls[:, 1::2] << 4)).astype(np.uint8)
     return np.concatenate([f16_bytes(d), q.view(np.uint8), sc], axis=1)
@@ -254,13 +271,47 @@ def quantize_iq2_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
 
 def quantize_iq3_xxs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ3_XXS bytes ``(B, 98)``."""
-    d, ls, gi, signs = _super("IQ3_XXS", xs, qw)
+    d, ls, gi, signs, _ = _super("IQ3_XXS", xs, qw)
     nb = xs.shape[0]
     ss = (signs.reshape(nb, 8, 4) << (7 * np.arange(4))).sum(axis=2) | (ls << 28)
-    dh = np.where(d != 0, d * F32(1.0125), d).astype(F32)
     return np.concatenate(
-        [f16_bytes(dh), gi.astype(np.uint8), ss.astype("<u4").view(np.uint8)], axis=1
+        [f16_bytes(d), gi.astype(np.uint8), ss.astype("<u4").view(np.uint8)], axis=1
     )
+
+
+def quantize_iq2_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ2_S bytes ``(B, 82)``."""
+    d, ls, gi, signs, _ = _super("IQ2_S", xs, qw)
+    nb = xs.shape[0]
+    qh = ((gi >> 8).reshape(nb, 8, 4) << (2 * np.arange(4))).sum(axis=2)
+    sc = ls[:, 0::2] | (ls[:, 1::2] << 4)
+    parts = [gi & 255, signs, qh, sc]
+    return np.concatenate([f16_bytes(d), *(p.astype(np.uint8) for p in parts)], axis=1)
+
+
+def quantize_iq3_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ3_S bytes ``(B, 110)``.
+
+    A block of 32 that is all zero writes no codes, and the C loop does not advance its ``qs``
+    and ``signs`` pointers past it: the later blocks' grid bytes and signs move up (``qh`` is
+    indexed by block and does not). Kept, since the bytes are llama.cpp's."""
+    d, ls, gi, signs, zero = _super("IQ3_S", xs, qw)
+    nb = xs.shape[0]
+    qh = ((gi >> 8).reshape(nb, 8, 8) << np.arange(8)).sum(axis=2)
+    qh = np.where(zero, 0, qh)
+    keep = ~zero
+    qs = np.zeros((nb, 64), dtype=np.int64)
+    sg = np.zeros((nb, 32), dtype=np.int64)
+    if keep.all():
+        qs, sg = gi & 255, signs
+    else:
+        for r in range(nb):
+            k = np.flatnonzero(keep[r])
+            qs[r, : 8 * len(k)] = (gi[r].reshape(8, 8)[k] & 255).reshape(-1)
+            sg[r, : 4 * len(k)] = signs[r].reshape(8, 4)[k].reshape(-1)
+    sc = ls[:, 0::2] | (ls[:, 1::2] << 4)
+    parts = [qs, qh, sg, sc]
+    return np.concatenate([f16_bytes(d), *(p.astype(np.uint8) for p in parts)], axis=1)
 
 
 _KSIGN_BITS = np.arange(8)
@@ -299,6 +350,38 @@ def dequantize_iq2_xs(b: np.ndarray) -> np.ndarray:
     db = (d[:, None] * (F32(0.5) + s16.astype(F32))) * F32(0.25)
     grid = decode_grid("IQ2_XS")[qs & 511]  # (nb, 16, 2, 8)
     signs = _sign_values(qs >> 9)
+    return ((db[..., None, None] * grid) * signs).reshape(nb, QK_K)
+
+
+def dequantize_iq2_s(b: np.ndarray) -> np.ndarray:
+    """IQ2_S bytes ``(B, 82)`` -> float32 ``(B, 256)``."""
+    nb = b.shape[0]
+    d = read_f16(b, 0)
+    qh = b[:, 66:74].astype(np.int64)
+    hi = ((qh[..., None] >> (2 * np.arange(4))) & 3).reshape(nb, 32)
+    gi = b[:, 2:34].astype(np.int64) | (hi << 8)
+    sc = b[:, 74:82].astype(np.int64)
+    s16 = np.stack([sc & 15, sc >> 4], axis=2).reshape(nb, 16)
+    db = (d[:, None] * (F32(0.5) + s16.astype(F32))) * F32(0.25)
+    grid = decode_grid("IQ2_S")[gi].reshape(nb, 16, 2, 8)
+    neg = (b[:, 34:66].astype(np.int64)[..., None] >> np.arange(8)) & 1
+    signs = np.where(neg == 1, F32(-1), F32(1)).reshape(nb, 16, 2, 8)
+    return ((db[..., None, None] * grid) * signs).reshape(nb, QK_K)
+
+
+def dequantize_iq3_s(b: np.ndarray) -> np.ndarray:
+    """IQ3_S bytes ``(B, 110)`` -> float32 ``(B, 256)``."""
+    nb = b.shape[0]
+    d = read_f16(b, 0)
+    qh = b[:, 66:74].astype(np.int64)
+    hi = ((qh[..., None] >> np.arange(8)) & 1).reshape(nb, 64)
+    gi = b[:, 2:66].astype(np.int64) | (hi << 8)
+    sc = b[:, 106:110].astype(np.int64)
+    s8 = np.stack([sc & 15, sc >> 4], axis=2).reshape(nb, 8)
+    db = d[:, None] * (1 + 2 * s8).astype(F32)
+    grid = decode_grid("IQ3_S")[gi].reshape(nb, 8, 4, 8)
+    neg = (b[:, 74:106].astype(np.int64)[..., None] >> np.arange(8)) & 1
+    signs = np.where(neg == 1, F32(-1), F32(1)).reshape(nb, 8, 4, 8)
     return ((db[..., None, None] * grid) * signs).reshape(nb, QK_K)
 
 

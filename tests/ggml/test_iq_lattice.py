@@ -1,0 +1,109 @@
+"""lowbit.ggml.iq_lattice / iq_grids: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S as llama.cpp writes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lowbit.errors import LowbitError
+from lowbit.ggml import blocks, iq_grids, iq_lattice
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp" / "blocks"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+OUTPUTS = [o for o in MANIFEST["outputs"] if o["type"] in iq_lattice.BLOCK_BYTES]
+
+
+def _load(out: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    spec = MANIFEST["inputs"][out["input"]]
+    x = np.load(FIXTURES / spec["file"]).astype(np.float32)
+    im = np.load(FIXTURES / spec["imatrix"]).astype(np.float32) if out["imatrix"] else None
+    return x, im
+
+
+def test_fixtures_cover_every_lattice_type() -> None:
+    """Each type has fixtures with an importance vector, and without one where llama.cpp allows."""
+    seen = {(o["type"], o["imatrix"]) for o in OUTPUTS}
+    for name in iq_lattice.BLOCK_BYTES:
+        assert (name, True) in seen
+        assert ((name, False) in seen) == (name not in blocks.NEEDS_IMATRIX)
+    assert len(OUTPUTS) == 5 * 8
+
+
+@pytest.mark.parametrize("path", ["numpy", "kernels"])
+def test_quantize_equals_llamacpp_bytes(path: str) -> None:
+    """Every fixture: exactly the bytes llama.cpp's ggml_quantize_chunk wrote, on both paths."""
+    from lowbit.codecs import _numba
+
+    if path == "kernels":
+        pytest.importorskip("numba")
+    switch = _numba.numpy_only() if path == "numpy" else _numba.kernels_always()
+    with switch:
+        for out in OUTPUTS:
+            x, im = _load(out)
+            got = blocks.quantize(x, out["type"], imatrix=im)
+            assert blocks.TYPES[out["type"]].number == out["ggml_type"]
+            assert got.tobytes() == (FIXTURES / out["file"]).read_bytes(), out["file"]
+
+
+def test_dequantize_equals_gguf() -> None:
+    """Decoding llama.cpp's bytes gives gguf-py's floats bit for bit."""
+    gguf = pytest.importorskip("gguf")
+    for out in OUTPUTS:
+        raw = np.frombuffer((FIXTURES / out["file"]).read_bytes(), dtype=np.uint8)
+        raw = raw.reshape(-1, blocks.TYPES[out["type"]].size)
+        ours = blocks.dequantize(raw, out["type"])
+        theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[out["type"]])
+        np.testing.assert_array_equal(
+            ours.view(np.uint32), theirs.astype(np.float32).reshape(ours.shape).view(np.uint32)
+        )
+
+
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"])
+def test_grids_equal_gguf_tables(name: str) -> None:
+    """lowbit's grid data decode to gguf-py's tables entry by entry (and ggml-common.h's sizes)."""
+    gguf = pytest.importorskip("gguf")
+    cls = getattr(gguf.quants, name)
+    cls.init_grid()
+    want = np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape)
+    np.testing.assert_array_equal(iq_grids.decode_grid(name), want)
+
+
+def test_neighbour_lists() -> None:
+    """IQ3_XXS's map and neighbour lists as iq3xs_init_impl builds them, by brute force."""
+    lat = iq_grids.lattice("IQ3_XXS")
+    pos = 2 * lat.levels + 1
+    assert (lat.kmap >= 0).sum() == 256
+    rng = np.random.default_rng(0)
+    for u in rng.choice(np.flatnonzero(lat.kmap < 0), 40, replace=False):
+        p = 2 * ((u >> (3 * np.arange(4))) & 7) + 1
+        d2 = ((pos - p) ** 2).sum(axis=1)
+        kept = np.unique(d2)[:2]  # the two smallest distinct distances
+        want = [j for j in np.lexsort((np.arange(256), d2)) if d2[j] <= kept[-1]]
+        got = lat.nb_flat[lat.nb_start[u] : lat.nb_start[u] + lat.nb_count[u]]
+        assert list(got) == want
+
+
+def test_zero_block_moves_later_iq3_s_codes_up() -> None:
+    """IQ3_S: an all-zero block of 32 writes no grid bytes or signs, and llama.cpp's loop does
+    not advance its pointers past it, so the later blocks' bytes move up (``qh`` is indexed by
+    block and does not move). Pinned as llama.cpp writes it."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    x[0, :32] = 0
+    b = blocks.quantize(x, "IQ3_S")[0]
+    _, _, gi, signs, _ = iq_lattice._super("IQ3_S", x, None)
+    assert b[2 : 2 + 56].tolist() == (gi[0, 8:] & 255).tolist()  # blocks 1..7 at 0..6
+    assert b[2 + 56 : 2 + 64].tolist() == [0] * 8
+    assert b[74 : 74 + 28].tolist() == signs[0, 4:].tolist()
+    assert b[74 + 28 : 74 + 32].tolist() == [0] * 4
+    assert b[66] == 0  # block 0's high bits
+
+
+def test_imatrix_required() -> None:
+    """IQ2_XXS, IQ2_XS without an importance vector: one LowbitError (llama.cpp asserts)."""
+    for name in ("IQ2_XXS", "IQ2_XS"):
+        with pytest.raises(LowbitError, match="needs an importance matrix"):
+            blocks.quantize(np.ones((1, 256), np.float32), name)
