@@ -11,17 +11,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lowbit.errors import LowbitError
-from lowbit.ggml import blocks, iq_lattice
+from lowbit.ggml import blocks, iq1, iq_lattice
 from lowbit.ggml._search import seqsum
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp" / "blocks"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
-# the manifest's types lowbit does not write yet (none of them may be in blocks.TYPES)
-NOT_YET = {"IQ1_S", "IQ1_M"}
-assert {o["type"] for o in MANIFEST["outputs"]} - set(blocks.TYPES) == NOT_YET
-# the lattice i-quants' fixtures are tests/ggml/test_iq_lattice.py's (slower searches)
-LATTICE = set(iq_lattice.BLOCK_BYTES)
-OUTPUTS = [o for o in MANIFEST["outputs"] if o["type"] not in NOT_YET | LATTICE]
+assert {o["type"] for o in MANIFEST["outputs"]} == set(blocks.TYPES)
+# the i-quants' fixtures are tests/ggml/test_iq_lattice.py's (slower searches)
+LATTICE = set(iq_lattice.BLOCK_BYTES) | set(iq1.BLOCK_BYTES)
+OUTPUTS = [o for o in MANIFEST["outputs"] if o["type"] not in LATTICE]
 
 
 def _input(name: str) -> np.ndarray:
@@ -81,8 +79,10 @@ _BOUND = {
     "Q4_1": 0.29, "Q4_K": 0.19, "IQ4_NL": 0.29, "IQ4_XS": 0.32, "Q3_K": 0.44, "Q2_K": 0.86,
     "MXFP4": 0.2501, "NVFP4": 0.26, "TQ1_0": 0.5005, "TQ2_0": 0.5005,
     # the lattice i-quants, over super-blocks of 256 (worst of 40 seeds: 0.94, 0.89, 0.69,
-    # 0.77, 0.40): a 2-bit grid may round a block's largest value far down
-    "IQ2_XXS": 1.2, "IQ2_XS": 1.2, "IQ2_S": 1.0, "IQ3_XXS": 1.0, "IQ3_S": 0.6,
+    # 0.77, 0.40; IQ1_S 1.27, IQ1_M 1.15 over 30): a 1- or 2-bit grid may round a block's
+    # largest value far down
+    "IQ2_XXS": 1.2, "IQ2_XS": 1.2, "IQ2_S": 1.0, "IQ3_XXS": 1.0, "IQ3_S": 0.6, "IQ1_S": 1.9,
+    "IQ1_M": 1.75,
 }  # fmt: skip
 # The ternary types round x / amax to a trit but store amax as float16 (relative error up to
 # 2^-11): a value just above amax / 2 decodes to float16(amax), off by up to (1/2 + 2^-11) amax.
@@ -164,6 +164,7 @@ def test_sizes_and_lookup() -> None:
         (lambda: blocks.dequantize(np.zeros(144, np.int8), "Q4_K"), "uint8"),
         (lambda: blocks.quantize(np.ones((1, 256)), "IQ2_XXS"), "needs an importance matrix"),
         (lambda: blocks.quantize(np.ones((1, 256)), "iq2_xs"), "needs an importance matrix"),
+        (lambda: blocks.quantize(np.ones((1, 256)), "IQ1_S"), "needs an importance matrix"),
         (lambda: blocks.quantize(np.ones((2, 576)), "IQ3_XXS"), "blocks of 256"),
         (lambda: blocks.quantize(np.ones((2, 576)), "IQ2_XXS", imatrix=np.ones(576)), "of 256"),
         (

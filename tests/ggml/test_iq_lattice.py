@@ -1,4 +1,4 @@
-"""lowbit.ggml.iq_lattice / iq_grids: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S as llama.cpp writes them."""
+"""lowbit.ggml.iq_lattice / iq1 / iq_grids: the i-quants below 4 bits as llama.cpp writes them."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from lowbit.errors import LowbitError
-from lowbit.ggml import blocks, iq_grids, iq_lattice
+from lowbit.ggml import blocks, iq1, iq_grids, iq_lattice
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp" / "blocks"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
-OUTPUTS = [o for o in MANIFEST["outputs"] if o["type"] in iq_lattice.BLOCK_BYTES]
+IQ_TYPES = {**iq_lattice.BLOCK_BYTES, **iq1.BLOCK_BYTES}
+OUTPUTS = [o for o in MANIFEST["outputs"] if o["type"] in IQ_TYPES]
 
 
 def _load(out: dict) -> tuple[np.ndarray, np.ndarray | None]:
@@ -26,10 +27,10 @@ def _load(out: dict) -> tuple[np.ndarray, np.ndarray | None]:
 def test_fixtures_cover_every_lattice_type() -> None:
     """Each type has fixtures with an importance vector, and without one where llama.cpp allows."""
     seen = {(o["type"], o["imatrix"]) for o in OUTPUTS}
-    for name in iq_lattice.BLOCK_BYTES:
+    for name in IQ_TYPES:
         assert (name, True) in seen
         assert ((name, False) in seen) == (name not in blocks.NEEDS_IMATRIX)
-    assert len(OUTPUTS) == 5 * 8
+    assert len(OUTPUTS) == 5 * 11
 
 
 @pytest.mark.parametrize("path", ["numpy", "kernels"])
@@ -103,7 +104,7 @@ def test_zero_block_moves_later_iq3_s_codes_up() -> None:
 
 
 def test_imatrix_required() -> None:
-    """IQ2_XXS, IQ2_XS without an importance vector: one LowbitError (llama.cpp asserts)."""
-    for name in ("IQ2_XXS", "IQ2_XS"):
+    """IQ2_XXS, IQ2_XS, IQ1_S without an importance vector: one LowbitError (llama.cpp asserts)."""
+    for name in ("IQ2_XXS", "IQ2_XS", "IQ1_S"):
         with pytest.raises(LowbitError, match="needs an importance matrix"):
             blocks.quantize(np.ones((1, 256), np.float32), name)

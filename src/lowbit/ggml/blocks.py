@@ -6,7 +6,8 @@ without an importance vector), :func:`dequantize` reads them back as ggml's
 ``dequantize_row_*`` does. The algorithms and layouts are documented in the modules that
 implement them: :mod:`lowbit.ggml.legacy_blocks` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0),
 :mod:`lowbit.ggml.kquants` (Q2_K..Q6_K), :mod:`lowbit.ggml.iquants` (IQ4_NL, IQ4_XS),
-:mod:`lowbit.ggml.iq_lattice` (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S),
+:mod:`lowbit.ggml.iq_lattice` (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), :mod:`lowbit.ggml.iq1`
+(IQ1_S, IQ1_M),
 :mod:`lowbit.ggml.ternary` (TQ1_0, TQ2_0) and :mod:`lowbit.ggml.fp4` (MXFP4, NVFP4).
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 from lowbit._arrays import _is_ml_float
 from lowbit._parallel import map_chunks, threads
 from lowbit.errors import LowbitError
-from lowbit.ggml import fp4, iq_lattice, iquants, kquants, legacy_blocks, ternary
+from lowbit.ggml import fp4, iq1, iq_lattice, iquants, kquants, legacy_blocks, ternary
 
 __all__ = [
     "TYPES",
@@ -60,8 +61,10 @@ _TABLE = [
     ("IQ2_XXS", 16, 256, 66, True),
     ("IQ2_XS", 17, 256, 74, True),
     ("IQ3_XXS", 18, 256, 98, True),
+    ("IQ1_S", 19, 256, 50, True),
     ("IQ3_S", 21, 256, 110, True),
     ("IQ2_S", 22, 256, 82, True),
+    ("IQ1_M", 29, 256, 56, True),
     ("IQ4_NL", 20, 32, 18, True),
     ("IQ4_XS", 23, 256, 136, True),
     ("TQ1_0", 34, 256, 54, False),
@@ -88,6 +91,8 @@ _ENCODERS = {
     "IQ2_S": iq_lattice.quantize_iq2_s,
     "IQ3_XXS": iq_lattice.quantize_iq3_xxs,
     "IQ3_S": iq_lattice.quantize_iq3_s,
+    "IQ1_S": iq1.quantize_iq1_s,
+    "IQ1_M": iq1.quantize_iq1_m,
     "IQ4_NL": iquants.quantize_iq4_nl,
     "IQ4_XS": iquants.quantize_iq4_xs,
     "TQ1_0": lambda xs, qw: ternary.quantize_tq1_0(xs),
@@ -106,6 +111,8 @@ _DECODERS = {
     "IQ2_S": iq_lattice.dequantize_iq2_s,
     "IQ3_XXS": iq_lattice.dequantize_iq3_xxs,
     "IQ3_S": iq_lattice.dequantize_iq3_s,
+    "IQ1_S": iq1.dequantize_iq1_s,
+    "IQ1_M": iq1.dequantize_iq1_m,
     "IQ4_NL": iquants.dequantize_iq4_nl,
     "IQ4_XS": iquants.dequantize_iq4_xs,
     "TQ1_0": ternary.dequantize_tq1_0,
@@ -122,7 +129,7 @@ _F16_FIELDS = {
     "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
     "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
     "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,),
-    "IQ3_S": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (),
+    "IQ3_S": (0,), "IQ1_S": (0,), "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (),
 }  # fmt: skip
 
 
