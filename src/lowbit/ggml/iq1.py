@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowbit.ggml._search import F32, f16_bytes, nearest_int, read_f16, seqsum
+from lowbit.ggml._search import F32, _use_kernels, f16_bytes, nearest_int, read_f16, seqsum
 from lowbit.ggml.iq_grids import decode_grid, lattice
+from lowbit.ggml.iq_lattice import _kernels
 
 QK_K = 256
 BLOCK_BYTES = {"IQ1_S": 50, "IQ1_M": 56}
@@ -168,6 +169,27 @@ def _snap1(
 def _blocks(xb: np.ndarray, w: np.ndarray, kind: str) -> tuple:
     """Search blocks ``xb`` (G, n): (scale, shift code, grid indices (G, n/8), the (G, n/8, 3)
     value tables ``xx`` of each group)."""
+    if _use_kernels(xb.size):
+        lat = lattice("IQ1_S")
+        eps = F32(1e-12) if kind == "IQ1_S" else F32(1e-7)
+        scale, code, gi, zero = _kernels().iq1_blocks(
+            xb, w, kind == "IQ1_M", eps, _XP, _XM, lat.kmap, lat.nb_start, lat.nb_count,
+            lat.nb_flat, lat.levels,
+        )  # fmt: skip
+    else:
+        scale, code, gi, zero = _blocks_numpy(xb, w, kind)
+    n = xb.shape[1]
+    if kind == "IQ1_S":
+        minus = np.repeat((code == -1)[:, None], n // 8, axis=1)
+    else:
+        minus = np.stack([code >= 2, code % 2 == 1], axis=1)
+    xx = np.where(minus[..., None], _XM, _XP)  # (G, n/8, 3)
+    xx = np.where(zero[:, None, None], _XP, xx)
+    return scale, code, gi, xx
+
+
+def _blocks_numpy(xb: np.ndarray, w: np.ndarray, kind: str) -> tuple:
+    """The numpy search of :func:`_blocks`: (scale, shift code, grid indices, zero)."""
     g, n = xb.shape
     eps = F32(1e-12) if kind == "IQ1_S" else F32(1e-7)
     zero = np.abs(xb).max(axis=1) < eps
@@ -217,8 +239,7 @@ def _blocks(xb: np.ndarray, w: np.ndarray, kind: str) -> tuple:
     scale = np.where(zero, F32(0), scale).astype(F32)
     code = np.where(zero, 1 if kind == "IQ1_S" else 0, code)
     gi = np.where(zero[:, None], 0, gi)
-    xx = np.where(zero[:, None, None], _XP, xx)
-    return scale, code, gi, xx
+    return scale, code, gi, zero
 
 
 def quantize_iq1_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:

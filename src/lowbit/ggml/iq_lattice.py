@@ -43,11 +43,14 @@ little-endian:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 import numpy as np
 
 from lowbit.ggml._search import (
     F32,
+    _use_kernels,
     f16_bytes,
     make_qp_quants,
     nearest_int,
@@ -57,6 +60,17 @@ from lowbit.ggml._search import (
 from lowbit.ggml.iq_grids import Lattice, decode_grid, lattice
 
 QK_K = 256
+_FINAL = {"all": 0, "offgrid": 1, "all_if_any": 2}
+
+
+@cache
+def _kernels() -> Any:
+    """``lowbit.ggml._iq_kernels`` (numba, bit for bit the numpy searches), on first use."""
+    from lowbit.ggml import _iq_kernels  # needs numba, the optional extra
+
+    return _iq_kernels
+
+
 BLOCK_BYTES = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ2_S": 82, "IQ3_XXS": 98, "IQ3_S": 110}
 
 
@@ -158,28 +172,11 @@ def _sums(w: np.ndarray, xval: np.ndarray, lev: np.ndarray) -> tuple[np.ndarray,
     return _rowsum((w * xval) * q), _rowsum((w * q) * q)
 
 
-def _search(name: str, xb: np.ndarray, w: np.ndarray) -> tuple:
-    """The per-block search on blocks ``xb`` (G, n): (scale, levels (G, n), signs, zero)."""
-    sp = _SPECS[name]
-    lat = lattice(name)
+def _trials(sp: _Spec, lat: Lattice, xval, w, waux, base, scale, zero) -> tuple:
+    """The tries and the final pass, vectorised over blocks: (scale (G,), levels (G, n))."""
     dims = lat.levels.shape[1]
-    g, n = xb.shape
+    g, n = xval.shape
     ng = n // dims
-    waux = np.sqrt(w)
-    xval, signs = _signs(xb, w, sp.parity)
-    vmax = xval.max(axis=1)
-    zero = (vmax < F32(sp.eps)) | (vmax == 0)
-    if sp.qp_start:
-        s0 = make_qp_quants(np.ascontiguousarray(xval.T), sp.kmaxq + 1, np.ascontiguousarray(w.T))[
-            0
-        ]
-        base = s0 * F32(sp.kmaxq)
-        zero |= base <= 0
-        scale = s0
-        base = np.where(zero, F32(1), base).astype(F32)  # (zero blocks: any finite search)
-    else:
-        scale = vmax / F32(2 * sp.kmaxq - 1)
-        base = np.where(zero, F32(1), vmax).astype(F32)
     best = np.zeros(g, dtype=F32)
     lev = np.zeros((g, n), dtype=np.int64)
     ongrid = np.full((g, ng), sp.final != "all_if_any")
@@ -213,6 +210,37 @@ def _search(name: str, xb: np.ndarray, w: np.ndarray) -> tuple:
         lev = lg.reshape(g, n)
         sumqx, sumq2 = _sums(w, xval, lev)
         scale = np.where(redo & (sumq2 > 0), sumqx / sumq2, scale).astype(F32)
+    return scale, lev
+
+
+def _search(name: str, xb: np.ndarray, w: np.ndarray) -> tuple:
+    """The per-block search on blocks ``xb`` (G, n): (scale, levels (G, n), signs, zero)."""
+    sp = _SPECS[name]
+    lat = lattice(name)
+    dims = lat.levels.shape[1]
+    waux = np.sqrt(w)
+    xval, signs = _signs(xb, w, sp.parity)
+    vmax = xval.max(axis=1)
+    zero = (vmax < F32(sp.eps)) | (vmax == 0)
+    if sp.qp_start:
+        s0 = make_qp_quants(np.ascontiguousarray(xval.T), sp.kmaxq + 1, np.ascontiguousarray(w.T))[
+            0
+        ]
+        base = s0 * F32(sp.kmaxq)
+        zero |= base <= 0
+        scale = s0
+        base = np.where(zero, F32(1), base).astype(F32)  # (zero blocks: any finite search)
+    else:
+        scale = vmax / F32(2 * sp.kmaxq - 1)
+        base = np.where(zero, F32(1), vmax).astype(F32)
+    if _use_kernels(xb.size):
+        scale, lev = _kernels().lattice_trials(
+            xval, w, waux, base, scale, zero, sp.kmaxq, sp.tries, F32(sp.step),
+            _FINAL[sp.final], sp.final != "all_if_any", dims, lat.bits, lat.kmap,
+            lat.nb_start, lat.nb_count, lat.nb_flat, lat.pos, lat.levels,
+        )  # fmt: skip
+    else:
+        scale, lev = _trials(sp, lat, xval, w, waux, base, scale, zero)
     flip = scale < 0
     scale = np.where(flip, -scale, scale).astype(F32)
     signs = np.where(flip[:, None], ~signs & (127 if sp.parity else 255), signs)
