@@ -38,8 +38,8 @@ def test_quantize_equals_llamacpp_bytes(path: str) -> None:
     """Every fixture: exactly the bytes llama.cpp's ggml_quantize_chunk wrote, on both paths."""
     from lowbit.codecs import _numba
 
-    if path == "kernels":
-        pytest.importorskip("numba")
+    if path == "kernels" and not _numba.HAVE_NUMBA:
+        pytest.skip("numba is not installed (or LOWBIT_NUMBA=0)")
     switch = _numba.numpy_only() if path == "numpy" else _numba.kernels_always()
     with switch:
         for out in OUTPUTS:
@@ -47,6 +47,41 @@ def test_quantize_equals_llamacpp_bytes(path: str) -> None:
             got = blocks.quantize(x, out["type"], imatrix=im)
             assert blocks.TYPES[out["type"]].number == out["ggml_type"]
             assert got.tobytes() == (FIXTURES / out["file"]).read_bytes(), out["file"]
+
+
+def _degenerate_rows(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of 512 with the cases the searches branch on: heavy tails, zero blocks, values
+    below the types' zero thresholds, repeated values (ties in IQ1's sort), a constant block,
+    one-signed blocks; and an importance vector with zeros."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_t(3, size=(6, 512)).astype(np.float32)
+    x[0, :32] = 0
+    x[0, 64:96] = 1e-9
+    x[1, :256] = np.round(x[1, :256] * 2) / 2  # many equal values
+    x[2, 256:288] = 0.75
+    x[3, :256] = np.abs(x[3, :256])
+    x[4] *= 1e-6
+    x[5, 100] = 60.0
+    im = rng.uniform(0, 5, size=512).astype(np.float32)
+    im[:40] = 0
+    return x, im
+
+
+@pytest.mark.parametrize("qtype", sorted(IQ_TYPES))
+def test_kernels_equal_numpy(qtype: str) -> None:
+    """The compiled searches give the numpy path's bytes on random and degenerate rows."""
+    from lowbit.codecs import _numba
+
+    if not _numba.HAVE_NUMBA:
+        pytest.skip("numba is not installed (or LOWBIT_NUMBA=0)")
+    for seed in range(2):
+        x, im = _degenerate_rows(seed)
+        for w in (im, None if qtype not in blocks.NEEDS_IMATRIX else np.ones(512)):
+            with _numba.numpy_only():
+                want = blocks.quantize(x, qtype, imatrix=w)
+            with _numba.kernels_always():
+                got = blocks.quantize(x, qtype, imatrix=w)
+            np.testing.assert_array_equal(got, want)
 
 
 def test_dequantize_equals_gguf() -> None:

@@ -160,9 +160,9 @@ def _snap1(
             diff = sr * q - xr[:, i]
             d2 += (wr[:, i] * diff) * diff
         low = np.minimum.reduceat(d2, seg)
-        hit = np.flatnonzero(d2 == low[rep])
-        first = hit[np.unique(rep[hit], return_index=True)[1]]
-        gi[off] = cand[first]
+        # the first candidate of each list at its minimum (C keeps the first on ties)
+        at = np.where(d2 == low[rep], np.arange(len(cand)), len(cand))
+        gi[off] = cand[np.minimum.reduceat(at, seg)]
     return gi
 
 

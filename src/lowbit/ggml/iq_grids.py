@@ -277,7 +277,8 @@ class Lattice:
     kmap: np.ndarray
     """(kmap size,) int32: grid index of packed levels ``u``, -1 off the grid."""
     nb_count: np.ndarray
-    """(kmap size,) int32: how many neighbours an off-grid ``u`` has (0 on the grid)."""
+    """(kmap size,) int32: how many neighbours an off-grid ``u`` has (0 on the grid, and for
+    points with a level the search never rounds to)."""
     nb_start: np.ndarray
     """(kmap size,) int64: where ``u``'s neighbours start in :attr:`nb_flat`."""
     nb_flat: np.ndarray
@@ -312,8 +313,12 @@ def lattice(name: str) -> Lattice:
     kmap = np.full(size, -1, dtype=np.int32)
     packed = (levels << (bits * np.arange(dims))).sum(axis=1)
     kmap[packed] = np.arange(len(packed), dtype=np.int32)
-    off = np.flatnonzero(kmap < 0)
-    upos = 2 * ((off[:, None] >> (bits * np.arange(dims))) & ((1 << bits) - 1)) + 1
+    digits = (np.arange(size)[:, None] >> (bits * np.arange(dims))) & ((1 << bits) - 1)
+    # the searches clamp levels to 0..2 on the 2-bit grids (kMaxQ = 3): only such points are
+    # ever looked up, so only theirs are built (the C init builds the lists of all 43692)
+    reachable = (digits < len(_SPEC[name][4])).all(axis=1)
+    off = np.flatnonzero((kmap < 0) & reachable)
+    upos = 2 * digits[off] + 1
     rows, cols, dist = [], [], []
     posf = pos.astype(np.float32)
     gg = (posf * posf).sum(axis=1)

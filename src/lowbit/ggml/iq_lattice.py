@@ -154,16 +154,16 @@ def snap(
         seg = np.concatenate([[0], np.cumsum(cnt)[:-1]])
         rep = np.repeat(np.arange(off.size), cnt)
         cand = lat.nb_flat[lat.nb_start[uo][rep] + (np.arange(int(cnt.sum())) - seg[rep])]
-        q = lat.pos[cand]
-        xr, wr, sr = x[off][rep], w[off][rep], scale[off][rep]
+        q = lat.pos.T[:, cand]  # (dims, T)
+        xo, wo, sr = x[off].T, w[off].T, scale[off][rep]
         d2 = np.zeros(len(cand), dtype=F32)
-        for i in range(q.shape[1]):
-            diff = sr * q[:, i] - xr[:, i]
-            d2 += (wr[:, i] * diff) * diff
+        for i in range(q.shape[0]):
+            diff = sr * q[i] - xo[i][rep]
+            d2 += (wo[i][rep] * diff) * diff
         low = np.minimum.reduceat(d2, seg)
-        hit = np.flatnonzero(d2 == low[rep])
-        first = hit[np.unique(rep[hit], return_index=True)[1]]
-        gi[off] = cand[first]
+        # the first candidate of each list at its minimum (C keeps the first on ties)
+        at = np.where(d2 == low[rep], np.arange(len(cand)), len(cand))
+        gi[off] = cand[np.minimum.reduceat(at, seg)]
     return gi, on, lat.levels[gi]
 
 
