@@ -143,3 +143,30 @@ def test_imatrix_required() -> None:
     for name in ("IQ2_XXS", "IQ2_XS", "IQ1_S"):
         with pytest.raises(LowbitError, match="needs an importance matrix"):
             blocks.quantize(np.ones((1, 256), np.float32), name)
+
+
+def test_gguf_write_and_read(tmp_path: Path) -> None:
+    """write_gguf stores the i-quants as blocks.quantize makes them; lowbit's GGUF reader (and
+    gguf-py's) decode them as blocks.dequantize does."""
+    gguf = pytest.importorskip("gguf")
+    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
+    from lowbit.checkpoints.readers import GGUFFile
+
+    rng = np.random.default_rng(3)
+    im = rng.uniform(0.5, 2, size=512).astype(np.float32)
+    tensors = {
+        f"blk.0.{t.lower()}.weight": rng.standard_normal((2, 512)).astype(np.float32)
+        for t in IQ_TYPES
+    }
+    path = write_gguf(
+        tmp_path / "iq.gguf",
+        {k: GGUFTensor(v, k.split(".")[2].upper(), imatrix=im) for k, v in tensors.items()},
+        arch="llama",
+    )
+    reader = gguf.GGUFReader(path)
+    ours = GGUFFile(path)
+    for t in reader.tensors:
+        qtype = t.tensor_type.name
+        want = blocks.quantize(tensors[t.name], qtype, imatrix=im)
+        assert np.asarray(t.data).tobytes() == want.tobytes()
+        np.testing.assert_array_equal(ours.get(t.name), blocks.dequantize(want, qtype))
