@@ -209,7 +209,8 @@ def test_imatrix_that_fits_no_tensor(mid: Path, tmp_path: Path) -> None:
     [
         (["--to", "q4_k_m"], "add --out-format gguf"),
         (["--to", "q4_k_x", "--out-format", "gguf"], "unknown llama.cpp mix 'q4_k_x'"),
-        (["--to", "iq3_m", "--out-format", "gguf"], "does not write yet"),
+        (["--to", "iq2_xxs", "--out-format", "gguf"], "IQ2_XXS needs an importance matrix"),
+        (["--to", "iq3_xxs", "--out-format", "gguf"], "IQ3_XXS needs an importance matrix"),
         (["--to", "int4", "--imatrix", "x.gguf"], "llama.cpp mix options"),
         (
             [
