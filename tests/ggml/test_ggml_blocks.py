@@ -165,6 +165,8 @@ def test_sizes_and_lookup() -> None:
         (lambda: blocks.quantize(np.ones((1, 256)), "IQ2_XXS"), "needs an importance matrix"),
         (lambda: blocks.quantize(np.ones((1, 256)), "iq2_xs"), "needs an importance matrix"),
         (lambda: blocks.quantize(np.ones((1, 256)), "IQ1_S"), "needs an importance matrix"),
+        (lambda: blocks.quantize(np.linspace(-1e6, 1e6, 256)[None], "IQ1_M"), "overflows"),
+        (lambda: blocks.quantize(np.linspace(-1e8, 1e8, 256)[None], "IQ3_S"), "overflows"),
         (lambda: blocks.quantize(np.ones((2, 576)), "IQ3_XXS"), "blocks of 256"),
         (lambda: blocks.quantize(np.ones((2, 576)), "IQ2_XXS", imatrix=np.ones(576)), "of 256"),
         (

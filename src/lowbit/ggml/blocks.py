@@ -143,6 +143,11 @@ def _validate(blocks_: np.ndarray, t: GgmlType, part: np.ndarray | None) -> None
         bad |= (h & 0x7C00) == 0x7C00
     if t.name == "MXFP4":
         bad |= b[:, 0] == 0xFF
+    if t.name == "IQ1_M":  # its float16 d is spread over the top nibbles of four scale words
+        sc = b[:, 48:56].astype(np.uint16)
+        top = sc[:, 1::2] >> 4  # the high byte of each little-endian word, its top nibble
+        h = top[:, 0] | (top[:, 1] << 4) | (top[:, 2] << 8) | (top[:, 3] << 12)
+        bad |= (h & 0x7C00) == 0x7C00
     if bad.any():
         amax = float(np.abs(part).max()) if part is not None and part.size else float("nan")
         raise LowbitError(
