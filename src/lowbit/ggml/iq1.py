@@ -145,8 +145,9 @@ def _snap1(
     lat = lattice("IQ1_S")
     u = (lev.astype(np.int64) << (2 * np.arange(8))).sum(axis=1)
     gi = lat.kmap[u].astype(np.int64)
-    off = np.flatnonzero(gi < 0)
-    if off.size:
+    offs = np.flatnonzero(gi < 0)
+    for a in range(0, offs.size, 1 << 14):  # batches bound the candidate arrays
+        off = offs[a : a + (1 << 14)]
         uo = u[off]
         cnt = lat.nb_count[uo].astype(np.int64)
         seg = np.concatenate([[0], np.cumsum(cnt)[:-1]])

@@ -61,6 +61,7 @@ from lowbit.ggml.iq_grids import Lattice, decode_grid, lattice
 
 QK_K = 256
 _FINAL = {"all": 0, "offgrid": 1, "all_if_any": 2}
+_SNAP_BATCH = 1 << 14  # off-grid groups per neighbour search (about 2 M candidates at most)
 
 
 @cache
@@ -147,8 +148,9 @@ def snap(
     u = _pack_u(lev, lat.bits)
     gi = lat.kmap[u].astype(np.int64)
     on = gi >= 0
-    off = np.flatnonzero(~on)
-    if off.size:
+    offs = np.flatnonzero(~on)
+    for a in range(0, offs.size, _SNAP_BATCH):  # batches bound the candidate arrays
+        off = offs[a : a + _SNAP_BATCH]
         uo = u[off]
         cnt = lat.nb_count[uo].astype(np.int64)
         seg = np.concatenate([[0], np.cumsum(cnt)[:-1]])
