@@ -170,3 +170,20 @@ def test_gguf_write_and_read(tmp_path: Path) -> None:
         want = blocks.quantize(tensors[t.name], qtype, imatrix=im)
         assert np.asarray(t.data).tobytes() == want.tobytes()
         np.testing.assert_array_equal(ours.get(t.name), blocks.dequantize(want, qtype))
+
+
+def test_kernels_bought_after_a_small_rental(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The i-quant searches take the kernels once IQ_KERNEL_WORTH values went down the numpy
+    path (or at once where numba is loaded), never under numpy_only()."""
+    from lowbit.codecs import _numba
+
+    if not _numba.HAVE_NUMBA:
+        pytest.skip("numba is not installed (or LOWBIT_NUMBA=0)")
+    rental = _numba._Rental(iq_lattice.IQ_KERNEL_WORTH, lambda: False)
+    monkeypatch.setattr(iq_lattice, "_rental", rental)
+    half = iq_lattice.IQ_KERNEL_WORTH // 2
+    assert not iq_lattice.use_kernels(half)
+    assert iq_lattice.use_kernels(half)  # the rental reaches the price: bought
+    assert iq_lattice.use_kernels(1)
+    with _numba.numpy_only():
+        assert not iq_lattice.use_kernels(1 << 30)

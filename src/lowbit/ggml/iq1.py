@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowbit.ggml._search import F32, _use_kernels, f16_bytes, nearest_int, read_f16, seqsum
+from lowbit.ggml._search import F32, f16_bytes, nearest_int, read_f16, seqsum
 from lowbit.ggml.iq_grids import decode_grid, lattice
-from lowbit.ggml.iq_lattice import _kernels
+from lowbit.ggml.iq_lattice import _kernels, use_kernels
 
 QK_K = 256
 BLOCK_BYTES = {"IQ1_S": 50, "IQ1_M": 56}
@@ -170,7 +170,7 @@ def _snap1(
 def _blocks(xb: np.ndarray, w: np.ndarray, kind: str) -> tuple:
     """Search blocks ``xb`` (G, n): (scale, shift code, grid indices (G, n/8), the (G, n/8, 3)
     value tables ``xx`` of each group)."""
-    if _use_kernels(xb.size):
+    if use_kernels(xb.size):
         lat = lattice("IQ1_S")
         eps = F32(1e-12) if kind == "IQ1_S" else F32(1e-7)
         scale, code, gi, zero = _kernels().iq1_blocks(

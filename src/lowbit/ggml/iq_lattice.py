@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.codecs import _numba
 from lowbit.ggml._search import (
     F32,
-    _use_kernels,
     f16_bytes,
     make_qp_quants,
     nearest_int,
@@ -62,6 +62,23 @@ from lowbit.ggml.iq_grids import Lattice, decode_grid, lattice
 QK_K = 256
 _FINAL = {"all": 0, "offgrid": 1, "all_if_any": 2}
 _SNAP_BATCH = 1 << 14  # off-grid groups per neighbour search (about 2 M candidates at most)
+
+
+#: Values the i-quant searches send down the numpy path before buying the numba kernels (the
+#: ski rental of ``lowbit.codecs._numba`` at this package's price): their numpy path costs
+#: about 2-20 us a value (the neighbour searches, ragged), 5-20x the kernels, so numba's
+#: start (about 0.6 s of CPU, and loading the kernels) is paid back within tens of thousands.
+IQ_KERNEL_WORTH = 1 << 16
+
+_rental = _numba._Rental(IQ_KERNEL_WORTH, _numba.numba_loaded)
+
+
+def use_kernels(n: int) -> bool:
+    """Whether an i-quant search over ``n`` values runs compiled (numba in use, and
+    ``kernels_always()`` or this module's rental says so). Both paths give the same bytes."""
+    if not _numba.enabled():
+        return False
+    return bool(_numba._kernels_always.on) or _rental.take(n)
 
 
 @cache
@@ -235,7 +252,7 @@ def _search(name: str, xb: np.ndarray, w: np.ndarray) -> tuple:
     else:
         scale = vmax / F32(2 * sp.kmaxq - 1)
         base = np.where(zero, F32(1), vmax).astype(F32)
-    if _use_kernels(xb.size):
+    if use_kernels(xb.size):
         scale, lev = _kernels().lattice_trials(
             xval, w, waux, base, scale, zero, sp.kmaxq, sp.tries, F32(sp.step),
             _FINAL[sp.final], sp.final != "all_if_any", dims, lat.bits, lat.kmap,
