@@ -1,43 +1,59 @@
-"""llama.cpp's lattice i-quants IQ2_XXS, IQ2_XS and IQ3_XXS: super-blocks of 256 values to bytes and back.
+"""llama.cpp's lattice i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S: super-blocks of 256 to bytes and back.
 
-Each value is ``d * block scale * grid coordinate * sign``: groups of 8 (IQ2) or 4 (IQ3_XXS)
+Each value is ``d * block scale * grid coordinate * sign``: groups of 8 (IQ2) or 4 (IQ3)
 values are one point of a lattice grid (:mod:`lowbit.ggml.iq_grids`), signs come in groups of
-8 with an even number of minus signs (7 bits stored, the eighth is the parity), and each block
-(32 values; 16 for IQ2_XS) has a 4-bit scale. The encoders repeat ggml-quants.c's
-``quantize_row_iq2_xxs_impl`` / ``quantize_row_iq2_xs_impl`` / ``quantize_row_iq3_xxs_impl``
-(what ``ggml_quantize_chunk`` calls), vectorised over blocks, in the C code's float32 order:
+8 (IQ2_XXS, IQ2_XS, IQ3_XXS: an even number of minus signs, 7 bits stored, the eighth the
+parity; IQ2_S, IQ3_S: 8 bits), and each block (32 values; 16 for IQ2_XS and IQ2_S) has a
+4-bit scale. The encoders repeat ggml-quants.c's ``quantize_row_iq2_xxs_impl``,
+``quantize_row_iq2_xs_impl``, ``quantize_row_iq2_s_impl``, ``quantize_row_iq3_xxs_impl`` and
+``quantize_row_iq3_s_impl`` (what ``ggml_quantize_chunk`` calls), vectorised over blocks (a
+numba kernel does the tries block by block, :mod:`lowbit.ggml._iq_kernels`), in the C code's
+float32 order:
 
 - weights: with an importance vector ``qw * sqrtf(sigma2 + x*x)``, ``sigma2`` the in-order
-  sum of the super-block's ``x*x`` over 256 (IQ3_XXS: twice that); IQ3_XXS without one
-  ``x*x``. The neighbour search weighs with ``sqrtf(weight)``.
-- signs: ``|x|``, and where a group of 8 has an odd number of negatives the value with the
-  smallest ``(weight*x)*x`` (the first on ties) keeps its minus sign (its ``|x|`` negated).
+  sum of the super-block's ``x*x`` over 256 (IQ2_S and IQ3: twice that); without one (IQ2_S,
+  IQ3_XXS, IQ3_S; the others need one) ``x*x``, for IQ2_S ``0.25f*sigma2 + x*x``. The
+  neighbour search weighs with ``sqrtf(weight)``.
+- signs: ``|x|``; with parity, where a group of 8 has an odd number of negatives the value
+  with the smallest ``(weight*x)*x`` (the first on ties) keeps its minus sign (its ``|x|``
+  negated).
 - the scale search: IQ2_XXS starts from ``make_qp_quants(32, 4, |x|, weight)``'s scale
-  ``s0`` and tries ``id = (5 + is*0.1f) / (3*s0)`` for ``is`` in -6..6; IQ2_XS tries
-  ``(5 + is*0.1f) / max`` for -9..9 and IQ3_XXS ``(15 + is*0.2f) / max`` for -15..15 (``max``
-  the largest signed ``|x|``; a block below ``GROUP_MAX_EPS``, 1e-8 for IQ3_XXS, is zero).
-  Each try rounds ``nearest_int(0.5f*(id*x - 1))`` clamped to the levels; a point off the
-  grid goes to its listed neighbour with the smallest ``sum((w*diff)*diff)``,
-  ``diff = (1/id)*(2l+1) - x`` (the first in list order on ties); the try is kept when
-  ``sumqx*sumqx > best*sumq2`` (``sumqx = sum((w*x)*q)``, ``sumq2 = sum((w*q)*q)``,
-  ``q = 2l+1``, in order), and then ``scale = sumqx/sumq2``, ``best = scale*sumqx``.
-- the final pass: with ``id = 1/scale`` the points are rounded again (IQ2_XXS: every group;
-  IQ2_XS and IQ3_XXS: only groups the kept try had off the grid, and only when there are
-  some) and the scale refitted ``sumqx/sumq2``.
-- the super-block: ``d = max_scale/31`` (float16; IQ3_XXS stores ``d*1.0125f``), each block's
-  4-bit scale ``nearest_int(0.5f*((1/d)*scale - 1))`` clamped to 0..15, computed with the
-  float32 ``d``.
+  ``s0`` and tries ``id = (5 + is*0.1f) / (3*s0)`` for ``is`` in -6..6; IQ2_XS and IQ2_S try
+  ``(5 + is*0.1f) / max`` for -9..9, IQ3_XXS ``(15 + is*0.2f) / max`` for -15..15 and IQ3_S
+  for -9..9 (``max`` the largest signed ``|x|``; a block below ``GROUP_MAX_EPS`` (1e-15;
+  1e-8 for IQ3_XXS and IQ2_S; IQ3_S: exactly 0) is zero and writes nothing). Each try rounds
+  ``nearest_int(0.5f*(id*x - 1))`` clamped to the levels; a point off the grid goes to its
+  listed neighbour with the smallest ``sum((w*diff)*diff)``, ``diff = (1/id)*(2l+1) - x``
+  (the first in list order on ties); the try is kept when ``sumqx*sumqx > best*sumq2``
+  (``sumqx = sum((w*x)*q)``, ``sumq2 = sum((w*q)*q)``, ``q = 2l+1``, in order), and then
+  ``scale = sumqx/sumq2``, ``best = scale*sumqx``.
+- the final pass: with ``id = 1/scale`` the points are rounded again and the scale refitted
+  ``sumqx/sumq2``: IQ2_XXS every group; IQ2_XS, IQ2_S and IQ3_XXS the groups the kept try had
+  off the grid (if any); IQ3_S every group when any was off the grid or no try was kept (its
+  "on the grid" flags start false). A negative scale flips it and the signs.
+- the super-block: ``d = max_scale/31``, stored as float16 ``d * fudge`` (IQ3_XXS 1.0125f,
+  IQ3_S 1.033f, IQ2_S 0.9875f), each block's 4-bit scale ``nearest_int(0.5f*((1/d)*scale -
+  1))`` clamped to 0..15, computed with the unfudged float32 ``d``. A super-block whose scales
+  are all 0 stores ``d = 0`` and, for IQ2_XXS/XS and IQ3_XXS, zero codes (IQ2_S and IQ3_S keep
+  the codes written).
 
-Decoding is gguf-py's (and ggml's): ``db = d*(0.5f + s)*0.25f`` (IQ3_XXS ``*0.5f``), value
-``(db*grid)*sign`` with the decoder's grid (8, 25, 43 / 4, 12, ... 62). Layouts (ggml-common.h),
-little-endian:
+Decoding is gguf-py's (and ggml's): ``db = d*(0.5f + s)*0.25f`` (IQ3_XXS ``*0.5f``; IQ3_S
+``d*(1 + 2*s)``), value ``(db*grid)*sign`` with the decoder's grid (8, 25, 43 / 4, 12, ... 62
+/ 1, 3, ... 15). Layouts (ggml-common.h), little-endian:
 
 - IQ2_XXS, 66 bytes: float16 ``d``, per block of 32 two uint32: four grid indices (bytes), then
   four 7-bit sign groups (bits ``7k``) and the 4-bit scale (bits 28..31).
 - IQ2_XS, 74 bytes: float16 ``d``, 32 uint16 (9-bit grid index | 7 sign bits << 9, per group
   of 8), ``scales[8]`` (block of 16 ``2i`` low nibble, ``2i+1`` high).
+- IQ2_S, 82 bytes: float16 ``d``, ``qs[32]`` (low 8 bits of each group's 10-bit index),
+  ``signs[32]``, ``qh[8]`` (bits ``2k..2k+1`` of byte ``i``: group ``4i+k``'s high bits),
+  ``scales[8]`` as IQ2_XS.
 - IQ3_XXS, 98 bytes: float16 ``d``, 64 grid indices (one byte per group of 4), then per block of
   32 one uint32: four 7-bit sign groups and the scale (bits 28..31).
+- IQ3_S, 110 bytes: float16 ``d``, ``qs[64]`` (low 8 bits of each 9-bit index), ``qh[8]`` (bit
+  ``k`` of byte ``i``: group ``8i+k``'s ninth bit), ``signs[32]``, ``scales[4]`` (blocks
+  ``2i``, ``2i+1`` in the nibbles). An all-zero block of 32 writes nothing and llama.cpp does
+  not advance its ``qs``/``signs`` pointers past it: the later blocks' bytes move up (kept).
 """
 
 from __future__ import annotations
