@@ -196,7 +196,7 @@ def test_gguf_source_keeps_raw_blocks_and_loads_the_model(tmp_path: Path) -> Non
 
     src = save_gguf(tiny_llama(), tmp_path / "tiny.gguf")
     out = tmp_path / "q"
-    plan = PrecisionPlan.uniform("int4", group=32)
+    plan = PrecisionPlan.uniform("int4", group_size=32)
     quantize_model(src, plan, out, progress=False)
     ckpt = LowbitCheckpoint(out)
     reader = open_checkpoint(src)

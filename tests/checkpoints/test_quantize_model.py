@@ -90,7 +90,7 @@ def test_compressed_tensors_pipeline_decompresses_exactly(
     from lowbit.models.build import hf_tensors
 
     src = hf_folder if source == "hf" else gguf_file
-    plan = PrecisionPlan.uniform("int4", group=32, rules=CT_RULES)
+    plan = PrecisionPlan.uniform("int4", group_size=32, rules=CT_RULES)
     out = tmp_path / "ct"
     res = quantize_model(src, plan, out, out_format="compressed-tensors", progress=False)
     parts = res["seconds_parts"]  # reading and rounding vs the rest, summing to the call's

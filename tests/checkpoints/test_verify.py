@@ -68,7 +68,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (src / "tokenizer.json").write_text("{}")
     out = src.parent / "q"
-    quantize_model(src, PrecisionPlan.uniform("int4", group=32, rules=RULES), out, progress=False)
+    quantize_model(
+        src, PrecisionPlan.uniform("int4", group_size=32, rules=RULES), out, progress=False
+    )
     return out
 
 

@@ -149,8 +149,8 @@ def test_gguf_write_and_read(tmp_path: Path) -> None:
     """write_gguf stores the i-quants as blocks.quantize makes them; lowbit's GGUF reader (and
     gguf-py's) decode them as blocks.dequantize does."""
     gguf = pytest.importorskip("gguf")
-    from lowbit.checkpoints.gguf_writer import GGUFTensor, write_gguf
-    from lowbit.checkpoints.readers import GGUFFile
+    from lowbit.checkpoints.gguf.reader import GGUFFile
+    from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
 
     rng = np.random.default_rng(3)
     im = rng.uniform(0.5, 2, size=512).astype(np.float32)

@@ -144,11 +144,13 @@ def test_scheme_constructor_points_to_parse() -> None:
 
 
 def test_uniform_group_size_is_group() -> None:
-    """``group_size`` (the Scheme field's name) and the older ``group`` make the same plan."""
+    """``group_size`` (the Scheme field's name) and the older ``group`` make the same plan; the
+    older name warns that it is deprecated."""
     a = PrecisionPlan.uniform("int4", group_size=64)
-    assert a == PrecisionPlan.uniform("int4", group=64)
+    with pytest.warns(DeprecationWarning, match="group_size"):
+        assert a == PrecisionPlan.uniform("int4", group=64)
     assert a.default == parse_scheme("int4:g64")
-    with pytest.raises(LowbitError, match="disagree"):
+    with pytest.raises(LowbitError, match="disagree"), pytest.warns(DeprecationWarning):
         PrecisionPlan.uniform("int4", group=32, group_size=64)
 
 

@@ -1,7 +1,7 @@
 """Quantize and write a whole model with a calibrated method: what ``lowbit.quantize_model`` is.
 
 >>> import lowbit                                                          # doctest: +SKIP
->>> plan = lowbit.PrecisionPlan.uniform("int4", group=128)
+>>> plan = lowbit.PrecisionPlan.uniform("int4", group_size=128)
 >>> lowbit.quantize_model("smollm2", plan, "smol-gptq", method=lowbit.GPTQ(damp=0.01),
 ...                       calibration=lowbit.Calibration(samples=32))
 >>> lowbit.quantize_model("smollm2", plan, "smol-awq", method="awq")

@@ -24,7 +24,7 @@ from lowbit.checkpoints import _moved
 
 _moved.install()
 
-# Every name loads on first use: importing one submodule (``checkpoints._outputs`` for the
+# Every name loads on first use: importing one submodule (``checkpoints.io.outputs`` for the
 # CLI's file checks) then costs that submodule alone, not every reader and writer.
 _LAZY = {
     "load": "lowbit.checkpoints.opener",

@@ -217,7 +217,7 @@ def build_plan(args: argparse.Namespace) -> Any:
             "say what to quantize to: --to FORMAT (e.g. int4 --group 128) or --plan FILE"
         )
     opts = {
-        "group": args.group,
+        "group_size": args.group,
         "scale_method": args.scale_method,
         "asym": True if args.asym else None,
         "scale_format": args.scale_format,

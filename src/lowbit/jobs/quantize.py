@@ -129,7 +129,7 @@ def quantize_model(
     awq: AWQ | None = None,
     smooth: float | str | SmoothQuant | None = None,
     activations: str | None = None,
-    group: int | None = None,
+    group_size: int | None = None,
     scale_method: str | None = None,
     asym: bool | None = None,
     scale_format: str | None = None,
@@ -186,7 +186,8 @@ def quantize_model(
             ``"gptq"``; ``method="smoothquant"`` is ``smooth="search"``.
         activations: the quantized layers' input format (``"int8"``, ``"fp8"``; ``"nvfp4"``
             for W4A4 compressed-tensors, whose input scales are calibrated).
-        group, scale_method, asym, scale_format, pad: modify a scheme string ``to``.
+        group_size, scale_method, asym, scale_format, pad: modify a scheme string ``to``
+            (``--group``, ``--scale-method``, ``--asym``, ``--scale-format``, ``--no-pad``).
         imatrix: llama.cpp importance matrix for a GGUF mix or budget.
         tensor_types, output_tensor_type, token_embedding_type, pure, leave_output_tensor:
             llama-quantize's overrides of a mix.
@@ -277,7 +278,7 @@ def quantize_model(
                           "(to='q4_k_m', out_format='gguf')")  # fmt: skip
     if to is None:
         raise LowbitError("say what to quantize to: to='int4:g128', a mix, or a PrecisionPlan")
-    opts = {"group": group, "scale_method": scale_method, "asym": True if asym else None,
+    opts = {"group_size": group_size, "scale_method": scale_method, "asym": True if asym else None,
             "scale_format": scale_format}  # fmt: skip
     plan = _plan_of(to, activations, pad, opts)
     rounding = (

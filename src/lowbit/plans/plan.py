@@ -269,7 +269,7 @@ class PrecisionPlan:
             scale_method, asym, scale_format, pad: as the options of the same names.
             activations: per-token activation format (W8A8 simulation), or None.
             rules: plan rules decided before the default.
-            group: the older name of ``group_size`` (kept for callers that use it).
+            group: the older name of ``group_size`` (deprecated: warns).
 
         Raises:
             LowbitError: a bad scheme or rule; a llama.cpp mix (``q4_k_m``), which is not
@@ -277,7 +277,12 @@ class PrecisionPlan:
                 ``lowbit.quantize_model(model, "q4_k_m", out, out_format="gguf")``.
         """
         if group is not None:
-            # the older name (lowbit quantize passes it); group_size is the Scheme field's
+            # the older name; group_size is the Scheme field's (one name per concept)
+            warnings.warn(
+                "PrecisionPlan.uniform(group=...) is deprecated: write group_size=",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             if group_size is not None and group_size != group:
                 raise LowbitError(f"group={group} and group_size={group_size} disagree")
             group_size = group
