@@ -215,7 +215,13 @@ def test_interrupted_write_leaves_nothing(
 
     monkeypatch.setattr(lowbit.quant.tensor, "quantize", failing)
     # the writers call quantize through the name their module imported
-    monkeypatch.setattr(lowbit.checkpoints.steps, "quantize", failing)
+    import lowbit.checkpoints.compressed_tensors.pipeline
+    import lowbit.checkpoints.gguf.pipeline
+
+    for module in (lowbit.checkpoints.steps, lowbit.checkpoints.compressed_tensors.pipeline,
+                   lowbit.checkpoints.gguf.pipeline):  # fmt: skip
+        if hasattr(module, "quantize"):
+            monkeypatch.setattr(module, "quantize", failing)
     work = tmp_path / "work"
     work.mkdir()
     out = work / ("o.gguf" if out_format == "gguf" else "o")

@@ -32,7 +32,9 @@ __all__ = ["GgmlTensor", "GgmlTypeName", "block_type_name", "mix_error", "mix_na
 #: :class:`GgmlTensor` for these); a test keeps it equal to the block types it derives from.
 GgmlTypeName = Literal[
     "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0",
+    "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s",
     "Q4_1", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
+    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
 ]  # fmt: skip
 
 #: Block types that are lowbit schemes (presets, MX, NVFP4 alias): not GgmlTensors.
