@@ -227,7 +227,7 @@ KINDS = ("normal", "heavy", "scales", "const", "zeros", "ties")
 def _check(mx, w: np.ndarray, mode: str, gs: int, bits: int) -> None:
     want = mx.quantize(_to_mx(mx, w), group_size=gs, bits=bits, mode=mode)
     got = Q.quantize(w, mode=mode, group_size=gs, bits=bits)
-    for i, (a, b) in enumerate(zip(want, got)):
+    for i, (a, b) in enumerate(zip(want, got, strict=False)):  # MLX gives no biases in FP modes
         if b is None:
             continue
         a = _to_np(mx, a)
