@@ -10,6 +10,7 @@
   groups, weight arguments), every safetensors header is valid, and every quantized weight has
   its packed/int8/fp8 values, scale and (asymmetric) zero point with the dtypes and shapes its
   group's scheme gives;
+- an **MLX** folder (mlx-lm's): ``lowbit.checkpoints.mlx.reader.verify_mlx``;
 - a **GGUF** file: the header parses and every tensor has a known type and lies inside the
   file (:func:`lowbit.checkpoints._gguf.parse`);
 - any other **safetensors** file or Hugging Face folder: its headers are valid.
@@ -31,6 +32,7 @@ from lowbit.checkpoints._ct_layout import _ct_candidates, _ct_check_weight, _ct_
 from lowbit.checkpoints._ct_transforms import input_transforms, transform_matrix
 from lowbit.checkpoints._manifest import CHECKSUMS_KEY, MANIFEST
 from lowbit.checkpoints.lowbit_format import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.mlx.reader import is_mlx_folder, verify_mlx
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import HuggingFaceFolder, _read_config
 from lowbit.errors import LowbitError
@@ -62,6 +64,8 @@ def verify_checkpoint(path: str | os.PathLike[str], *, hashes: bool = True) -> d
         return _lowbit(p, hashes)
     if p.is_dir() and _ct_config(p) is not None:
         return _compressed_tensors(p)
+    if is_mlx_folder(p):
+        return verify_mlx(p)
     if p.is_file():
         with open(p, "rb") as fh:
             magic = fh.read(4)

@@ -19,7 +19,7 @@ from lowbit.checkpoints.quantize_model import (
     quantize_model,
     rotated_tensors,
 )
-from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _rotation
+from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _mlx, _rotation
 from lowbit.cli._calibrated import (
     add_calibration_options,
     awq_run,
@@ -159,8 +159,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--out-format",
         default="lowbit",
-        choices=["lowbit", "compressed-tensors", "gguf"],
-        help="what to write (default lowbit)",
+        choices=["lowbit", "compressed-tensors", "gguf", "mlx"],
+        help="what to write (default lowbit; mlx: an mlx-lm folder, see --q-bits)",
     )
     p.add_argument(
         "--overwrite",
@@ -188,6 +188,7 @@ def register(sub: Any) -> None:
         help="mixed plans: each tensor's scheme across layers, in lowbit report's colours",
     )
     _gguf_mix.add_options(p)
+    _mlx.add_options(p)
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -322,6 +323,8 @@ def _out_path(args: argparse.Namespace, ckpt: Any) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    if _mlx.wanted(args):
+        return _mlx.run(args)
     if _gguf_budget.wanted(args):
         return _gguf_budget.run(args)
     if _gguf_mix.wanted(args):

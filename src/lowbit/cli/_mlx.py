@@ -1,0 +1,118 @@
+"""``lowbit quantize MODEL --out-format mlx``: an MLX folder for mlx-lm, in its own words.
+
+The options are ``mlx_lm.convert``'s: ``--q-bits``, ``--q-group-size``, ``--q-mode`` (affine, mxfp4, mxfp8,
+nvfp4; alone: affine, 4 bits, groups of 64, ``mlx_lm.convert -q``'s default), ``--dtype``, and
+``--to`` one of mlx-lm's mixed recipes (``mixed_2_6``, ``mixed_3_4``, ``mixed_3_6``,
+``mixed_4_6``) or an MLX mode name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lowbit.checkpoints.mlx.convert import RECIPES, quantize_mlx
+from lowbit.checkpoints.mlx.params import MLXParams
+from lowbit.checkpoints.mlx.writer import MLX_DTYPES
+from lowbit.checkpoints.quantize_model import resolve_model
+from lowbit.cli import _common
+from lowbit.errors import LowbitError
+from lowbit.quant.mlx import MODES
+
+# options of lowbit's plan path that an MLX run would silently ignore
+_NOT_MLX = (
+    ("plan", "--plan"), ("plan_preset", "--plan-preset"), ("group", "--group (use --q-group-size)"),
+    ("scale_method", "--scale-method"), ("scale_format", "--scale-format"), ("asym", "--asym"),
+    ("activations", "--activations"), ("w8a8", "--w8a8"), ("budget", "--budget"),
+    ("size", "--size"), ("smooth", "--smooth"), ("eval", "--eval (run lowbit eval on the folder)"),
+    ("plot", "--plot"), ("dry_run", "--dry-run"),
+)  # fmt: skip
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """``mlx_lm.convert``'s quantization options, for ``--out-format mlx``."""
+    g = p.add_argument_group("MLX output (--out-format mlx), as mlx_lm.convert spells them")
+    g.add_argument("--q-bits", type=int, metavar="N", help="bits per weight (affine: 2-6, 8)")
+    g.add_argument("--q-group-size", type=int, metavar="N", help="affine groups: 32, 64, 128")
+    g.add_argument("--q-mode", choices=list(MODES), help="affine (default), mxfp4, mxfp8, nvfp4")
+    g.add_argument("--dtype", choices=list(MLX_DTYPES), help="model dtype (default: config.json's)")
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    """Whether this run writes MLX.
+
+    Raises:
+        LowbitError: MLX options without ``--out-format mlx``.
+    """
+    mlx_flags = [f for f in ("q_bits", "q_group_size", "q_mode", "dtype") if getattr(args, f, None)]
+    if args.out_format != "mlx":
+        if mlx_flags:
+            opts = ", ".join("--" + f.replace("_", "-") for f in mlx_flags)
+            raise LowbitError(f"{opts}: MLX options; use them with --out-format mlx")
+        return False
+    return True
+
+
+def _params(args: argparse.Namespace) -> tuple[MLXParams, str | None]:
+    mode, recipe = args.q_mode, None
+    to = (args.to or "").strip().lower()
+    if to in RECIPES:
+        recipe = to
+    elif to in MODES:
+        if mode is not None and mode != to:
+            raise LowbitError(f"--to {to} and --q-mode {mode} contradict each other")
+        mode = to
+    elif to:
+        raise LowbitError(
+            f"--to {args.to}: with --out-format mlx, --to is an mlx-lm recipe "
+            f"({', '.join(RECIPES)}) or an MLX mode ({', '.join(MODES)}); bits and groups are "
+            "--q-bits and --q-group-size"
+        )
+    return MLXParams(mode=mode or "affine", bits=args.q_bits, group_size=args.q_group_size), recipe
+
+
+def run(args: argparse.Namespace) -> int:
+    for attr, flag in _NOT_MLX:
+        if getattr(args, attr, None):
+            raise LowbitError(f"{flag} does not apply to --out-format mlx")
+    if getattr(args, "method", "rtn") != "rtn":
+        raise LowbitError(
+            f"--method {args.method}: lowbit's MLX output rounds to nearest as mlx_lm.convert "
+            "does (calibrated methods onto MLX grids are not written yet)"
+        )
+    params, recipe = _params(args)
+    source = resolve_model(args.model)
+    if args.out is not None and not args.out.strip():
+        raise LowbitError("--out is empty; give a folder to write")
+    out = Path(args.out) if args.out else Path(f"{_stem(source)}-mlx-{_tag(params, recipe)}")
+    progress = False if args.no_progress or args.json else None
+    result = quantize_mlx(
+        source, out, params, recipe=recipe, dtype=args.dtype, overwrite=args.overwrite,
+        copy_code=args.copy_code, progress=progress,
+    )  # fmt: skip
+    if args.json:
+        _common.print_json(result)
+        return 0
+    n = len(result["quantized"])
+    print(f"wrote {out} (MLX folder, {result['bytes'] / 1e6:,.1f} MB) in {result['seconds']:.1f} s")
+    what = recipe or params.label
+    print(f"  {n} weights quantized ({what}); model dtype {result['dtype']}")
+    print(
+        f"  load: mlx_lm.load({str(out)!r})    evaluate: lowbit eval {args.model or 'smollm2'} {out}"
+    )
+    return 0
+
+
+def _stem(source: Path) -> str:
+    stem = source.name
+    for suffix in (".gguf", ".safetensors"):
+        stem = stem.removesuffix(suffix)
+    return stem
+
+
+def _tag(params: MLXParams, recipe: str | None) -> str:
+    if recipe:
+        return recipe
+    if params.mode == "affine":
+        return f"{params.bits}bit-g{params.group_size}"
+    return params.mode
