@@ -178,7 +178,9 @@ def _rows_lie(t: dict) -> None:
 
 
 def _words_int(t: dict) -> None:
-    t["model.layers.0.mlp.down_proj.weight"] = t["model.layers.0.mlp.down_proj.weight"].view(np.int32)
+    t["model.layers.0.mlp.down_proj.weight"] = t["model.layers.0.mlp.down_proj.weight"].view(
+        np.int32
+    )
 
 
 def _no_biases(t: dict) -> None:
