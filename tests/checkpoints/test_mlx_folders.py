@@ -213,7 +213,7 @@ BAD = [
     (_words_int, "not uint32 words"),
     (_no_biases, "stores biases; none found"),
     (cfg_mode, "unknown MLX quantization mode 'int4'"),
-    (cfg_bits, "bits 2, 3, 4, 5, 6, 8; got 7"),
+    (cfg_bits, "bits 1, 2, 3, 4, 5, 6, 8; got 7"),
     (cfg_bits_words, "rows of 8 words do not hold whole 3-bit codes"),
     (cfg_false, "stores scales but config.json's quantization says it is not quantized"),
     (cfg_group, "groups of 32, 64, 128; got 48"),
@@ -253,7 +253,7 @@ def test_cli_out_format_mlx(sources: dict[str, Path], tmp_path: Path, capsys) ->
 @pytest.mark.parametrize(
     ("extra", "msg"),
     [
-        (["--q-bits", "7"], "bits 2, 3, 4, 5, 6, 8"),
+        (["--q-bits", "7"], "bits 1, 2, 3, 4, 5, 6, 8"),
         (["--q-mode", "mxfp4", "--q-group-size", "64"], "mxfp4 is 4 bits in groups of 32"),
         (["--to", "int4"], "--to is an mlx-lm recipe"),
         (["--method", "gptq"], "rounds to nearest"),

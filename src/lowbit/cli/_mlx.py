@@ -32,7 +32,7 @@ _NOT_MLX = (
 def add_options(p: argparse.ArgumentParser) -> None:
     """``mlx_lm.convert``'s quantization options, for ``--out-format mlx``."""
     g = p.add_argument_group("MLX output (--out-format mlx), as mlx_lm.convert spells them")
-    g.add_argument("--q-bits", type=int, metavar="N", help="bits per weight (affine: 2-6, 8)")
+    g.add_argument("--q-bits", type=int, metavar="N", help="bits per weight (affine: 1-6, 8)")
     g.add_argument("--q-group-size", type=int, metavar="N", help="affine groups: 32, 64, 128")
     g.add_argument("--q-mode", choices=list(MODES), help="affine (default), mxfp4, mxfp8, nvfp4")
     g.add_argument("--dtype", choices=list(MLX_DTYPES), help="model dtype (default: config.json's)")

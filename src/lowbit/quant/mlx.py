@@ -7,7 +7,7 @@ words). Codes ``[1, 2, 3, 4, 5, 6, 7, 8]`` at 4 bits make the word ``0x87654321`
 
 Modes (``mx.quantize(w, group_size, bits, mode)``, mlx 0.32):
 
-* ``affine``: bits 2, 3, 4, 5, 6, 8; groups of 32, 64 or 128 along a row; ``w ~ scale * q +
+* ``affine``: bits 1, 2, 3, 4, 5, 6, 8 (1 bit: the group's minimum and maximum); groups of 32, 64 or 128 along a row; ``w ~ scale * q +
   bias`` with ``scale`` and ``bias`` in the weight's dtype. The CPU kernel works in float32:
   ``scale = max((max - min) / (2**bits - 1), 1e-7)``; the *edge* is the group's end of larger
   magnitude (``min`` when ``|min| > |max|``, else ``max``, the scale then negated, so scales
@@ -51,7 +51,7 @@ __all__ = [
     "unpack_rows",
 ]
 
-AFFINE_BITS = (2, 3, 4, 5, 6, 8)
+AFFINE_BITS = (1, 2, 3, 4, 5, 6, 8)
 AFFINE_GROUP_SIZES = (32, 64, 128)
 #: mode -> (group size, bits) that MLX requires (affine: its defaults)
 MODES = {"affine": (64, 4), "mxfp4": (32, 4), "mxfp8": (32, 8), "nvfp4": (16, 4)}
@@ -158,6 +158,17 @@ def _affine_quantize(w: np.ndarray, gs: int, bits: int) -> tuple[np.ndarray, ...
     n_bins = np.float32(2**bits - 1)
     w_max = x.max(axis=-1)
     w_min = x.min(axis=-1)
+    if bits == 1:  # two levels, the group's ends: bit 0 -> min, bit 1 -> max
+        scale = np.maximum(w_max - w_min, np.float32(1e-7)).astype(np.float32)
+        bias = w_min
+        q = np.rint((x - bias[..., None]) / scale[..., None])
+        codes = np.clip(q, 0, 1).astype(np.uint8).reshape(shape)
+        sshape = (*shape[:-1], shape[-1] // gs)
+        return (
+            pack_rows(codes, 1),
+            scale.astype(w.dtype).reshape(sshape),
+            bias.astype(w.dtype).reshape(sshape),
+        )
     use_min = np.abs(w_min) > np.abs(w_max)
     scale = np.maximum((w_max - w_min) / n_bins, np.float32(1e-7))
     scale = np.where(use_min, scale, -scale)
