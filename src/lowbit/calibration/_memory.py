@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.methods._ggml_gptq import GgmlQuantized
+from lowbit.methods._mlx_gptq import MLXQuantized
 from lowbit.methods.mr_gptq import RotatedTensor
 from lowbit.models.build import load_deferred
 from lowbit.quant.tensor import QuantizedTensor
@@ -167,6 +168,8 @@ class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
             arrays = {k: z[k] for k in z.files}
         if "ggml_type" in meta:  # GPTQ onto a llama.cpp block type: the tensor's GGUF bytes
             return GgmlQuantized.from_arrays(arrays, meta)
+        if "mlx_affine" in meta:  # GPTQ onto MLX's affine grid: words, scales, biases
+            return MLXQuantized.from_arrays(arrays, meta)
         if _ROTATION in meta:
             rest = {k: v for k, v in meta.items() if k != _ROTATION}
             return RotatedTensor(QuantizedTensor.from_arrays(arrays, rest), meta[_ROTATION])

@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lowbit.checkpoints.mlx.convert import RECIPES, quantize_mlx
+from lowbit.checkpoints.mlx.convert import RECIPES, gptq_targets, quantize_mlx
 from lowbit.checkpoints.mlx.params import MLXParams
 from lowbit.checkpoints.mlx.writer import MLX_DTYPES
-from lowbit.checkpoints.quantize_model import resolve_model
+from lowbit.checkpoints.quantize_model import open_model, resolve_model
 from lowbit.cli import _common
+from lowbit.cli._gguf_mix import gptq_onto
 from lowbit.errors import LowbitError
 from lowbit.quant.mlx import MODES
 
@@ -75,10 +76,11 @@ def run(args: argparse.Namespace) -> int:
     for attr, flag in _NOT_MLX:
         if getattr(args, attr, None):
             raise LowbitError(f"{flag} does not apply to --out-format mlx")
-    if getattr(args, "method", "rtn") != "rtn":
+    method = getattr(args, "method", "rtn")
+    if method not in ("rtn", "gptq"):
         raise LowbitError(
-            f"--method {args.method}: lowbit's MLX output rounds to nearest as mlx_lm.convert "
-            "does (calibrated methods onto MLX grids are not written yet)"
+            f"--method {method}: lowbit's MLX output rounds to nearest as mlx_lm.convert does, "
+            "or with --method gptq onto the same affine grids"
         )
     params, recipe = _params(args)
     source = resolve_model(args.model)
@@ -86,9 +88,16 @@ def run(args: argparse.Namespace) -> int:
         raise LowbitError("--out is empty; give a folder to write")
     out = Path(args.out) if args.out else Path(f"{_stem(source)}-mlx-{_tag(params, recipe)}")
     progress = False if args.no_progress or args.json else None
+    done = record = None
+    if method == "gptq":
+        if out.exists() and not args.overwrite:  # fail before minutes of calibration
+            raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+        ckpt = open_model(source)
+        targets = gptq_targets(ckpt, params, recipe=recipe, dtype=args.dtype)
+        done, record = gptq_onto(args, ckpt, targets, False, progress)
     result = quantize_mlx(
         source, out, params, recipe=recipe, dtype=args.dtype, overwrite=args.overwrite,
-        copy_code=args.copy_code, progress=progress,
+        copy_code=args.copy_code, progress=progress, weights=done, method=record,
     )  # fmt: skip
     if args.json:
         _common.print_json(result)
@@ -97,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out} (MLX folder, {result['bytes'] / 1e6:,.1f} MB) in {result['seconds']:.1f} s")
     what = recipe or params.label
     print(f"  {n} weights quantized ({what}); model dtype {result['dtype']}")
+    if record is not None:
+        err = record["mean_error"]
+        print(
+            f"  GPTQ onto the MLX grids: {record['gptq_tensors']} tensors, mean layer error "
+            f"{err['gptq']:.4g} (round to nearest {err['rtn']:.4g})"
+        )
     print(
         f"  load: mlx_lm.load({str(out)!r})    evaluate: lowbit eval {args.model or 'smollm2'} {out}"
     )

@@ -43,6 +43,8 @@ __all__ = [
     "AFFINE_BITS",
     "AFFINE_GROUP_SIZES",
     "MODES",
+    "affine_codes",
+    "affine_params",
     "dequantize",
     "mlx_e8m0_exponent",
     "mode_defaults",
@@ -152,23 +154,14 @@ def quantize(
     return words, scales, None
 
 
-def _affine_quantize(w: np.ndarray, gs: int, bits: int) -> tuple[np.ndarray, ...]:
-    shape = w.shape
-    x = w.astype(np.float32).reshape(-1, shape[-1] // gs, gs)
-    n_bins = np.float32(2**bits - 1)
+def affine_params(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """MLX's float32 scale and bias of each group ``x [..., group]`` (float32 values of the
+    weight's dtype): the CPU kernel's edge rule (1 bit: the group's ends)."""
     w_max = x.max(axis=-1)
     w_min = x.min(axis=-1)
     if bits == 1:  # two levels, the group's ends: bit 0 -> min, bit 1 -> max
-        scale = np.maximum(w_max - w_min, np.float32(1e-7)).astype(np.float32)
-        bias = w_min
-        q = np.rint((x - bias[..., None]) / scale[..., None])
-        codes = np.clip(q, 0, 1).astype(np.uint8).reshape(shape)
-        sshape = (*shape[:-1], shape[-1] // gs)
-        return (
-            pack_rows(codes, 1),
-            scale.astype(w.dtype).reshape(sshape),
-            bias.astype(w.dtype).reshape(sshape),
-        )
+        return np.maximum(w_max - w_min, np.float32(1e-7)).astype(np.float32), w_min
+    n_bins = np.float32(2**bits - 1)
     use_min = np.abs(w_min) > np.abs(w_max)
     scale = np.maximum((w_max - w_min) / n_bins, np.float32(1e-7))
     scale = np.where(use_min, scale, -scale)
@@ -177,9 +170,21 @@ def _affine_quantize(w: np.ndarray, gs: int, bits: int) -> tuple[np.ndarray, ...
     nz = q0 != 0
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.where(nz, edge / q0, scale).astype(np.float32)
-    bias = np.where(nz, edge, np.float32(0)).astype(np.float32)
-    q = np.rint((x - bias[..., None]) / scale[..., None])
-    codes = np.clip(q, 0, n_bins).astype(np.uint8).reshape(shape)
+    return scale, np.where(nz, edge, np.float32(0)).astype(np.float32)
+
+
+def affine_codes(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: int) -> np.ndarray:
+    """MLX's codes ``clip(rint((x - bias) / scale), 0, 2**bits - 1)`` in float32, uint8;
+    ``scale`` and ``bias`` broadcast against ``x``."""
+    q = np.rint((x - bias) / scale)
+    return np.clip(q, 0, 2**bits - 1).astype(np.uint8)
+
+
+def _affine_quantize(w: np.ndarray, gs: int, bits: int) -> tuple[np.ndarray, ...]:
+    shape = w.shape
+    x = w.astype(np.float32).reshape(-1, shape[-1] // gs, gs)
+    scale, bias = affine_params(x, bits)
+    codes = affine_codes(x, scale[..., None], bias[..., None], bits).reshape(shape)
     sshape = (*shape[:-1], shape[-1] // gs)
     return (
         pack_rows(codes, bits),

@@ -12,19 +12,21 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from lowbit.checkpoints._model_files import model_files
 from lowbit.checkpoints._outputs import check_not_input
 from lowbit.checkpoints.mlx.params import MLXParams
-from lowbit.checkpoints.mlx.writer import write_mlx
+from lowbit.checkpoints.mlx.writer import _Plan, model_dtype, write_mlx
 from lowbit.checkpoints.names import gguf_to_hf_name
 from lowbit.checkpoints.quantize_model import check_unrotated, disk_bytes, open_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
+from lowbit.methods._mlx_gptq import MLXTarget
 
-__all__ = ["RECIPES", "mixed_recipe", "quantize_mlx"]
+__all__ = ["RECIPES", "gptq_targets", "mixed_recipe", "quantize_mlx"]
 
 #: mlx-lm's mixed recipes (``mlx_lm.convert --quant-predicate``): (low bits, high bits)
 RECIPES = {"mixed_2_6": (2, 6), "mixed_3_4": (3, 4), "mixed_3_6": (3, 6), "mixed_4_6": (4, 6)}
@@ -68,6 +70,43 @@ def mixed_recipe(
     return out
 
 
+def _modules(ckpt: Checkpoint, params: MLXParams, recipe: str | None) -> dict[str, Any]:
+    if recipe is None:
+        return {}
+    if params.mode != "affine":
+        raise LowbitError(f"MLX recipe {recipe}: mlx-lm's recipes are affine, not {params.mode}")
+    names = [gguf_to_hf_name(n, ckpt.config) if ckpt.format == "gguf" else n for n in ckpt.names()]
+    return mixed_recipe(recipe, names, params.group_size)  # type: ignore[arg-type]
+
+
+def gptq_targets(
+    ckpt: Checkpoint,
+    params: MLXParams | None = None,
+    *,
+    recipe: str | None = None,
+    dtype: str | None = None,
+) -> dict[str, MLXTarget]:
+    """The weights GPTQ rounds onto MLX's affine grid: every linear layer of the transformer
+    blocks the MLX output quantizes (source tensor name -> its grid; the embedding and an
+    output layer stay round to nearest, as GPTQ sees no inputs of theirs in the blocks).
+
+    Raises:
+        LowbitError: a mode other than affine.
+    """
+    params = params or MLXParams()
+    if params.mode != "affine":
+        raise LowbitError(f"GPTQ onto MLX grids is affine only, not {params.mode}")
+    plan = _Plan(ckpt, params, _modules(ckpt, params, recipe))
+    dt = model_dtype(ckpt, dtype)
+    name = "bfloat16" if dt.name == "bfloat16" else dt.name
+    out = {}
+    for hf, src, kind in plan.entries:
+        if kind == "weight" and ".layers." in hf:
+            p = plan.quantized[hf[: -len(".weight")]]
+            out[src] = MLXTarget(p.bits, p.group_size, name)  # type: ignore[arg-type]
+    return out
+
+
 def quantize_mlx(
     model: str | os.PathLike[str] | Checkpoint | None,
     out: str | os.PathLike[str],
@@ -79,6 +118,8 @@ def quantize_mlx(
     copy_code: bool = False,
     progress: bool | None = None,
     max_shard_size: int | None = None,
+    weights: Mapping[str, Any] | None = None,
+    method: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Quantize a model to an MLX folder that ``mlx_lm.load`` reads.
 
@@ -94,6 +135,9 @@ def quantize_mlx(
         copy_code: also copy the source folder's ``.py`` files.
         progress: progress bars (None: only on a terminal).
         max_shard_size: bytes per safetensors file (default 5 GiB).
+        weights: source tensor name -> weights already on their grids (GPTQ's, for the
+            tensors of :func:`gptq_targets`); the others are rounded to nearest.
+        method: how ``weights`` were made, returned as ``method``.
 
     Returns:
         ``{"out", "out_format": "mlx", "source", "source_format", "quantization", "quantized"
@@ -126,7 +170,7 @@ def quantize_mlx(
     check_not_input(out, sorted(inputs))
     result = write_mlx(
         ckpt, out, params, modules=modules, dtype=dtype, files=files, overwrite=overwrite,
-        progress=progress, max_shard_size=max_shard_size,
+        progress=progress, max_shard_size=max_shard_size, done=weights,
     )  # fmt: skip
     ckpt.close()
     return {
@@ -136,6 +180,7 @@ def quantize_mlx(
         "source_format": ckpt.format,
         "quantization": {**params.to_dict(), **({"recipe": recipe} if recipe else {})},
         **result,
+        **({"method": dict(method)} if method is not None else {}),
         "bytes": disk_bytes(out),
         "seconds": time.perf_counter() - start,
     }

@@ -118,6 +118,7 @@ def write_mlx(
     overwrite: bool = False,
     progress: bool | None = None,
     max_shard_size: int | None = None,
+    done: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``ckpt`` as an MLX folder quantized with ``params``.
 
@@ -132,6 +133,9 @@ def write_mlx(
         overwrite: replace an existing folder that lowbit wrote.
         progress: a progress bar (None: only on a terminal).
         max_shard_size: bytes per safetensors file (default 5 GiB, mlx-lm's).
+        done: source tensor name -> a weight already on its module's grid (GPTQ's
+            :class:`~lowbit.methods._mlx_gptq.MLXQuantized`, a GGUF source's q/k rows in
+            llama.cpp's order), written as it is; the others are rounded to nearest.
 
     Returns:
         ``{"quantized": {module: params dict}, "dtype", "files": [names written]}``.
@@ -154,7 +158,7 @@ def write_mlx(
     cfg.pop("_name_or_path", None)
     if "torch_dtype" in cfg or plan.is_gguf:
         cfg["torch_dtype"] = "bfloat16" if dt == ml_dtype("bfloat16") else dt.name
-    entries = _entries(ckpt, plan, dt)
+    entries = _entries(ckpt, plan, dt, dict(done or {}))
     shards = _shards(entries, max_shard_size or DEFAULT_SHARD)
     names = (
         ["model.safetensors"]
@@ -200,7 +204,7 @@ def _copies(ckpt: Any, files: ModelFiles | None, extra: Path) -> list[Path]:
     ]
 
 
-def _entries(ckpt: Any, plan: _Plan, dt: np.dtype) -> list[st.Entry]:
+def _entries(ckpt: Any, plan: _Plan, dt: np.dtype, done: dict[str, Any]) -> list[st.Entry]:
     cache: dict[str, tuple[np.ndarray, ...]] = {}
 
     def values(hf: str, src: str) -> np.ndarray:
@@ -215,6 +219,9 @@ def _entries(ckpt: Any, plan: _Plan, dt: np.dtype) -> list[st.Entry]:
 
     def quantized(module: str, hf: str, src: str, part: int) -> Callable[[], np.ndarray]:
         def make() -> np.ndarray:
+            if module not in cache and src in done:
+                cache.clear()
+                cache[module] = _given(done[src], plan.quantized[module], dt, hf, plan)
             if module not in cache:
                 cache.clear()  # one module's arrays at a time
                 p = plan.quantized[module]
@@ -247,6 +254,20 @@ def _entries(ckpt: Any, plan: _Plan, dt: np.dtype) -> list[st.Entry]:
         if p.has_biases:
             out.append(st.Entry(f"{module}.biases", dt, sshape, quantized(module, hf, src, 2)))
     return out
+
+
+def _given(qt: Any, p: MLXParams, dt: np.dtype, hf: str, plan: _Plan) -> tuple[np.ndarray, ...]:
+    """A weight quantized elsewhere (GPTQ), checked against the plan; q/k rows of a GGUF
+    source put in transformers' order (rows of words, scales and biases alike)."""
+    if (qt.bits, qt.group_size) != (p.bits, p.group_size) or qt.scales.dtype != dt:
+        raise LowbitError(
+            f"tensor {hf!r}: the given weight is {qt.bits}-bit g{qt.group_size} "
+            f"{qt.scales.dtype}, not {p.label} {dt} as planned"
+        )
+    arrays = (qt.words, qt.scales, qt.biases)
+    if plan.is_gguf:
+        arrays = tuple(np.ascontiguousarray(gguf_to_hf_array(hf, a, plan.cfg)) for a in arrays)
+    return arrays
 
 
 def st_dtype(ckpt: Any, name: str, dt: np.dtype) -> np.dtype:
