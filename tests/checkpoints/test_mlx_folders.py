@@ -273,6 +273,18 @@ def test_cli_bad_options(
     assert not (tmp_path / "x").exists()
 
 
+def test_cli_recipe(sources: dict[str, Path], tmp_path: Path) -> None:
+    """--to mixed_4_6: the recipe's per-module entries in config.json, 6 bits where it says."""
+    out = tmp_path / "mixed"
+    argv = ["quantize", str(sources["untied"]), "--out-format", "mlx", "--to", "mixed_4_6",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    q = json.loads((out / "config.json").read_text())["quantization"]
+    assert q["lm_head"] == {"group_size": 64, "bits": 6, "mode": "affine"}
+    assert q["model.layers.0.mlp.up_proj"]["bits"] == 4
+    assert open_checkpoint(out).info("model.layers.1.mlp.down_proj.weight").dtype == "MLX_AFFINE6"
+
+
 def test_cli_mlx_options_need_mlx(sources: dict[str, Path], capsys) -> None:
     """--q-bits without --out-format mlx is an error, not ignored."""
     assert main(["quantize", str(sources["untied"]), "--to", "int4", "--q-bits", "3"]) == 2
