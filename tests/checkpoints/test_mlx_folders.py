@@ -402,3 +402,17 @@ def test_gptq_mlx_refuses_fp_modes(sources: dict[str, Path], tmp_path: Path, cap
             "--method", "gptq", "--out", str(tmp_path / "x")]  # fmt: skip
     assert main(argv) == 2
     assert "affine only" in capsys.readouterr().err
+
+
+def test_dtype_overflow_is_one_line(tmp_path: Path) -> None:
+    """A weight past float16's range, written as float16: one LowbitError line naming it."""
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    w = np.full((4, 64), 1e5, dtype=np.float32)
+    save_file({"model.layers.0.mlp.up_proj.weight": w}, str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(LowbitError, match="overflow the model dtype float16; pass --dtype"):
+        quantize_mlx(src, tmp_path / "out", dtype="float16", progress=False)
+    assert not (tmp_path / "out").exists()

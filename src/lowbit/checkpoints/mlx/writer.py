@@ -214,7 +214,16 @@ def _entries(ckpt: Any, plan: _Plan, dt: np.dtype, done: dict[str, Any]) -> list
             arr = gguf_to_hf_array(hf, np.asarray(arr), plan.cfg)
         arr = np.asarray(arr)
         if arr.dtype.kind == "f" or arr.dtype == ml_dtype("bfloat16"):
-            return arr if arr.dtype == dt else arr.astype(np.float32).astype(dt)
+            if arr.dtype == dt:
+                return arr
+            with np.errstate(over="ignore"):
+                out = arr.astype(np.float32).astype(dt)
+            if not np.isfinite(out).all() and np.isfinite(arr.astype(np.float32)).all():
+                raise LowbitError(
+                    f"tensor {hf!r}: values overflow the model dtype {dt}; pass --dtype "
+                    "bfloat16 or float32"
+                )
+            return out
         return arr
 
     def quantized(module: str, hf: str, src: str, part: int) -> Callable[[], np.ndarray]:
