@@ -282,3 +282,35 @@ def test_random_widths_equal_mlx(seed: int) -> None:
         dtype = DTYPES[rng.integers(3)]
         w = rng.standard_normal((rows, cols)) * 10.0 ** rng.uniform(-4, 2)
         _check(mx, w.astype(dtype), mode, gs, bits)
+
+
+@pytest.mark.parametrize("model", ["smollm2", "minilm"])
+def test_real_weights_equal_mlx(model: str) -> None:
+    """Real weights (SmolLM2's q_proj and down_proj as its GGUF decodes them, MiniLM's
+    outlier-heavy feed-forward output layer), in the three dtypes, every affine bits x group
+    and the FP modes: MLX's bytes."""
+    mx = _mx()
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from lowbit.checkpoints import open_checkpoint
+    from tiny_models import shipped_path
+
+    ck = open_checkpoint(shipped_path(model))
+    names = (
+        ["blk.3.attn_q.weight", "blk.7.ffn_down.weight"]
+        if model == "smollm2"
+        else ["encoder.layer.2.output.dense.weight"]
+    )
+    for name in names:
+        w32 = np.asarray(ck.get(name), dtype=np.float32)[:64]
+        for dt in DTYPES:
+            w = w32.astype(dt)
+            for gs, bits in AFFINE:
+                if w.shape[1] % gs == 0:  # SmolLM2's rows of 576 are not groups of 128
+                    _check(mx, w, "affine", gs, bits)
+            for mode in FP_MODES:
+                gs, bits = Q.mode_defaults(mode)
+                _check(mx, w, mode, gs, bits)
+    ck.close()
