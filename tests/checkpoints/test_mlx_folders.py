@@ -337,6 +337,33 @@ def test_identical_to_mlx_lm_convert(
     assert ca == cb
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma3_text", "phi3"])
+def test_families_identical_to_mlx_lm_convert(tmp_path: Path, family: str) -> None:
+    """The other families lowbit writes for mlx-lm: the same tensors and config.json as
+    mlx_lm.convert -q."""
+    _mlx_lm()
+    from tiny_models import tiny_family
+
+    src = save_hf_folder(tiny_family(family), tmp_path / "src")
+    _convert(src, tmp_path / "theirs")
+    quantize_mlx(src, tmp_path / "ours", progress=False)
+    a, b = _read(tmp_path / "ours"), _read(tmp_path / "theirs")
+    assert sorted(a) == sorted(b)
+    assert all(a[k].tobytes() == b[k].tobytes() and a[k].dtype == b[k].dtype for k in b)
+    ca = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert ca == json.loads((tmp_path / "theirs" / "config.json").read_text())
+
+
+def test_unchecked_family_is_refused(tmp_path: Path) -> None:
+    """A family not checked against mlx-lm (a mixture of experts here): one line, no folder."""
+    from tiny_models import save_moe_folder, tiny_moe
+
+    src = save_moe_folder(tiny_moe("qwen3_moe"), tmp_path / "moe")
+    with pytest.raises(LowbitError, match="model_type 'qwen3_moe': lowbit's MLX output is"):
+        quantize_mlx(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("case", ["tied-4bit", "untied-mxfp4", "gguf-3bit"])
 def test_mlx_lm_load_logits_match_lowbit(
     sources: dict[str, Path], tmp_path: Path, case: str

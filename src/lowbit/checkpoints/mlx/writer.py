@@ -35,7 +35,12 @@ from lowbit.checkpoints.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.errors import LowbitError
 from lowbit.quant import mlx as Q
 
-__all__ = ["MLX_DTYPES", "write_mlx"]
+__all__ = ["MLX_DTYPES", "MLX_FAMILIES", "write_mlx"]
+
+#: model families whose MLX folders are checked against mlx_lm.convert's (same tensors, same
+#: config.json; tests/checkpoints/test_mlx_folders.py): mlx-lm keeps their transformers names
+#: and gives them no quantization predicate of their own
+MLX_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
 
 #: the model dtypes mlx-lm converts to (``mlx_lm.convert``'s MODEL_CONVERSION_DTYPES)
 MLX_DTYPES = ("float16", "bfloat16", "float32")
@@ -78,6 +83,13 @@ class _Plan:
         modules: Mapping[str, MLXParams | None],
     ) -> None:
         cfg = ckpt.config or {}
+        family = cfg.get("model_type")
+        if family not in MLX_FAMILIES:
+            raise LowbitError(
+                f"model_type {family!r}: lowbit's MLX output is checked against mlx-lm for "
+                f"{', '.join(MLX_FAMILIES)}; other families (their own names or quantization "
+                "choices in mlx-lm) are not written yet"
+            )
         self.is_gguf = ckpt.format == "gguf"
         self.cfg = cfg
         self.quantized: dict[str, MLXParams] = {}
