@@ -94,11 +94,9 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not
     from lowbit.plans.plan import PrecisionPlan as PrecisionPlan
     from lowbit.quant.ggml_tensor import GgmlTensor as GgmlTensor
     from lowbit.quant.metrics import error as error
+    from lowbit.quant.quantized_tensor import QuantizedTensor as QuantizedTensor
     from lowbit.quant.scheme import Scheme as Scheme
     from lowbit.quant.scheme_text import parse_scheme as parse_scheme
-    from lowbit.quant.tensor import (
-        QuantizedTensor as QuantizedTensor,
-    )
     from lowbit.quant.tensor import (
         dequantize as dequantize,
     )

@@ -130,6 +130,20 @@ def test_gguf_size_budget_same_bytes_as_the_cli(gguf_file: Path, tmp_path: Path)
     assert res.plan is not None and set(res.types.values()) <= {"Q3_K", "Q6_K", "F32"}
 
 
+def test_mlx_same_bytes_as_the_cli(folder: Path, tmp_path: Path) -> None:
+    """out_format="mlx" (mlx_lm.convert's words: a mode or recipe, bits, group size) writes
+    the command's folder."""
+    _cli(str(folder), "--out-format", "mlx", "--q-bits", "3", "--q-group-size", "32", "--out",
+         str(tmp_path / "cli"))  # fmt: skip
+    res = lowbit.quantize_model(
+        folder, None, tmp_path / "api", out_format="mlx", bits=3, group_size=32, progress=False
+    )
+    assert _files(tmp_path / "cli") == _files(tmp_path / "api")
+    assert res.out_format == "mlx" and res.bytes > 0
+    with pytest.raises(LowbitError, match="mixed recipes"):
+        lowbit.quantize_model(folder, "int4:g32", tmp_path / "x", out_format="mlx")
+
+
 def test_in_memory_transformers_model(model: Any, folder: Path, tmp_path: Path) -> None:
     """A transformers model held in memory is quantized as its saved folder is; the temporary
     copy is gone afterwards."""

@@ -62,7 +62,7 @@ class AWQRun:
     """What :func:`awq_weights` made and measured.
 
     Attributes:
-        weights: checkpoint name -> :class:`~lowbit.quant.tensor.QuantizedTensor` of every
+        weights: checkpoint name -> :class:`~lowbit.quant.quantized_tensor.QuantizedTensor` of every
             tensor the plan quantizes (a folded layer's weights as folded).
         replaced: checkpoint name -> float32 array of every other tensor a fold changed (norm
             weights and biases, a bias of ``v``/``up``, linears the plan keeps), checkpoint

@@ -87,7 +87,7 @@ class GPTQRun:
     """What :func:`gptq_weights` made and measured.
 
     Attributes:
-        weights: checkpoint tensor name -> :class:`~lowbit.quant.tensor.QuantizedTensor`, for
+        weights: checkpoint tensor name -> :class:`~lowbit.quant.quantized_tensor.QuantizedTensor`, for
             every tensor the plan quantizes: a mapping that keeps them on disk and reads one
             back when asked (``lowbit.calibration._memory.SpilledTensors``), so the run's
             memory does not grow with the model's depth.

@@ -18,6 +18,8 @@ from lowbit.checkpoints.compressed_tensors.reader import CompressedTensorsFolder
 from lowbit.checkpoints.experts_view import ExpertsView, has_fused
 from lowbit.checkpoints.gguf.reader import GGUFFile
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.mlx.params import is_mlx_config
+from lowbit.checkpoints.mlx.reader import MLXFolder
 from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, SafetensorsFile
 from lowbit.checkpoints.shipped import shipped_or_path
 from lowbit.errors import LowbitError
@@ -63,6 +65,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             )
         folder = _not_lowbit_shards(HuggingFaceFolder(p))
         cfg = folder.config or {}
+        if is_mlx_config(cfg):
+            return MLXFolder(p)  # mlx-lm's layout, weights read back dequantized
         if "quantization_config" not in cfg:
             return _per_expert(folder)
         qc = cfg["quantization_config"]

@@ -19,7 +19,8 @@ from lowbit._arrays import bfloat16
 from lowbit.codecs.packing import _pack_unchecked, unpack
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import TensorPlan
-from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.quant.quantized_tensor import QuantizedTensor
+from lowbit.quant.tensor import quantize
 
 
 def kept_dense(arr: Any) -> np.ndarray:

@@ -14,7 +14,7 @@ from lowbit.checkpoints.streaming import (
     output_nbytes,
     plan_model,
 )
-from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix
+from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _mlx
 from lowbit.cli._calibrated import (
     add_calibration_options,
     calibration_of,
@@ -155,8 +155,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--out-format",
         default="lowbit",
-        choices=["lowbit", "compressed-tensors", "gguf"],
-        help="what to write (default lowbit)",
+        choices=["lowbit", "compressed-tensors", "gguf", "mlx"],
+        help="what to write (default lowbit; mlx: an mlx-lm folder, see --q-bits)",
     )
     p.add_argument(
         "--overwrite",
@@ -184,6 +184,7 @@ def register(sub: Any) -> None:
         help="mixed plans: each tensor's scheme across layers, in lowbit report's colours",
     )
     _gguf_mix.add_options(p)
+    _mlx.add_options(p)
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -297,6 +298,8 @@ def _out_path(args: argparse.Namespace, ckpt: Any) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    if _mlx.wanted(args):
+        return _mlx.run(args)
     if _gguf_budget.wanted(args):
         return _gguf_budget.run(args)
     if _gguf_mix.wanted(args):

@@ -25,7 +25,7 @@ runs only blocks ``b..end`` and the head; the KL needs no stored log-probabiliti
 the memory it takes: :mod:`lowbit.evaluation._sensitivity_runner`).
 
 The damage of each option and its exact storage cost (codes, scales, zero points: the
-:class:`~lowbit.quant.tensor.QuantizedTensor` that ``lowbit quantize`` would write) feed the
+:class:`~lowbit.quant.quantized_tensor.QuantizedTensor` that ``lowbit quantize`` would write) feed the
 bits-budget solver (:mod:`lowbit.plans.budget`).
 """
 

@@ -45,6 +45,7 @@ from lowbit.errors import LowbitError
 from lowbit.ggml import mixes
 from lowbit.jobs import rotation
 from lowbit.jobs.gguf import gguf_budget, gguf_mix
+from lowbit.jobs.mlx import mlx_params, quantize_to_mlx
 from lowbit.jobs.results import QuantizeResult
 from lowbit.jobs.sources import open_source
 from lowbit.jobs.stopwatch import Stopwatch
@@ -130,6 +131,7 @@ def quantize_model(
     smooth: float | str | SmoothQuant | None = None,
     activations: str | None = None,
     group_size: int | None = None,
+    bits: int | None = None,
     scale_method: str | None = None,
     asym: bool | None = None,
     scale_format: str | None = None,
@@ -177,7 +179,10 @@ def quantize_model(
             as they are, with ``method`` the record (Mapping) of how they were made.
         gptq, awq: the settings of a method's GPTQ or AWQ step when ``method`` is a name
             (``"hadamard-fold+gptq"`` with ``gptq=lowbit.GPTQ(damp=0.05)``).
-        out_format: ``"lowbit"`` (default), ``"compressed-tensors"`` or ``"gguf"``.
+        out_format: ``"lowbit"`` (default), ``"compressed-tensors"``, ``"gguf"`` or ``"mlx"``
+            (mlx-lm's folder: ``to`` an MLX mode (``affine`` by default, ``mxfp4``, ``mxfp8``,
+            ``nvfp4``) or mixed recipe (``mixed_3_6``), ``bits`` and ``group_size`` as
+            ``mlx_lm.convert``'s ``--q-bits``/``--q-group-size``; rtn or gptq).
         calibration: a :class:`~lowbit.calibration.data.Calibration` or what it takes as a
             source (``"default"``, a ``.txt``/``.jsonl`` path); None: the default text from
             token 32,768 (disjoint from what ``lowbit eval`` scores).
@@ -213,8 +218,21 @@ def quantize_model(
         LowbitError: a bad argument or combination, an unreadable source, an output that would
             replace an input or something lowbit did not write.
     """
+    if out_format == "mlx":
+        if out is None:
+            raise LowbitError("say where to write the MLX folder: out='model-mlx'")
+        if not (to is None or isinstance(to, str)):
+            raise LowbitError("to= with out_format='mlx': an MLX mode or mlx-lm mixed recipe")
+        params, recipe = mlx_params(to, bits=bits, group_size=group_size)
+        with open_source(model, tokenizer=tokenizer, near=Path(out)) as ckpt:
+            return quantize_to_mlx(
+                ckpt, out, params, recipe=recipe, method=gptq or method,  # type: ignore[arg-type]
+                calibration=_calibration(calibration), threads=threads, compute=compute,
+                overwrite=overwrite, copy_code=copy_code, progress=progress,
+            )  # fmt: skip
     if out_format not in OUT_FORMATS:
-        raise LowbitError(f"out_format {out_format!r}: one of {', '.join(OUT_FORMATS)}")
+        formats = ", ".join((*OUT_FORMATS, "mlx"))
+        raise LowbitError(f"out_format {out_format!r}: one of {formats}")
     asked = (method, smooth, gptq, awq)  # as given, before the names are unfolded
     name, settings = ("rtn", None) if isinstance(method, Mapping) else _method_parts(method)
     if isinstance(settings, GPTQ):

@@ -100,8 +100,8 @@ def is_float_dtype(dtype: str) -> bool:
     d = str(dtype).upper()
     if d in _FLOAT_DTYPES:
         return True
-    # GGUF block types and compressed-tensors weights (CT_INT4, CT_FP8), dequantized on read
-    return bool(re.match(r"^(Q\d|IQ\d|TQ\d|MXFP|CT_)", d))
+    # GGUF block types, compressed-tensors and MLX weights (CT_INT4, MLX_AFFINE4), read dequantized
+    return bool(re.match(r"^(Q\d|IQ\d|TQ\d|MXFP|CT_|MLX_)", d))
 
 
 @dataclass(frozen=True)
