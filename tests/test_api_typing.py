@@ -78,12 +78,19 @@ def _mypy() -> list[str]:
 def test_mypy_strict_on_a_user_script(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """``mypy --strict`` is clean on a script that uses the documented API (quantize,
     dequantize, Scheme, PrecisionPlan, open_checkpoint, load_model, quantize_model,
-    Calibration, GPTQ): the names are typed, not ``object`` through ``__getattr__``."""
+    Calibration, GPTQ) and on docs/python.md's examples gathered as one script: the names are
+    typed, not ``object`` through ``__getattr__``."""
+    import re
+
+    doc = (ROOT / "docs" / "python.md").read_text(encoding="utf-8")
+    gathered = tmp_path / "python_md_examples.py"
+    gathered.write_text("\n".join(re.findall(r"```python\n(.*?)```", doc, flags=re.S)))
     cache = getattr(request.config, "cache", None)
     cache_dir = cache.mkdir("mypy") if cache is not None else tmp_path / "mypy-cache"
     cmd = [
         *_mypy(), "--strict", "--follow-imports=silent", "--no-error-summary",
         "--python-executable", sys.executable, "--cache-dir", str(cache_dir), str(SCRIPT),
+        str(gathered),
     ]  # fmt: skip
     env = {"MYPYPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

@@ -75,9 +75,14 @@ class _Entry(Protocol):
 class _Scan(Protocol):
     """What :func:`plan_for_budget` reads of a scan (a ``SensitivityResult``)."""
 
-    entries: Sequence[Any]
-    measure: str
-    metric: str
+    @property
+    def entries(self) -> Sequence[Any]: ...
+
+    @property
+    def measure(self) -> str: ...
+
+    @property
+    def metric(self) -> str: ...
 
     def score(self, e: Any) -> float: ...
 
