@@ -1,6 +1,6 @@
 """What a job returns: a typed, read-only record with a one-line repr, ``to_dict()`` /
 ``to_json()`` (what ``--json`` prints), a small table in Jupyter (``_repr_html_``) and
-``to_pandas()`` when pandas is installed.
+``to_pandas()`` when pandas is installed (:class:`~lowbit._results.TableView`).
 
 Every result keeps the whole summary the command prints under ``--json`` in ``details``;
 ``result["key"]`` reads it, as the dicts these functions returned before did.
@@ -8,14 +8,13 @@ Every result keeps the whole summary the command prints under ``--json`` in ``de
 
 from __future__ import annotations
 
-import html
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lowbit._json import to_jsonable
+from lowbit._results import TableView
 
 __all__ = ["GGUFResult", "QuantizeResult", "Result"]
 
@@ -25,8 +24,10 @@ def _mb(n: int | None) -> str:
 
 
 @dataclass(frozen=True, repr=False)
-class Result(Mapping[str, Any]):
-    """The common face of job results: a Mapping over ``details`` plus typed fields."""
+class Result(TableView, Mapping[str, Any]):
+    """The common face of job results: typed fields, a Mapping over ``details`` (the summary
+    ``--json`` prints), and :class:`~lowbit._results.TableView`'s one-line repr, ``to_json``,
+    ``_repr_html_`` and ``to_pandas``."""
 
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -44,30 +45,16 @@ class Result(Mapping[str, Any]):
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as plain JSON-ready Python (what the command's ``--json`` prints)."""
-        return to_jsonable(self.details)
+        out: dict[str, Any] = to_jsonable(self.details)
+        return out
 
-    def to_json(self, indent: int | None = 2) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.to_dict(), indent=indent)
+    def _summary(self) -> str:
+        where = self.details.get("path") or self.details.get("out") or self.details.get("kind")
+        return str(where)
 
-    def _rows(self) -> list[tuple[str, str]]:
-        return [(k, str(v)) for k, v in self.details.items() if not isinstance(v, (dict, list))]
-
-    def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
-            f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
-            for k, v in self._rows()
-        )
-        return f"<table><caption>{html.escape(repr(self))}</caption>{rows}</table>"
-
-    def to_pandas(self) -> Any:
-        """The table rows as a ``pandas.DataFrame`` (needs pandas)."""
-        try:
-            import pandas as pd
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("to_pandas() needs pandas: pip install pandas") from exc
-        return pd.DataFrame(self._rows(), columns=["field", "value"]).set_index("field")
+    def _rows(self) -> list[dict[str, Any]]:
+        return [{"field": k, "value": v} for k, v in self.details.items()
+                if not isinstance(v, dict | list)]  # fmt: skip
 
 
 @dataclass(frozen=True, repr=False)
@@ -95,27 +82,24 @@ class QuantizeResult(Result):
     method: Mapping[str, Any] | None = None
     dry_run: bool = False
 
-    def __repr__(self) -> str:
+    def _summary(self) -> str:
         what = "dry run" if self.dry_run else str(self.out)
         name = (self.method or {}).get("method") if self.method else "rtn"
         total = self.seconds.get("total")
         took = "" if total is None else f", {total:.1f} s"
-        return (
-            f"QuantizeResult({what}: {self.out_format}, {_mb(self.bytes)}, {self.tensors} "
-            f"tensors, {name}{took})"
-        )
+        return f"{what}: {self.out_format}, {_mb(self.bytes)}, {self.tensors} tensors, {name}{took}"
 
-    def _rows(self) -> list[tuple[str, str]]:
-        rows = [
+    def _rows(self) -> list[dict[str, Any]]:
+        rows: list[tuple[str, Any]] = [
             ("out", str(self.out)),
             ("format", self.out_format),
             ("source", self.source),
-            ("bytes", f"{self.bytes:,}"),
-            ("tensors", str(self.tensors)),
-            ("method", str((self.method or {}).get("method", "rtn"))),
+            ("bytes", self.bytes),
+            ("tensors", self.tensors),
+            ("method", (self.method or {}).get("method", "rtn")),
         ]
-        rows += [(f"seconds: {k}", f"{v:.2f}") for k, v in self.seconds.items()]
-        return rows
+        rows += [(f"seconds: {k}", v) for k, v in self.seconds.items()]
+        return [{"field": k, "value": v} for k, v in rows]
 
 
 @dataclass(frozen=True, repr=False)
@@ -133,9 +117,9 @@ class GGUFResult(QuantizeResult):
     imatrix: str | None = None
     plan: Any = None
 
-    def __repr__(self) -> str:
+    def _summary(self) -> str:
         counts: dict[str, int] = {}
         for t in self.types.values():
             counts[t] = counts.get(t, 0) + 1
         mix = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
-        return super().__repr__().replace("QuantizeResult(", "GGUFResult(", 1)[:-1] + f"; {mix})"
+        return f"{super()._summary()}; {mix}"

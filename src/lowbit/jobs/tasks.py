@@ -42,31 +42,24 @@ PathLike = str | os.PathLike[str]
 class FileResult(Result):
     """A job that wrote one file: ``details["path"]`` (or ``out``), what it holds, seconds."""
 
-    def __repr__(self) -> str:
+    def _summary(self) -> str:
         d = self.details
-        where = d.get("path") or d.get("out")
         secs = d.get("seconds")
         total = secs.get("total") if isinstance(secs, dict) else secs
         took = "" if total is None else f", {total:.1f} s"
-        return f"{type(self).__name__}({where}{took})"
+        return f"{d.get('path') or d.get('out')}{took}"
 
 
 class EvalResult(Result):
     """``lowbit eval``'s measurements: one row per variant (``details["rows"]``)."""
 
-    def __repr__(self) -> str:
+    def _summary(self) -> str:
         rows = self.details.get("rows", [])
-        return (f"EvalResult({self.details.get('model')}: {len(rows)} rows, "
-                f"{self.details.get('kind', '')})")  # fmt: skip
+        return f"{self.details.get('model')}: {len(rows)} rows, {self.details.get('kind', '')}"
 
-    def _rows(self) -> list[tuple[str, str]]:
-        out = []
-        for row in self.details.get("rows", []):
-            label = str(row.get("label") or row.get("name") or row.get("variant"))
-            vals = {k: v for k, v in row.items() if isinstance(v, int | float) and
-                    not isinstance(v, bool)}  # fmt: skip
-            out.append((label, ", ".join(f"{k} {v:.6g}" for k, v in list(vals.items())[:6])))
-        return out
+    def _rows(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in row.items() if not isinstance(v, dict | list)}
+                for row in self.details.get("rows", [])]  # fmt: skip
 
 
 def evaluate(

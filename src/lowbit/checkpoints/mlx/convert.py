@@ -125,7 +125,7 @@ def quantize_mlx(
 
     Args:
         model: a path, a shipped model name, or an open checkpoint (see
-            ``lowbit.checkpoints.quantize_model.open_model``).
+            ``lowbit.checkpoints.streaming.open_model``).
         out: the folder to write.
         params: the quantization (default ``MLXParams()``: affine, 4 bits, groups of 64, as
             ``mlx_lm.convert -q``).

@@ -136,7 +136,7 @@ def write_mlx(
 
     Args:
         ckpt: an open checkpoint (Hugging Face folder, safetensors, GGUF).
-        out: the folder to write (swapped in complete; see ``lowbit.checkpoints._outputs``).
+        out: the folder to write (swapped in complete; see ``lowbit.checkpoints.io.outputs``).
         params: the default quantization (``MLXParams()``: affine, 4 bits, groups of 64).
         modules: module path -> its own params (mixed recipes) or None (kept in the model dtype).
         dtype: the model dtype (default: config.json's, see :func:`model_dtype`).
