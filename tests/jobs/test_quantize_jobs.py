@@ -140,7 +140,7 @@ def test_mlx_same_bytes_as_the_cli(folder: Path, tmp_path: Path) -> None:
     )
     assert _files(tmp_path / "cli") == _files(tmp_path / "api")
     assert res.out_format == "mlx" and res.bytes > 0
-    with pytest.raises(LowbitError, match="mixed recipes"):
+    with pytest.raises(LowbitError, match="mlx-lm recipe"):
         lowbit.quantize_model(folder, "int4:g32", tmp_path / "x", out_format="mlx")
 
 

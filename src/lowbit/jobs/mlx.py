@@ -46,9 +46,9 @@ def mlx_params(
         mode = key
     elif key:
         raise LowbitError(
-            f"--to {to!r} with --out-format mlx: an MLX mode ({', '.join(MODES)}) or one of "
-            f"mlx-lm's mixed recipes ({', '.join(RECIPES)}); bits and groups are --q-bits and "
-            "--q-group-size"
+            f"--to {to}: with --out-format mlx, --to is an mlx-lm recipe "
+            f"({', '.join(RECIPES)}) or an MLX mode ({', '.join(MODES)}); bits and groups are "
+            "--q-bits and --q-group-size"
         )
     return MLXParams(mode=mode or "affine", bits=bits, group_size=group_size), recipe
 
