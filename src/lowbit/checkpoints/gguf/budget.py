@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints.gguf.mix import _Tensors, importance_vectors
-from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.gguf.writer import GGUFTensor, metadata_source, write_gguf
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
 from lowbit.plans.budget import Allocation, solve
@@ -202,7 +202,7 @@ def file_overhead(ckpt: Any, file_type: int = 15) -> int:
         probe = write_gguf(
             Path(tmp) / "probe.gguf",
             tiny,
-            source=ckpt.path,
+            source=metadata_source(ckpt),
             metadata=_metadata(file_type),
             progress=False,
         )
@@ -382,7 +382,7 @@ def write_gguf_types(
     path = write_gguf(
         out,
         _Tensors(ckpt, plan.types, dict(vectors or {}), weights),
-        source=ckpt.path,
+        source=metadata_source(ckpt),
         metadata=_metadata(plan.file_type),
         overwrite=overwrite,
         progress=progress,
