@@ -195,8 +195,9 @@ def gguf_mix(
     The same file as ``lowbit quantize MODEL --to MIX --out-format gguf`` with the same options.
 
     Args:
-        model: a GGUF file, a Hugging Face folder (converted first, as llama.cpp's
-            ``convert_hf_to_gguf.py`` does), a shipped model name or an open checkpoint.
+        model: a GGUF file, a Hugging Face folder (read as the GGUF llama.cpp's
+            ``convert_hf_to_gguf.py`` writes from it, tensor by tensor, with no temporary
+            copy), a shipped model name or an open checkpoint.
         mix: the llama-quantize mix name.
         out: the ``.gguf`` file to write (needed unless ``dry_run``).
         imatrix: an importance matrix (a GGUF or ``.dat`` file, or the vectors
@@ -232,7 +233,7 @@ def gguf_mix(
     if out is None and not dry_run:
         raise LowbitError("say where to write the GGUF: out='model.Q4_K_M.gguf'")
     out_path = Path(out) if out is not None else Path(f"{Path(ckpt.path).name}.{m.name}.gguf")
-    if not dry_run:  # before a conversion: a bad out fails at once
+    if not dry_run:  # before any work: a bad out fails at once
         check_output(out_path, overwrite=overwrite, kind="file", inputs=[ckpt.path])
     with gguf_source(ckpt, out_path, progress) as source:
         types = gguf_mix_types(source, m.name, has_imatrix=imat is not None, **options)
