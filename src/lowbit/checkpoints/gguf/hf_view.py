@@ -34,6 +34,16 @@ def _keep_plan() -> PrecisionPlan:
     return PrecisionPlan.from_dict({"rules": [{"match": "*", "format": "keep"}]})
 
 
+def _tensors(hf: Any) -> list[tuple[Any, ...]]:
+    """``(name, shape, dtype, nbytes, None)`` of each tensor, as ``quantize_model`` plans a
+    Hugging Face source (``lowbit.checkpoints.streaming.checkpoint_tensors``)."""
+    out = []
+    for name in hf.names():
+        info = hf.info(name)
+        out.append((name, tuple(info.shape), str(info.dtype), int(info.nbytes), None))
+    return out
+
+
 class ConvertedView(Checkpoint):
     """A Hugging Face checkpoint as its converted GGUF (every tensor at its stored precision).
 
@@ -51,13 +61,11 @@ class ConvertedView(Checkpoint):
     format = "gguf"
 
     def __init__(self, hf: Any) -> None:
-        from lowbit.checkpoints.streaming import plan_model
-
         super().__init__()
         self.hf = hf
         self.path = Path(hf.path)
         fam = convert.hf_family(hf)
-        applied = plan_model(hf, _keep_plan(), out_format="gguf")
+        applied = _keep_plan().apply(_tensors(hf), source=str(self.path.name))
         self._sources = convert._sources(hf, applied, fam)
         shapes = {name: convert._shape(s) for name, s in self._sources.items()}
         self._types = {name: convert._gguf_type(s) for name, s in self._sources.items()}
