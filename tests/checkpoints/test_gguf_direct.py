@@ -100,16 +100,32 @@ def test_mix_creates_no_file_but_the_output(
     assert direct.read_bytes() == two.read_bytes()
 
 
-def test_budget_from_a_folder_equals_the_converted_files(tiny: Path, tmp_path: Path) -> None:
+def test_budget_from_a_folder_equals_the_converted_files(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A GGUF --size budget from a folder: the same trials, solution and bytes as from its
-    converted GGUF."""
+    converted GGUF, and no file written but the output (its overhead counted, not probed)."""
     conv = _converted(tiny / "tiny-llama", tmp_path / "c.gguf")
     kw = {"candidates": ["Q4_0", "Q8_0"], "scan_samples_count": 1, "scan_length": 16}
-    a = gguf_budget(tiny / "tiny-llama", tmp_path / "a.gguf", bits_per_weight=6.0, **kw)
     b = gguf_budget(conv, tmp_path / "b.gguf", bits_per_weight=6.0, **kw)
+    tmp_dir = tmp_path / "tmp"
+    tmp_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
+    made: list[Path] = []
+    real = gguf_writer.atomic_file
+
+    def atomic(path: os.PathLike[str], **kw: object) -> object:
+        made.append(Path(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(gguf_writer, "atomic_file", atomic)
+    a = gguf_budget(tiny / "tiny-llama", tmp_path / "a.gguf", bits_per_weight=6.0, **kw)
+    assert made == [tmp_path / "a.gguf"]
+    assert list(tmp_dir.iterdir()) == []
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
     assert a.types == b.types and set(a.types.values()) >= {"Q4_0", "Q8_0"}
     assert a.details["damages"] == b.details["damages"]
+    assert a.bytes == (tmp_path / "a.gguf").stat().st_size
 
 
 @pytest.mark.torch

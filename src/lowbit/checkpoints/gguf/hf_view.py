@@ -81,7 +81,7 @@ class ConvertedView(Checkpoint):
         }
         meta = convert.hf_metadata(hf, fam, shapes)
         arch, typed = gguf_writer.header_fields(planned, metadata=meta, arch=fam.arch)
-        self._fields = _encoded(arch, typed)
+        self._fields = gguf_writer.encoded_fields(arch, typed)
         self.metadata = _parsed(self._fields, self.path)
         self.config = derive_config(self.metadata, set(self._infos))
 
@@ -110,24 +110,6 @@ class ConvertedView(Checkpoint):
     def close(self) -> None:
         self.hf.close()
         super().close()
-
-
-def _encoded(arch: str, typed: dict[str, Any]) -> dict[str, tuple[int, bytes]]:
-    """The metadata as ``write_gguf`` stores it: the architecture first, then ``typed`` in order,
-    each value as its bytes after the u32 type."""
-    from gguf import GGUFValueType
-
-    w = gguf_writer._writer_class()(path=None, arch=arch)
-    out = {
-        "general.architecture": (
-            int(GGUFValueType.STRING),
-            w._pack_val(arch, GGUFValueType.STRING, False),
-        )
-    }
-    for key, (value, vtype, sub) in typed.items():
-        if key not in gguf_writer._WRITER_KEYS:
-            out[key] = (int(vtype), w._pack_val(value, vtype, False, sub_type=sub))
-    return out
 
 
 def _parsed(fields: dict[str, tuple[int, bytes]], path: Path) -> dict[str, Any]:

@@ -435,6 +435,25 @@ def header_fields(
     return arch, typed
 
 
+def encoded_fields(arch: str, typed: dict[str, Any]) -> dict[str, tuple[int, bytes]]:
+    """The metadata as :func:`write_gguf` stores it (from :func:`header_fields`): the
+    architecture first, then ``typed`` in order, each as (value type, its bytes after the u32
+    type), as :func:`lowbit.checkpoints.io.gguf_file.raw_metadata` reads them back."""
+    from gguf import GGUFValueType
+
+    w = _writer_class()(path=None, arch=arch)
+    out = {
+        "general.architecture": (
+            int(GGUFValueType.STRING),
+            w._pack_val(arch, GGUFValueType.STRING, False),
+        )
+    }
+    for key, (value, vtype, sub) in typed.items():
+        if key not in _WRITER_KEYS:
+            out[key] = (int(vtype), w._pack_val(value, vtype, False, sub_type=sub))
+    return out
+
+
 def write_gguf(
     path: str | os.PathLike[str],
     tensors: Mapping[str, Any],
