@@ -37,7 +37,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "llama.cpp mixes (--to q2_k|q3_k_s|q3_k_m|q3_k_l|q4_k_s|q4_k_m|q5_k_s|q5_k_m|q6_k|"
         "iq4_nl|iq4_xs|q4_1|q5_0|q5_1|tq1_0|tq2_0 --out-format gguf, from a GGUF or a Hugging "
-        "Face source (converted first, into a temporary file beside the output); "
+        "Face source (read as its converted GGUF, tensor by tensor, no temporary copy); "
         "--method gptq rounds the linear layers onto their block types with GPTQ)"
     )
     g.add_argument("--imatrix", metavar="FILE", help="llama.cpp importance matrix (GGUF or .dat)")

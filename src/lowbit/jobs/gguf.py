@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +24,6 @@ import numpy as np
 from lowbit._progress import progress_bar
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.gptq import gptq_weights
-from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.gguf.budget import (
     DEFAULT_CANDIDATES,
     budget_options,
@@ -35,10 +33,11 @@ from lowbit.checkpoints.gguf.budget import (
     write_gguf_types,
 )
 from lowbit.checkpoints.gguf.convert import check_hf_source
+from lowbit.checkpoints.gguf.hf_view import ConvertedView
 from lowbit.checkpoints.gguf.imatrix import read_imatrix
 from lowbit.checkpoints.gguf.mix import gguf_mix_types, gguf_targets, gptq_targets, write_gguf_mix
 from lowbit.checkpoints.io.outputs import check_output
-from lowbit.checkpoints.streaming import check_unrotated, open_model, quantize_model
+from lowbit.checkpoints.streaming import check_unrotated, open_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.evaluation.gguf_sensitivity import gguf_sensitivity
@@ -46,7 +45,6 @@ from lowbit.evaluation.scan_samples import scan_samples
 from lowbit.ggml import blocks, mixes
 from lowbit.jobs.results import GGUFResult
 from lowbit.methods.gptq import GPTQ
-from lowbit.plans.plan import PrecisionPlan
 
 __all__ = ["gguf_budget", "gguf_mix", "gguf_source", "gptq_onto", "mix_overrides"]
 
@@ -90,27 +88,27 @@ def mix_overrides(
 
 @contextlib.contextmanager
 def gguf_source(ckpt: Any, out: Path, progress: bool | None) -> Iterator[Any]:
-    """``ckpt`` itself when it is a GGUF; a Hugging Face source converted first (lowbit's
-    ``convert_hf_to_gguf``: llama.cpp's tensors and keys, each tensor at the precision it is
-    stored in) into a temporary GGUF beside ``out``, as llama.cpp users do in two steps. The
-    temporary file is removed when the block ends, also on error.
+    """``ckpt`` itself when it is a GGUF; a Hugging Face source seen as the GGUF lowbit's
+    ``convert_hf_to_gguf`` writes from it (llama.cpp's tensors and keys, each tensor at the
+    precision it is stored in), converted tensor by tensor as the job reads it: no temporary
+    copy of the source, and the same output bytes as converting first
+    (:class:`~lowbit.checkpoints.gguf.hf_view.ConvertedView`).
+
+    ``out`` and ``progress`` are unused (kept for callers of the former two-step route).
 
     Raises:
         LowbitError: a family or tokenizer lowbit cannot convert.
     """
+    del out, progress
     if ckpt.format == "gguf":
         yield ckpt
         return
     check_hf_source(ckpt)
-    parent = out.parent if str(out.parent) else Path(".")
-    where = parent if parent.is_dir() else None  # a dry run may name a folder yet to exist
-    with tempfile.TemporaryDirectory(prefix=".lowbit-hf-to-gguf-", dir=where) as tmp:
-        src = Path(tmp) / (Path(ckpt.path).name + ".gguf")
-        keep = PrecisionPlan.from_dict({"rules": [{"match": "*", "format": "keep"}]})
-        quantize_model(ckpt, keep, src, out_format="gguf", progress=progress)
-        ckpt.close()
-        with open_checkpoint(src) as converted:
-            yield converted
+    view = ConvertedView(ckpt)
+    try:
+        yield view
+    finally:
+        view.close()
 
 
 def gptq_onto(
@@ -197,8 +195,9 @@ def gguf_mix(
     The same file as ``lowbit quantize MODEL --to MIX --out-format gguf`` with the same options.
 
     Args:
-        model: a GGUF file, a Hugging Face folder (converted first, as llama.cpp's
-            ``convert_hf_to_gguf.py`` does), a shipped model name or an open checkpoint.
+        model: a GGUF file, a Hugging Face folder (read as the GGUF llama.cpp's
+            ``convert_hf_to_gguf.py`` writes from it, tensor by tensor, with no temporary
+            copy), a shipped model name or an open checkpoint.
         mix: the llama-quantize mix name.
         out: the ``.gguf`` file to write (needed unless ``dry_run``).
         imatrix: an importance matrix (a GGUF or ``.dat`` file, or the vectors
@@ -234,7 +233,7 @@ def gguf_mix(
     if out is None and not dry_run:
         raise LowbitError("say where to write the GGUF: out='model.Q4_K_M.gguf'")
     out_path = Path(out) if out is not None else Path(f"{Path(ckpt.path).name}.{m.name}.gguf")
-    if not dry_run:  # before a conversion: a bad out fails at once
+    if not dry_run:  # before any work: a bad out fails at once
         check_output(out_path, overwrite=overwrite, kind="file", inputs=[ckpt.path])
     with gguf_source(ckpt, out_path, progress) as source:
         types = gguf_mix_types(source, m.name, has_imatrix=imat is not None, **options)

@@ -16,8 +16,8 @@ The counterpart of llama-quantize's fixed mixes (:mod:`lowbit.checkpoints.gguf.m
 - **bytes**: exact file bytes. A tensor of type ``T`` takes ``blocks x block bytes`` (rows of
   whole blocks), padded to the file's 32-byte alignment; the rest of the file (header,
   metadata, tokenizer, tensor infos, the header's padding) does not depend on the tensors'
-  types (type ids are fixed-width), so it is measured once by writing a probe file with the
-  same metadata and tensor names and ranks (:func:`file_overhead`). The file written is then
+  types (type ids are fixed-width), so it is counted once from the same metadata and tensor
+  names and ranks, without writing a file (:func:`file_overhead`). The file written is then
   exactly ``overhead + sum(aligned tensor bytes)`` (checked after writing);
 - **budgets**: ``size``: the whole file's bytes; ``bits_per_weight``: the quantized tensors'
   bytes x 8 over their weights (lowbit's ``--budget``: the candidates' tensors only);
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,7 +41,12 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints.gguf.mix import _Tensors, importance_vectors
-from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.gguf.writer import (
+    encoded_fields,
+    header_fields,
+    metadata_source,
+    write_gguf,
+)
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
 from lowbit.plans.budget import Allocation, solve
@@ -189,24 +193,17 @@ def file_overhead(ckpt: Any, file_type: int = 15) -> int:
     """Bytes of the output GGUF that are not tensor data: header, metadata (the source's,
     copied), tensor infos and the header's padding to the alignment.
 
-    Measured by writing a probe file (in the system's temporary folder) with the same metadata
-    and one-value tensors of the same names and ranks: a tensor info's size depends on its name
-    and rank only, and ``general.file_type`` is a fixed-width integer.
+    Counted from what the writer writes (:func:`lowbit.checkpoints.gguf.writer.header_fields`,
+    encoded as stored), with no file: a tensor info's size depends on its name and rank only,
+    and ``general.file_type`` is a fixed-width integer.
     """
-    names = list(ckpt.names())
-    with tempfile.TemporaryDirectory(prefix="lowbit-gguf-probe-") as tmp:
-        tiny = {
-            n: GGUFTensor(np.zeros((1,) * len(ckpt.info(n).shape), np.float32), "F32")
-            for n in names
-        }
-        probe = write_gguf(
-            Path(tmp) / "probe.gguf",
-            tiny,
-            source=ckpt.path,
-            metadata=_metadata(file_type),
-            progress=False,
-        )
-        return probe.stat().st_size - ALIGNMENT * len(names)
+    arch, typed = header_fields({}, metadata=_metadata(file_type), source=metadata_source(ckpt))
+    n = 24  # magic, version, tensor count, key count
+    for key, (_, payload) in encoded_fields(arch, typed).items():
+        n += 8 + len(key.encode("utf-8")) + 4 + len(payload)
+    for name in ckpt.names():  # name, rank, dimensions, type, offset
+        n += 8 + len(name.encode("utf-8")) + 4 + 8 * len(ckpt.info(name).shape) + 4 + 8
+    return _aligned(n)
 
 
 @dataclass(frozen=True)
@@ -382,7 +379,7 @@ def write_gguf_types(
     path = write_gguf(
         out,
         _Tensors(ckpt, plan.types, dict(vectors or {}), weights),
-        source=ckpt.path,
+        source=metadata_source(ckpt),
         metadata=_metadata(plan.file_type),
         overwrite=overwrite,
         progress=progress,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit.checkpoints.gguf.writer import GGUFTensor, write_gguf
+from lowbit.checkpoints.gguf.writer import GGUFTensor, metadata_source, write_gguf
 from lowbit.checkpoints.steps import raw_bytes
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, grids, mixes
@@ -255,7 +255,7 @@ def write_gguf_mix(
     path = write_gguf(
         out,
         _Tensors(ckpt, types, vectors, weights),
-        source=ckpt.path,
+        source=metadata_source(ckpt),
         metadata={"general.file_type": m.file_type},
         overwrite=overwrite,
         progress=progress,

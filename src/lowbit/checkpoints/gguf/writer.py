@@ -322,6 +322,11 @@ def _source_fields(source: Any) -> dict[str, Any]:
     """
     from gguf import GGUFValueType
 
+    if hasattr(source, "gguf_fields"):  # a view of a file not written (a converted folder)
+        return {
+            key: (_Raw(payload), GGUFValueType(vtype), None)
+            for key, (vtype, payload) in source.gguf_fields().items()
+        }
     data = getattr(source, "data", None)  # an open gguf.GGUFReader: its file
     path = Path(getattr(data, "filename", None) or source)
     try:
@@ -331,6 +336,12 @@ def _source_fields(source: Any) -> dict[str, Any]:
     return {
         key: (_Raw(payload), GGUFValueType(vtype), None) for key, (vtype, payload) in fields.items()
     }
+
+
+def metadata_source(ckpt: Any) -> Any:
+    """What ``write_gguf(source=...)`` takes to copy a GGUF checkpoint's metadata: its file, or
+    the checkpoint itself when it has no file (a :class:`~lowbit.checkpoints.gguf.hf_view.ConvertedView`)."""
+    return ckpt if hasattr(ckpt, "gguf_fields") else ckpt.path
 
 
 def _writer_class() -> Any:
@@ -364,6 +375,85 @@ def _file_type(planned: Mapping[str, _Planned]) -> int:
     return int(getattr(LlamaFileType, member, LlamaFileType.GUESSED))
 
 
+def _typed(metadata: Mapping[str, Any] | None, source: Any) -> dict[str, Any]:
+    """The metadata to write, in order: the source's, then ``metadata``, then lowbit's tag."""
+    typed: dict[str, Any] = {} if source is None else _source_fields(source)
+    for key, value in (metadata or {}).items():
+        if str(key) not in _HEADER_KEYS:
+            typed[str(key)] = _value_type(value)
+    typed[WRITER_KEY] = _value_type(writer_tag())  # lets a later overwrite know lowbit wrote it
+    return typed
+
+
+def _arch(typed: Mapping[str, Any], arch: str | None) -> str:
+    if arch is None:
+        found = typed.get("general.architecture")
+        if found is None:
+            raise LowbitError(
+                "GGUF needs general.architecture: pass arch=, metadata={'general.architecture': "
+                "...} or a source file"
+            )
+        value = found[0]
+        arch = value.text() if isinstance(value, _Raw) else str(value)
+    if not arch:  # GGUFWriter silently drops an empty string
+        raise LowbitError("GGUF needs a non-empty general.architecture")
+    return arch
+
+
+def _derived(
+    typed: dict[str, Any], metadata: Mapping[str, Any] | None, planned: Mapping[str, _Planned]
+) -> None:
+    """Add the keys the tensors decide: ``general.file_type``, the quantization version."""
+    import gguf
+
+    if "general.file_type" not in (metadata or {}):  # a source's file_type described its tensors
+        typed["general.file_type"] = (_file_type(planned), gguf.GGUFValueType.UINT32, None)
+    has_blocks = any(
+        p.ggml_type.name not in ("F32", "F16", "BF16", "F64") for p in planned.values()
+    )
+    if has_blocks and "general.quantization_version" not in typed:
+        typed["general.quantization_version"] = (
+            gguf.GGML_QUANT_VERSION,
+            gguf.GGUFValueType.UINT32,
+            None,
+        )
+
+
+def header_fields(
+    planned: Mapping[str, _Planned],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    source: Any = None,
+    arch: str | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The architecture and the other metadata, as ``(value, GGUFValueType, sub_type)`` in
+    file order, that :func:`write_gguf` writes for tensors planned as ``planned``
+    (name -> ``_plan(name, value)``) with these arguments."""
+    typed = _typed(metadata, source)
+    arch = _arch(typed, arch)
+    _derived(typed, metadata, planned)
+    return arch, typed
+
+
+def encoded_fields(arch: str, typed: dict[str, Any]) -> dict[str, tuple[int, bytes]]:
+    """The metadata as :func:`write_gguf` stores it (from :func:`header_fields`): the
+    architecture first, then ``typed`` in order, each as (value type, its bytes after the u32
+    type), as :func:`lowbit.checkpoints.io.gguf_file.raw_metadata` reads them back."""
+    from gguf import GGUFValueType
+
+    w = _writer_class()(path=None, arch=arch)
+    out = {
+        "general.architecture": (
+            int(GGUFValueType.STRING),
+            w._pack_val(arch, GGUFValueType.STRING, False),
+        )
+    }
+    for key, (value, vtype, sub) in typed.items():
+        if key not in _WRITER_KEYS:
+            out[key] = (int(vtype), w._pack_val(value, vtype, False, sub_type=sub))
+    return out
+
+
 def write_gguf(
     path: str | os.PathLike[str],
     tensors: Mapping[str, Any],
@@ -390,7 +480,9 @@ def write_gguf(
             llama.cpp uses: bool BOOL, int UINT32 (INT32 if negative, 64-bit if large), float
             FLOAT32, str STRING, lists ARRAY (ints INT32). Pass a ``gguf.GGUFValue`` for another
             type. ``general.file_type`` is derived from the tensors unless given here.
-        source: a GGUF file (path, or an open ``gguf.GGUFReader``, whose file is read)
+        source: a GGUF file (path, or an open ``gguf.GGUFReader``, whose file is read,
+            or an object with ``gguf_fields()`` and ``path``, such as
+            :class:`~lowbit.checkpoints.gguf.hf_view.ConvertedView`)
             whose metadata (architecture, hyperparameters, tokenizer, chat template) is
             copied byte for byte, with its exact types, after lowbit's checks of the file.
         arch: ``general.architecture``; default: from ``metadata`` or ``source``.
@@ -408,30 +500,14 @@ def write_gguf(
         ImportError: the ``gguf`` package is missing (``pip install 'lowbit[models]'``).
     """
     try:
-        import gguf
+        import gguf  # noqa: F401  (its absence is one clear error)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
             "writing GGUF needs the gguf package: pip install 'lowbit[models]'"
         ) from exc
 
-    typed: dict[str, Any] = {} if source is None else _source_fields(source)
-    for key, value in (metadata or {}).items():
-        if str(key) not in _HEADER_KEYS:
-            typed[str(key)] = _value_type(value)
-    typed[WRITER_KEY] = _value_type(writer_tag())  # lets a later overwrite know lowbit wrote it
-
-    if arch is None:
-        found = typed.get("general.architecture")
-        if found is None:
-            raise LowbitError(
-                "GGUF needs general.architecture: pass arch=, metadata={'general.architecture': "
-                "...} or a source file"
-            )
-        value = found[0]
-        arch = value.text() if isinstance(value, _Raw) else str(value)
-    if not arch:  # GGUFWriter silently drops an empty string
-        raise LowbitError("GGUF needs a non-empty general.architecture")
-
+    typed = _typed(metadata, source)
+    arch = _arch(typed, arch)
     # Plan every tensor from a first look at its value and drop it; the value is fetched
     # again when written, so a lazy Mapping keeps about one tensor in memory.
     keys = {str(key): key for key in tensors}
@@ -441,19 +517,11 @@ def write_gguf(
     for name, key in keys.items():
         planned[name] = _plan(name, tensors[key])
         planned[name].produce = _unplanned
-    if "general.file_type" not in (metadata or {}):  # a source's file_type described its tensors
-        typed["general.file_type"] = (_file_type(planned), gguf.GGUFValueType.UINT32, None)
-    has_blocks = any(
-        p.ggml_type.name not in ("F32", "F16", "BF16", "F64") for p in planned.values()
-    )
-    if has_blocks and "general.quantization_version" not in typed:
-        typed["general.quantization_version"] = (
-            gguf.GGML_QUANT_VERSION,
-            gguf.GGUFValueType.UINT32,
-            None,
-        )
+    _derived(typed, metadata, planned)
 
     inputs = [source] if isinstance(source, (str, os.PathLike)) else []  # never written over
+    if hasattr(source, "gguf_fields"):
+        inputs = [source.path]
     with atomic_file(path, overwrite=overwrite, inputs=inputs) as tmp:
         writer = _writer_class()(tmp, arch)
         try:

@@ -1,0 +1,144 @@
+"""The direct route: a Hugging Face folder seen as its converted GGUF
+(:class:`lowbit.checkpoints.gguf.hf_view.ConvertedView`) gives the GGUF jobs what the converted
+file gives them, so mixes, budgets and GPTQ onto a mix write the same bytes as converting first,
+and create no file but the output."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lowbit.checkpoints import open_checkpoint
+from lowbit.checkpoints.gguf import writer as gguf_writer
+from lowbit.checkpoints.gguf.hf_view import ConvertedView
+from lowbit.checkpoints.io.gguf_file import raw_metadata
+from lowbit.checkpoints.streaming import quantize_model
+from lowbit.jobs.gguf import gguf_budget, gguf_mix
+from lowbit.plans.plan import PrecisionPlan
+
+pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+
+from tiny_models import llamacpp_tiny_models
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return llamacpp_tiny_models(tmp_path_factory.mktemp("direct"))
+
+
+def _converted(folder: Path, out: Path) -> Path:
+    keep = PrecisionPlan.from_dict({"rules": [{"match": "*", "format": "keep"}]})
+    quantize_model(folder, keep, out, out_format="gguf", progress=False)
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3", "tiny-qwen3moe"])
+def test_view_is_the_converted_file(tiny: Path, tmp_path: Path, name: str) -> None:
+    """Names, infos, values (bit for bit, in the stored dtype), parsed metadata, config and the
+    metadata's stored bytes are those of the file the conversion writes."""
+    path = _converted(tiny / name, tmp_path / f"{name}.gguf")
+    with open_checkpoint(tiny / name) as hf, open_checkpoint(path) as gg:
+        view = ConvertedView(hf)
+        assert view.format == "gguf" and view.path == tiny / name
+        assert view.names() == gg.names()
+        for n in gg.names():
+            a, b = view.info(n), gg.info(n)
+            assert (a.shape, a.dtype, a.nbytes) == (b.shape, b.dtype, b.nbytes)
+            x, y = view.get(n), gg.get(n)
+            assert x.dtype == y.dtype and x.shape == y.shape
+            assert x.tobytes() == y.tobytes()
+        assert view.metadata == gg.metadata
+        assert view.config == gg.config
+        assert view.gguf_fields() == raw_metadata(path)
+        view.close()
+
+
+def test_mix_creates_no_file_but_the_output(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Q4_K_M from a folder: the converted file's bytes, the output the only file written
+    (beside it or in the temporary folder), no temporary directory made but the output's own
+    (its atomic write's, beside it, renamed into place)."""
+    out_dir, tmp_dir = tmp_path / "out", tmp_path / "tmp"
+    out_dir.mkdir()
+    tmp_dir.mkdir()
+    two = tmp_path / "two.gguf"
+    gguf_mix(_converted(tiny / "tiny-mixtral", tmp_path / "c.gguf"), "q4_k_m", two, progress=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
+    made: list[Path] = []
+    real = gguf_writer.atomic_file
+
+    def atomic(path: os.PathLike[str], **kw: object) -> object:
+        made.append(Path(path))
+        return real(path, **kw)
+
+    real_mkdtemp = tempfile.mkdtemp
+    dirs: list[tuple[object, object]] = []
+
+    def mkdtemp(suffix: object = None, prefix: object = None, dir: object = None) -> str:
+        dirs.append((prefix, dir))
+        return real_mkdtemp(suffix, prefix, dir)  # type: ignore[arg-type]
+
+    def no_temp(*a: object, **kw: object) -> None:
+        raise AssertionError("a temporary directory was made")
+
+    monkeypatch.setattr(gguf_writer, "atomic_file", atomic)
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", no_temp)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    direct = out_dir / "direct.gguf"
+    res = gguf_mix(tiny / "tiny-mixtral", "q4_k_m", direct, progress=False)
+    assert made == [direct]
+    assert dirs == [("direct.gguf.tmp-", out_dir)]
+    assert [p.name for p in out_dir.iterdir()] == ["direct.gguf"]
+    assert list(tmp_dir.iterdir()) == []
+    assert res.source == str(tiny / "tiny-mixtral")
+    assert direct.read_bytes() == two.read_bytes()
+
+
+def test_budget_from_a_folder_equals_the_converted_files(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GGUF --size budget from a folder: the same trials, solution and bytes as from its
+    converted GGUF, and no file written but the output (its overhead counted, not probed)."""
+    conv = _converted(tiny / "tiny-llama", tmp_path / "c.gguf")
+    kw = {"candidates": ["Q4_0", "Q8_0"], "scan_samples_count": 1, "scan_length": 16}
+    b = gguf_budget(conv, tmp_path / "b.gguf", bits_per_weight=6.0, **kw)
+    tmp_dir = tmp_path / "tmp"
+    tmp_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
+    made: list[Path] = []
+    real = gguf_writer.atomic_file
+
+    def atomic(path: os.PathLike[str], **kw: object) -> object:
+        made.append(Path(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(gguf_writer, "atomic_file", atomic)
+    a = gguf_budget(tiny / "tiny-llama", tmp_path / "a.gguf", bits_per_weight=6.0, **kw)
+    assert made == [tmp_path / "a.gguf"]
+    assert list(tmp_dir.iterdir()) == []
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    assert a.types == b.types and set(a.types.values()) >= {"Q4_0", "Q8_0"}
+    assert a.details["damages"] == b.details["damages"]
+    assert a.bytes == (tmp_path / "a.gguf").stat().st_size
+
+
+@pytest.mark.torch
+def test_gptq_onto_a_mix_from_a_folder(tiny: Path, tmp_path: Path) -> None:
+    """--method gptq onto Q4_K_M from a folder writes what it writes from the converted GGUF."""
+    from lowbit.calibration.data import Calibration
+
+    pytest.importorskip("torch")
+    conv = _converted(tiny / "tiny-llama", tmp_path / "c.gguf")
+    cal = Calibration(samples=2, length=16)
+    a = gguf_mix(tiny / "tiny-llama", "q4_k_m", tmp_path / "a.gguf", method="gptq",
+                 calibration=cal, progress=False)  # fmt: skip
+    gguf_mix(conv, "q4_k_m", tmp_path / "b.gguf", method="gptq", calibration=cal, progress=False)
+    assert a.method is not None and a.method["gptq_tensors"] > 0
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    np.testing.assert_equal(a.method["mean_error"]["gptq"] > 0, True)
