@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lowbit.calibration._resume import Resume, resume_folder
 from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.calibration.input_scales import nvfp4_input_scales
 from lowbit.checkpoints._pipeline import ct_weights
@@ -149,6 +150,14 @@ def register(sub: Any) -> None:
     add_calibration_options(p, needs="--w8a8 or --activations")  # and nvfp4's input scales
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="gptq: continue from the record a stopped run left beside --out "
+        "(.OUT.lowbit-resume, kept after every block); without --resume a matching record is "
+        "used too and one that does not match is replaced with a warning; with it, no usable "
+        "record is an error",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         help="torch threads of gptq/awq/--smooth and --eval (default: the usable cores; 1 on "
@@ -282,9 +291,11 @@ def _w8a8(args: argparse.Namespace) -> None:
 
 
 def _gptq(
-    args: argparse.Namespace, ckpt: Any, plan: Any, out: Path, progress: bool | None
+    args: argparse.Namespace, ckpt: Any, plan: Any, out: Path, progress: bool | None,
+    resume: Resume | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """GPTQ's weights and what to record about them (``--method gptq``)."""
+    """GPTQ's weights and what to record about them (``--method gptq``), with a resume
+    record beside ``out`` (``lowbit.calibration._resume``) when given one."""
 
     if out.exists() and not args.overwrite:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
@@ -295,11 +306,24 @@ def _gptq(
         ckpt, plan, cfg, calib, default_method=getattr(cfg, "name", "gptq").split("+")[-1]
         if args.method in (*_rotation.ROTATING, *_rotation.FOLDING) else args.method,
         threads=args.threads, progress=progress, compute=args.compute, workers=args.workers,
-        ray=args.ray,
+        ray=args.ray, resume=resume,
     )  # fmt: skip
     if args.method == "hadamard+gptq":
         return _rotation.unwrap(run.weights, run.record)
     return run.weights, run.record
+
+
+def _resume_record(args: argparse.Namespace, out: Path) -> Resume | None:
+    """GPTQ's resume record beside ``out`` (one process only), or None.
+
+    Raises:
+        LowbitError: ``--resume`` with calibration workers.
+    """
+    if args.workers == 1 and not args.ray:
+        return Resume(resume_folder(out), require=args.resume)
+    if args.resume:
+        raise LowbitError("--resume continues a one-process GPTQ run: drop --workers/--ray")
+    return None
 
 
 def _default_out(source: Path, args: argparse.Namespace) -> Path:
@@ -366,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give a folder (or .gguf file) to write")
     out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
-    done = method = record = fold = None
+    done = method = record = fold = resume = None
     source = ckpt
     _rotation.check_rotation(args)
     _rotation.check_experts(args, applied)
@@ -390,12 +414,15 @@ def run(args: argparse.Namespace) -> int:
         source, fold = _rotation.fold_source(ckpt, plan)
         if args.method == "hadamard-fold":
             record = {"method": "rtn", "fold": fold}
+    if args.resume and (args.smooth is not None or "gptq" not in (base, named)):
+        raise LowbitError("--resume continues a GPTQ run (--method gptq); this run has no GPTQ")
     if args.smooth is not None or "awq" in (args.method, named):
         with clock.part("calibration"):
             source, done, method = awq_run(args, ckpt, plan, applied, out, progress)
     elif "gptq" in (base, named):
+        resume = _resume_record(args, out)
         with clock.part("calibration"):
-            done, method = _gptq(args, source, plan, out, progress)
+            done, method = _gptq(args, source, plan, out, progress, resume)
         if fold is not None:
             method = {**method, "fold": fold}
     if method is not None:  # GPTQ's solve, AWQ's search: the rest is calibration
@@ -428,6 +455,8 @@ def run(args: argparse.Namespace) -> int:
             input_scales=None if inputs is None else inputs.scales,
         )
     clock.split("write", {"quantize": result["seconds_parts"]["quantize"]})
+    if resume is not None:
+        resume.remove()  # the output is whole: nothing to resume
     if method is not None or record is not None:
         result["method"] = method if record is None else record
     if inputs is not None:
