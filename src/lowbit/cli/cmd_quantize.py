@@ -291,7 +291,11 @@ def _w8a8(args: argparse.Namespace) -> None:
 
 
 def _gptq(
-    args: argparse.Namespace, ckpt: Any, plan: Any, out: Path, progress: bool | None,
+    args: argparse.Namespace,
+    ckpt: Any,
+    plan: Any,
+    out: Path,
+    progress: bool | None,
     resume: Resume | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """GPTQ's weights and what to record about them (``--method gptq``), with a resume
