@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -187,6 +188,7 @@ def test_unmarked_folder_is_never_touched(model: Path, tmp_path: Path) -> None:
 def test_nothing_to_resume_with_resume_flag(model: Path, tmp_path: Path) -> None:
     with pytest.raises(LowbitError, match=r"cannot resume .*no record yet"):
         _quantize(model, tmp_path / "q", resume=True)
+    assert not resume_folder(tmp_path / "q").exists()  # nothing left behind
 
 
 def test_second_run_while_one_holds_the_record(tmp_path: Path) -> None:
@@ -233,3 +235,27 @@ def test_kill_9_and_the_same_command_again(model: Path, reference: dict[str, str
 def test_resume_folder_is_beside_the_output(tmp_path: Path) -> None:
     assert resume_folder(tmp_path / "out.gguf") == tmp_path / ".out.gguf.lowbit-resume"
     assert _resume.MARK == ".lowbit-resume"
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--method", "rtn"], "--resume continues a GPTQ run"),
+        (["--method", "gptq", "--workers", "2"], "--resume continues a one-process GPTQ run"),
+        (["--method", "gptq"], "cannot resume .*no record yet"),
+    ],
+)
+def test_cli_resume_refusals(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], says: str
+) -> None:
+    """``--resume`` where there is nothing to resume: one error line, exit 2, no output."""
+    from lowbit.cli import main
+
+    out = tmp_path / "q"
+    argv = ["quantize", str(model), "--to", "int4", "--group", "32", "--calib-samples", "4",
+            "--calib-len", "32", "--threads", "1", "--no-progress", "--resume", "--out",
+            str(out), *extra]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(says, err), err
+    assert not out.exists() and not resume_folder(out).exists()

@@ -145,6 +145,8 @@ class Resume:
             return int(self._record["block"]) + 1  # type: ignore[index]
         if self.require:
             self.close()
+            if fresh:  # made just now: leave nothing behind
+                remove_record(f)
             raise LowbitError(f"--resume: cannot resume from {f}: {why}")
         if not fresh and why != "no record yet":
             warnings.warn(f"not resuming from {f}: {why}; starting over", UserWarning, stacklevel=3)
