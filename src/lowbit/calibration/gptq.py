@@ -302,7 +302,7 @@ def gptq_weights(
                 col = _worker.reduce(col)
             clock.stop("collect")
             for group in col.groups().values():
-                H = col.hessian(group[0])
+                H = col.hessian(group[0], release=True)  # the sums become H: no copy
                 experts = [m for m in group if expert_of(mine[m])]
                 if experts:
                     group = expert_floor(group, experts, col, H, mine, calib, layers)
