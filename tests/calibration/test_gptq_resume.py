@@ -259,3 +259,29 @@ def test_cli_resume_refusals(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(says, err), err
     assert not out.exists() and not resume_folder(out).exists()
+
+
+def test_compressed_tensors_and_bf16_compute_resume_to_the_same_bytes(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compressed-tensors NVFP4 under ``compute='bf16'`` (bf16 forward passes): stopped after
+    block 1 and resumed, the uninterrupted run's files."""
+    plan = lowbit.PrecisionPlan.uniform("nvfp4")
+
+    def run(out: Path) -> None:
+        lowbit.quantize_model(model, plan, out, method="gptq", progress=False, threads=1,
+                              out_format="compressed-tensors", compute="bf16",
+                              calibration=lowbit.Calibration(**CALIB))  # fmt: skip
+
+    run(tmp_path / "ref")
+    out = tmp_path / "q"
+    with monkeypatch.context() as m:
+        _stop_after(m, 1)
+        with pytest.raises(_Killed):
+            run(out)
+    assert json.loads((resume_folder(out) / "record.json").read_text())["block"] == 1
+    run(out)
+    want = {p.name: p.read_bytes() for p in (tmp_path / "ref").iterdir() if p.suffix != ".json"}
+    got = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".json"}
+    assert want and got == want
+    assert not resume_folder(out).exists()
