@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._progress import progress_bar
+from lowbit._version import __version__
 from lowbit.calibration._block_args import block_args, with_block_args
 from lowbit.calibration._experts import expert_floor, unreached_experts
 from lowbit.calibration._group_walk import walk_groups
@@ -403,8 +404,6 @@ def _fingerprint(
 ) -> dict[str, Any]:
     """Everything a GPTQ run's result depends on, for its resume record (``_resume``)."""
     import torch
-
-    from lowbit import __version__
 
     def scheme(s: Any) -> Any:
         return s.to_dict() if hasattr(s, "to_dict") else repr(s)
