@@ -137,18 +137,36 @@ class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
     bit for bit by ``from_arrays``), in a folder of ``tempfile``'s (``TMPDIR``) made at the
     first store and removed with this object (or at exit). Reading one costs one file read;
     nothing is cached, so no tensor stays alive here.
+
+    Given a ``folder`` (a resume record's, ``lowbit.calibration._resume``), the files go there
+    and stay when this object goes: the record owns them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, folder: str | os.PathLike[str] | None = None) -> None:
         self._index: dict[str, tuple[str, dict[str, Any]]] = {}
-        self._folder: str | None = None
+        self._folder: str | None = None if folder is None else os.fspath(folder)
+        self._kept = folder is not None
         self._files = 0
 
     def _dir(self) -> str:
         if self._folder is None:
             self._folder = tempfile.mkdtemp(prefix="lowbit-quantized-")
             weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
+        elif self._kept:
+            os.makedirs(self._folder, exist_ok=True)
         return self._folder
+
+    def entries(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Name -> (file, metadata) of every tensor held, in the order stored."""
+        return dict(self._index)
+
+    def adopt(self, name: str, path: str, meta: dict[str, Any]) -> None:
+        """Hold a tensor already written to ``path`` (a resume record's); later files are
+        numbered after it."""
+        self._index[name] = (path, meta)
+        stem = os.path.splitext(os.path.basename(path))[0]
+        if stem.isdigit():
+            self._files = max(self._files, int(stem))
 
     def __setitem__(self, name: str, qt: QuantizedTensor | GgmlQuantized) -> None:
         arrays, meta = qt.to_arrays()

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowbit.calibration._resume import Resume, resume_folder
 from lowbit.calibration._workers import distributed_calibration
 from lowbit.calibration.awq import awq_weights
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints import streaming as _writer
+from lowbit.checkpoints.io.outputs import check_not_input
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
 from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.errors import LowbitError
@@ -135,6 +137,7 @@ def calibrated_weights(
     compute: str = "fp32",
     workers: int = 1,
     ray: bool | str = False,
+    resume: Resume | None = None,
 ) -> CalibratedWeights:
     """Run a calibrated method on a model and build the record the manifest keeps of it.
 
@@ -157,6 +160,9 @@ def calibrated_weights(
             (``lowbit.calibration._workers``, docs/scale-out.md).
         ray: GPTQ and AWQ: run the workers as Ray actors (True: ``RAY_ADDRESS`` or a local
             instance; or a cluster address; ``workers`` 1: one per cluster CPU).
+        resume: GPTQ in one process: a :class:`~lowbit.calibration._resume.Resume`, the
+            record kept after every block and continued from (see
+            :func:`lowbit.calibration.gptq.gptq_weights`); it must not lie inside the source.
 
     Returns:
         A :class:`CalibratedWeights`.
@@ -172,7 +178,9 @@ def calibrated_weights(
         kwargs = {"threads": threads, "progress": progress, "default_method": default_method,
                   "compute": compute}  # fmt: skip
         if spread is None:
-            run = gptq_weights(ckpt, plan, calib, method, **kwargs)
+            if resume is not None and getattr(ckpt, "path", None) is not None:
+                check_not_input(resume.folder, [ckpt.path], flag="out")
+            run = gptq_weights(ckpt, plan, calib, method, resume=resume, **kwargs)
         else:
             run = distributed_calibration("gptq", spread, (plan, calib, method), kwargs,
                                           workers=workers, ray=ray)  # fmt: skip
@@ -247,6 +255,7 @@ def quantize_model(
     progress: bool | None = None,
     weights: Mapping[str, Any] | None = None,
     compute: str = "fp32",
+    resume: bool | None = None,
 ) -> dict[str, Any]:
     """Quantize a checkpoint with a precision plan, by rounding or a calibrated method, and
     write the result.
@@ -286,6 +295,11 @@ def quantize_model(
         compute: precision of a calibrated method's forward passes: ``fp32`` (default),
             ``bf16`` or ``auto`` (bf16 where the CPU's bfloat16 units are timed
             faster; see ``lowbit.models._compute``). Hessians, searches and rounding stay float32.
+        resume: GPTQ: ``None`` (default) keeps a resume record beside ``out``
+            (``.OUT.lowbit-resume``, ``lowbit.calibration._resume``) after every block and
+            continues from a matching one a killed run left (one that does not match: a
+            warning, then a fresh start); ``True`` requires a usable record (else
+            LowbitError); ``False`` keeps none. The record is removed once ``out`` is written.
 
     Returns:
         The summary of ``lowbit.checkpoints.streaming.quantize_model`` (``out``,
@@ -324,6 +338,7 @@ def quantize_model(
         return {**summary, "method": record}
     calib = None if calibration is None else _calibration(calibration)
     ckpt = open_model(model)
+    kept: Resume | None = None
     try:
         applied = plan_model(ckpt, plan, out_format=out_format, gguf_rounding=gguf_rounding)
         cfg = method_config(method, applied)
@@ -352,20 +367,30 @@ def quantize_model(
         if cfg is not None:
             rtn = method is None or (isinstance(method, str) and method.strip().lower() == "rtn")
             default = "rtn" if rtn else cfg.name  # rtn: only the rules naming a method use it
+            if isinstance(cfg, GPTQ) and resume is not False:
+                kept = Resume(resume_folder(out), require=resume is True)
             run = calibrated_weights(
                 ckpt, plan, cfg, calib, default_method=default, threads=threads,
-                progress=progress, compute=compute,
+                progress=progress, compute=compute, resume=kept,
             )  # fmt: skip
             source, done, record = run.checkpoint, run.weights, run.record
     except BaseException:
+        if kept is not None:
+            kept.close()
         if not isinstance(model, Checkpoint):
             ckpt.close()
         raise
-    summary = _writer.quantize_model(
-        source, plan, out, out_format=out_format, gguf_rounding=gguf_rounding,
-        overwrite=overwrite, copy_code=copy_code, max_shard_size=max_shard_size,
-        progress=progress, weights=done, method=record,
-    )  # fmt: skip
+    try:
+        summary = _writer.quantize_model(
+            source, plan, out, out_format=out_format, gguf_rounding=gguf_rounding,
+            overwrite=overwrite, copy_code=copy_code, max_shard_size=max_shard_size,
+            progress=progress, weights=done, method=record,
+        )  # fmt: skip
+    finally:
+        if kept is not None:
+            kept.close()
+    if kept is not None:
+        kept.remove()  # the output is whole: nothing to resume
     return {**summary, "method": record}
 
 

@@ -31,6 +31,8 @@ that are not linear layers are rounded to nearest as ``lowbit quantize`` does. M
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._progress import progress_bar
+from lowbit._version import __version__
 from lowbit.calibration._block_args import block_args, with_block_args
 from lowbit.calibration._experts import expert_floor, unreached_experts
 from lowbit.calibration._group_walk import walk_groups
@@ -52,6 +55,7 @@ from lowbit.calibration._memory import (
     _own,
     _release_heap,
 )
+from lowbit.calibration._resume import Resume, source_files, tokens_digest
 from lowbit.calibration.blocks import (
     _calibration,
     _capture,
@@ -154,6 +158,7 @@ def gptq_weights(
     default_method: str = "gptq",
     compute: str = "fp32",
     targets: Mapping[str, Any] | None = None,
+    resume: Resume | None = None,
     _worker: Any = None,
 ) -> GPTQRun:
     """Quantize a model's weights with GPTQ on calibration data.
@@ -185,6 +190,12 @@ def gptq_weights(
             tensor, as a mix chose it); the linear layers among them are GPTQ'd onto their
             block type (:class:`~lowbit.methods._ggml_gptq.GgmlQuantized` weights), the
             others left out of ``weights`` (the caller rounds them as llama.cpp does).
+        resume: a :class:`~lowbit.calibration._resume.Resume` (``lowbit quantize`` makes one
+            beside its output): a record after every block, and a run that finds a matching
+            record continues after its last finished block, with the same result as a run
+            never interrupted. The returned ``weights`` then live in the record's folder
+            (the caller removes it once they are written). Ignored by calibration workers
+            and for a checkpoint with no path.
         _worker: a calibration worker's session (``lowbit.calibration._workers``): the run
             collects on the worker's shard of samples and solves on the Hessians summed over
             every worker.
@@ -228,9 +239,11 @@ def gptq_weights(
         samples = _worker.shard(samples)
     clock.stop("load")
 
-    weights: MutableMapping[str, Any] = SpilledTensors()  # on disk: memory flat in depth
+    if _worker is not None or getattr(ckpt, "path", None) is None:
+        resume = None
     methods: dict[str, str] = {}
     layers: dict[str, dict[str, float]] = {}
+    start = 0  # the first block to calibrate (after a resume record's last one)
     last = max(per_block, default=-1)  # no block after the last one GPTQ quantizes is run
     states: list[Any] = []
     own_args: list[Any] | None = None
@@ -242,13 +255,42 @@ def gptq_weights(
         torch.inference_mode(),
     ):
         clock.start()
-        if last >= 0:
+        saved: list[Any] = []
+        if resume is not None:
+            tokens = tokens_digest(everything)
+            options = {"default_method": default_method, "avoid_tokens": avoid_tokens,
+                       "exclude": exclude, "compute": compute}  # fmt: skip
+            start = resume.open(_fingerprint(ckpt, todo, method, calib, tokens, options))
+        # on disk (memory flat in depth): a resume record's folder, or a temporary one
+        weights: MutableMapping[str, Any] = SpilledTensors(
+            None if resume is None else resume.tensors_folder
+        )
+        if start:
+            saved = resume.restore(weights, methods, layers)  # type: ignore[union-attr]
+        if last >= start:
             states = _capture(net, blocks[0], samples, causal)
+            if saved:  # the resumed block's inputs: the hidden states the record kept
+                states = [(h, a, k) for h, (_, a, k) in zip(saved, states, strict=True)]
             own_args = block_args(net, blocks[: last + 1], samples, causal)
         inside = {id(p) for p in blocks.parameters()}
         _drop(p for p in net.parameters() if id(p) not in inside)  # embeddings, head: done
         clock.stop("capture")
-        bar = progress_bar(last + 1, progress, "gptq", "block")
+        todo_blocks = max(0, last + 1 - start)
+        bar = progress_bar(todo_blocks, progress, f"gptq from block {start}" if start else "gptq",
+                           "block")  # fmt: skip
+        block_clock = [time.perf_counter()]
+
+        def finished(i: int, states: list[Any]) -> None:
+            """Block ``i`` is done: its resume record, the bar (with seconds per block)."""
+            if resume is not None:
+                hidden = [h for h, _, _ in states] if i < last else None
+                resume.save(i, hidden, weights, methods, layers)
+            now = time.perf_counter()
+            if hasattr(bar, "set_postfix_str"):
+                bar.set_postfix_str(f"block {i}: {now - block_clock[0]:.1f} s", refresh=False)
+            block_clock[0] = now
+            bar.update(1)
+
         layered = last >= 0 and method.sequential is Sequential.LAYERS
         walks: dict[Any, Any] = {}  # block signature -> its layer walk (None: group by group)
         all_experts = calib.experts == "all"
@@ -261,7 +303,7 @@ def gptq_weights(
                 col = _worker.reduce(col)
             clock.stop("collect")
             for group in col.groups().values():
-                H = col.hessian(group[0])
+                H = col.hessian(group[0], release=True)  # the sums become H: no copy
                 experts = [m for m in group if expert_of(mine[m])]
                 if experts:
                     group = expert_floor(group, experts, col, H, mine, calib, layers)
@@ -286,6 +328,9 @@ def gptq_weights(
 
         with bar:
             for i, block in enumerate(blocks[: last + 1]):
+                if i < start:  # done by the run the resume record is of
+                    _drop(_own(blocks, block))
+                    continue
                 deferred.restore(i)  # this block's weights, read now
                 _release_heap()
                 if own_args is not None:  # this block's mask and rotary tables (layer types)
@@ -306,8 +351,8 @@ def gptq_weights(
                         collecting=lambda b=block: route_all_tokens(b, all_experts),
                     )  # fmt: skip
                     _drop(_own(blocks, block))  # never run again
+                    finished(i, states)
                     clock.stop("propagate")
-                    bar.update(1)
                     continue
                 if mine and groupwise:  # layers order, group by group of the block's passes
                     with route_all_tokens(block, all_experts):
@@ -325,8 +370,8 @@ def gptq_weights(
                         states[j] = (_out(block(h, *a, **k)), a, k)
                         del h
                 _drop(_own(blocks, block))  # never run again
+                finished(i, states)
                 clock.stop("propagate")
-                bar.update(1)
     del net, states
     clock.start()
     unreached_experts(wanted, weights, layers)
@@ -352,6 +397,35 @@ def gptq_weights(
 # ---------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------
+
+
+def _fingerprint(
+    ckpt: Any, todo: Mapping[str, Any], method: GPTQ, calib: Any, tokens: str, env: Any
+) -> dict[str, Any]:
+    """Everything a GPTQ run's result depends on, for its resume record (``_resume``)."""
+    import torch
+
+    def scheme(s: Any) -> Any:
+        return s.to_dict() if hasattr(s, "to_dict") else repr(s)
+
+    plan = {n: [scheme(t.scheme), t.method] for n, t in sorted(todo.items())}
+    plan_json = json.dumps(plan, sort_keys=True, default=repr).encode()
+    exclude = env.get("exclude")
+    return {
+        "lowbit": __version__,
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "source": source_files(ckpt.path),
+        "plan": hashlib.sha256(plan_json).hexdigest(),
+        "method": method.to_dict(),
+        "default_method": env.get("default_method"),
+        "calibration": calib.to_dict(),
+        "tokens": tokens,
+        "avoid_tokens": env.get("avoid_tokens"),
+        "exclude": None if exclude is None else sorted(exclude),
+        "compute": env.get("compute"),
+    }
 
 
 @dataclass(frozen=True)

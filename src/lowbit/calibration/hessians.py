@@ -242,8 +242,13 @@ class HessianCollector:
 
         return torch.cat(self._kept[self._group(name)]).numpy()
 
-    def hessian(self, name: str) -> np.ndarray:
+    def hessian(self, name: str, *, release: bool = False) -> np.ndarray:
         """``2 X^T X / n`` (float64, exactly symmetric) of a layer's inputs.
+
+        With ``release`` the collector's sum for the layer's group is made into ``H`` in place
+        and dropped (a later call for that group fails): the same values, bit for bit, without
+        the four more ``in x in`` float64 matrices the copy takes (6.6 GB at Llama-3.1-8B's
+        ``down_proj``, in = 14,336).
 
         Raises:
             LowbitError: a layer that saw no tokens, or a collector made with ``hessian=False``.
@@ -252,6 +257,8 @@ class HessianCollector:
         self._flush(group)
         if group not in self._total:
             raise LowbitError(f"layer {name!r}: no Hessian was collected (hessian=False)")
+        if release:
+            return _symmetric_in_place(self._total.pop(group), 2.0 / self._count[group])
         S = self._total[group]
         return (2.0 / self._count[group]) * (np.triu(S) + np.triu(S, 1).T)
 
@@ -351,6 +358,23 @@ def add_parts(sums: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any]:
             m = got["max"]
             acc["max"] = m.copy() if acc["max"] is None else np.maximum(acc["max"], m)
     return sums
+
+
+def _symmetric_in_place(S: np.ndarray, scale: float) -> np.ndarray:
+    """``scale * (triu(S) + triu(S, 1).T)`` computed in ``S`` itself: the lower triangle
+    copied from the upper in row blocks, ``+ 0.0`` (as the sum with the zero triangle: a
+    ``-0.0`` becomes ``+0.0``), then scaled. Bitwise the expression's values."""
+    n = S.shape[0]
+    step = 512
+    for i0 in range(0, n, step):
+        i1 = min(i0 + step, n)
+        S[i0:i1, :i0] = S[:i0, i0:i1].T
+        blk = S[i0:i1, i0:i1]
+        low = np.tril_indices(i1 - i0, -1)
+        blk[low] = blk.T[low]
+    np.add(S, 0.0, out=S)
+    S *= scale
+    return S
 
 
 class _Done(Exception):

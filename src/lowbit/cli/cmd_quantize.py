@@ -145,6 +145,14 @@ def register(sub: Any) -> None:
     add_calibration_options(p, needs="--w8a8 or --activations")  # and nvfp4's input scales
     p.add_argument("--damp", type=float, default=0.01, help="gptq dampening (default 0.01)")
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="gptq: continue from the record a stopped run left beside --out "
+        "(.OUT.lowbit-resume, kept after every block); without --resume a matching record is "
+        "used too and one that does not match is replaced with a warning; with it, no usable "
+        "record is an error",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         help="torch threads of gptq/awq/--smooth and --eval (default: the usable cores; 1 on "
@@ -354,6 +362,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads, compute=args.compute, workers=args.workers, ray=args.ray,
             overwrite=args.overwrite, copy_code=args.copy_code, max_shard_size=None,
             progress=progress, dry_run=False, rounding=rounding, clock=clock,
+            resume=True if args.resume else None,
         )  # fmt: skip
     result = dict(res.details)
     method = res.method

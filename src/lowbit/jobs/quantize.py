@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.calibration import calibrated
+from lowbit.calibration._resume import Resume, resume_folder
 from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.input_scales import nvfp4_input_scales
@@ -157,6 +158,7 @@ def quantize_model(
     max_shard_size: int | None = None,
     progress: bool | None = None,
     dry_run: bool = False,
+    resume: bool | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` to ``to`` and write ``out``: the same bytes as ``lowbit quantize``
     with the same options.
@@ -207,6 +209,10 @@ def quantize_model(
         max_shard_size: bytes per safetensors shard.
         progress: bars (None: on a terminal or in Jupyter; True: always; False: never).
         dry_run: plan only; nothing is written (``details`` holds the applied plan).
+        resume: GPTQ in one process keeps a resume record beside ``out`` after every block
+            (``.OUT.lowbit-resume``): None (default) continues from a matching record and
+            starts over (with a warning) from one that does not match; True requires one
+            (``--resume``); False keeps none.
 
     Returns:
         A :class:`~lowbit.jobs.results.QuantizeResult` (a
@@ -313,6 +319,7 @@ def quantize_model(
                 calibration=calibration, out_format=out_format, gguf_rounding=rounding,
                 overwrite=overwrite, copy_code=copy_code, max_shard_size=max_shard_size,
                 threads=threads, progress=progress, weights=weights, compute=compute,
+                resume=resume,
             )  # fmt: skip
             parts = summary.pop("seconds_parts", {})
             seconds = {**parts, "total": time.perf_counter() - t0}
@@ -331,7 +338,7 @@ def quantize_model(
             out_format=out_format, calib=calib, threads=threads, compute=compute,
             workers=workers, ray=ray, overwrite=overwrite, copy_code=copy_code,
             max_shard_size=max_shard_size, progress=progress, dry_run=dry_run,
-            rounding=rounding,
+            rounding=rounding, resume=resume,
         )  # fmt: skip
 
 
@@ -385,6 +392,7 @@ def quantize_plan(
     dry_run: bool,
     rounding: str,
     clock: Stopwatch | None = None,
+    resume: bool | None = None,
 ) -> QuantizeResult:
     """The plan route of :func:`quantize_model` on an open checkpoint: ``lowbit quantize``'s
     sequence (plan, method, folds and calibration, input scales, write). ``name`` is a method
@@ -442,54 +450,70 @@ def quantize_plan(
         source, fold = rotation.fold_source(ckpt, plan)
         if name == "hadamard-fold":
             record = {"method": "rtn", "fold": fold}
-    if smooth is not None or "awq" in (name, named):
-        with clock.part("calibration"):
-            source, done, method = _awq_or_smooth(
-                ckpt, plan, applied, out, name=name, gptq=gptq, awq=awq, smooth=smooth,
-                out_format=out_format, calib=calib, threads=threads, compute=compute,
-                workers=workers, ray=ray, overwrite=overwrite, progress=progress,
-            )  # fmt: skip
-    elif "gptq" in (base, named):
-        with clock.part("calibration"):
-            if out.exists() and not overwrite:  # fail before minutes of calibration
+    if resume and (smooth is not None or "gptq" not in (base, named)):
+        raise LowbitError("--resume continues a GPTQ run (--method gptq); this run has no GPTQ")
+    kept = None
+    try:
+        if smooth is not None or "awq" in (name, named):
+            with clock.part("calibration"):
+                source, done, method = _awq_or_smooth(
+                    ckpt, plan, applied, out, name=name, gptq=gptq, awq=awq, smooth=smooth,
+                    out_format=out_format, calib=calib, threads=threads, compute=compute,
+                    workers=workers, ray=ray, overwrite=overwrite, progress=progress,
+                )  # fmt: skip
+        elif "gptq" in (base, named):
+            with clock.part("calibration"):
+                if out.exists() and not overwrite:  # fail before minutes of calibration
+                    raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+                g = gptq or GPTQ()
+                cfg = g
+                if workers == 1 and not ray and resume is not False:
+                    kept = Resume(resume_folder(out), require=resume is True)
+                elif resume:
+                    raise LowbitError(
+                        "--resume continues a one-process GPTQ run: drop --workers/--ray"
+                    )
+                if name == "hadamard+gptq" and not isinstance(g, MRGPTQ):
+                    cfg = MRGPTQ(damp=g.damp, act_order=g.act_order, sequential=g.sequential)
+                run = calibrated_weights(
+                    source, plan, cfg, calib,
+                    default_method=getattr(cfg, "name", "gptq").split("+")[-1]
+                    if name in (*rotation.ROTATING, *rotation.FOLDING) else name,
+                    threads=threads, progress=progress, compute=compute, workers=workers, ray=ray,
+                    resume=kept,
+                )  # fmt: skip
+                done, method = run.weights, run.record
+                if name == "hadamard+gptq":
+                    done, method = rotation.unwrap(done, method)
+            if fold is not None:
+                method = {**method, "fold": fold}
+        if method is not None:  # GPTQ's solve, AWQ's search: the rest is calibration
+            sec = method.get("seconds", {})
+            clock.split("calibration", {"solve": sec.get("solve", sec.get("search", 0.0))})
+        inputs = None
+        if any(t.activations == "nvfp4" for t in applied.quantized):
+            if out.exists() and not overwrite:  # fail before the calibration forwards
                 raise LowbitError(f"{out} exists; pass --overwrite to replace it")
-            g = gptq or GPTQ()
-            cfg = g
-            if name == "hadamard+gptq" and not isinstance(g, MRGPTQ):
-                cfg = MRGPTQ(damp=g.damp, act_order=g.act_order, sequential=g.sequential)
-            run = calibrated_weights(
-                source, plan, cfg, calib,
-                default_method=getattr(cfg, "name", "gptq").split("+")[-1]
-                if name in (*rotation.ROTATING, *rotation.FOLDING) else name,
-                threads=threads, progress=progress, compute=compute, workers=workers, ray=ray,
+            with clock.part("input scales"):
+                done = ct_weights(source, applied, done)
+                inputs = nvfp4_input_scales(
+                    source, {t.name: done[t.name] for t in applied.quantized}, calib,
+                    threads=threads, progress=progress, compute=compute,
+                    rotations=rotated_tensors(method if record is None else record),
+                )  # fmt: skip
+        with clock.part("write"):
+            result = write_plan(
+                source, plan, out, out_format=out_format, gguf_rounding=rounding,
+                overwrite=overwrite, copy_code=copy_code, max_shard_size=max_shard_size,
+                progress=progress, weights=done, method=method if record is None else record,
+                input_scales=None if inputs is None else inputs.scales,
             )  # fmt: skip
-            done, method = run.weights, run.record
-            if name == "hadamard+gptq":
-                done, method = rotation.unwrap(done, method)
-        if fold is not None:
-            method = {**method, "fold": fold}
-    if method is not None:  # GPTQ's solve, AWQ's search: the rest is calibration
-        sec = method.get("seconds", {})
-        clock.split("calibration", {"solve": sec.get("solve", sec.get("search", 0.0))})
-    inputs = None
-    if any(t.activations == "nvfp4" for t in applied.quantized):
-        if out.exists() and not overwrite:  # fail before the calibration forwards
-            raise LowbitError(f"{out} exists; pass --overwrite to replace it")
-        with clock.part("input scales"):
-            done = ct_weights(source, applied, done)
-            inputs = nvfp4_input_scales(
-                source, {t.name: done[t.name] for t in applied.quantized}, calib,
-                threads=threads, progress=progress, compute=compute,
-                rotations=rotated_tensors(method if record is None else record),
-            )  # fmt: skip
-    with clock.part("write"):
-        result = write_plan(
-            source, plan, out, out_format=out_format, gguf_rounding=rounding,
-            overwrite=overwrite, copy_code=copy_code, max_shard_size=max_shard_size,
-            progress=progress, weights=done, method=method if record is None else record,
-            input_scales=None if inputs is None else inputs.scales,
-        )  # fmt: skip
-    clock.split("write", {"quantize": result["seconds_parts"]["quantize"]})
+        clock.split("write", {"quantize": result["seconds_parts"]["quantize"]})
+    finally:
+        if kept is not None:
+            kept.close()  # the lock (a kill leaves the record for the next run)
+    if kept is not None:
+        kept.remove()  # the output is whole: nothing to resume
     if method is not None or record is not None:
         result["method"] = method if record is None else record
     if inputs is not None:

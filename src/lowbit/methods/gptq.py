@@ -248,10 +248,12 @@ def _as_scheme(scheme: Scheme | GgmlTarget | str) -> Any:
 
 
 def _check(W: Any, H: Any, scheme: Any) -> tuple[np.ndarray, np.ndarray]:
-    """float64 copies of W and H, after checking shapes, values and the scheme's layout."""
+    """A float64 copy of W (the solve writes into it) and H as float64 (only read: no copy
+    when it is float64 already, 1.6 GB saved at Llama-3.1-8B's down_proj), after checking
+    shapes, values and the scheme's layout."""
 
     W64 = np.array(_numpy(W), dtype=np.float64, copy=True)
-    H64 = np.array(_numpy(H), dtype=np.float64, copy=True)
+    H64 = np.asarray(_numpy(H), dtype=np.float64)
     if W64.ndim != 2 or 0 in W64.shape:
         raise LowbitError(f"GPTQ quantizes 2-D weights [out, in], got shape {W64.shape}")
     n = W64.shape[1]
