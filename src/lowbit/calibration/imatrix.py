@@ -38,6 +38,8 @@ class Imatrix:
     dataset: str
     chunks: int
     chunk_size: int
+    #: the model file read (never to be written over by the matrix)
+    source: str = ""
 
 
 def compute_imatrix(
@@ -116,6 +118,7 @@ def compute_imatrix(
         for h in handles:
             h.remove()
     return Imatrix(
+        source=str(ckpt.path),
         sums={k: v.numpy().astype(np.float32) for k, v in sums.items()},
         counts={k: np.array([float(c)], dtype=np.float32) for k, c in counts.items()},
         dataset=label,

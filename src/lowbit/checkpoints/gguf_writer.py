@@ -14,7 +14,7 @@ package. Copy the metadata of such a source file (architecture, hyperparameters,
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -373,6 +373,7 @@ def write_gguf(
     arch: str | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
+    inputs: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write a GGUF file of the given tensors and metadata.
 
@@ -395,6 +396,8 @@ def write_gguf(
             copied byte for byte, with its exact types, after lowbit's checks of the file.
         arch: ``general.architecture``; default: from ``metadata`` or ``source``.
         overwrite: replace an existing ``path``.
+        inputs: files and folders ``path`` must not be (nor lie inside), whatever
+            ``overwrite`` says; ``source`` is always one.
         progress: tqdm bar (``None``: only on a terminal; ``False``: never; see
             ``lowbit._progress``).
 
@@ -453,7 +456,7 @@ def write_gguf(
             None,
         )
 
-    inputs = [source] if isinstance(source, (str, os.PathLike)) else []  # never written over
+    inputs = [*inputs, *([source] if isinstance(source, (str, os.PathLike)) else [])]
     with atomic_file(path, overwrite=overwrite, inputs=inputs) as tmp:
         writer = _writer_class()(tmp, arch)
         try:

@@ -10,6 +10,7 @@ from typing import Any
 from lowbit._optional import require
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.imatrix import compute_imatrix
+from lowbit.checkpoints._outputs import check_output
 from lowbit.checkpoints.imatrix import write_imatrix
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
@@ -63,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise LowbitError(f"--threads must be >= 1, got {args.threads}")
     out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
+    inputs = [p for p in (args.model, args.calib) if p and Path(p).exists()]
+    check_output(out, overwrite=args.overwrite, inputs=inputs)  # before minutes of work
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
     start = time.perf_counter()
     im = compute_imatrix(
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     )
     write_imatrix(
         out, im.sums, im.counts, datasets=[im.dataset], chunk_count=im.chunks,
-        chunk_size=im.chunk_size, overwrite=args.overwrite,
+        chunk_size=im.chunk_size, overwrite=args.overwrite, inputs=[*inputs, im.source],
     )  # fmt: skip
     result = {
         "path": str(out),

@@ -1,0 +1,154 @@
+"""Issue 41, the third adversarial round: every probe is one ``LowbitError`` line (exit 2 from
+the CLI), and where an input is involved its bytes are unchanged."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lowbit.cli import main
+from lowbit.errors import LowbitError
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- outputs are never inputs
+
+
+@pytest.fixture(scope="module")
+def model_gguf(tmp_path_factory: Any) -> Path:
+    """A GGUF lowbit wrote (so ``--overwrite`` alone would let it be replaced)."""
+    from tiny_models import save_gguf, tiny_llama
+
+    return save_gguf(tiny_llama(), tmp_path_factory.mktemp("m") / "model.gguf")
+
+
+@pytest.fixture(scope="module")
+def imatrix_gguf(tmp_path_factory: Any) -> Path:
+    from lowbit.checkpoints.imatrix import write_imatrix
+
+    p = tmp_path_factory.mktemp("im") / "im.gguf"
+    sums = {"blk.0.attn_q.weight": np.ones(64, np.float32)}
+    counts = {"blk.0.attn_q.weight": np.ones(1, np.float32)}
+    return write_imatrix(p, sums, counts, datasets=["t"], chunk_count=1, chunk_size=8)
+
+
+def _refused_unchanged(path: Path, *args: str) -> str:
+    before = _digest(path)
+    code, out, err = _run(*args)
+    line = _one_line(err)
+    assert code == 2, (out, err)
+    assert "would destroy the input" in line, line
+    assert _digest(path) == before
+    return line
+
+
+@pytest.mark.parametrize("how", ["itself", "symlink", "hardlink"])
+def test_imatrix_out_onto_its_model(model_gguf: Path, tmp_path: Path, how: str) -> None:
+    out = model_gguf
+    if how == "symlink":
+        out = tmp_path / "link.gguf"
+        out.symlink_to(model_gguf)
+    elif how == "hardlink":
+        out = tmp_path / "hard.gguf"
+        os.link(model_gguf, out)
+    _refused_unchanged(model_gguf, "imatrix", str(model_gguf), "--out", str(out), "--overwrite")
+
+
+def test_imatrix_out_onto_its_calibration_text(model_gguf: Path, tmp_path: Path) -> None:
+    calib = tmp_path / "corpus.txt"
+    calib.write_text("hello world " * 100)
+    _refused_unchanged(
+        calib, "imatrix", str(model_gguf), "--calib", str(calib), "--out", str(calib),
+        "--overwrite",
+    )  # fmt: skip
+
+
+def test_quantize_out_onto_its_imatrix(
+    model_gguf: Path, imatrix_gguf: Path, tmp_path: Path
+) -> None:
+    hard = tmp_path / "hard-im.gguf"
+    os.link(imatrix_gguf, hard)
+    for out in (imatrix_gguf, hard):
+        _refused_unchanged(
+            imatrix_gguf, "quantize", str(model_gguf), "--to", "q4_0", "--out-format", "gguf",
+            "--imatrix", str(imatrix_gguf), "--out", str(out), "--overwrite",
+        )  # fmt: skip
+
+
+def test_quantize_out_hard_link_to_its_gguf_input(model_gguf: Path, tmp_path: Path) -> None:
+    hard = tmp_path / "hard.gguf"
+    os.link(model_gguf, hard)
+    _refused_unchanged(
+        model_gguf, "quantize", str(model_gguf), "--to", "q8_0", "--out-format", "gguf",
+        "--out", str(hard), "--overwrite",
+    )  # fmt: skip
+
+
+def test_report_out_onto_its_eval_file(model_gguf: Path, tmp_path: Path) -> None:
+    ev = tmp_path / "eval.json"
+    ev.write_text("{}")
+    _refused_unchanged(
+        ev, "report", str(model_gguf), "--eval", str(ev), "--out", str(ev), "--overwrite"
+    )
+
+
+def test_compare_plot_onto_its_data(tmp_path: Path) -> None:
+    data = tmp_path / "x.npy"
+    np.save(data, np.ones(64, np.float32))
+    link = tmp_path / "x.png"
+    link.symlink_to(data)
+    _refused_unchanged(data, "compare", "--data", str(data), "--plot", str(link), "--overwrite")
+
+
+def test_quantize_tensor_out_hard_link_to_its_input(tmp_path: Path) -> None:
+    data = tmp_path / "x.npy"
+    np.save(data, np.ones(64, np.float32))
+    hard = tmp_path / "x.safetensors"
+    os.link(data, hard)
+    _refused_unchanged(
+        data, "quantize-tensor", str(data), "--to", "int8", "--out", str(hard), "--overwrite"
+    )
+
+
+def test_write_imatrix_and_write_gguf_refuse_an_input(imatrix_gguf: Path, tmp_path: Path) -> None:
+    from lowbit.checkpoints.gguf_writer import write_gguf
+    from lowbit.checkpoints.imatrix import write_imatrix
+
+    before = _digest(imatrix_gguf)
+    hard = tmp_path / "h.gguf"
+    os.link(imatrix_gguf, hard)
+    sums = {"w": np.ones(4, np.float32)}
+    counts = {"w": np.ones(1, np.float32)}
+    with pytest.raises(LowbitError, match="would destroy the input"):
+        write_imatrix(
+            hard, sums, counts, datasets=["t"], chunk_count=1, chunk_size=1, overwrite=True,
+            inputs=[imatrix_gguf],
+        )  # fmt: skip
+    with pytest.raises(LowbitError, match="would destroy the input"):
+        write_gguf(imatrix_gguf, {"w": np.ones(4, np.float32)}, arch="x", overwrite=True,
+                   inputs=[hard])  # fmt: skip
+    assert _digest(imatrix_gguf) == before
