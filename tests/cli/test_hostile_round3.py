@@ -152,3 +152,73 @@ def test_write_imatrix_and_write_gguf_refuse_an_input(imatrix_gguf: Path, tmp_pa
         write_gguf(imatrix_gguf, {"w": np.ones(4, np.float32)}, arch="x", overwrite=True,
                    inputs=[hard])  # fmt: skip
     assert _digest(imatrix_gguf) == before
+
+
+# ---------------------------------------------------------------- bounded resources and numbers
+
+
+def test_workers_capped_by_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lowbit import _workers_cap as cap
+
+    monkeypatch.setattr(cap, "usable_cores", lambda: 3)
+    assert cap.local_workers(4096) == 3
+    assert cap.local_workers(2) == 2
+    assert cap.ray_workers(1, 16.0) == 16  # 1: one actor per cluster CPU
+    assert cap.ray_workers(100, 4.0) == 4  # an actor takes a CPU: more would wait for ever
+    for bad in (0, -1, 10**23, 2.5, True, "4"):
+        with pytest.raises(LowbitError) as info:
+            cap.check_workers(bad)
+        assert len(str(info.value).splitlines()) == 1 and len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize("n", ["1000000", str(10**23), "0"])
+def test_workers_out_of_range_is_one_line(model_gguf: Path, tmp_path: Path, n: str) -> None:
+    code, _, err = _run(
+        "sensitivity", str(model_gguf), "--schemes", "int8:ch", "--workers", n,
+        "--out", str(tmp_path / "s.json"),
+    )  # fmt: skip
+    line = _one_line(err)
+    assert code == 2 and "--workers" in line and len(line) < 200, line
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize(
+    "text", ["1" + "0" * 30, "9" * 400, 10**30, "9" * 100_000 + "x", "1e999", "inf", "nan"]
+)
+def test_gguf_budget_size_past_any_model(text: Any) -> None:
+    import time
+
+    from lowbit.plans.mixed import parse_size
+
+    start = time.perf_counter()
+    with pytest.raises(LowbitError) as info:
+        parse_size(text)
+    assert time.perf_counter() - start < 0.5  # the old pattern was quadratic in the digits
+    assert len(str(info.value).splitlines()) == 1 and len(str(info.value)) < 200
+    assert parse_size("80MB") == 80 * 10**6 and parse_size("1.5GiB") == 3 * 2**29
+    assert parse_size(".5k") == 500 and parse_size(2**53) == 2**53
+
+
+def test_gguf_budget_size_from_the_cli(model_gguf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.gguf"
+    code, _, err = _run(
+        "quantize", str(model_gguf), "--size", "1" + "0" * 30, "--out-format", "gguf",
+        "--out", str(out),
+    )  # fmt: skip
+    assert code == 2 and "8 PiB" in _one_line(err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "argv"),
+    [
+        ("--percentile", ["quantize-tensor", "x.npy", "--percentile", "nan", "--to", "int8"]),
+        ("--lr", ["train-lab", "--lr", "inf", "--steps", "1"]),
+        ("--steps", ["train-lab", "--steps", str(10**30)]),
+        ("--memory-fraction", ["plan", "--params", "7B", "--memory-fraction", "nan"]),
+    ],
+)
+def test_numbers_out_of_any_range_are_one_line(flag: str, argv: list[str]) -> None:
+    code, _, err = _run(*argv)
+    line = _one_line(err)
+    assert code == 2 and flag in line, line

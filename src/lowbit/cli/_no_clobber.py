@@ -1,5 +1,5 @@
-"""Outputs are never inputs, for every command: checked once, from the parsed arguments,
-before a command does any work.
+"""Checks of the parsed arguments every command gets before it does any work: outputs are
+never inputs, and numbers are in range for any use (:func:`check_numbers`).
 
 Every option that names something the command writes (``--out``, ``--plot``, ``--png``,
 ``--save-dir``) is compared with every other argument that names an existing file or folder
@@ -12,10 +12,12 @@ an input is never replaced, even one lowbit wrote (a GGUF it quantized, an imatr
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Iterator
 
 from lowbit.checkpoints._outputs import check_not_input, same_file
+from lowbit.errors import LowbitError
 
 #: Options whose value is a file or folder the command writes (argparse dests).
 FILE_OUTPUTS = ("out", "plot")
@@ -65,3 +67,29 @@ def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
             for given in inputs:
                 if same_file(value, given):
                     check_not_input(value, [given], flag=dest.replace("_", "-"))
+
+
+#: The magnitude past which no integer option means anything (and numpy, struct and torch
+#: raise OverflowError): every count, size and seed lowbit takes fits in 63 bits.
+INT_LIMIT = 2**63
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every number option in range for any use: integers within +-2**63, floats finite.
+
+    Each command checks its own ranges after this (``--threads >= 1``, ...); this bounds
+    what reaches them, so ``--steps 10**30`` or ``--lr nan`` is one line, not an
+    OverflowError or a silent NaN deep inside.
+
+    Raises:
+        LowbitError: naming the option.
+    """
+    for dest, value in vars(args).items():
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and not -INT_LIMIT <= value < INT_LIMIT:
+            digits = len(str(abs(value)))
+            raise LowbitError(f"{flag}: a {digits}-digit number is past any value it takes")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise LowbitError(f"{flag} must be a finite number, got {value}")

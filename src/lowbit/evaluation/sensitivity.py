@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._parallel import threads
+from lowbit._workers_cap import check_workers
 from lowbit.checkpoints.quantize_model import plan_model
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
@@ -407,8 +408,7 @@ def sensitivity(
     """
     if measure not in ("exact", "proxy"):
         raise LowbitError(f"measure must be 'exact' or 'proxy', got {measure!r}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise LowbitError(f"workers must be a positive integer, got {workers!r}")
+    check_workers(workers)
     _check_proxy(proxy)
     _exact_indices(schemes, exact_schemes)
     compute = resolve_compute(compute)  # once, here: every worker runs what this machine chose
