@@ -222,3 +222,81 @@ def test_numbers_out_of_any_range_are_one_line(flag: str, argv: list[str]) -> No
     code, _, err = _run(*argv)
     line = _one_line(err)
     assert code == 2 and flag in line, line
+
+
+# ---------------------------------------------------------------- paths that ended in tracebacks
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory: Any) -> Path:
+    from tiny_models import save_hf_folder, tiny_llama
+
+    return save_hf_folder(tiny_llama(), tmp_path_factory.mktemp("hf") / "hf")
+
+
+@pytest.mark.parametrize("activations", [None, "fp8"])
+def test_fp8_block_to_compressed_tensors_from_the_cli(
+    hf_folder: Path, tmp_path: Path, activations: str | None
+) -> None:
+    """``--to fp8_block --out-format compressed-tensors`` writes llm-compressor's FP8_BLOCK
+    layout (a TypeError in the size summary before); with ``--activations fp8`` its dynamic
+    per-group-of-128 fp8 inputs too."""
+    import json
+
+    out = tmp_path / "fp8b"
+    extra = ["--activations", activations] if activations else []
+    code, _, err = _run(
+        "quantize", str(hf_folder), "--to", "fp8_block", "--out-format", "compressed-tensors",
+        *extra, "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    [group] = qc["config_groups"].values()
+    w = group["weights"]
+    assert (w["type"], w["num_bits"], w["strategy"], w["block_structure"], w["symmetric"]) == (
+        "float", 8, "block", [128, 128], True,
+    )  # fmt: skip
+    if activations:
+        assert qc["format"] == "float-quantized"
+        assert group["input_activations"] == {
+            "dynamic": True, "group_size": 128, "num_bits": 8, "strategy": "group",
+            "symmetric": True, "type": "float",
+        }  # fmt: skip
+    assert _run("verify", str(out))[0] == 0
+
+
+@pytest.fixture(scope="module")
+def gguf_without_tokenizer(tmp_path_factory: Any) -> Path:
+    from lowbit.checkpoints.gguf_writer import write_gguf
+    from tiny_models import gguf_metadata, gguf_tensors, tiny_llama
+
+    m = tiny_llama()
+    meta = {k: v for k, v in gguf_metadata(m).items() if not k.startswith("tokenizer.")}
+    p = tmp_path_factory.mktemp("notok") / "notok.gguf"
+    return write_gguf(p, gguf_tensors(m), metadata=meta, arch="llama", progress=False)
+
+
+def test_imatrix_on_a_gguf_without_a_tokenizer(
+    gguf_without_tokenizer: Path, tmp_path: Path
+) -> None:
+    code, _, err = _run("imatrix", str(gguf_without_tokenizer), "--out", str(tmp_path / "i.gguf"))
+    assert code == 2 and "holds no tokenizer" in _one_line(err)
+
+
+def test_imatrix_given_an_imatrix_as_the_model(imatrix_gguf: Path, tmp_path: Path) -> None:
+    code, _, err = _run("imatrix", str(imatrix_gguf), "--out", str(tmp_path / "i.gguf"))
+    assert code == 2 and "an importance matrix" in _one_line(err)
+
+
+@pytest.mark.parametrize(
+    "record",
+    ['{"text":' * 100_000 + '"x"' + "}" * 100_000, '{"text": {"a": {"b": "c"}}}', "[" * 50_000],
+)
+def test_nested_calibration_jsonl(model_gguf: Path, tmp_path: Path, record: str) -> None:
+    calib = tmp_path / "c.jsonl"
+    calib.write_text(record + "\n")
+    code, _, err = _run(
+        "imatrix", str(model_gguf), "--calib", str(calib), "--out", str(tmp_path / "i.gguf")
+    )
+    line = _one_line(err)
+    assert code == 2 and "c.jsonl:1" in line, line

@@ -73,6 +73,7 @@ def compute_imatrix(
         raise LowbitError(
             f"{ckpt.path}: importance matrices are keyed by GGUF tensor names; give a GGUF model"
         )
+    tokenizer = build_tokenizer(ckpt)  # first: an imatrix file or a GGUF without a vocabulary
     modules: dict[str, str] = {}
     for name in ckpt.names():
         if not name.endswith(".weight") or len(ckpt.info(name).shape) != 2:
@@ -83,7 +84,6 @@ def compute_imatrix(
             modules[gguf_to_hf_name(name).removesuffix(".weight")] = name
         except LowbitError:
             continue
-    tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)
     windows = decoder_windows(tokenizer, calib)
     label = calib.text()[0] if not calib.is_jsonl else str(calib.source)
