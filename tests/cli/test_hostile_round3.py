@@ -300,3 +300,100 @@ def test_nested_calibration_jsonl(model_gguf: Path, tmp_path: Path, record: str)
     )
     line = _one_line(err)
     assert code == 2 and "c.jsonl:1" in line, line
+
+
+# ---------------------------------------------------------------- leftovers of killed runs
+
+
+def test_a_killed_conversion_is_removed_by_the_next_run(hf_folder: Path, tmp_path: Path) -> None:
+    """kill -9 inside the HF -> GGUF scratch folder, then a run to the same place: the
+    folder (a converted copy of the model) is removed and named; an unmarked look-alike and
+    a live run's folder are left alone."""
+    import signal
+    import subprocess
+    import sys
+    import warnings
+
+    from lowbit.checkpoints import _scratch
+    from lowbit.cli._gguf_mix import HF_TO_GGUF_PREFIX
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = (
+        "import sys, time\nfrom pathlib import Path\n"
+        "from lowbit.checkpoints._scratch import scratch_dir\n"
+        f"with scratch_dir({HF_TO_GGUF_PREFIX!r}, Path(sys.argv[1])) as d:\n"
+        "    (d / 'model.gguf').write_bytes(b'x' * 4096)\n"
+        "    print(d, flush=True)\n    time.sleep(60)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(src)},
+    )  # fmt: skip
+    killed = Path(child.stdout.readline().strip())  # type: ignore[union-attr]
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdout.close()  # type: ignore[union-attr]
+    assert (killed / "model.gguf").exists()
+    unmarked = tmp_path / (HF_TO_GGUF_PREFIX + "notmine")
+    unmarked.mkdir()
+    (unmarked / "thesis.txt").write_text("keep me")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _scratch.scratch_dir(HF_TO_GGUF_PREFIX, tmp_path) as live:  # the next run
+            assert not killed.exists()
+            again = _scratch.sweep(tmp_path, HF_TO_GGUF_PREFIX)  # a run beside it
+            assert live.exists()  # locked: in use, not debris
+    said = [str(w.message) for w in seen]
+    assert not live.exists()
+    assert (unmarked / "thesis.txt").read_text() == "keep me"
+    assert any(str(killed) in m and "removed" in m for m in said), said
+    assert any(str(unmarked) in m and "left" in m for m in said), said
+    assert not any(str(live) in m for m in said), said
+    assert again == [m for m in said if str(unmarked) in m][-1:]
+
+
+@pytest.fixture(scope="module")
+def convertible(tmp_path_factory: Any) -> Path:
+    """A tiny llama with SmolLM2's tokenizer, which lowbit converts to GGUF (the fixture
+    tests/checkpoints/test_gguf_convert.py uses)."""
+    import subprocess
+    import sys
+
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.gguf_tokenizer import write_tokenizer
+    from tiny_models import shipped_path
+
+    root = tmp_path_factory.mktemp("convert")
+    (root / "tok").mkdir()
+    write_tokenizer(open_checkpoint(shipped_path("smollm2")), root / "tok")
+    make = Path(__file__).resolve().parents[1] / "fixtures/llamacpp/convert/make_tiny.py"
+    subprocess.run(
+        [sys.executable, str(make), str(root / "models"), str(root / "tok")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return root / "models" / "tiny-llama"
+
+
+def test_the_gguf_mix_cli_sweeps_killed_conversions(convertible: Path, tmp_path: Path) -> None:
+    from lowbit.checkpoints._scratch import MARK
+    from lowbit.cli._gguf_mix import HF_TO_GGUF_PREFIX
+
+    debris = tmp_path / (HF_TO_GGUF_PREFIX + "abc123")
+    debris.mkdir()
+    (debris / MARK).write_text("lowbit")
+    (debris / "hf.gguf").write_bytes(b"GGUF" + bytes(1000))
+    out = tmp_path / "m.gguf"
+    with pytest.warns(UserWarning, match="removed .*lowbit-hf-to-gguf-abc123"):
+        code, _, err = _run(
+            "quantize",
+            str(convertible),
+            "--to",
+            "q4_k_m",
+            "--out-format",
+            "gguf",
+            "--out",
+            str(out),
+        )
+    assert code == 0, err
+    assert out.exists() and not debris.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(HF_TO_GGUF_PREFIX)]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints._outputs import check_output
+from lowbit.checkpoints._scratch import scratch_dir
 from lowbit.checkpoints.gguf_convert import check_hf_source
 from lowbit.checkpoints.gguf_mix import gguf_mix_types, gptq_targets, write_gguf_mix
 from lowbit.checkpoints.imatrix import read_imatrix
@@ -36,6 +36,8 @@ from lowbit.ggml import blocks, mixes
 from lowbit.methods.gptq import GPTQ
 from lowbit.plans.plan import PrecisionPlan
 
+#: The name a Hugging Face model converted to a temporary GGUF is written under (beside --out).
+HF_TO_GGUF_PREFIX = ".lowbit-hf-to-gguf-"
 _OWN_PLAN = {"Q4_0", "Q8_0"}  # lowbit's plan path writes these to GGUF (scheme "ggml")
 # lowbit schemes too: with --out-format lowbit or compressed-tensors these are lowbit's own
 # schemes (nvfp4: E4M3 group scales under a float32 tensor scale), with gguf the mix
@@ -155,7 +157,8 @@ def gguf_source(ckpt: Any, out: Path, progress: bool | None) -> Iterator[Any]:
     """``ckpt`` itself when it is a GGUF; a Hugging Face source converted first (lowbit's
     ``convert_hf_to_gguf``: llama.cpp's tensors and keys, each tensor at the precision it is
     stored in) into a temporary GGUF beside ``out``, as llama.cpp users do in two steps. The
-    temporary file is removed when the block ends, also on error.
+    temporary file is removed when the block ends, also on error; one a killed run left
+    there is removed by the next (with a warning).
 
     Raises:
         LowbitError: a family or tokenizer lowbit cannot convert.
@@ -166,7 +169,9 @@ def gguf_source(ckpt: Any, out: Path, progress: bool | None) -> Iterator[Any]:
     check_hf_source(ckpt)
     parent = out.parent if str(out.parent) else Path(".")
     where = parent if parent.is_dir() else None  # a dry run may name a folder yet to exist
-    with tempfile.TemporaryDirectory(prefix=".lowbit-hf-to-gguf-", dir=where) as tmp:
+    # marked and locked: a killed run's folder (a converted copy of the model) is removed by
+    # the next run here (lowbit.checkpoints._scratch)
+    with scratch_dir(HF_TO_GGUF_PREFIX, where) as tmp:
         src = Path(tmp) / (Path(ckpt.path).name + ".gguf")
         keep = PrecisionPlan.from_dict({"rules": [{"match": "*", "format": "keep"}]})
         quantize_model(ckpt, keep, src, out_format="gguf", progress=progress)
