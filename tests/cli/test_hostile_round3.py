@@ -397,3 +397,122 @@ def test_the_gguf_mix_cli_sweeps_killed_conversions(convertible: Path, tmp_path:
     assert code == 0, err
     assert out.exists() and not debris.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(HF_TO_GGUF_PREFIX)]
+
+
+# ---------------------------------------------------------------- config values checked first
+
+
+def _mutated(src: Path, tmp_path: Path, **changes: Any) -> Path:
+    import json
+    import shutil
+
+    folder = tmp_path / "m"
+    shutil.copytree(src, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"vocab_size": 10**8}, "vocab_size is 100000000; it must be from 1 to"),
+        ({"vocab_size": 60000}, "vocab_size is 60,000 but the token embedding has"),
+        ({"head_dim": 10**8}, "head_dim is 100000000"),
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers is 1000000000"),
+        ({"num_hidden_layers": 5}, "num_hidden_layers is 5 but the tensors hold layers 0..1"),
+        ({"num_attention_heads": 0}, "num_attention_heads is 0"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide"),
+        ({"num_key_value_heads": 8}, "num_key_value_heads 8 does not divide"),
+        ({"rope_theta": -1.0}, "rope_theta is -1.0"),
+        ({"rms_norm_eps": "1e-5"}, "rms_norm_eps is '1e-5'; lowbit expects a number"),
+        ({"hidden_size": 64.0}, "hidden_size is 64.0; lowbit expects an integer"),
+        ({"max_position_embeddings": 2**40}, "max_position_embeddings is 1099511627776"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": -2.0}}, "factor is -2.0"),
+        ({"num_hidden_layers": True}, "lowbit expects an integer"),
+    ],
+)
+def test_hf_config_to_gguf_checked_first(
+    convertible: Path, tmp_path: Path, changes: dict, says: str
+) -> None:
+    import time
+
+    from lowbit.checkpoints.quantize_model import convert_hf_to_gguf
+
+    folder = _mutated(convertible, tmp_path, **changes)
+    out = tmp_path / "x.gguf"
+    start = time.perf_counter()
+    with pytest.raises(LowbitError) as info:
+        convert_hf_to_gguf(folder, out, progress=False)
+    assert time.perf_counter() - start < 20  # was a minute (head_dim 10**8) or MemoryError
+    assert says in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert not out.exists()
+    code, _, err = _run("quantize", str(folder), "--to", "q8_0", "--out-format", "gguf",
+                        "--out", str(out))  # fmt: skip
+    assert code == 2 and says in _one_line(err)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({"llama.block_count": 10**9}, "llama.block_count is 1000000000"),
+        ({"llama.block_count": 3}, "llama.block_count is 3 but the tensors hold layers 0..1"),
+        ({"llama.attention.head_count": 0}, "llama.attention.head_count is 0"),
+        ({"llama.attention.head_count_kv": 3}, "head_count_kv 3 does not divide"),
+        ({"llama.rope.freq_base": float("nan")}, "llama.rope.freq_base is nan"),
+        ({"llama.attention.layer_norm_rms_epsilon": float("inf")}, "is inf"),
+    ],
+)
+def test_gguf_metadata_checked_before_the_model_is_built(
+    tmp_path: Path, metadata: dict, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lowbit.checkpoints import gguf_writer, open_checkpoint
+    from lowbit.models.build import build_model
+    from tiny_models import save_gguf, tiny_llama
+
+    with monkeypatch.context() as m:  # another writer's file: lowbit's refuses NaN metadata
+        m.setattr(gguf_writer, "check_value", lambda *a: None)
+        path = save_gguf(tiny_llama(), tmp_path / "m.gguf", metadata=metadata)
+    with open_checkpoint(path) as ckpt, pytest.raises(LowbitError) as info:
+        build_model(ckpt, progress=False)
+    assert says in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_moe_top_k_past_the_experts(convertible: Path, tmp_path: Path) -> None:
+    from lowbit.checkpoints.quantize_model import convert_hf_to_gguf
+
+    mixtral = convertible.parent / "tiny-mixtral"
+    for k in (100, 0, -1):
+        folder = _mutated(mixtral, tmp_path / str(k), num_experts_per_tok=k)
+        with pytest.raises(LowbitError, match="num_experts_per_tok") as info:
+            convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("u32", "does not fit UINT32"),
+        (1e39, "is not a finite FLOAT32 value"),
+        (float("nan"), "is not a finite FLOAT32 value"),
+        ([1.0, float("inf")], "is not a finite FLOAT32 value"),
+        ("i8", "does not fit INT8"),
+    ],
+)
+def test_gguf_metadata_packed_in_range(tmp_path: Path, value: Any, says: str) -> None:
+    """What the GGUF writer packs is checked against its GGUF type first (struct.error,
+    OverflowError or a NaN written before); nothing is written."""
+    import gguf
+    from gguf.gguf_writer import GGUFValue
+
+    from lowbit.checkpoints.gguf_writer import write_gguf
+
+    if value == "u32":
+        value = GGUFValue(2**40, gguf.GGUFValueType.UINT32)
+    elif value == "i8":
+        value = GGUFValue(200, gguf.GGUFValueType.INT8)
+    out = tmp_path / "t.gguf"
+    with pytest.raises(LowbitError, match=says) as info:
+        write_gguf(out, {"w": np.ones(4, np.float32)}, metadata={"x.k": value}, arch="x")
+    assert "\n" not in str(info.value) and not out.exists()

@@ -32,6 +32,7 @@ import numpy as np
 
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import gguf_writer
+from lowbit.checkpoints._hparam_table import check_config
 from lowbit.checkpoints._output_checks import GGUF_Q, _gguf_exact
 from lowbit.checkpoints.gguf_arch import Family, check_moe_config, family_for, permute_qk
 from lowbit.checkpoints.gguf_hf_config import converter_config
@@ -275,8 +276,24 @@ def check_hf_source(checkpoint: Any) -> Family:
             :func:`lowbit.checkpoints.gguf_tokenizer.check_hf_tokenizer`).
     """
     fam = hf_family(checkpoint)
+    check_hf_config(checkpoint)
     check_hf_tokenizer(_folder(checkpoint))
     return fam
+
+
+def check_hf_config(checkpoint: Any) -> None:
+    """The config as the converter sees it, field by field and against the tensors, before
+    anything is sized from it (:func:`lowbit.checkpoints._hparam_table.check_config`).
+
+    Raises:
+        LowbitError: the first field out of its type, range or relations.
+    """
+    names = checkpoint.names()
+    check_config(
+        converter_config(checkpoint.config or {}),
+        f"{_folder(checkpoint) / 'config.json'}",
+        tensors=((n, tuple(checkpoint.info(n).shape)) for n in names),
+    )
 
 
 def write_gguf_from_hf(
@@ -298,6 +315,7 @@ def write_gguf_from_hf(
             differently, or what :func:`lowbit.checkpoints.gguf_writer.write_gguf` raises.
     """
     fam = hf_family(checkpoint)  # the tokenizer was checked when planning, and is read below
+    check_hf_config(checkpoint)  # before any size is taken from it
     srcs = _sources(checkpoint, applied, fam)
     shapes = {name: _shape(s) for name, s in srcs.items()}
     metadata = hf_metadata(checkpoint, fam, shapes)

@@ -25,6 +25,7 @@ from lowbit._arrays import _is_ml_float, bfloat16
 from lowbit._progress import progress_bar
 from lowbit.checkpoints import _gguf
 from lowbit.checkpoints._atomic import atomic_file
+from lowbit.checkpoints._gguf_ranges import check_value
 from lowbit.checkpoints._outputs import WRITER_KEY, writer_tag
 from lowbit.checkpoints._write_arrays import as_numpy
 from lowbit.errors import LowbitError
@@ -422,6 +423,9 @@ def write_gguf(
         if str(key) not in _HEADER_KEYS:
             typed[str(key)] = _value_type(value)
     typed[WRITER_KEY] = _value_type(writer_tag())  # lets a later overwrite know lowbit wrote it
+    for key, (value, vtype, sub) in typed.items():  # before a byte is written
+        if not isinstance(value, _Raw):
+            check_value(key, value, vtype, sub)
 
     if arch is None:
         found = typed.get("general.architecture")
