@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.cli._no_clobber import check_numbers, check_outputs_are_not_inputs
 from lowbit.errors import LowbitError, UnderflowWarning
 from lowbit.models._compute import check_compute
 
@@ -153,8 +154,6 @@ def check_args(args: argparse.Namespace) -> None:
     seed = getattr(args, "seed", None)
     if seed is not None and not 0 <= seed <= SEED_MAX:
         raise LowbitError(f"--seed must be an integer from 0 to 2**63-1, got {seed}")
-    from lowbit.cli._no_clobber import check_numbers, check_outputs_are_not_inputs
-
     check_numbers(args)
     check_outputs_are_not_inputs(args)  # every command: no output over an input, first
 
