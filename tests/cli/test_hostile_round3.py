@@ -516,3 +516,75 @@ def test_gguf_metadata_packed_in_range(tmp_path: Path, value: Any, says: str) ->
     with pytest.raises(LowbitError, match=says) as info:
         write_gguf(out, {"w": np.ones(4, np.float32)}, metadata={"x.k": value}, arch="x")
     assert "\n" not in str(info.value) and not out.exists()
+
+
+# ---------------------------------------------------------------- tokenizer and model-card files
+
+_BOMB = (
+    "---\na: &a ["
+    + ",".join(['"lol"'] * 9)
+    + "]\n"
+    + "".join(
+        f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]\n"
+        for p, n in zip("abcdefg", "bcdefgh", strict=True)
+    )
+    + "---\n# a model\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("README.md", _BOMB, "more than 1,000,000 values"),
+        ("README.md", "---\n- a\n- b\n---\n", "a model card's is a mapping"),
+        ("README.md", "---\n" + "[" * 5000 + "\n---\n", "nested"),
+        ("README.md", b"---\nname: \xff\xfe\n---\n", "not UTF-8"),
+        ("tokenizer_config.json", '{"chat_template": 5}', "chat_template must be"),
+        ("tokenizer_config.json", '{"add_bos_token": "yes"}', "add_bos_token must be true"),
+        ("tokenizer_config.json", '{"eos_token": ["a"]}', "eos_token must be a string"),
+        ("tokenizer_config.json", "[" * 100_000, "nested"),
+        ("tokenizer_config.json", b'{"bos_token": "\xc3"}', "not UTF-8"),
+        ("tokenizer_config.json", '{"a": 1, "a": 2}', "twice"),
+        ("tokenizer_config.json", "[1]", "lowbit expects an object"),
+        ("generation_config.json", '{"eos_token_id": "2"}', "eos_token_id must be an integer"),
+        ("generation_config.json", '{"eos_token_id": 1' + "0" * 5000 + "}", "digits"),
+        ("special_tokens_map.json", '{"additional_special_tokens": 3}', "additional_special"),
+        ("added_tokens.json", '{"<x>": "1"}', "integer id"),
+        ("chat_template.json", '{"chat_template": [{"name": 1}]}', "chat_template must be"),
+    ],
+)
+def test_tokenizer_and_card_files_are_hostile_input(
+    convertible: Path, tmp_path: Path, name: str, content: str | bytes, says: str
+) -> None:
+    import shutil
+    import time
+
+    from lowbit.checkpoints.quantize_model import convert_hf_to_gguf
+
+    folder = tmp_path / "m"
+    shutil.copytree(convertible, folder)
+    p = folder / name
+    if isinstance(content, bytes):
+        p.write_bytes(content)
+    else:
+        p.write_text(content)
+    out = tmp_path / "x.gguf"
+    start = time.perf_counter()
+    with pytest.raises(LowbitError) as info:
+        convert_hf_to_gguf(folder, out, progress=False)
+    assert time.perf_counter() - start < 20  # the alias README took 28 s and 538 MB
+    assert says in str(info.value) and name in str(info.value), str(info.value)
+    assert "\n" not in str(info.value) and not out.exists()
+
+
+def test_a_plain_model_card_still_converts(convertible: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from lowbit.checkpoints.quantize_model import convert_hf_to_gguf
+
+    folder = tmp_path / "m"
+    shutil.copytree(convertible, folder)
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\ntags: [a, b]\n---\n# Tiny\n")
+    (folder / "generation_config.json").write_text('{"eos_token_id": [1, 2], "bos_token_id": 0}')
+    convert_hf_to_gguf(folder, tmp_path / "x.gguf", progress=False)
+    assert (tmp_path / "x.gguf").exists()

@@ -32,6 +32,7 @@ import numpy as np
 
 from lowbit.checkpoints import _pipeline as qw
 from lowbit.checkpoints import gguf_writer
+from lowbit.checkpoints._card_files import check_card_files
 from lowbit.checkpoints._hparam_table import check_config
 from lowbit.checkpoints._output_checks import GGUF_Q, _gguf_exact
 from lowbit.checkpoints.gguf_arch import Family, check_moe_config, family_for, permute_qk
@@ -277,6 +278,7 @@ def check_hf_source(checkpoint: Any) -> Family:
     """
     fam = hf_family(checkpoint)
     check_hf_config(checkpoint)
+    check_card_files(_folder(checkpoint))  # before the gguf package's readers see them
     check_hf_tokenizer(_folder(checkpoint))
     return fam
 
@@ -366,6 +368,7 @@ def hf_metadata(
     import gguf
 
     folder = _folder(checkpoint)
+    check_card_files(folder)  # bounded and typed before SpecialVocab and Metadata.load
     cfg = converter_config(checkpoint.config or {})
     w = gguf.GGUFWriter(path=None, arch=fam.arch)
     w.add_type(gguf.GGUFType.MODEL)
