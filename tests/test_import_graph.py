@@ -67,6 +67,7 @@ LAYERS = {
     "_regex": 0,
     "_optional": 0,
     "_version": 0,
+    "_workers_cap": 0,
 }
 BASE = "base"  # the layer-0 modules, one group
 

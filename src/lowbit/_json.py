@@ -207,16 +207,28 @@ def load_yaml(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> An
         LowbitError: as :func:`load`, or malformed YAML.
         ImportError: PyYAML is missing.
     """
-    try:
-        import yaml
-    except ImportError:
-        raise ImportError(f"reading {path} needs PyYAML: pip install pyyaml") from None
     p = Path(path)
     check_regular_file(p)
     with open(p, "rb") as fh:
         raw = fh.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise LowbitError(f"{p}: larger than the {max_bytes:,}-byte limit for a YAML file")
+    return loads_yaml(raw, p)
+
+
+def loads_yaml(raw: bytes, source: str | os.PathLike[str]) -> Any:
+    """Parse a YAML document already read (a model card's front matter), within
+    :func:`load_yaml`'s limits; ``source`` is named in errors.
+
+    Raises:
+        LowbitError: as :func:`load_yaml`.
+        ImportError: PyYAML is missing.
+    """
+    try:
+        import yaml
+    except ImportError:
+        raise ImportError(f"reading {source} needs PyYAML: pip install pyyaml") from None
+    p = Path(source)
     # PyYAML recurses per level and spends seconds before a RecursionError: count the flow
     # brackets first (block nesting needs indentation, so it cannot grow as fast)
     found = _yaml_depth(raw)

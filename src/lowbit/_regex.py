@@ -32,9 +32,11 @@ __all__ = [
     "MAX_PLAN_REGEX_CHARS",
     "MAX_STATES",
     "BoundedRegex",
+    "BoundedSearch",
     "Glob",
     "check_plan_patterns",
     "compile_bounded",
+    "compile_search",
 ]
 
 #: The longest pattern read from a file (tensor-name patterns are tens of characters).
@@ -472,6 +474,32 @@ def compile_bounded(pattern: str, where: str = "regex") -> BoundedRegex:
     if not isinstance(pattern, str):
         raise LowbitError(f"{where} regex must be a string, got {type(pattern).__name__}")
     return _compile(pattern, where)
+
+
+class BoundedSearch:
+    """``re.search`` by a bounded pattern: a match anywhere in the name, in linear time."""
+
+    def __init__(self, pattern: str, where: str) -> None:
+        compile_bounded(pattern, where)  # the pattern alone is checked: "a)(b" stays refused
+        self.pattern = pattern
+        # a lazy any-character prefix: "^" keeps holding only at position 0, as in re.search
+        self._rx = BoundedRegex(r"[\s\S]*?(?:" + pattern + ")", where)
+
+    def search(self, name: str) -> bool:
+        """Whether the pattern matches somewhere in ``name``."""
+        return self._rx.match(name)
+
+
+def compile_search(pattern: str, where: str = "regex") -> BoundedSearch:
+    """A pattern from a user or a file for ``re.search``'s meaning (llama.cpp's
+    ``--tensor-type``), parsed into the checked subset and matched in linear time.
+
+    Raises:
+        LowbitError: as :func:`compile_bounded`.
+    """
+    if not isinstance(pattern, str):
+        raise LowbitError(f"{where} regex must be a string, got {type(pattern).__name__}")
+    return BoundedSearch(pattern, where)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -100,7 +100,7 @@ def test_imatrix_rules() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"tensor_types": [("(", "q4_0")]}, "not a valid regex"),
+        ({"tensor_types": [("(", "q4_0")]}, "does not compile"),
         ({"tensor_types": [("x", "q9_9")]}, "unknown GGML type"),
         ({"output_tensor_type": "nope"}, "unknown GGML type"),
     ],

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from lowbit._workers_cap import check_workers, local_workers, ray_workers
 from lowbit.calibration.awq import awq_weights
 from lowbit.calibration.gptq import gptq_weights
 from lowbit.calibration.hessians import HessianCollector, add_parts, parts_kept
@@ -218,8 +219,7 @@ def distributed_calibration(
     """
     if kind not in _RUNS:
         raise LowbitError(f"distributed calibration runs gptq or awq, got {kind!r}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise LowbitError(f"workers must be a positive integer, got {workers!r}")
+    check_workers(workers)
     path = str(path)
     t0 = time.perf_counter()
     kwargs = {**kwargs, "progress": False}
@@ -238,6 +238,7 @@ def _local_run(
 ) -> tuple[Any, int, int]:
     import multiprocessing
 
+    workers = local_workers(workers)  # no more processes than cores
     if kwargs.get("threads") is None:
         kwargs = {**kwargs, "threads": max(1, _cores() // workers)}
     ctx = multiprocessing.get_context("spawn")  # torch and fork do not mix
@@ -332,8 +333,7 @@ def _ray_run(
             raise LowbitError(
                 f"cannot start Ray at {address}: {line[0] if line else exc}"
             ) from None
-    if workers <= 1:
-        workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    workers = ray_workers(workers, ray.cluster_resources().get("CPU", 1))  # 1 actor per CPU
     if kwargs.get("threads") is None:
         kwargs = {**kwargs, "threads": 1}
 

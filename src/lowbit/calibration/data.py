@@ -26,7 +26,6 @@ LMs only), cut to ``length`` and ``samples``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from lowbit import _json
 from lowbit.calibration.text import candidate_sentences, load_text, tokenize
 from lowbit.errors import LowbitError
 
@@ -192,6 +192,12 @@ class Calibration:
                 "give an encoder texts"
             )
         out = []
+        size = _json.check_regular_file(Path(self.source))  # a FIFO would hang
+        if size > _json.MAX_BYTES:
+            raise LowbitError(
+                f"{self.source}: {size:,} bytes; lowbit reads calibration files of at most "
+                f"{_json.MAX_BYTES:,}"
+            )
         try:
             lines = Path(self.source).read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
@@ -199,10 +205,9 @@ class Calibration:
         for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LowbitError(f"{self.source}:{i}: not JSON ({exc.msg})") from None
+            # lowbit's reader: nesting, long integers and duplicate keys bounded (json.loads
+            # raised RecursionError on a record of objects nested 100,000 deep)
+            rec = _json.loads(line, f"{self.source}:{i}")
             text = rec.get("text") if isinstance(rec, dict) else rec
             if not isinstance(text, str):
                 raise LowbitError(

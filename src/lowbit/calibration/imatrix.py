@@ -44,6 +44,8 @@ class Imatrix(TableView):
     dataset: str
     chunks: int
     chunk_size: int
+    #: the model file read (never to be written over by the matrix)
+    source: str = ""
 
     def importance(self, name: str) -> np.ndarray:
         """The importance vector llama-quantize gives ``name``'s quantizer: ``sums / counts``
@@ -126,6 +128,7 @@ def compute_imatrix(
         raise LowbitError(
             f"{ckpt.path}: importance matrices are keyed by GGUF tensor names; give a GGUF model"
         )
+    tokenizer = build_tokenizer(ckpt)  # first: an imatrix file or a GGUF without a vocabulary
     modules: dict[str, str] = {}
     for name in ckpt.names():
         if not name.endswith(".weight") or len(ckpt.info(name).shape) != 2:
@@ -136,7 +139,6 @@ def compute_imatrix(
             modules[gguf_to_hf_name(name).removesuffix(".weight")] = name
         except LowbitError:
             continue
-    tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)
     windows = decoder_windows(tokenizer, calib)
     label = calib.text()[0] if not calib.is_records else str(calib.source)
@@ -171,6 +173,7 @@ def compute_imatrix(
         for h in handles:
             h.remove()
     return Imatrix(
+        source=str(ckpt.path),
         sums={k: v.numpy().astype(np.float32) for k, v in sums.items()},
         counts={k: np.array([float(c)], dtype=np.float32) for k, c in counts.items()},
         dataset=label,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from lowbit.checkpoints.gguf.checks import GGUF_Q
 from lowbit.ggml import legacy
 from lowbit.plans.plan import TensorPlan
+from lowbit.quant.scheme import Granularity
 
 
 def output_nbytes(t: TensorPlan, out_format: str = "lowbit") -> int:
@@ -23,6 +24,13 @@ def output_nbytes(t: TensorPlan, out_format: str = "lowbit") -> int:
     if out_format == "gguf":
         return legacy.nbytes(t.shape, GGUF_Q[bits])
     rows, cols = t.shape
+    if s.granularity is Granularity.TILE:  # FP8 blocks: fp8 values, a float32 scale per tile
+        bh, bw = s.block_shape  # type: ignore[misc]
+        return rows * cols + -(-rows // bh) * -(-cols // bw) * 4
+    if s.tensor_scale or s.format == "mxfp4":  # NVFP4 / MXFP4: packed fp4, a byte per group
+        group = 16 if s.tensor_scale else 32
+        n = rows * -(-cols // 2) + rows * (cols // group)
+        return n + (4 if s.tensor_scale else 0) + (4 if t.activations == "nvfp4" else 0)
     gran = s.granularity.value
     groups = 1 if gran in ("tensor", "channel") else -(-cols // int(s.group_size))  # type: ignore[arg-type]
     nscale = 1 if gran == "tensor" else rows * groups

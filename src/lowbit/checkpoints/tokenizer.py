@@ -28,17 +28,36 @@ def build_tokenizer(checkpoint: Checkpoint) -> Any:
     uses its ``tokenizer.json`` / ``tokenizer_config.json``.
 
     Raises:
-        LowbitError: no tokenizer files.
+        LowbitError: no tokenizer files; a GGUF without a tokenizer, an importance matrix, or
+            a vocabulary transformers cannot convert.
     """
     import transformers
 
     if checkpoint.format == "gguf":
         md = checkpoint.metadata
-        if md.get("tokenizer.ggml.model") == "gpt2" and "tokenizer.ggml.merges" in md:
+        if md.get("general.type") == "imatrix" or md.get("general.architecture") == "imatrix":
+            raise LowbitError(
+                f"{checkpoint.path}: an importance matrix (general.type imatrix), not a model; "
+                "give the GGUF model it was computed for"
+            )
+        kind = md.get("tokenizer.ggml.model")
+        if kind is None:
+            raise LowbitError(
+                f"{checkpoint.path}: the GGUF holds no tokenizer (no tokenizer.ggml.model); "
+                "this needs the model's vocabulary to read text"
+            )
+        if kind == "gpt2" and "tokenizer.ggml.merges" in md:
             return gguf_bpe_tokenizer(md)
-        return transformers.AutoTokenizer.from_pretrained(
-            checkpoint.path.parent, gguf_file=checkpoint.path.name, local_files_only=True
-        )
+        try:
+            return transformers.AutoTokenizer.from_pretrained(
+                checkpoint.path.parent, gguf_file=checkpoint.path.name, local_files_only=True
+            )
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # transformers' converter
+            why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise LowbitError(
+                f"{checkpoint.path}: transformers cannot build its {str(kind)[:40]!r} tokenizer "
+                f"({why})"
+            ) from None
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
     if not (folder / "tokenizer.json").exists() and not (folder / "tokenizer_config.json").exists():
         raise LowbitError(f"{folder}: no tokenizer.json or tokenizer_config.json")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._json import to_jsonable
+from lowbit.cli._no_clobber import check_numbers, check_outputs_are_not_inputs
 from lowbit.errors import LowbitError, UnderflowWarning
 from lowbit.models._compute import check_compute
 
@@ -129,14 +130,18 @@ def parse_names(text: str | None, flag: str) -> list[str] | None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Checks shared by every command, run before it: ``--seed`` in 0 .. 2**63 - 1.
+    """Checks shared by every command, run before it: ``--seed`` in 0 .. 2**63 - 1; no output
+    option (``--out``, ``--plot``, ...) names an input (:mod:`lowbit.cli._no_clobber`).
 
     Raises:
-        LowbitError: a negative or too large seed (numpy would raise a bare ValueError).
+        LowbitError: a negative or too large seed (numpy would raise a bare ValueError); an
+            output that is an input.
     """
     seed = getattr(args, "seed", None)
     if seed is not None and not 0 <= seed <= SEED_MAX:
         raise LowbitError(f"--seed must be an integer from 0 to 2**63-1, got {seed}")
+    check_numbers(args)
+    check_outputs_are_not_inputs(args)  # every command: no output over an input, first
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from typing import Any
 
 from lowbit import _json
 from lowbit._progress import progress_bar
+from lowbit._workers_cap import check_workers
 from lowbit.checkpoints.io.outputs import check_not_input
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.cli import _common
@@ -142,8 +143,7 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
         raise LowbitError("--schemes needs at least one scheme")
     for s in schemes:  # bad strings fail before a model loads
         parse_scheme(s)
-    if args.workers < 1:
-        raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
+    check_workers(args.workers, "--workers")
     compute = _common.compute_option(getattr(args, "compute", "fp32"))
     measure, proxy = args.measure, args.proxy or "input"
     if measure == "fisher":

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lowbit._workers_cap import check_workers
 from lowbit.checkpoints.streaming import (
     check_unrotated,
     open_model,
@@ -316,8 +317,7 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress or args.json else None
     if args.threads is not None and args.threads < 1:
         raise LowbitError(f"--threads must be >= 1, got {args.threads}")
-    if args.workers < 1:
-        raise LowbitError(f"--workers must be a positive integer, got {args.workers}")
+    check_workers(args.workers, "--workers")
     args.compute = _common.compute_option(args.compute)
     plan = build_plan(args)
     w4a4 = activation_format(args.activations) == "nvfp4"

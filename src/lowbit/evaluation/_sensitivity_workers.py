@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from lowbit._workers_cap import local_workers, ray_workers
 from lowbit.checkpoints import open_checkpoint
 from lowbit.errors import LowbitError
 from lowbit.models._threads import _cores
@@ -137,6 +138,7 @@ def _local_scan(
 ) -> tuple[str, dict[int, Any], dict[str, float], int]:
     import multiprocessing
 
+    workers = local_workers(workers)  # no more processes than cores
     threads = max(1, _cores() // workers)
     ctx = multiprocessing.get_context("spawn")  # torch and fork do not mix
     results: dict[int, Any] = {}
@@ -177,8 +179,7 @@ def _ray_scan(
     if not ray.is_initialized():
         ray.init(address=None if address is True else str(address), include_dashboard=False,
                  log_to_driver=False)  # fmt: skip
-    if workers <= 1:
-        workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    workers = ray_workers(workers, ray.cluster_resources().get("CPU", 1))  # 1 actor per CPU
 
     @ray.remote(num_cpus=1)
     class _Actor:  # pragma: no cover - runs in Ray's worker processes

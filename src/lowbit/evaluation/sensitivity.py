@@ -43,6 +43,7 @@ import numpy as np
 
 from lowbit._parallel import threads
 from lowbit._progress import Progress, step_reporter
+from lowbit._workers_cap import check_workers
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.checkpoints.streaming import plan_model
 from lowbit.errors import LowbitError
@@ -436,8 +437,7 @@ def _sensitivity(
     proxy: str,
     compute: str,
 ) -> SensitivityResult:
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise LowbitError(f"workers must be a positive integer, got {workers!r}")
+    check_workers(workers)
     _check_proxy(proxy)
     _exact_indices(schemes, exact_schemes)
     compute = resolve_compute(compute)  # once, here: every worker runs what this machine chose

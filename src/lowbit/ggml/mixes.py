@@ -28,6 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from lowbit._regex import compile_search
 from lowbit.errors import LowbitError
 
 __all__ = ["MIXES", "Mix", "TensorSpec", "choose_types", "mix", "requires_imatrix"]
@@ -391,13 +392,10 @@ def choose_types(
     specs = sorted(tensors, key=lambda t: (_layer(t.name), t.name))
     overrides = list(tensor_types.items()) if isinstance(tensor_types, Mapping) else tensor_types
     patterns = []
-    for pat, typ in overrides:
-        try:
-            patterns.append((re.compile(pat), _type_name(typ, f"--tensor-type {pat}")))
-        except re.error as exc:
-            raise LowbitError(
-                f"--tensor-type pattern {pat!r} is not a valid regex: {exc}"
-            ) from None
+    for pat, typ in overrides:  # linear time: a pattern must not hang the planner
+        patterns.append(
+            (compile_search(pat, "--tensor-type"), _type_name(typ, f"--tensor-type {pat}"))
+        )
     out_t = None if output_tensor_type is None else _type_name(output_tensor_type, "the output")
     emb_t = None if token_embedding_type is None else _type_name(token_embedding_type, "token_embd")
     names = [t.name for t in specs]

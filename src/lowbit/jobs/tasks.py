@@ -110,7 +110,8 @@ def imatrix(
         threads, overwrite, progress: torch threads; replace an output lowbit wrote; bars.
 
     Raises:
-        LowbitError: an empty or existing ``out`` (without ``overwrite``), a source that is not
+        LowbitError: an empty ``out``, one that is an input (the model, its calibration text,
+            whatever ``overwrite`` says) or exists without ``overwrite``, a source that is not
             a GGUF causal LM, calibration text too short.
     """
     if not str(out).strip():
@@ -118,16 +119,17 @@ def imatrix(
     if threads is not None and threads < 1:
         raise LowbitError(f"--threads must be >= 1, got {threads}")
     path = Path(out)
-    if path.exists() and not overwrite:
-        raise LowbitError(f"{path} exists; pass --overwrite to replace it")
+    calib = calibration or Calibration()
+    named = [model, getattr(calib, "source", None)]
+    inputs = [p for p in named if isinstance(p, str | os.PathLike) and Path(p).exists()]
+    check_output(path, overwrite=overwrite, inputs=inputs)  # before minutes of work
     start = time.perf_counter()
     im = compute_imatrix(
-        model, calibration or Calibration(), process_output=process_output, threads=threads,
-        progress=progress,
-    )  # fmt: skip
+        model, calib, process_output=process_output, threads=threads, progress=progress
+    )
     write_imatrix(
         path, im.sums, im.counts, datasets=[im.dataset], chunk_count=im.chunks,
-        chunk_size=im.chunk_size, overwrite=overwrite,
+        chunk_size=im.chunk_size, overwrite=overwrite, inputs=[*inputs, im.source],
     )  # fmt: skip
     return FileResult(
         details={

@@ -27,6 +27,7 @@ import numpy as np
 
 from lowbit._optional import require
 from lowbit._progress import progress_iter
+from lowbit.checkpoints.config_checks import check_config
 from lowbit.checkpoints.gguf.arch import GGUF_ARCHS
 from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_experts, gguf_to_hf_name
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
@@ -115,6 +116,7 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
     import transformers
 
     cfg = dict(checkpoint.config or {})
+    arch = None
     if checkpoint.format == "gguf":
         arch = getattr(checkpoint, "metadata", {}).get(
             "general.architecture", cfg.get("model_type")
@@ -131,6 +133,14 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
         )
     if checkpoint.format == "gguf" and LONGROPE[0] in checkpoint:
         cfg = _longrope_config(checkpoint, cfg)
+    # every count and real value in range and consistent with the tensors before the model
+    # is allocated from them (block_count 10**9, zero heads, top-k past the experts, NaN rope)
+    check_config(
+        cfg,
+        str(checkpoint.path),
+        gguf_arch=str(arch) if checkpoint.format == "gguf" else None,
+        tensors=((n, tuple(checkpoint.info(n).shape)) for n in checkpoint.names()),
+    )
     model_type = cfg.pop("model_type", None)
     if model_type is None:
         raise LowbitError(f"{checkpoint.path}: config has no model_type")

@@ -35,13 +35,13 @@ them would measure another model.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from lowbit._regex import compile_bounded
 from lowbit.errors import LowbitError
 from lowbit.methods.hadamard import hadamard
 
@@ -50,6 +50,7 @@ __all__ = ["InputTransform", "input_transforms", "transform_entries", "transform
 _OFFLINE = ("weight_input", "weight_output")
 _ONLINE_OTHER = ("output", "q_attn", "k_cache")
 _TYPES = ("hadamard", "random-hadamard")
+_RE_WHERE = "transform_config targets"
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,8 @@ class InputTransform:
 
 def _matches(name: str, classes: tuple[str, ...], targets: tuple[str, ...]) -> bool:
     for t in targets:
-        if t.startswith("re:"):
-            if re.match(t[3:], name):
+        if t.startswith("re:"):  # linear time: a downloaded config must not hang a matcher
+            if compile_bounded(t[3:], _RE_WHERE).match(name):
                 return True
         elif t == name or t in classes:
             return True
@@ -148,6 +149,12 @@ def input_transforms(qc: Mapping[str, Any], where: str) -> list[InputTransform]:
             ok = isinstance(targets, list) and isinstance(ignore, list)
             if not ok or not all(isinstance(t, str) for t in [*targets, *ignore]):
                 raise LowbitError(f"{at}: targets and ignore must be strings or lists of them")
+            for t in [*targets, *ignore]:  # refused here, naming the group, not when matched
+                if t.startswith("re:"):
+                    try:
+                        compile_bounded(t[3:], _RE_WHERE)
+                    except LowbitError as exc:
+                        raise LowbitError(f"{at}: {exc}") from None
             inverse = bool(args.get("inverse", False))
             out.append(
                 InputTransform(str(gname), kind, head, inverse, tuple(targets), tuple(ignore))

@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints import steps as qw
+from lowbit.checkpoints.config_checks import check_config
 from lowbit.checkpoints.gguf import writer as gguf_writer
 from lowbit.checkpoints.gguf.arch import Family, check_moe_config, family_for, permute_qk
+from lowbit.checkpoints.gguf.card_files import check_card_files
 from lowbit.checkpoints.gguf.checks import GGUF_Q, _gguf_exact
 from lowbit.checkpoints.gguf.hf_config import converter_config
 from lowbit.checkpoints.gguf.hparams import add_hparams, phi3_rope_factors, rope_factors
@@ -275,8 +277,25 @@ def check_hf_source(checkpoint: Any) -> Family:
             :func:`lowbit.checkpoints.gguf.tokenizer.check_hf_tokenizer`).
     """
     fam = hf_family(checkpoint)
+    check_hf_config(checkpoint)
+    check_card_files(_folder(checkpoint))  # before the gguf package's readers see them
     check_hf_tokenizer(_folder(checkpoint))
     return fam
+
+
+def check_hf_config(checkpoint: Any) -> None:
+    """The config as the converter sees it, field by field and against the tensors, before
+    anything is sized from it (:func:`lowbit.checkpoints.config_checks.check_config`).
+
+    Raises:
+        LowbitError: the first field out of its type, range or relations.
+    """
+    names = checkpoint.names()
+    check_config(
+        converter_config(checkpoint.config or {}),
+        f"{_folder(checkpoint) / 'config.json'}",
+        tensors=((n, tuple(checkpoint.info(n).shape)) for n in names),
+    )
 
 
 def write_gguf_from_hf(
@@ -298,6 +317,7 @@ def write_gguf_from_hf(
             differently, or what :func:`lowbit.checkpoints.gguf.writer.write_gguf` raises.
     """
     fam = hf_family(checkpoint)  # the tokenizer was checked when planning, and is read below
+    check_hf_config(checkpoint)  # before any size is taken from it
     srcs = _sources(checkpoint, applied, fam)
     shapes = {name: _shape(s) for name, s in srcs.items()}
     metadata = hf_metadata(checkpoint, fam, shapes)
@@ -348,6 +368,7 @@ def hf_metadata(
     import gguf
 
     folder = _folder(checkpoint)
+    check_card_files(folder)  # bounded and typed before SpecialVocab and Metadata.load
     cfg = converter_config(checkpoint.config or {})
     w = gguf.GGUFWriter(path=None, arch=fam.arch)
     w.add_type(gguf.GGUFType.MODEL)

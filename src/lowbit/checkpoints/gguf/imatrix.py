@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,7 @@ def write_imatrix(
     chunk_count: int,
     chunk_size: int,
     overwrite: bool = False,
+    inputs: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write an importance matrix in llama.cpp's GGUF format (``NAME.in_sum2``/``NAME.counts``).
 
@@ -171,9 +172,12 @@ def write_imatrix(
         datasets: names of the calibration texts (``imatrix.datasets``).
         chunk_count / chunk_size: chunks of ``chunk_size`` tokens seen.
         overwrite: replace an existing file lowbit wrote.
+        inputs: what the matrix was computed from (the model, the calibration file): never
+            written over, whatever ``overwrite`` says.
 
     Raises:
-        LowbitError: mismatched names or shapes, or negative/non-finite values.
+        LowbitError: mismatched names or shapes, negative/non-finite values, or ``path``
+            that is one of ``inputs``.
     """
     if set(sums) != set(counts):
         raise LowbitError("importance matrix: sums and counts name different weights")
@@ -193,4 +197,6 @@ def write_imatrix(
         "imatrix.chunk_count": int(chunk_count),
         "imatrix.chunk_size": int(chunk_size),
     }
-    return write_gguf(path, tensors, metadata=meta, arch="imatrix", overwrite=overwrite)
+    return write_gguf(
+        path, tensors, metadata=meta, arch="imatrix", overwrite=overwrite, inputs=inputs
+    )

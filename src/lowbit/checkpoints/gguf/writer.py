@@ -14,7 +14,7 @@ package. Copy the metadata of such a source file (architecture, hyperparameters,
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import numpy as np
 
 from lowbit._arrays import _is_ml_float, bfloat16
 from lowbit._progress import progress_bar
+from lowbit.checkpoints.gguf.ranges import check_value
 from lowbit.checkpoints.io import gguf_file as _gguf
 from lowbit.checkpoints.io.arrays import as_numpy
 from lowbit.checkpoints.io.atomic import atomic_file
@@ -463,6 +464,7 @@ def write_gguf(
     arch: str | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
+    inputs: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write a GGUF file of the given tensors and metadata.
 
@@ -487,6 +489,8 @@ def write_gguf(
             copied byte for byte, with its exact types, after lowbit's checks of the file.
         arch: ``general.architecture``; default: from ``metadata`` or ``source``.
         overwrite: replace an existing ``path``.
+        inputs: files and folders ``path`` must not be (nor lie inside), whatever
+            ``overwrite`` says; ``source`` is always one.
         progress: tqdm bar (``None``: only on a terminal; ``False``: never; see
             ``lowbit._progress``).
 
@@ -507,6 +511,9 @@ def write_gguf(
         ) from exc
 
     typed = _typed(metadata, source)
+    for key, (value, vtype, sub) in typed.items():  # before a byte is written
+        if not isinstance(value, _Raw):
+            check_value(key, value, vtype, sub)
     arch = _arch(typed, arch)
     # Plan every tensor from a first look at its value and drop it; the value is fetched
     # again when written, so a lazy Mapping keeps about one tensor in memory.
@@ -519,9 +526,9 @@ def write_gguf(
         planned[name].produce = _unplanned
     _derived(typed, metadata, planned)
 
-    inputs = [source] if isinstance(source, (str, os.PathLike)) else []  # never written over
-    if hasattr(source, "gguf_fields"):
-        inputs = [source.path]
+    inputs = [*inputs, *([source] if isinstance(source, (str, os.PathLike)) else [])]
+    if hasattr(source, "gguf_fields"):  # a Hugging Face folder's converted view
+        inputs = [*inputs, source.path]
     with atomic_file(path, overwrite=overwrite, inputs=inputs) as tmp:
         writer = _writer_class()(tmp, arch)
         try:

@@ -81,6 +81,7 @@ __all__ = [  # the names the writers and the CLI use
     "output_dir",
     "output_file",
     "recover",
+    "same_file",
     "save_figure",
     "writer_metadata",
     "writer_tag",
@@ -109,14 +110,18 @@ def check_not_input(
     """
     _check_name(Path(out))
     target = _real(Path(out))
+    # device and inode too: a hard link (or a bind mount) is the input under another real path
+    target_id = _identity(target)
+    above = {i for i in map(_identity, target.parents) if i is not None}
     clashes = []
     for given in inputs:
         src = _real(Path(given))
-        if target == src:
+        src_id = _identity(src)
+        if target == src or (src_id is not None and src_id == target_id):
             clashes.append((0, "is", given))
         elif target in src.parents:
             clashes.append((1, "contains", given))
-        elif src in target.parents:
+        elif src in target.parents or (src_id is not None and src_id in above):
             clashes.append((2, "lies inside", given))
     if clashes:
         _, why, given = min(clashes, key=lambda c: c[0])  # the most direct relation
@@ -128,6 +133,25 @@ def check_not_input(
 
 def _real(p: Path) -> Path:
     return Path(os.path.realpath(p))
+
+
+def _identity(p: Path) -> tuple[int, int] | None:
+    """(device, inode) of what ``p`` names, links followed; None when it does not exist."""
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file or folder: one real path, or one device and inode
+    (hard links)."""
+    ra, rb = _real(Path(a)), _real(Path(b))
+    if ra == rb:
+        return True
+    ia = _identity(ra)
+    return ia is not None and ia == _identity(rb)
 
 
 # ---------------------------------------------------------------------------------------
