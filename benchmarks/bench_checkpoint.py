@@ -58,7 +58,7 @@ def run(quick: bool = False) -> str:
     from lowbit.checkpoints.streaming import open_model, plan_model, quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
-    plan = PrecisionPlan.uniform("int4", group=128)
+    plan = PrecisionPlan.uniform("int4", group_size=128)
     scheme = plan.default
     ckpt = open_model("smollm2")
     names = [t.name for t in plan_model(ckpt, plan).quantized]

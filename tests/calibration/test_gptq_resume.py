@@ -52,7 +52,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _quantize(model: Path, out: Path, **kw: Any) -> dict[str, Any]:
-    plan = lowbit.PrecisionPlan.uniform("int4", group=32)
+    plan = lowbit.PrecisionPlan.uniform("int4", group_size=32)
     return lowbit.quantize_model(model, plan, out, method="gptq", progress=False, threads=1,
                                  calibration=lowbit.Calibration(**CALIB), **kw)  # fmt: skip
 
@@ -123,7 +123,7 @@ def test_record_of_another_run_is_not_used(
     """Other options (the calibration length): --resume refuses in one line; the default run
     warns in one line and starts over, with the right bytes."""
     out = tmp_path / "q"
-    plan = lowbit.PrecisionPlan.uniform("int4", group=32)
+    plan = lowbit.PrecisionPlan.uniform("int4", group_size=32)
     with monkeypatch.context() as m:
         _stop_after(m, 1)
         with pytest.raises(_Killed):
