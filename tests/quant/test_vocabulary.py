@@ -148,10 +148,10 @@ def test_uniform_group_size_is_group() -> None:
     older name warns that it is deprecated."""
     a = PrecisionPlan.uniform("int4", group_size=64)
     with pytest.warns(DeprecationWarning, match="group_size"):
-        assert a == PrecisionPlan.uniform("int4", group_size=64)
+        assert a == PrecisionPlan.uniform("int4", group=64)
     assert a.default == parse_scheme("int4:g64")
     with pytest.raises(LowbitError, match="disagree"), pytest.warns(DeprecationWarning):
-        PrecisionPlan.uniform("int4", group_size=32, group_size=64)
+        PrecisionPlan.uniform("int4", group=32, group_size=64)
 
 
 @pytest.mark.parametrize("text", ["int4:g128", "nvfp4", "q4_0", "fp8_block"])
