@@ -396,7 +396,8 @@ def test_hf_config_to_gguf_checked_first(
 def test_gguf_metadata_checked_before_the_model_is_built(
     tmp_path: Path, metadata: dict, says: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lowbit.checkpoints import gguf_writer, open_checkpoint
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.gguf import writer as gguf_writer
     from lowbit.models.build import build_model
     from tiny_models import save_gguf, tiny_llama
 
