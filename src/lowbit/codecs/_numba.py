@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._parallel import Switch, map_chunks, serial, threads
-from lowbit.codecs import _path_choice
+from lowbit.codecs import _path_choice, _switch_log
 from lowbit.codecs._common import nan_error, negative_error, value_table
 from lowbit.errors import NaNPolicyError
 
@@ -153,8 +153,17 @@ def kernels_always() -> contextlib.AbstractContextManager[None]:
     return _kernels_always.set()
 
 
+#: Called on every reading of the switch when set: `make test`'s first pass records which
+#: tests reach it (``lowbit.codecs._switch_log``; a process outside a recording run: None).
+consulted: Any = _switch_log.recorder()
+
+
 def enabled() -> bool:
-    """Whether the compiled kernels are in use (numba installed and not forced off)."""
+    """Whether the compiled kernels are in use (numba installed and not forced off). Every
+    choice between a kernel and the numpy path reads this, per call (never cache it: the
+    test record of ``_switch_log`` follows the calls)."""
+    if consulted is not None:
+        consulted()
     return HAVE_NUMBA and not _numpy_only.on
 
 
