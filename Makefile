@@ -62,12 +62,13 @@ format: install
 
 # The suite with the compiled kernels (numba, the `fast` extra), then with them off
 # (LOWBIT_NUMBA=0: what an install without numba runs; both paths must give the same bits) on
-# the tests whose results can depend on that switch: those during which some process read it
-# (lowbit.codecs._numba.enabled(), the one reader, per call). The first pass records them in
-# $(SWITCH_LIST) (tests/_kernel_switch.py: in the test's process, its children, shared
-# fixtures, caches and module imports; tests marked kernel_switch always). It writes the list
-# only for a passing run of the whole suite it could follow; without one the second pass runs
-# the whole suite, as before. docs/architecture.md, "Testing".
+# the tests whose results can depend on that switch: those that took a branch in the first
+# pass that they would not take with the kernels off (lowbit.codecs._numba.taken(), called by
+# every reader of the switch). The first pass records them in $(SWITCH_LIST)
+# (tests/_kernel_switch.py: in the test's process, its children, shared fixtures, caches and
+# module imports; tests marked kernel_switch always). It writes the list only after a passing
+# run of the whole suite it could follow; without one the second pass runs the whole suite.
+# docs/architecture.md, "Testing".
 SWITCH_LIST := out/test/kernel-switch-tests.txt
 test: lint
 	rm -f $(SWITCH_LIST)

@@ -1,30 +1,31 @@
 """`make test`'s kernels-off pass: the tests whose results can depend on the kernel switch.
 
 The compiled kernels and the numpy path must give the same bits. Every choice between them
-reads one function, ``lowbit.codecs._numba.enabled()``, per call (a test in
-``tests/codecs/test_kernel_switch.py`` keeps it the only reader of the switch). A test during
-which nothing read it runs the same code with ``LOWBIT_NUMBA=0``, so `make test` runs only the
-tests that did read it a second time, without the kernels.
+reads one function, ``lowbit.codecs._numba.enabled()``, per call, and where its answer makes
+the call do something it would not do with the kernels off (run a kernel, cut other chunks)
+the reader calls ``_numba.taken()`` (``tests/codecs/test_kernel_switch.py`` keeps both true).
+A test during which nothing called ``taken()`` ran exactly the kernels-off path, so its
+kernels-off run would repeat it; `make test` runs only the others again with ``LOWBIT_NUMBA=0``.
 
 With ``LOWBIT_SWITCH_RECORD=<file>`` in the environment this plugin records, during the
-kernels-on pass, which tests read the switch, directly or through what they share:
+kernels-on pass, which tests took such a branch, directly or through what they share:
 
-- in this process, any reading while a test (its setup, call or teardown) runs;
+- in this process, while a test (its setup, call or teardown) runs;
 - in the processes a test starts (the CLI through ``subprocess``, spawned worker pools, Ray's
   workers), which inherit ``LOWBIT_SWITCH_LOG`` and ``PYTEST_CURRENT_TEST`` and append the
   test's id to a log (``lowbit.codecs._switch_log``);
-- a fixture wider than a function (module, session) whose setup read the switch: every test
-  that uses it;
-- a test module whose import read it: all its tests;
+- a fixture wider than a function (module, session) whose setup took one: every test that
+  uses it;
+- a test module whose import took one: all its tests;
 - a ``functools.cache``/``lru_cache`` function (of lowbit or the tests) whose computation
-  read it: every test that calls it afterwards (its hit count moves);
+  took one: every test that calls it afterwards (its hit count moves);
 - tests marked ``kernel_switch`` (tests of the switch itself), always.
 
 It writes the node ids, in collection order, only when the run was the whole suite (no paths,
-``-k``, ``-m``, deselection or ``--co``) and passed, and when nothing read the switch where it
-cannot follow it (outside any test, in a ``cached_property``, or in a helper module's import
-that others share); otherwise it writes no list and says why, and `make test` runs the whole
-suite without the kernels, as it did before the record existed.
+``-k``, ``-m``, deselection or ``--co``) and passed, and when no branch was taken where it
+cannot follow it (outside any test, in a ``cached_property``, in a helper module's import that
+others share, in a child without a test id); otherwise it writes no list and says why (what it
+saw goes to ``<file>.partial``), and `make test` runs the whole suite without the kernels.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import pytest
 
 RECORD_ENV = "LOWBIT_SWITCH_RECORD"
 MARKER = "kernel_switch"
-_TESTS = Path(__file__).resolve().parent
 
 
 def _calls(cached: Any) -> int:
@@ -51,22 +51,23 @@ def _calls(cached: Any) -> int:
 
 
 class Recorder:
-    """Which tests read the kernel switch, and whether the record can be trusted."""
+    """Which tests took a kernel branch, and whether the record can be trusted."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, root: Path) -> None:
         self.out = out
+        self.root = str(root)  # the modules under it (not installed packages) are indexed
         self.log = out.with_name(out.name + ".log")
         self.tests: set[str] = set()
-        self.modules: set[str] = set()  # nodeids of modules whose import read the switch
-        self.fixtures: set[Any] = set()  # FixtureDefs wider than a function that read it
+        self.modules: set[str] = set()  # nodeids of modules whose import took one
+        self.fixtures: set[Any] = set()  # FixtureDefs wider than a function that took one
         self.reasons: set[str] = set()  # why the record cannot be trusted
-        self.count = 0  # readings in this process
+        self.count = 0  # branches taken in this process
         self.current: str | None = None
         self.collecting: Any = None  # the Module being imported
         self.deselected = 0
         self.main = threading.get_ident()
         # cached functions (code object -> functools wrapper) and cached properties (code ->
-        # name), of lowbit's and the tests' modules; the caches whose computation read it
+        # name), of lowbit's and the tests' modules; the caches whose computation took one
         self.cached: dict[CodeType, Any] = {}
         self.properties: dict[CodeType, str] = {}
         self.switch_caches: set[Any] = set()
@@ -74,15 +75,15 @@ class Recorder:
         self.n_modules = 0
         self.items: list[Any] = []
 
-    # ---- the reading ----------------------------------------------------------------------
+    # ---- the branches ---------------------------------------------------------------------
 
     def note(self) -> None:
-        """Called by ``enabled()`` on every reading of the switch in this process."""
+        """Called by ``_numba.taken()`` in this process."""
         self.count += 1
         if self.current is not None:
             self.tests.add(self.current)
         elif self.collecting is None:
-            self.reasons.add("the switch was read outside any test")
+            self.reasons.add("a kernel branch was taken outside any test")
         if len(sys.modules) != self.n_modules:
             self._scan()
         frames = [sys._getframe(1)]
@@ -97,15 +98,17 @@ class Recorder:
                 if code in self.cached:
                     self.switch_caches.add(self.cached[code])
                 elif code in self.properties:
-                    self.reasons.add(f"a cached_property read the switch: {self.properties[code]}")
+                    self.reasons.add(
+                        f"a cached_property took a kernel branch: {self.properties[code]}"
+                    )
                 elif (
                     self.collecting is not None
                     and code.co_name == "<module>"
                     and Path(code.co_filename) != Path(str(self.collecting.path))
-                    and code.co_filename.startswith(str(_TESTS))
+                    and self._ours(code.co_filename)
                 ):
                     self.reasons.add(
-                        f"a shared module's import read the switch: {code.co_filename}"
+                        f"a shared module's import took a kernel branch: {code.co_filename}"
                     )
                 f = f.f_back
 
@@ -116,14 +119,18 @@ class Recorder:
             if name in self.scanned or module is None:
                 continue
             self.scanned.add(name)
-            file = getattr(module, "__file__", None) or ""
-            if not (name == "lowbit" or name.startswith("lowbit.") or file.startswith(str(_TESTS))):
+            if not (name == "lowbit" or name.startswith("lowbit.")) and not self._ours(
+                getattr(module, "__file__", None) or ""
+            ):
                 continue
             for obj in list(vars(module).values()):
                 self._index(obj, name)
                 if isinstance(obj, type) and obj.__module__ == name:
                     for attr in list(vars(obj).values()):
                         self._index(attr, f"{name}.{obj.__qualname__}")
+
+    def _ours(self, file: str) -> bool:
+        return file.startswith(self.root) and "site-packages" not in file
 
     def _index(self, obj: Any, where: str) -> None:
         if isinstance(obj, functools.cached_property):
@@ -134,7 +141,7 @@ class Recorder:
                 self.cached[code] = obj
 
     def _mark(self) -> tuple[int, int, int]:
-        """Readings here, calls of the caches that read it, and the children's log size."""
+        """Branches here, calls of the caches that took one, and the children's log size."""
         log = self.log.stat().st_size if self.log.exists() else 0
         return self.count, sum(_calls(c) for c in list(self.switch_caches)), log
 
@@ -192,32 +199,35 @@ class Recorder:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.out.unlink(missing_ok=True)
         reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reasons:
+        partial = self.out.with_name(self.out.name + ".partial")
+        partial.unlink(missing_ok=True)
+        if reasons:  # what it saw, for a look, under a name make test does not read
+            partial.write_text("".join(f"{i}\n" for i in ids))
             why = "; ".join(sorted(reasons))
             msg = f"kernel switch record not written ({why}): the kernels-off pass runs everything"
         else:
             self.out.write_text("".join(f"{i}\n" for i in ids))
             msg = (
-                f"kernel switch record: {len(ids)} of {len(self.items)} tests read the switch "
+                f"kernel switch record: {len(ids)} of {len(self.items)} tests took a kernel branch "
                 f"({self.out})"
             )
         if reporter is not None:
             reporter.write_line(msg)
 
     def _ids(self, reasons: set[str]) -> list[str]:
-        """The node ids that read the switch, in collection order."""
+        """The node ids that took a kernel branch, in collection order."""
         chosen = set(self.tests)
         if self.log.exists():
             for line in self.log.read_text().splitlines():
                 if line == "?":
-                    reasons.add("a process outside any test read the switch")
+                    reasons.add("a process outside any test took a kernel branch")
                 elif line:
                     chosen.add(line)
             self.log.unlink()
         known = {item.nodeid for item in self.items}
         strays = sorted(i for i in chosen if i not in known)
         if strays:
-            reasons.add(f"readings by tests not collected: {strays[:3]}")
+            reasons.add(f"branches by tests not collected: {strays[:3]}")
         for item in self.items:
             if item.get_closest_marker(MARKER) is not None:
                 chosen.add(item.nodeid)
@@ -245,7 +255,7 @@ def configure(config: pytest.Config) -> None:
     from lowbit.codecs import _numba, _switch_log
 
     out = Path(target).resolve()
-    recorder = Recorder(out)
+    recorder = Recorder(out, config.rootpath)
     recorder.log.parent.mkdir(parents=True, exist_ok=True)
     recorder.log.unlink(missing_ok=True)
     os.environ[_switch_log.ENV] = str(recorder.log)  # for the processes the tests start

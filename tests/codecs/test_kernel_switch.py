@@ -1,10 +1,12 @@
-"""The kernel switch is read in one place, per call, and `make test` records who reads it.
+"""The kernel switch is read in one place, per call, and `make test` records who it steers.
 
-`make test`'s kernels-off pass (``LOWBIT_NUMBA=0``) runs only the tests that read the switch in
-its first pass (``tests/_kernel_switch.py``). That is sound while every choice between a kernel
-and the numpy path goes through ``lowbit.codecs._numba.enabled()`` at the time of the call: a
-reading cached at import, or a second reader of ``LOWBIT_NUMBA``, would hide tests from the
-record. These tests keep that true, and run the recorder on a small suite of its own.
+`make test`'s kernels-off pass (``LOWBIT_NUMBA=0``) runs only the tests that, in its first pass,
+took a branch they would not take with the kernels off (``lowbit.codecs._numba.taken()``;
+``tests/_kernel_switch.py`` records them). That is sound while every choice between a kernel
+and the numpy path reads ``lowbit.codecs._numba.enabled()`` at the time of the call and the
+reader notes the branches its answer opens: a reading cached at import, a second reader of
+``LOWBIT_NUMBA``, or a new reader that notes nothing would hide tests from the record. These
+tests keep that true, and run the recorder on a small suite of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ SRC = Path(lowbit.__file__).resolve().parent
 TESTS = Path(__file__).resolve().parents[1]
 SWITCH = SRC / "codecs" / "_numba.py"
 READERS = {"enabled", "use_kernels", "_use_kernels", "_ggml_kernels"}
+# The functions that read enabled() and call taken() where its answer changes what the call
+# does; a new reader joins this list once it does the same (and its test below).
+NOTED = {
+    "codecs/_numba.py": {"use_kernels"},
+    "ggml/_numba.py": {"_ggml_kernels"},
+    "ggml/_search.py": {"_use_kernels"},
+    "formats/ints.py": {"_encode_compiled"},
+    "quant/_engine.py": {"_chunks"},
+}
 
 
 def _modules() -> list[tuple[Path, ast.Module]]:
@@ -48,6 +59,63 @@ def test_only_enabled_reads_the_switch() -> None:
                 if isinstance(node, ast.Name) and node.id == "HAVE_NUMBA":
                     where.append(f"codecs/_numba.py:{node.lineno} HAVE_NUMBA in {fn.name}")
     assert not where, where
+
+
+def _calls(fn: ast.AST, name: str) -> bool:
+    return any(
+        isinstance(n, ast.Call)
+        and (n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None))
+        == name
+        for n in ast.walk(fn)
+    )
+
+
+def test_every_reader_notes_its_branches() -> None:
+    """The functions that call ``enabled()`` are the listed ones, and each calls ``taken()``."""
+    readers: dict[str, set[str]] = {}
+    for path, tree in _modules():
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef) and _calls(fn, "enabled"):
+                readers.setdefault(path.relative_to(SRC).as_posix(), set()).add(fn.name)
+                assert _calls(fn, "taken"), f"{path.name}:{fn.name} reads enabled() unnoted"
+    assert readers == NOTED
+
+
+def test_taken_exactly_when_the_kernels_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``use_kernels``, the K-quant searches' and the GGML blocks' rules and the engine's
+    pieces note a branch when, and only when, they leave the kernels-off path."""
+    from lowbit.codecs import _numba
+    from lowbit.ggml import _numba as _ggml
+    from lowbit.ggml import _search
+    from lowbit.quant import _engine
+
+    notes: list[int] = []
+    monkeypatch.setattr(_numba, "consulted", lambda: notes.append(1))
+    monkeypatch.setattr(_numba, "HAVE_NUMBA", True)  # the rules, not numba, are under test
+
+    def noted(call: object) -> tuple[object, int]:
+        notes.clear()
+        return call(), len(notes)  # type: ignore[operator]
+
+    assert noted(lambda: _numba.use_kernels(10)) == (False, 0)
+    assert noted(lambda: _search._use_kernels(10)) == (False, 0)
+    assert noted(lambda: _ggml._ggml_kernels(10)) == (False, 0)
+    with _numba.kernels_always():
+        assert noted(lambda: _numba.use_kernels(10)) == (True, 1)
+        assert noted(lambda: _search._use_kernels(10)) == (True, 1)
+        assert noted(lambda: _ggml._ggml_kernels(10))[0] is True
+        with _numba.numpy_only():
+            assert noted(lambda: _numba.use_kernels(10)) == (False, 0)
+    assert noted(lambda: _ggml._ggml_kernels(_ggml.GGML_ALONE)) == (True, 1)
+    assert noted(lambda: list(_engine._chunks((1, 1, 64, 64)))) == (
+        list(_engine._chunks((1, 1, 64, 64))),
+        0,
+    )
+    big = (1, 1, 4096, 1024)  # pieces of 2^17 values without the kernels, 2^20 with
+    with _numba.numpy_only():
+        off = list(_engine._chunks(big))
+    on, n = noted(lambda: list(_engine._chunks(big)))
+    assert n == 1 and len(off) == 32 and len(on) == 4  # type: ignore[arg-type]
 
 
 def test_no_reading_at_import() -> None:
@@ -82,7 +150,7 @@ _SUITE = {
         @pytest.fixture(scope="session")
         def shared():
             from lowbit.codecs import _numba
-            return _numba.use_kernels(1)
+            return _numba.taken()
     """,
     "helpers.py": """
         import functools
@@ -90,7 +158,7 @@ _SUITE = {
 
         @functools.cache
         def table():
-            return _numba.use_kernels(1)
+            return _numba.taken()
     """,
     "test_a.py": """
         import subprocess, sys
@@ -99,6 +167,9 @@ _SUITE = {
         from lowbit.codecs import _numba
 
         def test_reads():
+            _numba.taken()
+
+        def test_small():  # the numpy path either way
             _numba.use_kernels(1)
 
         def test_plain():
@@ -117,7 +188,7 @@ _SUITE = {
             helpers.table()
 
         def test_child():
-            code = "from lowbit.codecs import _numba; _numba.use_kernels(1)"
+            code = "from lowbit.codecs import _numba; _numba.taken()"
             subprocess.run([sys.executable, "-c", code], check=True)
 
         @pytest.mark.kernel_switch
@@ -135,9 +206,9 @@ _SUITE = {
 
 @pytest.mark.kernel_switch
 def test_recorder_lists_the_readers(tmp_path: Path) -> None:
-    """The recorder lists the tests that read the switch in the process, in a child, through a
-    session fixture, through a cache, or by marker, not the others; a partial run writes no
-    list."""
+    """The recorder lists the tests that take a kernel branch in the process, in a child,
+    through a session fixture, through a cache, or by marker, not the others; a partial run
+    writes no list."""
     suite = tmp_path / "suite"
     suite.mkdir()
     for name, text in _SUITE.items():
@@ -159,7 +230,7 @@ def test_recorder_lists_the_readers(tmp_path: Path) -> None:
         "test_child",
         "test_marked",
     ], done.stdout
-    assert "7 of 8 tests read the switch" in done.stdout
+    assert "7 of 9 tests took a kernel branch" in done.stdout
     done = subprocess.run([*run, "-k", "plain"], cwd=suite, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not out.exists()

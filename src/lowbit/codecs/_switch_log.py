@@ -1,12 +1,12 @@
-"""Which tests reach the kernel switch (``lowbit.codecs._numba.enabled``): `make test`'s record.
+"""Which tests take a kernel branch (``lowbit.codecs._numba.taken``): `make test`'s record.
 
 `make test` runs the suite with the compiled kernels, then again with ``LOWBIT_NUMBA=0`` on the
-tests whose results can depend on the switch: those during which some process consulted it.
-In the pytest process the plugin of ``tests/_kernel_switch.py`` replaces
-``_numba.consulted`` with its own recorder; a process the tests start (the CLI through
-``subprocess``, spawned worker pools, Ray workers) inherits ``LOWBIT_SWITCH_LOG`` and
-``PYTEST_CURRENT_TEST`` from the test and appends that test's id to the log, once per process
-and test. Recording never changes a result: it only notes that the switch was read.
+tests whose results can depend on the switch: those during which some process took a branch
+it would not take with the kernels off. In the pytest process the plugin of
+``tests/_kernel_switch.py`` replaces ``_numba.consulted`` with its own recorder; a process the
+tests start (the CLI through ``subprocess``, spawned worker pools, Ray workers) inherits
+``LOWBIT_SWITCH_LOG`` and ``PYTEST_CURRENT_TEST`` from the test and appends that test's id to
+the log, once per process and test. Recording never changes a result.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 #: The log file a test process appends to (set by the recording pytest run only).
 ENV = "LOWBIT_SWITCH_LOG"
 
-#: Written for a consultation outside any test: the recording run then cannot vouch for its
+#: Written for a branch taken outside any test: the recording run then cannot vouch for its
 #: list, and `make test` runs the whole suite without the kernels.
 UNKNOWN = "?"
 
