@@ -231,6 +231,14 @@ def test_recorder_lists_the_readers(tmp_path: Path) -> None:
         "test_marked",
     ], done.stdout
     assert "7 of 9 tests took a kernel branch" in done.stdout
+    # make test's second pass: exactly the listed tests, as pytest reads them from the file
+    off = {k: v for k, v in env.items() if k != "LOWBIT_SWITCH_RECORD"}
+    again = subprocess.run(
+        [*run, "--co", f"@{out}"], cwd=suite, env={**off, "LOWBIT_NUMBA": "0"},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [line for line in again.stdout.splitlines() if "::" in line] == out.read_text().split()
     done = subprocess.run([*run, "-k", "plain"], cwd=suite, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not out.exists()
