@@ -255,7 +255,7 @@ _RAY_SCAN = """
 import json, sys
 import ray
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.gguf.tokenizer import build_tokenizer
+from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.evaluation.scan_samples import scan_samples
 from lowbit.evaluation.sensitivity import sensitivity
 

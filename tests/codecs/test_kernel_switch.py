@@ -12,6 +12,7 @@ tests keep that true, and run the recorder on a small suite of its own.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -37,6 +38,7 @@ NOTED = {
 }
 
 
+@functools.cache
 def _modules() -> list[tuple[Path, ast.Module]]:
     return [(p, ast.parse(p.read_text(), str(p))) for p in sorted(SRC.rglob("*.py"))]
 
