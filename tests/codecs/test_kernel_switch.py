@@ -139,6 +139,17 @@ def test_no_reading_at_import() -> None:
     assert not where, where
 
 
+def test_fixtures_are_requested_statically() -> None:
+    """No test asks for a fixture at run time (``request.getfixturevalue``): the recorder finds
+    the users of a shared fixture that took a kernel branch by the fixtures each test names."""
+    hits = [
+        f"{p.relative_to(TESTS)}"
+        for p in TESTS.rglob("*.py")
+        if p.name != Path(__file__).name and "getfixturevalue" in p.read_text()
+    ]
+    assert not hits, hits
+
+
 _SUITE = {
     "conftest.py": """
         import sys
