@@ -55,7 +55,7 @@ def _torch_int4_g128(torch: Any) -> Any:
 
 def run(quick: bool = False) -> str:
     import lowbit
-    from lowbit.checkpoints.quantize_model import open_model, plan_model, quantize_model
+    from lowbit.checkpoints.streaming import open_model, plan_model, quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
     plan = PrecisionPlan.uniform("int4", group=128)

@@ -52,7 +52,7 @@ def _cores() -> int:
 
 def _measure(tokens: int, settings: list[tuple[str, int | None]]) -> dict[str, Any]:
     """Run in a child process: every setting idle, then loaded; tokens/s, CPU s, threads."""
-    from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.checkpoints.streaming import open_model
     from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.evaluation._compare import Variant, compare_causal
     from lowbit.models.build import build_model

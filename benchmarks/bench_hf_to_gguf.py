@@ -107,7 +107,7 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from lowbit.checkpoints.gguf.tokenizer import _parsed
-    from lowbit.checkpoints.quantize_model import convert_hf_to_gguf
+    from lowbit.checkpoints.streaming import convert_hf_to_gguf
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

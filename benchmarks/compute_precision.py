@@ -143,7 +143,7 @@ def gptq_ppl(args: argparse.Namespace) -> None:
     """GPTQ calibrated in fp32 and in bf16, both measured in fp32 on the first ``--tokens``
     tokens of the default text (calibration never overlaps them): held-out perplexity."""
     from lowbit.calibration.data import Calibration
-    from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.checkpoints.streaming import open_model
     from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.evaluation._compare import compare_causal
     from lowbit.evaluation.calibrated_variants import gptq_variant
@@ -173,7 +173,7 @@ def gptq_ppl(args: argparse.Namespace) -> None:
 
 
 def scan(args: argparse.Namespace) -> None:
-    from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.checkpoints.streaming import open_model
     from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.evaluation.scan_samples import scan_samples
     from lowbit.evaluation.sensitivity import sensitivity

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
 
-    from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.checkpoints.streaming import open_model
     from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.evaluation import variants as ev
     from lowbit.models.build import build_model

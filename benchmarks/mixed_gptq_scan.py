@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lowbit.calibration.data import Calibration
     from lowbit.calibration.gptq import gptq_weights
-    from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.checkpoints.streaming import open_model
     from lowbit.checkpoints.tokenizer import build_tokenizer
     from lowbit.evaluation import sensitivity as sens
     from lowbit.evaluation.scan_samples import is_causal, scan_samples

@@ -110,7 +110,7 @@ def _child(what: str, threads: int, numba: bool) -> dict:
 
             import test_variants as tv
 
-            from lowbit.checkpoints.quantize_model import quantize_model
+            from lowbit.checkpoints.streaming import quantize_model
             from lowbit.evaluation.variants import evaluate_variants
             from lowbit.plans.plan import PrecisionPlan
             from tiny_models import save_hf_folder, tiny_bert, tiny_llama

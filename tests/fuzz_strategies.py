@@ -458,7 +458,7 @@ def make_manifest_folder(folder: Path) -> bytes:
     lowbit.json bytes (the fuzz base)."""
     import numpy as np
 
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
     rng = np.random.default_rng(0)

@@ -12,9 +12,9 @@ Every ``import`` statement of ``src/lowbit`` counts, at module level and inside 
     statement and is allowed;
 (d) imports go down the layers, never up or sideways:
 
-    cli -> view -> planning, evaluation -> calibration -> models, training -> checkpoints
+    cli -> jobs -> view -> planning, evaluation -> calibration -> models, training -> checkpoints
     -> methods -> plans -> quant, torch -> ggml -> formats -> codecs
-    -> base (errors, enums, _arrays, _cpu, _parallel, _progress, _files, _json, _optional, _version)
+    -> base (errors, enums, _arrays, _cpu, _parallel, _progress, _results, _files, _json, _optional, _version)
 
     The codecs sit below the formats: ``FloatFormat.encode`` calls them, and they read a format
     through the ``lowbit.codecs._common.FloatFields`` protocol. Training sits above the
@@ -39,7 +39,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Layer of each top-level package or module of lowbit (higher may import lower).
 LAYERS = {
-    "cli": 12,
+    "cli": 13,
+    "jobs": 12,
     "view": 11,
     "planning": 10,
     "evaluation": 10,
@@ -60,6 +61,7 @@ LAYERS = {
     "_cpu": 0,
     "_parallel": 0,
     "_progress": 0,
+    "_results": 0,
     "_files": 0,
     "_json": 0,
     "_regex": 0,

@@ -39,3 +39,44 @@ def test_iter_yields_every_item_in_order(progress: bool | None) -> None:
     items = list(range(7))
     assert list(progress_iter(items, progress, "items")) == items
     assert list(progress_iter(iter(items), progress, "no len")) == items
+
+
+def test_auto_shows_in_a_jupyter_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None shows the bar in a Jupyter kernel (its stderr is no terminal), not elsewhere."""
+    import types
+
+    tqdm = pytest.importorskip("tqdm")
+
+    class ZMQInteractiveShell:  # the kernel's shell class, by name
+        pass
+
+    fake = types.ModuleType("IPython")
+    fake.get_ipython = ZMQInteractiveShell  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    with progress_bar(3, None, "kernel") as bar:
+        assert isinstance(bar, tqdm.tqdm) and not bar.disable
+    fake.get_ipython = lambda: None  # type: ignore[attr-defined]  # IPython, not a kernel
+    with progress_bar(3, None, "terminal?") as bar:
+        assert bar.disable
+
+
+def test_step_reporter() -> None:
+    """A callable passes through; True advances a bar to each reported count; False is no
+    callback; anything else is one LowbitError."""
+    from lowbit._progress import step_reporter
+    from lowbit.errors import LowbitError
+
+    def mine(done: int, total: int) -> None:
+        pass
+
+    assert step_reporter(mine, "x")[0] is mine
+    assert step_reporter(False, "x")[0] is None
+    pytest.importorskip("tqdm")
+    report, close = step_reporter(True, "steps")
+    assert report is not None
+    report(2, 5)
+    report(5, 5)
+    close()
+    with pytest.raises(LowbitError, match="got 'yes'"):
+        step_reporter("yes", "x")

@@ -499,3 +499,22 @@ def save_mxfp4_folder(model: Any, folder: Path, seed: int = 0) -> Path:
     }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(cfg))
     return write_byte_tokenizer(folder)
+
+
+def llamacpp_tiny_models(root: Path) -> Path:
+    """The tiny Hugging Face models of llama.cpp's conversion fixtures (``make_tiny.py``), with
+    SmolLM2's tokenizer as lowbit writes it, under ``root / "models"``."""
+    import subprocess
+    import sys
+
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.tokenizer import write_tokenizer
+
+    tok = root / "tok"
+    tok.mkdir()
+    write_tokenizer(open_checkpoint(shipped_path("smollm2")), tok)
+    make = Path(__file__).parent / "fixtures" / "llamacpp" / "convert" / "make_tiny.py"
+    subprocess.run(
+        [sys.executable, str(make), str(root / "models"), str(tok)], check=True, capture_output=True
+    )
+    return root / "models"

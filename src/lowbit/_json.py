@@ -20,8 +20,10 @@ characters of a value (a huge integer is not even converted to decimal).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+from collections.abc import Mapping
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -333,3 +335,20 @@ def check_regular_file(path: Path) -> int:
         )
         raise LowbitError(f"{path}: {kind}, not a regular file; lowbit reads only regular files")
     return st.st_size
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Make numpy scalars/arrays, paths, NaN and inf JSON-safe (NaN/inf become strings)."""
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return to_jsonable(obj.item())
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    return obj

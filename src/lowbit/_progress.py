@@ -1,7 +1,9 @@
 """The one progress bar of lowbit: tqdm on stderr, which the caller can turn off.
 
 Every function that takes ``progress`` means the same by it: ``True`` shows a bar, ``False``
-never does, ``None`` shows one only when stderr is a terminal (tqdm's ``disable=None``). tqdm is
+never does, ``None`` shows one when stderr is a terminal or the code runs in a Jupyter kernel
+(``tqdm.auto`` draws it as a notebook widget there). Functions that report steps may also take a
+callable, called as ``progress(done, total)`` (:func:`step_reporter`). tqdm is
 optional (``pip install tqdm``, in the ``lowbit[models]`` extra): without it, and whenever the
 bar is off, a silent stand-in with the same ``update``/``close``/``with`` interface is used, so
 a missing bar never stops the work.
@@ -9,10 +11,17 @@ a missing bar never stops the work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["progress_bar", "progress_iter"]
+from lowbit.errors import LowbitError
+
+__all__ = ["Progress", "progress_bar", "progress_iter", "step_reporter"]
+
+#: What ``progress=`` takes: a bar on (True), off (False), automatic (None), or, where steps are
+#: reported, a callable ``progress(done, total)``.
+Progress = bool | None | Callable[[int, int], None]
 
 T = TypeVar("T")
 
@@ -57,7 +66,7 @@ def progress_bar(
 
     Args:
         total: the units to expect (None: unknown).
-        progress: ``True`` shows the bar, ``False`` never, ``None`` only on a terminal.
+        progress: ``True`` shows the bar, ``False`` never, ``None`` on a terminal or in Jupyter.
         desc: the label in front of the bar.
         unit: what one unit is (``"tensor"``, ``"tok"``, ``"B"`` ...).
         unit_scale: show large counts as k/M/G (for bytes).
@@ -69,8 +78,62 @@ def progress_bar(
     tqdm = None if progress is False else _tqdm()
     if tqdm is None:
         return _Silent()
-    disable = None if progress is None else False
+    disable = False if progress or _in_notebook() else None
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, disable=disable)
+
+
+def _in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (whose stderr is not a terminal, yet shows bars)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None or "ipykernel" not in sys.modules:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # an IPython without get_ipython: not a kernel we know
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def step_reporter(
+    progress: Any, desc: str, unit: str = "it"
+) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+    """A ``progress(done, total)`` callback for ``progress=`` as a function takes it, and the
+    function that closes its bar.
+
+    Args:
+        progress: a callable (returned as is), or ``True``/``False``/``None`` as for
+            :func:`progress_bar` (a bar that the callback advances, opened on its first call,
+            when ``total`` is known).
+        desc: the bar's label.
+        unit: what one step is.
+
+    Returns:
+        ``(callback or None, close)``.
+
+    Raises:
+        LowbitError: a ``progress`` that is neither a bool, None nor callable.
+    """
+    if callable(progress):
+        return progress, lambda: None
+    if progress is not None and not isinstance(progress, bool):
+        raise LowbitError(
+            f"progress must be True, False, None or a callable(done, total), got {progress!r}"
+        )
+    if progress is False:
+        return None, lambda: None
+    bars: list[Any] = []
+
+    def report(done: int, total: int) -> None:
+        if not bars:
+            bars.append(progress_bar(total, progress, desc, unit))
+        bar = bars[0]
+        bar.update(done - bar.n)
+
+    def close() -> None:
+        for bar in bars:
+            bar.close()
+
+    return report, close
 
 
 def progress_iter(
@@ -80,7 +143,7 @@ def progress_iter(
 
     Args:
         items: what to iterate over (its ``len`` is the bar's total when it has one).
-        progress: ``True`` shows the bar, ``False`` never, ``None`` only on a terminal.
+        progress: ``True`` shows the bar, ``False`` never, ``None`` on a terminal or in Jupyter.
         desc: the label in front of the bar.
         unit: what one item is.
 

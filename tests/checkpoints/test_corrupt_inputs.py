@@ -420,7 +420,7 @@ def test_gguf_inf_block_scales_read_without_warnings(tmp_path: Path) -> None:
 
 def test_quantized_tensor_metadata_string_goes_through_the_limits() -> None:
     """Quantized-tensor metadata given as a JSON string is read with the same limits."""
-    from lowbit.quant.tensor import QuantizedTensor
+    from lowbit.quant.quantized_tensor import QuantizedTensor
 
     with pytest.raises(LowbitError, match="nested 1000 levels"):
         QuantizedTensor.from_arrays({}, DEEP)

@@ -185,7 +185,7 @@ def test_model_folder_loads_in_compressed_tensors_and_transformers(
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
     from lowbit.checkpoints import open_checkpoint
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
     out = tmp_path / "ct"
@@ -246,7 +246,7 @@ def test_verify_refuses_unshared_fused_scales(hf: Path, tmp_path: Path) -> None:
     what vLLM needs; lowbit's own output passes."""
     from safetensors.torch import save_file
 
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
     from lowbit.checkpoints.verify import verify_checkpoint
     from lowbit.plans.plan import PrecisionPlan
 
@@ -268,7 +268,7 @@ def test_verify_refuses_unshared_fused_scales(hf: Path, tmp_path: Path) -> None:
                                                   ("nvfp4", "lowbit"), ("fp8_block", "lowbit")])  # fmt: skip
 def test_report_and_verify_read_them(hf: Path, tmp_path: Path, spec: str, out_format: str) -> None:
     """lowbit report writes its page and lowbit verify passes for every new layout."""
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
     from lowbit.cli import main
     from lowbit.plans.plan import PrecisionPlan
 

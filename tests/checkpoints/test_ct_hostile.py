@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.quantize_model import quantize_model  # noqa: E402
+from lowbit.checkpoints.streaming import quantize_model  # noqa: E402
 from lowbit.checkpoints.verify import verify_checkpoint  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.plans.plan import PrecisionPlan  # noqa: E402

@@ -26,7 +26,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from lowbit.calibration.data import Calibration, decoder_windows  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.quantize_model import quantize_model  # noqa: E402
+from lowbit.checkpoints.streaming import quantize_model  # noqa: E402
 from lowbit.checkpoints.tokenizer import build_tokenizer  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402

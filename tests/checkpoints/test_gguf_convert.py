@@ -16,14 +16,14 @@ pytest.importorskip("tokenizers")
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("safetensors")
 
+import lowbit  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.gguf.arch import FAMILIES, permute_qk  # noqa: E402
 from lowbit.checkpoints.gguf.names import unpermute_qk  # noqa: E402
-from lowbit.checkpoints.quantize_model import convert_hf_to_gguf  # noqa: E402
-from lowbit.checkpoints.tokenizer import write_tokenizer  # noqa: E402
+from lowbit.checkpoints.streaming import convert_hf_to_gguf  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
-from tiny_models import shipped_path  # noqa: E402
+from tiny_models import llamacpp_tiny_models  # noqa: E402
 
 CONVERT = Path(__file__).parent.parent / "fixtures" / "llamacpp" / "convert"
 NAMES = [
@@ -45,16 +45,7 @@ NAMES = [
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Hugging Face models, made by the fixtures' own make_tiny.py with
     SmolLM2's tokenizer as lowbit writes it."""
-    root = tmp_path_factory.mktemp("convert")
-    tok = root / "tok"
-    tok.mkdir()
-    write_tokenizer(open_checkpoint(shipped_path("smollm2")), tok)
-    subprocess.run(
-        [sys.executable, str(CONVERT / "make_tiny.py"), str(root / "models"), str(tok)],
-        check=True,
-        capture_output=True,
-    )
-    return root / "models"
+    return llamacpp_tiny_models(tmp_path_factory.mktemp("convert"))
 
 
 def _summary(path: Path) -> dict:
@@ -223,7 +214,7 @@ def test_q4_0_values_equal_lowbit_codes(tiny: Path, tmp_path: Path, given: bool)
     reordered with their codes and scales)."""
     import lowbit
     from lowbit.checkpoints.gguf.arch import FAMILIES
-    from lowbit.checkpoints.quantize_model import open_model, plan_model, quantize_model
+    from lowbit.checkpoints.streaming import open_model, plan_model, quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
     src = tiny / "tiny-llama"
@@ -327,6 +318,11 @@ def test_mix_from_hugging_face_equals_two_steps(tiny: Path, tmp_path: Path, name
     skip = {"general.name", "lowbit.writer"}
     fields = {k: f.contents() for k, f in a.fields.items() if k not in skip}
     assert fields == {k: f.contents() for k, f in b.fields.items() if k not in skip}
+    if name == "tiny-llama":  # the one call from Python writes the command's bytes
+        api = out_dir / "api.gguf"
+        lowbit.quantize_model(tiny / name, "q4_k_m", api, out_format="gguf", progress=False)
+        assert api.read_bytes() == direct.read_bytes()
+        assert sorted(p.name for p in out_dir.iterdir()) == ["api.gguf", "direct.gguf"]
 
 
 def _keep_plan(folder: Path) -> Path:

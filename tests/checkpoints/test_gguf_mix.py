@@ -106,6 +106,54 @@ def test_cli_writes_llamacpp_mix(mid: Path, tmp_path: Path, mix: str) -> None:
     assert open_checkpoint(out).metadata["llama.block_count"] == LAYERS  # source's keys kept
 
 
+def _small_llama(path: Path) -> Path:
+    """A random 2-layer llama with rows of 256 and 512 (every i-quant fits), GQA 4."""
+    rng = np.random.default_rng(4)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    h, f = 256, 512
+    t = {"token_embd.weight": w(VOCAB, h)}
+    for i in range(2):
+        p = f"blk.{i}."
+        t |= {
+            p + "attn_norm.weight": np.ones(h, np.float32),
+            p + "attn_q.weight": w(h, h),
+            p + "attn_k.weight": w(64, h),
+            p + "attn_v.weight": w(64, h),
+            p + "attn_output.weight": w(h, h),
+            p + "ffn_norm.weight": np.ones(h, np.float32),
+            p + "ffn_gate.weight": w(f, h),
+            p + "ffn_up.weight": w(f, h),
+            p + "ffn_down.weight": w(h, f),
+        }
+    t |= {"output_norm.weight": np.ones(h, np.float32), "output.weight": w(VOCAB, h)}
+    meta = {
+        "llama.block_count": 2,
+        "llama.attention.head_count": 8,
+        "llama.attention.head_count_kv": 2,
+        "llama.embedding_length": h,
+        "llama.feed_forward_length": f,
+        "llama.context_length": 128,
+    }
+    return write_gguf(path, t, metadata=meta, arch="llama", progress=False)
+
+
+@pytest.mark.parametrize("mix", ["iq2_m", "iq3_xxs"])
+def test_cli_writes_iquant_mix(tmp_path: Path, mix: str) -> None:
+    """An i-quant mix with --imatrix: llama-quantize's types, llama.cpp's bytes for each."""
+    src = _small_llama(tmp_path / "small.gguf")
+    path, _ = _imatrix_for(src, tmp_path / "im.gguf")
+    out = tmp_path / f"small.{mix}.gguf"
+    rc = main(["quantize", str(src), "--to", mix, "--out-format", "gguf", "--out", str(out),
+               "--imatrix", str(path), "--no-progress"])  # fmt: skip
+    assert rc == 0
+    types = _check_bytes(src, out, read_imatrix(path))
+    assert types == gguf_mix_types(open_checkpoint(src), mix, has_imatrix=True)
+    assert {"IQ2_S", "IQ3_XXS"} & set(types.values())
+
+
 def test_types_equal_the_fixture_for_a_mid_llama(mid: Path) -> None:
     """The mid-llama GGUF gets the types llama-quantize chose for the fixture's mid-llama."""
     want = json.loads(FIXTURE.read_text())["mid-llama"]["Q4_K_M"]
@@ -209,7 +257,8 @@ def test_imatrix_that_fits_no_tensor(mid: Path, tmp_path: Path) -> None:
     [
         (["--to", "q4_k_m"], "add --out-format gguf"),
         (["--to", "q4_k_x", "--out-format", "gguf"], "unknown llama.cpp mix 'q4_k_x'"),
-        (["--to", "iq3_m", "--out-format", "gguf"], "does not write yet"),
+        (["--to", "iq2_xxs", "--out-format", "gguf"], "IQ2_XXS needs an importance matrix"),
+        (["--to", "iq3_xxs", "--out-format", "gguf"], "IQ3_XXS needs an importance matrix"),
         (["--to", "int4", "--imatrix", "x.gguf"], "llama.cpp mix options"),
         (
             [

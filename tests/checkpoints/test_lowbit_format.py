@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import lowbit
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
-from lowbit.checkpoints.quantize_model import quantize_model
+from lowbit.checkpoints.streaming import quantize_model
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import parse_action
@@ -196,7 +196,7 @@ def test_gguf_source_keeps_raw_blocks_and_loads_the_model(tmp_path: Path) -> Non
 
     src = save_gguf(tiny_llama(), tmp_path / "tiny.gguf")
     out = tmp_path / "q"
-    plan = PrecisionPlan.uniform("int4", group=32)
+    plan = PrecisionPlan.uniform("int4", group_size=32)
     quantize_model(src, plan, out, progress=False)
     ckpt = LowbitCheckpoint(out)
     reader = open_checkpoint(src)

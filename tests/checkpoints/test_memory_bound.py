@@ -96,7 +96,7 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
     import lowbit
     from lowbit.plans.plan import PrecisionPlan
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
 
     src, out = Path(sys.argv[1]), Path(sys.argv[2])
     plan = PrecisionPlan.uniform("int8", rules=[{"match": "*down_proj*", "format": "keep"}])

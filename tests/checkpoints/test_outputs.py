@@ -20,7 +20,7 @@ from lowbit.checkpoints.compressed_tensors.writer import write_compressed_tensor
 from lowbit.checkpoints.gguf.writer import write_gguf
 from lowbit.checkpoints.io import outputs as _outputs
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
-from lowbit.checkpoints.quantize_model import quantize_model
+from lowbit.checkpoints.streaming import quantize_model
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
 from tiny_models import save_gguf, save_hf_folder, tiny_llama

@@ -12,7 +12,7 @@ import pytest
 
 import lowbit
 from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.quantize_model import (
+from lowbit.checkpoints.streaming import (
     open_model,
     output_nbytes,
     plan_model,
@@ -90,7 +90,7 @@ def test_compressed_tensors_pipeline_decompresses_exactly(
     from lowbit.models.build import hf_tensors
 
     src = hf_folder if source == "hf" else gguf_file
-    plan = PrecisionPlan.uniform("int4", group=32, rules=CT_RULES)
+    plan = PrecisionPlan.uniform("int4", group_size=32, rules=CT_RULES)
     out = tmp_path / "ct"
     res = quantize_model(src, plan, out, out_format="compressed-tensors", progress=False)
     parts = res["seconds_parts"]  # reading and rounding vs the rest, summing to the call's
@@ -215,7 +215,13 @@ def test_interrupted_write_leaves_nothing(
 
     monkeypatch.setattr(lowbit.quant.tensor, "quantize", failing)
     # the writers call quantize through the name their module imported
-    monkeypatch.setattr(lowbit.checkpoints.steps, "quantize", failing)
+    import lowbit.checkpoints.compressed_tensors.pipeline
+    import lowbit.checkpoints.gguf.pipeline
+
+    for module in (lowbit.checkpoints.steps, lowbit.checkpoints.compressed_tensors.pipeline,
+                   lowbit.checkpoints.gguf.pipeline):  # fmt: skip
+        if hasattr(module, "quantize"):
+            monkeypatch.setattr(module, "quantize", failing)
     work = tmp_path / "work"
     work.mkdir()
     out = work / ("o.gguf" if out_format == "gguf" else "o")

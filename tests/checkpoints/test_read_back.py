@@ -18,7 +18,7 @@ pytestmark = pytest.mark.torch
 
 import lowbit  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.quantize_model import plan_model, quantize_model  # noqa: E402
+from lowbit.checkpoints.streaming import plan_model, quantize_model  # noqa: E402
 from lowbit.plans.plan import PrecisionPlan  # noqa: E402
 from tiny_models import save_gguf, save_hf_folder, tiny_llama  # noqa: E402
 
@@ -45,7 +45,7 @@ def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ct(hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ct") / "ct"
-    plan = PrecisionPlan.uniform("int4", group=32, rules=RULES)
+    plan = PrecisionPlan.uniform("int4", group_size=32, rules=RULES)
     quantize_model(hf, plan, out, out_format="compressed-tensors", progress=False)
     return out
 
@@ -68,7 +68,7 @@ def test_compressed_tensors_folder_reads_back(hf: Path, ct: Path) -> None:
         with safe_open(f, framework="pt") as sf:
             raw.update({k: sf.get_tensor(k) for k in sf.keys()})
     theirs = CompressedTensorsDequantizer(ct, dtype=torch.float32).process(raw)
-    applied = plan_model(src, PrecisionPlan.uniform("int4", group=32, rules=RULES),
+    applied = plan_model(src, PrecisionPlan.uniform("int4", group_size=32, rules=RULES),
                          out_format="compressed-tensors")  # fmt: skip
     labels = set()
     for t in applied.tensors:

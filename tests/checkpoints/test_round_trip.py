@@ -21,7 +21,7 @@ pytestmark = pytest.mark.torch
 import lowbit  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name, unpermute_qk  # noqa: E402
-from lowbit.checkpoints.quantize_model import plan_model, quantize_model  # noqa: E402
+from lowbit.checkpoints.streaming import plan_model, quantize_model  # noqa: E402
 from lowbit.checkpoints.verify import verify_checkpoint  # noqa: E402
 from lowbit.plans.plan import PrecisionPlan  # noqa: E402
 from tiny_models import (  # noqa: E402

@@ -25,7 +25,7 @@ from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.io import safetensors as _safetensors
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint
 from lowbit.checkpoints.lowbit_format.manifest import canonical_json, manifest_digest
-from lowbit.checkpoints.quantize_model import quantize_model
+from lowbit.checkpoints.streaming import quantize_model
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
 from strategies import json_values
@@ -68,7 +68,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (src / "tokenizer.json").write_text("{}")
     out = src.parent / "q"
-    quantize_model(src, PrecisionPlan.uniform("int4", group=32, rules=RULES), out, progress=False)
+    quantize_model(
+        src, PrecisionPlan.uniform("int4", group_size=32, rules=RULES), out, progress=False
+    )
     return out
 
 

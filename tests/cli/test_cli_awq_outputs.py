@@ -189,7 +189,7 @@ def test_awq_and_smoothquant_to_compressed_tensors(
 def test_a_written_original_norm_is_caught(setup: dict[str, Path], tmp_path: Path) -> None:
     """The folded-norm check above can fail: a folder written from the unfolded source (what
     the writer did before it took AWQ's folded checkpoint) has the original norms."""
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
 
     src = setup["folder"]
     run = awq_weights(src, "int4:g32", _calib(setup), progress=False)

@@ -204,8 +204,7 @@ def test_quantize_threads(
         seen.append(kwargs["threads"])  # type: ignore[arg-type]
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("lowbit.cli.cmd_quantize.calibrated_weights", spy)
-    monkeypatch.setattr("lowbit.cli._calibrated.calibrated_weights", spy)
+    monkeypatch.setattr("lowbit.jobs.quantize.calibrated_weights", spy)
     argv = ["quantize", str(folder), "--to", "int4:g32", "--method", method, "--calib", str(text),
             "--calib-samples", "3", "--calib-len", "50", "--no-progress"]  # fmt: skip
     assert main([*argv, "--threads", "1", "--out", str(tmp_path / "one")]) == 0

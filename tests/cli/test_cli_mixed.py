@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model
+from lowbit.checkpoints.streaming import checkpoint_tensors, open_model
 from lowbit.cli import main
 from lowbit.plans.plan import PrecisionPlan
 

@@ -9,8 +9,9 @@ import pytest
 
 from lowbit.cli import main
 from lowbit.quant.metrics import error
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.scheme_text import parse_scheme
-from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.quant.tensor import quantize
 
 
 def _run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:

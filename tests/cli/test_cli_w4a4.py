@@ -187,7 +187,7 @@ def test_bad_combinations_are_one_line(
 def test_library_refuses_w4a4_without_scales(folders: dict[str, Any], tmp_path: Path) -> None:
     """quantize_model of a plan with NVFP4 activations: compressed-tensors needs the
     calibrated input scales, other formats cannot hold them."""
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
     from lowbit.errors import LowbitError
     from lowbit.plans.plan import PrecisionPlan
 

@@ -159,7 +159,7 @@ def test_out_names_too_long_for_the_lock_file(
 
 def test_out_names_that_cannot_be_paths(tmp_path: Path) -> None:
     """quantize_model refuses an output with a NUL or a lone surrogate as a LowbitError."""
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
     safetensors = pytest.importorskip("safetensors.numpy")
@@ -205,7 +205,7 @@ def test_malformed_sensitivity_documents(doc: object) -> None:
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     safetensors = pytest.importorskip("safetensors.numpy")
-    from lowbit.checkpoints.quantize_model import quantize_model
+    from lowbit.checkpoints.streaming import quantize_model
     from lowbit.plans.plan import PrecisionPlan
 
     tmp = tmp_path_factory.mktemp("ck")

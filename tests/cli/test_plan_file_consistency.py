@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lowbit.checkpoints.quantize_model import checkpoint_tensors, open_model
+from lowbit.checkpoints.streaming import checkpoint_tensors, open_model
 from lowbit.cli import cmd_quantize, main
 from lowbit.planning.archs import load_spec
 from lowbit.planning.estimate import tensor_decisions

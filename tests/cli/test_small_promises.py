@@ -76,7 +76,7 @@ def test_report_help_against_a_shipped_model(
 ) -> None:
     """The help's `lowbit report model-ct --against smollm2` works: --against takes a shipped
     model's name, as lowbit quantize does ("no such file or folder" before)."""
-    from lowbit.checkpoints.quantize_model import resolve_model
+    from lowbit.checkpoints.streaming import resolve_model
     from lowbit.cli import cmd_report, main
 
     assert "--against smollm2" in cmd_report._EPILOG
@@ -90,7 +90,7 @@ def test_report_help_against_a_shipped_model(
         seen.update(kw)
         raise LowbitError("stop")
 
-    monkeypatch.setattr(cmd_report, "build_report", fake)
+    monkeypatch.setattr("lowbit.jobs.tasks.build_report", fake)
     (tmp_path / "ck").mkdir()
     out = str(tmp_path / "r.html")
     assert main(["report", str(tmp_path / "ck"), "--against", "minilm", "--out", out]) == 2

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lowbit.cli._stopwatch import Stopwatch
+from lowbit.jobs.stopwatch import Stopwatch
 
 
 def test_parts_sum_to_total_and_split() -> None:

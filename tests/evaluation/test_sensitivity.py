@@ -264,3 +264,25 @@ def test_chunks_balance_cost() -> None:
     heavy = [sum(costs[i] for i in c) for c in chunks]
     assert len(chunks) >= 4 and max(heavy) <= 2.0  # no worker holds most of the model runs
     assert _chunks(_costs(5, 5, "proxy", {0}), 3) != []
+
+
+def test_progress_means_the_same_as_everywhere(
+    llama_dir: Path, windows: Calibration, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``progress=True`` draws a bar over the trials (it was a TypeError after the work),
+    ``False`` none, a callable gets ``(done, total)``; a bad value is one LowbitError before
+    any work."""
+    pytest.importorskip("tqdm")
+    ckpt = open_checkpoint(llama_dir)
+    calls: list[tuple[int, int]] = []
+    with_bar = sensitivity(ckpt, ("int4:g32",), windows, measure="proxy", progress=True)
+    assert "sensitivity" in capsys.readouterr().err
+    quiet = sensitivity(ckpt, ("int4:g32",), windows, measure="proxy", progress=False)
+    assert capsys.readouterr().err == ""
+    sensitivity(
+        ckpt, ("int4:g32",), windows, measure="proxy", progress=lambda d, t: calls.append((d, t))
+    )
+    assert calls[-1][0] == calls[-1][1] == len(quiet.entries)
+    assert [e.to_dict() for e in with_bar.entries] == [e.to_dict() for e in quiet.entries]
+    with pytest.raises(LowbitError, match="progress must be True, False, None or a callable"):
+        sensitivity(ckpt, ("int4:g32",), windows, progress="yes")  # type: ignore[arg-type]

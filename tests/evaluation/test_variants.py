@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
-from lowbit.checkpoints.quantize_model import quantize_model  # noqa: E402
+from lowbit.checkpoints.streaming import quantize_model  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.evaluation import perplexity as evaluate  # noqa: E402
 from lowbit.evaluation.variants import Variant, compare_causal, compare_encoder, evaluate_variants  # noqa: E402

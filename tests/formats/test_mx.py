@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from lowbit import LowbitError
 from lowbit.formats.catalog import MX_FORMATS, mx_format
 from lowbit.formats.mx import shared_exponent
-from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.quant.quantized_tensor import QuantizedTensor
+from lowbit.quant.tensor import quantize
 
 gfloat = pytest.importorskip("gfloat")
 from gfloat import formats as gf  # noqa: E402

@@ -109,3 +109,17 @@ def test_bad_overrides(kwargs: dict, match: str) -> None:
     """Bad overrides are one LowbitError each."""
     with pytest.raises(LowbitError, match=match):
         choose_types("llama", _specs("mid-llama", "Q4_K_M"), "Q4_K_M", **kwargs)
+
+
+def test_requires_imatrix_as_llama_quantize() -> None:
+    """tensor_requires_imatrix: the 1-3 bit i-quants (IQ3_S and IQ4_* not) and Q2_K in Q2_K_S,
+    never token_embd / output."""
+    need = mixes.requires_imatrix
+    for t in ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S"):
+        assert need("blk.0.ffn_down.weight", t, "IQ3_M")
+        assert not need("output.weight", t, "IQ1_S")
+        assert not need("token_embd.weight", t, "IQ1_S")
+    for t in ("IQ3_S", "IQ4_XS", "IQ4_NL", "Q4_K", "Q2_K"):
+        assert not need("blk.0.ffn_down.weight", t, "IQ2_M")
+    assert need("blk.0.ffn_down.weight", "Q2_K", "Q2_K_S")
+    assert not need("token_embd.weight", "Q2_K", "Q2_K_S")

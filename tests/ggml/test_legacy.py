@@ -16,9 +16,9 @@ from hypothesis.extra import numpy as hnp
 import lowbit
 from lowbit.errors import LowbitError
 from lowbit.ggml import legacy
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.scheme import Scheme
 from lowbit.quant.scheme_text import parse_scheme
-from lowbit.quant.tensor import QuantizedTensor
 
 # one block: a ramp with its largest magnitude positive (so llama.cpp's Q4_0/Q5_0 scale is
 # negative) and a negative outlier at index 7

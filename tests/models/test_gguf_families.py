@@ -17,7 +17,7 @@ pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
-from lowbit.checkpoints.quantize_model import convert_hf_to_gguf  # noqa: E402
+from lowbit.checkpoints.streaming import convert_hf_to_gguf  # noqa: E402
 from lowbit.checkpoints.tokenizer import write_tokenizer  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.models.build import build_model  # noqa: E402

@@ -21,7 +21,7 @@ from lowbit.calibration.gptq import gptq_weights  # noqa: E402
 from lowbit.checkpoints import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.experts_view import ExpertsView  # noqa: E402
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint  # noqa: E402
-from lowbit.checkpoints.quantize_model import plan_model  # noqa: E402
+from lowbit.checkpoints.streaming import plan_model  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.models.build import build_model, load_model  # noqa: E402

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lowbit
-from lowbit.checkpoints.quantize_model import checkpoint_tensors
+from lowbit.checkpoints.streaming import checkpoint_tensors
 from lowbit.cli import main
 from lowbit.errors import LowbitError
 from lowbit.planning.estimate import (
@@ -298,7 +298,7 @@ def test_keep_embeddings_bf16() -> None:
 def test_plan_file_prices_what_quantize_writes(tmp_path: Path) -> None:
     """A plan file is priced tensor by tensor as PrecisionPlan decides it (the plan lowbit
     quantize --plan applies): the same bytes as the applied plan, rows replacing the default."""
-    from lowbit.checkpoints.quantize_model import open_model
+    from lowbit.checkpoints.streaming import open_model
 
     f = tmp_path / "plan.json"
     f.write_text(json.dumps({"version": 1, "default": "q8_0", "rules": [

@@ -82,7 +82,7 @@ def _actions(applied) -> dict[str, str]:  # type: ignore[no-untyped-def]
 def test_defaults_quantize_only_linear_weights(tensors, quantized) -> None:  # type: ignore[no-untyped-def]
     """By default only 2-D linear weights are quantized; embeddings, lm_head, norms, biases,
     1-D and integer tensors are kept as stored."""
-    applied = PrecisionPlan.uniform("int4", group=32).apply(tensors)
+    applied = PrecisionPlan.uniform("int4", group_size=32).apply(tensors)
     got = {t.name for t in applied if t.action == "quantize"}
     assert got == quantized
     for t in applied:
@@ -99,7 +99,7 @@ def test_defaults_quantize_only_linear_weights(tensors, quantized) -> None:  # t
 def test_uniform_options_build_the_scheme() -> None:
     """--to int4 --group 128 --asym --scale-method mse --scale-format fp16 is that Scheme."""
     plan = PrecisionPlan.uniform(
-        "int4", group=128, asym=True, scale_method="mse", scale_format="fp16"
+        "int4", group_size=128, asym=True, scale_method="mse", scale_format="fp16"
     )
     assert plan.default == Scheme(
         format="int4", group_size=128, symmetric=False, scale_method="mse", scale_format="float16"
@@ -144,9 +144,9 @@ def test_scheme_strings(spec: str, expected: object) -> None:
         ("int4:g128:banana", {}, "unknown token 'banana'"),
         ("q4_1", {}, "FP16 minimum"),
         ("q5_1", {}, "not supported"),
-        ("mxfp4", {"group": 16}, "MX block format"),
+        ("mxfp4", {"group_size": 16}, "MX block format"),
         ("fp8_e4m3", {"asym": True}, "integer format"),
-        ("keep", {"group": 32}, "'keep' takes no"),
+        ("keep", {"group_size": 32}, "'keep' takes no"),
         ("bf16", {"scale_method": "mse"}, "plain cast"),
         ("int4", {"scale_method": "median"}, "unknown scale method"),
     ],

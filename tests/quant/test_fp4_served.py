@@ -11,8 +11,8 @@ import pytest
 
 import lowbit
 from lowbit.errors import LowbitError
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.scheme_text import parse_scheme
-from lowbit.quant.tensor import QuantizedTensor
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 

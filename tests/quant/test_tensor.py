@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 import lowbit
 from lowbit import LowbitError
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.scheme import Scheme
-from lowbit.quant.tensor import QuantizedTensor, quantize, quantize_dynamic
+from lowbit.quant.tensor import quantize, quantize_dynamic
 from strategies import QUANT_INTS, granularities, quant_arrays
 
 # ---- the worked example ------------------------------------------------------------

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from lowbit.methods._ggml_gptq import GgmlQuantized
+from lowbit.methods._mlx_gptq import MLXQuantized
 from lowbit.methods.mr_gptq import RotatedTensor
 from lowbit.models.build import load_deferred
-from lowbit.quant.tensor import QuantizedTensor
+from lowbit.quant.quantized_tensor import QuantizedTensor
 
 
 def _release_heap() -> bool:
@@ -127,7 +128,7 @@ _ROTATION = "lowbit.spilled.hadamard_block"  # a RotatedTensor's block, in its s
 
 
 class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
-    """Name -> :class:`~lowbit.quant.tensor.QuantizedTensor`, each written to a temporary
+    """Name -> :class:`~lowbit.quant.quantized_tensor.QuantizedTensor`, each written to a temporary
     file when stored and read back when asked for: a whole-model run's results take disk,
     not memory, until the writer reads them one at a time (before, GPTQ's results stayed in
     memory to the end: 23 MB of int4 codes and scales a layer at TinyLlama-1.1B's width).
@@ -167,6 +168,8 @@ class SpilledTensors(MutableMapping[str, "QuantizedTensor | GgmlQuantized"]):
             arrays = {k: z[k] for k in z.files}
         if "ggml_type" in meta:  # GPTQ onto a llama.cpp block type: the tensor's GGUF bytes
             return GgmlQuantized.from_arrays(arrays, meta)
+        if "mlx_affine" in meta:  # GPTQ onto MLX's affine grid: words, scales, biases
+            return MLXQuantized.from_arrays(arrays, meta)
         if _ROTATION in meta:
             rest = {k: v for k, v in meta.items() if k != _ROTATION}
             return RotatedTensor(QuantizedTensor.from_arrays(arrays, rest), meta[_ROTATION])

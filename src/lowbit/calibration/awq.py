@@ -40,8 +40,8 @@ from lowbit.calibration.data import Calibration
 from lowbit.calibration.hessians import HessianCollector
 from lowbit.checkpoints import steps as qw
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
+from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
@@ -62,7 +62,7 @@ class AWQRun:
     """What :func:`awq_weights` made and measured.
 
     Attributes:
-        weights: checkpoint name -> :class:`~lowbit.quant.tensor.QuantizedTensor` of every
+        weights: checkpoint name -> :class:`~lowbit.quant.quantized_tensor.QuantizedTensor` of every
             tensor the plan quantizes (a folded layer's weights as folded).
         replaced: checkpoint name -> float32 array of every other tensor a fold changed (norm
             weights and biases, a bias of ``v``/``up``, linears the plan keeps), checkpoint
@@ -113,7 +113,7 @@ class AWQRun:
 
     def checkpoint(self, source: Any) -> Checkpoint:
         """The source checkpoint with the folded tensors of :attr:`replaced` in place of its own
-        (float32, ``F32``): what ``lowbit.checkpoints.quantize_model.quantize_model`` writes
+        (float32, ``F32``): what ``lowbit.checkpoints.streaming.quantize_model`` writes
         from, with ``weights=`` the quantized tensors."""
         return ReplacedCheckpoint(open_model(source), self.replaced)
 

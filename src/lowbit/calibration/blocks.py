@@ -13,7 +13,7 @@ from lowbit.calibration.data import (
 )
 from lowbit.calibration.text import evaluated_sentences
 from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_name
-from lowbit.checkpoints.quantize_model import checkpoint_tensors
+from lowbit.checkpoints.streaming import checkpoint_tensors
 from lowbit.errors import LowbitError
 from lowbit.models.build import _prefix_fix, param_shape
 from lowbit.quant.tensor import quantize
@@ -109,7 +109,7 @@ def _samples(
     if causal:
         wins = decoder_windows(tokenizer, calib, avoid=avoid)
         return [({"input_ids": torch.tensor([w], dtype=torch.long)}, None) for w in wins]
-    if exclude is None and not calib.is_jsonl:
+    if exclude is None and not calib.is_records:
         exclude = evaluated_sentences(calib.text()[1])
     texts = encoder_texts(calib, exclude=exclude or ())
     out = []

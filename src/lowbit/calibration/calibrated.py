@@ -1,7 +1,7 @@
 """Quantize and write a whole model with a calibrated method: what ``lowbit.quantize_model`` is.
 
 >>> import lowbit                                                          # doctest: +SKIP
->>> plan = lowbit.PrecisionPlan.uniform("int4", group=128)
+>>> plan = lowbit.PrecisionPlan.uniform("int4", group_size=128)
 >>> lowbit.quantize_model("smollm2", plan, "smol-gptq", method=lowbit.GPTQ(damp=0.01),
 ...                       calibration=lowbit.Calibration(samples=32))
 >>> lowbit.quantize_model("smollm2", plan, "smol-awq", method="awq")
@@ -12,7 +12,7 @@
 ``lowbit.calibration.awq.awq_weights``) and builds the record ``lowbit quantize
 --method gptq|awq`` / ``--smooth`` writes into the manifest; :func:`quantize_model` checks
 everything that can be checked before minutes of calibration, runs it, and writes through
-``lowbit.checkpoints.quantize_model.quantize_model`` (which, below this layer, writes tensors
+``lowbit.checkpoints.streaming.quantize_model`` (which, below this layer, writes tensors
 already quantized and cannot calibrate).
 """
 
@@ -28,9 +28,9 @@ from lowbit.calibration._workers import distributed_calibration
 from lowbit.calibration.awq import awq_weights
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.gptq import gptq_weights
-from lowbit.checkpoints import quantize_model as _writer
-from lowbit.checkpoints.quantize_model import open_model, plan_model
+from lowbit.checkpoints import streaming as _writer
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
+from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
@@ -274,7 +274,7 @@ def quantize_model(
             ``.txt`` or ``.jsonl`` path) or None (default: 128 x 512 tokens of the default
             text from token 32,768 for causal LMs, 256 texts for encoders).
         out_format: ``lowbit`` (default), ``compressed-tensors`` or ``gguf``.
-        gguf_rounding: see ``lowbit.checkpoints.quantize_model.plan_model``.
+        gguf_rounding: see ``lowbit.checkpoints.streaming.plan_model``.
         overwrite: replace an existing output that lowbit wrote.
         copy_code: also copy the source folder's ``.py`` files.
         max_shard_size: bytes per safetensors shard.
@@ -288,7 +288,7 @@ def quantize_model(
             faster; see ``lowbit.models._compute``). Hessians, searches and rounding stay float32.
 
     Returns:
-        The summary of ``lowbit.checkpoints.quantize_model.quantize_model`` (``out``,
+        The summary of ``lowbit.checkpoints.streaming.quantize_model`` (``out``,
         ``out_format``, ``source``, ``source_format``, ``totals``, ``bytes``, ``seconds``,
         ``copied_files``, ``left_out``) and ``method``: the record written to the manifest
         (None when everything was rounded to nearest without one).
@@ -300,13 +300,13 @@ def quantize_model(
             plan's, or with rules naming ``method: gptq`` or ``awq``; rules naming both gptq and
             awq, or another calibrated method than the one given; an existing output without
             ``overwrite`` (all these before any calibration); then anything
-            ``lowbit.checkpoints.quantize_model.quantize_model`` or the method refuses (an
+            ``lowbit.checkpoints.streaming.quantize_model`` or the method refuses (an
             unreadable source, an unquantizable tensor, a scheme the output format lacks, an
             output that is or lies inside the source, calibration data missing or too short,
             a model lowbit cannot build).
 
     Warns:
-        UserWarning: as ``lowbit.checkpoints.quantize_model.quantize_model``.
+        UserWarning: as ``lowbit.checkpoints.streaming.quantize_model``.
     """
     check_compute(compute)
     if isinstance(method, Mapping) or (method is None and weights is not None):

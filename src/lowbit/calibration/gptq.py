@@ -68,7 +68,7 @@ from lowbit.calibration.data import (
 )
 from lowbit.calibration.hessians import HessianCollector
 from lowbit.checkpoints import steps as qw
-from lowbit.checkpoints.quantize_model import open_model, plan_model
+from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential
@@ -87,7 +87,7 @@ class GPTQRun:
     """What :func:`gptq_weights` made and measured.
 
     Attributes:
-        weights: checkpoint tensor name -> :class:`~lowbit.quant.tensor.QuantizedTensor`, for
+        weights: checkpoint tensor name -> :class:`~lowbit.quant.quantized_tensor.QuantizedTensor`, for
             every tensor the plan quantizes: a mapping that keeps them on disk and reads one
             back when asked (``lowbit.calibration._memory.SpilledTensors``), so the run's
             memory does not grow with the model's depth.

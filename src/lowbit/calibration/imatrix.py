@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._results import TableView
 from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.quantize_model import open_model
+from lowbit.checkpoints.streaming import open_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.models._threads import _threads
@@ -29,15 +30,69 @@ from lowbit.models.build import build_model
 __all__ = ["Imatrix", "compute_imatrix"]
 
 
-@dataclass
-class Imatrix:
-    """Sums of squared inputs and token counts per GGUF weight name, and where they came from."""
+@dataclass(repr=False)
+class Imatrix(TableView):
+    """Sums of squared inputs and token counts per GGUF weight name, and where they came from.
+
+    ``repr`` is one line; ``to_dict()`` (``arrays=True`` adds the sums and counts),
+    ``to_pandas()`` and the Jupyter table give one row per weight: its columns, tokens and
+    importance (``sums / counts``) mean and largest (:mod:`lowbit._results`).
+    """
 
     sums: dict[str, np.ndarray]
     counts: dict[str, np.ndarray]
     dataset: str
     chunks: int
     chunk_size: int
+
+    def importance(self, name: str) -> np.ndarray:
+        """The importance vector llama-quantize gives ``name``'s quantizer: ``sums / counts``
+        (one per column; experts' vectors concatenated; ones where no token was counted), as
+        :func:`lowbit.checkpoints.gguf.imatrix.read_imatrix` reads it back from the file.
+
+        Raises:
+            LowbitError: a name the matrix does not hold.
+        """
+        if name not in self.sums:
+            raise LowbitError(f"the importance matrix has no {name!r} ({len(self.sums)} weights)")
+        counts = np.asarray(self.counts[name], np.float32).reshape(-1)
+        sums = np.asarray(self.sums[name], np.float32).reshape(counts.size, -1)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a matrix no token reached: ones
+            vals = np.where(counts[:, None] > 0, sums / counts[:, None], np.float32(1))
+        return vals.astype(np.float32).reshape(-1)
+
+    def to_dict(self, arrays: bool = False) -> dict[str, Any]:
+        """Where it came from and one summary row per weight (``weights``); with ``arrays``,
+        the sums and counts as lists too (``sums``, ``counts``)."""
+        d: dict[str, Any] = {
+            "dataset": self.dataset,
+            "chunks": self.chunks,
+            "chunk_size": self.chunk_size,
+            "weights": self._rows(),
+        }
+        if arrays:
+            d["sums"] = {k: np.asarray(v).tolist() for k, v in self.sums.items()}
+            d["counts"] = {k: np.asarray(v).tolist() for k, v in self.counts.items()}
+        return d
+
+    def _summary(self) -> str:
+        return (
+            f"{len(self.sums)} weights, {self.chunks} chunks x {self.chunk_size} tokens, "
+            f"dataset={self.dataset!r}"
+        )
+
+    def _rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for name in self.sums:
+            imp = self.importance(name)
+            rows.append({
+                "weight": name,
+                "columns": int(np.asarray(self.sums[name]).size),
+                "tokens": int(np.asarray(self.counts[name]).reshape(-1)[0]),
+                "mean_importance": float(imp.mean()) if imp.size else 0.0,
+                "max_importance": float(imp.max()) if imp.size else 0.0,
+            })  # fmt: skip
+        return rows
 
 
 def compute_imatrix(
@@ -51,7 +106,7 @@ def compute_imatrix(
     """Collect llama.cpp's importance matrix of a GGUF causal LM on calibration windows.
 
     Args:
-        model: a GGUF file or shipped model name (``lowbit.checkpoints.quantize_model.open_model``).
+        model: a GGUF file or shipped model name (``lowbit.checkpoints.streaming.open_model``).
         calibration: the windows (default: lowbit's calibration text, 128 x 512 tokens).
         process_output: also collect ``output.weight`` (llama-imatrix's ``--process-output``).
         threads: torch threads (default: the usable cores).
@@ -84,7 +139,7 @@ def compute_imatrix(
     tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)
     windows = decoder_windows(tokenizer, calib)
-    label = calib.text()[0] if not calib.is_jsonl else str(calib.source)
+    label = calib.text()[0] if not calib.is_records else str(calib.source)
     named = dict(net.named_modules())
     if process_output and "output.weight" not in modules.values():
         modules["lm_head"] = "token_embd.weight"  # tied: the head multiplies by the embedding

@@ -30,7 +30,8 @@ from lowbit.errors import LowbitError
 from lowbit.models._compute import compute_context
 from lowbit.models._threads import _threads
 from lowbit.models.act_quant import input_global_scale, observe_input_amax
-from lowbit.models.build import attach_rotations, build_model
+from lowbit.models.build import build_model
+from lowbit.models.hooks import attach_rotations
 
 __all__ = ["InputScales", "nvfp4_input_scales"]
 
@@ -75,7 +76,7 @@ def nvfp4_input_scales(
         compute: the precision of the forwards (``fp32``, ``bf16``, ``auto``).
         rotations: weight name -> Hadamard block of the weights stored rotated
             (``--method hadamard|hadamard+gptq``): those layers' inputs are rotated online
-            (``lowbit.models.build.attach_rotations``), so their scales are the rotated
+            (``lowbit.models.hooks.attach_rotations``), so their scales are the rotated
             inputs' maxima, what the served layer quantizes.
 
     Raises:

@@ -10,8 +10,8 @@ from typing import Any
 from lowbit.calibration.awq import awq_weights
 from lowbit.calibration.calibrated import CalibratedWeights, _calibration, calibrated_weights
 from lowbit.calibration.data import Calibration
-from lowbit.checkpoints.quantize_model import open_model
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.streaming import open_model
 from lowbit.methods.gptq import GPTQ
 from lowbit.methods.smoothquant import SmoothQuant
 from lowbit.plans.plan import PrecisionPlan

@@ -24,7 +24,7 @@ from lowbit.checkpoints import _moved
 
 _moved.install()
 
-# Every name loads on first use: importing one submodule (``checkpoints._outputs`` for the
+# Every name loads on first use: importing one submodule (``checkpoints.io.outputs`` for the
 # CLI's file checks) then costs that submodule alone, not every reader and writer.
 _LAZY = {
     "load": "lowbit.checkpoints.opener",
@@ -33,7 +33,7 @@ _LAZY = {
     "TensorInfo": "lowbit.checkpoints.readers",
     # load_model builds a torch model: it lives in the evaluation layer above this one
     "load_model": "lowbit.models.build",
-    "quantize_model": "lowbit.checkpoints.quantize_model",
+    "quantize_model": "lowbit.checkpoints.streaming",
     "write_gguf": "lowbit.checkpoints.gguf.writer",
     "GGUFTensor": "lowbit.checkpoints.gguf.writer",
     "gguf_from_quantized": "lowbit.checkpoints.gguf.writer",

@@ -27,6 +27,9 @@ MOVED = {
     "lowbit.checkpoints.gguf_writer": "lowbit.checkpoints.gguf.writer",
     "lowbit.checkpoints.imatrix": "lowbit.checkpoints.gguf.imatrix",
     "lowbit.checkpoints.names": "lowbit.checkpoints.gguf.names",
+    # the module shadowed the function of its name: ``from lowbit.checkpoints import
+    # quantize_model`` gave the module once the module had been imported
+    "lowbit.checkpoints.quantize_model": "lowbit.checkpoints.streaming",
 }
 
 
@@ -56,7 +59,19 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__spec__ = self._spec
 
 
+class _Package(ModuleType):
+    """``lowbit.checkpoints`` itself: importing the old module path
+    ``lowbit.checkpoints.quantize_model`` would bind the package's attribute of that name to the
+    module (the import system does so for every submodule), hiding the function."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, ModuleType) and f"{self.__name__}.{name}" in MOVED:
+            return  # an old path's alias: the package's own name stays what it was
+        super().__setattr__(name, value)
+
+
 def install() -> None:
-    """Put the finder on ``sys.meta_path`` once."""
+    """Put the finder on ``sys.meta_path`` once, and keep the package's names its own."""
     if not any(isinstance(f, MovedFinder) for f in sys.meta_path):
         sys.meta_path.append(MovedFinder())
+    sys.modules["lowbit.checkpoints"].__class__ = _Package

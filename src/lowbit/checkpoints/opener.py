@@ -9,7 +9,6 @@ picks one.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,10 @@ from lowbit.checkpoints.compressed_tensors.reader import CompressedTensorsFolder
 from lowbit.checkpoints.experts_view import ExpertsView, has_fused
 from lowbit.checkpoints.gguf.reader import GGUFFile
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
+from lowbit.checkpoints.mlx.params import is_mlx_config
+from lowbit.checkpoints.mlx.reader import MLXFolder
 from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, SafetensorsFile
+from lowbit.checkpoints.shipped import shipped_or_path
 from lowbit.errors import LowbitError
 
 __all__ = ["load", "open_checkpoint"]
@@ -29,7 +31,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Open a checkpoint for reading, one tensor at a time.
 
     Args:
-        path: a ``.safetensors`` file, a ``.gguf`` file, a folder holding ``config.json`` and
+        path: a shipped model's name (``"smollm2"``, ``"minilm"``; a file of that name wins),
+            a ``.safetensors`` file, a ``.gguf`` file, a folder holding ``config.json`` and
             safetensors shards (with ``model.safetensors.index.json`` when sharded), a folder
             holding exactly one ``.gguf`` file, a lowbit checkpoint folder (``lowbit.json``),
             or a compressed-tensors folder (``quantization_config``); the last two read back
@@ -46,7 +49,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             FIFO, a device), a file that is neither safetensors nor GGUF, a missing or
             truncated shard, a header that lies about sizes or offsets, an unknown GGUF type.
     """
-    p = Path(path)
+    p = shipped_or_path(path)
     if not _json.path_exists(p):
         raise LowbitError(f"{p}: no such file or folder")
     if p.is_dir() and (p / "lowbit.json").is_file():
@@ -62,6 +65,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             )
         folder = _not_lowbit_shards(HuggingFaceFolder(p))
         cfg = folder.config or {}
+        if is_mlx_config(cfg):
+            return MLXFolder(p)  # mlx-lm's layout, weights read back dequantized
         if "quantization_config" not in cfg:
             return _per_expert(folder)
         qc = cfg["quantization_config"]
@@ -158,6 +163,7 @@ def load(
 
 def _open(path: str | os.PathLike[str], verify: bool = True) -> Checkpoint:
     """``open_checkpoint``, or for a lowbit quantized checkpoint its dequantizing reader."""
+    path = shipped_or_path(path)
     if is_lowbit_checkpoint(path):
         return LowbitCheckpoint(path, verify=verify)
     return open_checkpoint(path)

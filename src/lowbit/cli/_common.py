@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._json import to_jsonable
 from lowbit.errors import LowbitError, UnderflowWarning
 from lowbit.models._compute import check_compute
 
@@ -27,21 +28,6 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print machine-readable JSON instead of a table"
     )
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Make numpy scalars/arrays, NaN and inf JSON-safe (NaN/inf become strings)."""
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return to_jsonable(obj.item())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    return obj
 
 
 def print_json(obj: Any) -> None:

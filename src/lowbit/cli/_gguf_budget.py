@@ -7,7 +7,7 @@ file bytes; :mod:`lowbit.evaluation.gguf_sensitivity`: the trials). Candidates c
 :data:`~lowbit.checkpoints.gguf.budget.DEFAULT_CANDIDATES`; ``--imatrix`` is used by the trials
 and the writer alike. With ``--method gptq`` the trials still round as llama.cpp does (they
 choose the types), and then GPTQ rounds every linear layer onto its chosen type, as it does
-onto a fixed mix's (:func:`lowbit.cli._gguf_mix.gptq_onto`). A lowbit scheme among them (``int4:g128``) is refused: a GGUF budget
+onto a fixed mix's (:func:`lowbit.jobs.gguf.gptq_onto`). A lowbit scheme among them (``int4:g128``) is refused: a GGUF budget
 chooses among GGUF types.
 """
 
@@ -15,30 +15,16 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 from pathlib import Path
 from typing import Any
 
-from lowbit._progress import progress_bar
-from lowbit.checkpoints.gguf.budget import (
-    DEFAULT_CANDIDATES,
-    budget_options,
-    budget_vectors,
-    parse_types,
-    solve_gguf,
-    write_gguf_types,
-)
-from lowbit.checkpoints.gguf.imatrix import read_imatrix
-from lowbit.checkpoints.gguf.mix import gguf_targets
-from lowbit.checkpoints.io.outputs import check_output
-from lowbit.checkpoints.quantize_model import check_unrotated, open_model
-from lowbit.checkpoints.tokenizer import build_tokenizer
+from lowbit.checkpoints.streaming import open_model
 from lowbit.cli import _common
-from lowbit.cli._gguf_mix import gguf_source, gptq_onto
+from lowbit.cli._calibrated import calibration_of
+from lowbit.cli._gguf_mix import gptq_config
 from lowbit.cli._scan import scan_windows
 from lowbit.errors import LowbitError
-from lowbit.evaluation.gguf_sensitivity import gguf_sensitivity
-from lowbit.evaluation.scan_samples import scan_samples
+from lowbit.jobs.gguf import gguf_budget
 from lowbit.plans.mixed import parse_size
 
 _GGUF_NAME = re.compile(r"^(I?Q\d\w*|TQ\d\w*|MXFP4|NVFP4|F16|BF16|F32)$", re.IGNORECASE)
@@ -120,81 +106,27 @@ def _default_out(source: Path, args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Measure, solve and write (or with ``--dry-run``, show) the GGUF budget file."""
-    start = time.perf_counter()
     bpw, size = _check(args)
-    types = parse_types(_given(args) or DEFAULT_CANDIDATES)
     progress = False if args.no_progress or args.json else None
     ckpt = open_model(args.model)
-    check_unrotated(ckpt)
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give the .gguf file to write")
     out = Path(args.out) if args.out else _default_out(Path(ckpt.path), args)
-    if not args.dry_run:
-        check_output(out, overwrite=args.overwrite, kind="file", inputs=[ckpt.path])
-    # a Hugging Face source is converted first, into a temporary GGUF beside the output
-    with gguf_source(ckpt, out, progress) as source:
-        return _run(args, source, out, types, bpw, size, progress, start)
-
-
-def _run(
-    args: argparse.Namespace,
-    ckpt: Any,
-    out: Path,
-    types: Any,
-    bpw: float | None,
-    size: int | None,
-    progress: bool | None,
-    start: float,
-) -> int:
-    options = budget_options(ckpt, types)
-    imatrix = read_imatrix(args.imatrix) if getattr(args, "imatrix", None) else None
-    vectors = budget_vectors(ckpt, options, imatrix) if imatrix is not None else {}
     samples, length = scan_windows(args)
-    calib = scan_samples(
-        "causal", build_tokenizer(ckpt), args.calib, samples=samples, length=length
-    )
-    total = sum(len(v) for v in options.values())
-    with progress_bar(total, progress, "GGUF trials", "trial") as bar:
-
-        def tick(done: int, _total: int) -> None:
-            bar.update(done - bar.n)
-
-        sens = gguf_sensitivity(
-            ckpt, options, calib, vectors=vectors, progress=tick,
-            compute=_common.compute_option(getattr(args, "compute", "fp32")),
-        )  # fmt: skip
-    t0 = time.perf_counter()
-    plan = solve_gguf(ckpt, options, sens.damages, size=size, bits_per_weight=bpw)
-    seconds = {**sens.seconds, "solve": time.perf_counter() - t0}
-    doc: dict[str, Any] = {
-        "source": str(ckpt.path),
-        "candidates": list(types),
-        "imatrix": str(args.imatrix) if imatrix is not None else None,
-        "calibration": sens.calibration,
-        "metric": sens.metric,
-        "trials": total,
-        **plan.to_dict(),
-        "damages": sens.damages,  # every option measured, {tensor: {type: damage}}
-    }
-    if not args.dry_run:
-        done = None
-        if getattr(args, "method", "rtn") == "gptq":  # onto the types the trials chose
-            targets = gguf_targets(ckpt, plan.types, vectors)
-            done, doc["method"] = gptq_onto(args, ckpt, targets, imatrix is not None, progress)
-            seconds["gptq"] = doc["method"]["seconds"].get("total", sum(
-                doc["method"]["seconds"].values()))  # fmt: skip
-        written = write_gguf_types(
-            ckpt, out, plan, vectors=vectors, overwrite=args.overwrite, progress=progress,
-            weights=done,
-        )  # fmt: skip
-        seconds["write"] = written["seconds"]
-        doc = {"path": written["path"], "bytes": written["bytes"], **doc}
-    seconds["total"] = time.perf_counter() - start
-    doc["seconds"] = seconds
+    gptq = getattr(args, "method", "rtn") == "gptq"
+    res = gguf_budget(
+        ckpt, out, size=size, bits_per_weight=bpw, candidates=_given(args) or None,
+        imatrix=getattr(args, "imatrix", None) or None,
+        method=gptq_config(args) if gptq else "rtn",
+        calibration=calibration_of(args) if gptq else None, scan_text=args.calib,
+        scan_samples_count=samples, scan_length=length, overwrite=args.overwrite,
+        threads=args.threads, compute=_common.compute_option(getattr(args, "compute", "fp32")),
+        progress=progress, dry_run=args.dry_run,
+    )  # fmt: skip
     if args.json:
-        _common.print_json(doc)
+        _common.print_json(res.details)
         return 0
-    _print(doc, plan, args.dry_run)
+    _print(res.details, res.plan, args.dry_run)
     return 0
 
 

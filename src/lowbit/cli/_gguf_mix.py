@@ -13,28 +13,17 @@ are rounded as llama.cpp rounds them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from lowbit.calibration.gptq import gptq_weights
-from lowbit.checkpoints import open_checkpoint
-from lowbit.checkpoints.gguf.convert import check_hf_source
-from lowbit.checkpoints.gguf.imatrix import read_imatrix
-from lowbit.checkpoints.gguf.mix import gguf_mix_types, gptq_targets, write_gguf_mix
-from lowbit.checkpoints.io.outputs import check_output
-from lowbit.checkpoints.quantize_model import check_unrotated, open_model, quantize_model
+from lowbit.checkpoints.streaming import open_model
 from lowbit.cli import _common
 from lowbit.cli._calibrated import calibration_of
 from lowbit.errors import LowbitError
-from lowbit.ggml import blocks, mixes
+from lowbit.ggml import mixes
+from lowbit.jobs.gguf import gguf_mix
 from lowbit.methods.gptq import GPTQ
-from lowbit.plans.plan import PrecisionPlan
 
 _OWN_PLAN = {"Q4_0", "Q8_0"}  # lowbit's plan path writes these to GGUF (scheme "ggml")
 # lowbit schemes too: with --out-format lowbit or compressed-tensors these are lowbit's own
@@ -111,26 +100,15 @@ def wanted(args: argparse.Namespace) -> bool:
     return True
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    pairs = []
-    for item in args.tensor_type or []:
-        pattern, sep, typ = item.partition("=")
-        if not sep or not pattern or not typ:
-            raise LowbitError(f"--tensor-type {item!r}: write PATTERN=TYPE (e.g. attn_v=q8_0)")
-        pairs.append((pattern.lower(), typ))
-    return {
-        "tensor_types": pairs,
-        "output_tensor_type": args.output_tensor_type,
-        "token_embedding_type": args.token_embedding_type,
-        "pure": args.pure,
-        "leave_output_tensor": args.leave_output_tensor,
-    }
-
-
 def _default_out(source: Path, mix: str) -> Path:
     stem = source.name.removesuffix(".gguf")
     stem = re.sub(r"\.(F32|F16|BF16|Q\d\w*)$", "", stem, flags=re.IGNORECASE)
     return Path(f"{stem}.{mix}.gguf")
+
+
+def gptq_config(args: argparse.Namespace) -> GPTQ:
+    """The GPTQ settings the options give."""
+    return GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,66 +116,23 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress or args.json else None
     m = mixes.mix(args.to.strip())
     ckpt = open_model(args.model)
-    check_unrotated(ckpt)
-    imatrix = read_imatrix(args.imatrix) if args.imatrix else None
-    options = _overrides(args)
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give the .gguf file to write")
     out = Path(args.out) if args.out else _default_out(Path(ckpt.path), m.name)
-    if not args.dry_run:  # before a conversion: a bad --out fails at once
-        check_output(out, overwrite=args.overwrite, kind="file", inputs=[ckpt.path])
-    with gguf_source(ckpt, out, progress) as source:
-        return _run_mix(args, source, m, imatrix, options, out, progress)
-
-
-@contextlib.contextmanager
-def gguf_source(ckpt: Any, out: Path, progress: bool | None) -> Iterator[Any]:
-    """``ckpt`` itself when it is a GGUF; a Hugging Face source converted first (lowbit's
-    ``convert_hf_to_gguf``: llama.cpp's tensors and keys, each tensor at the precision it is
-    stored in) into a temporary GGUF beside ``out``, as llama.cpp users do in two steps. The
-    temporary file is removed when the block ends, also on error.
-
-    Raises:
-        LowbitError: a family or tokenizer lowbit cannot convert.
-    """
-    if ckpt.format == "gguf":
-        yield ckpt
-        return
-    check_hf_source(ckpt)
-    parent = out.parent if str(out.parent) else Path(".")
-    where = parent if parent.is_dir() else None  # a dry run may name a folder yet to exist
-    with tempfile.TemporaryDirectory(prefix=".lowbit-hf-to-gguf-", dir=where) as tmp:
-        src = Path(tmp) / (Path(ckpt.path).name + ".gguf")
-        keep = PrecisionPlan.from_dict({"rules": [{"match": "*", "format": "keep"}]})
-        quantize_model(ckpt, keep, src, out_format="gguf", progress=progress)
-        ckpt.close()
-        with open_checkpoint(src) as converted:
-            yield converted
-
-
-def _run_mix(
-    args: argparse.Namespace,
-    ckpt: Any,
-    m: Any,
-    imatrix: Any,
-    options: dict[str, Any],
-    out: Path,
-    progress: bool | None,
-) -> int:
-    if args.dry_run:
-        types = gguf_mix_types(ckpt, m.name, has_imatrix=imatrix is not None, **options)
-        return _print_types(args, ckpt, m, types)
-    done, record = None, None
-    if getattr(args, "method", "rtn") == "gptq":
-        done, record = _gptq(args, ckpt, m.name, imatrix, options, out, progress)
-    result = write_gguf_mix(
-        ckpt, out, m.name, imatrix=imatrix, overwrite=args.overwrite, progress=progress,
-        weights=done, **options,
+    gptq = getattr(args, "method", "rtn") == "gptq"
+    res = gguf_mix(
+        ckpt, m.name, out, imatrix=args.imatrix or None,
+        method=gptq_config(args) if gptq else "rtn",
+        calibration=calibration_of(args) if gptq else None,
+        tensor_types=args.tensor_type or [], output_tensor_type=args.output_tensor_type,
+        token_embedding_type=args.token_embedding_type, pure=args.pure,
+        leave_output_tensor=args.leave_output_tensor, overwrite=args.overwrite,
+        threads=args.threads, compute=_common.compute_option(args.compute), progress=progress,
+        dry_run=args.dry_run,
     )  # fmt: skip
-    if record is not None:
-        result["method"] = record
-    if args.imatrix:
-        result["imatrix"] = str(args.imatrix)
+    if args.dry_run:
+        return _print_types(args, res)
+    result, record = res.details, res.method
     if args.json:
         _common.print_json(result)
         return 0
@@ -213,89 +148,18 @@ def _run_mix(
             f"{record['mean_error']['gptq']:.4g} (llama.cpp's rounding "
             f"{record['mean_error']['rtn']:.4g}), importance: {record['importance']}"
         )
-    if imatrix is not None:
+    if res.imatrix is not None:
         print(f"  importance matrix {args.imatrix}: {result['imatrix_tensors']} tensors used it")
     return 0
 
 
-def _gptq(
-    args: argparse.Namespace,
-    ckpt: Any,
-    mix_name: str,
-    imatrix: Any,
-    options: dict[str, Any],
-    out: Path,
-    progress: bool | None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``--method gptq``: GPTQ of every linear layer the mix requantizes, onto its block type."""
-    if out.exists() and not args.overwrite:  # fail before minutes of calibration
-        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
-    targets = gptq_targets(ckpt, mix_name, imatrix=imatrix, **options)
-    return gptq_onto(args, ckpt, targets, imatrix is not None, progress)
-
-
-def gptq_onto(
-    args: argparse.Namespace,
-    ckpt: Any,
-    targets: dict[str, Any],
-    importance: bool,
-    progress: bool | None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """GPTQ of ``targets`` (tensor -> :class:`~lowbit.methods._ggml_gptq.GgmlTarget`) with the
-    options' calibration: the GGUF blocks of the tensors it rounded, and its record."""
-    cfg = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
-    compute = _common.compute_option(args.compute)
-    run = gptq_weights(
-        ckpt, None, calibration_of(args), cfg, threads=args.threads, progress=progress,
-        compute=compute, targets=targets,
-    )  # fmt: skip
-    done = {n: w for n, w in run.weights.items() if run.methods.get(n) == "gptq"}
-    errs = [run.layers[n] for n in done if n in run.layers]
-    mean = {k: float(np.mean([e[k] for e in errs])) if errs else 0.0 for k in ("rtn", "gptq")}
-    record = {
-        **cfg.to_dict(),
-        "gptq_tensors": len(done),
-        "importance": "importance matrix" if importance else "diag(H)",
-        "mean_error": mean,
-        "layers": run.layers,
-        "calibration": run.calibration,
-        "seconds": run.seconds,
-    }
-    return done, record
-
-
-def _print_types(args: argparse.Namespace, ckpt: Any, m: Any, types: dict[str, str]) -> int:
-    rows, total = [], 0
-    for name in ckpt.names():
-        info = ckpt.info(name)
-        t = types[name]
-        nbytes = info.nbytes if t == info.dtype.upper() else _nbytes(info.shape, t)
-        total += nbytes
-        rows.append([name, "x".join(map(str, info.shape)), info.dtype, t, nbytes])
+def _print_types(args: argparse.Namespace, res: Any) -> int:
+    doc = res.details
     if args.json:
-        _common.print_json(
-            {
-                "source": str(ckpt.path),
-                "mix": m.name,
-                "file_type": m.file_type,
-                "tensors": [
-                    dict(zip(("name", "shape", "stored", "type", "bytes"), r, strict=False))
-                    for r in rows
-                ],
-                "tensor_bytes": total,
-            }
-        )
+        _common.print_json(doc)
         return 0
+    rows = [[r["name"], r["shape"], r["stored"], r["type"], r["bytes"]] for r in doc["tensors"]]
     _common.print_table(rows, ["tensor", "shape", "stored", "becomes", "bytes"], align="llllr")
-    print(f"\n{Path(ckpt.path).name} as llama.cpp {m.name}: {total / 1e6:,.1f} MB of tensors. "
-          "Dry run: nothing written.")  # fmt: skip
+    print(f"\n{Path(doc['source']).name} as llama.cpp {doc['mix']}: "
+          f"{doc['tensor_bytes'] / 1e6:,.1f} MB of tensors. Dry run: nothing written.")  # fmt: skip
     return 0
-
-
-def _nbytes(shape: tuple[int, ...], t: str) -> int:
-    if t in ("F32", "F16", "BF16"):
-        n = 1
-        for d in shape:
-            n *= d
-        return n * (4 if t == "F32" else 2)
-    return blocks.nbytes(tuple(shape), t) if t in blocks.TYPES else 0

@@ -8,13 +8,13 @@ from typing import Any
 
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.cli import _common
-from lowbit.cli._calibrated import add_calibration_options, calibration_of, parse_alpha
+from lowbit.cli._calibrated import add_calibration_options, calibration_of
 from lowbit.errors import LowbitError
 from lowbit.evaluation.perplexity import DEFAULT_BATCH
 from lowbit.evaluation.variants import evaluate_variants
 from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
-from lowbit.methods.smoothquant import SmoothQuant
+from lowbit.methods.smoothquant import SmoothQuant, parse_alpha
 
 _EPILOG = """\
 MODEL is a checkpoint (.safetensors, Hugging Face folder, .gguf) or a shipped model: smollm2

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import time
-from pathlib import Path
 from typing import Any
 
 from lowbit._optional import require
 from lowbit.calibration.data import Calibration
-from lowbit.calibration.imatrix import compute_imatrix
-from lowbit.checkpoints.gguf.imatrix import write_imatrix
 from lowbit.cli import _common
-from lowbit.errors import LowbitError
+from lowbit.jobs.tasks import imatrix
 
 _EPILOG = """\
 The file is llama.cpp's GGUF importance matrix (NAME.in_sum2 / NAME.counts per weight, the
@@ -58,39 +54,19 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     require("torch", extra="models", what="lowbit imatrix")
     require("transformers", extra="models", what="lowbit imatrix")
-    if not args.out.strip():
-        raise LowbitError("--out is empty; give the .gguf file to write")
-    if args.threads is not None and args.threads < 1:
-        raise LowbitError(f"--threads must be >= 1, got {args.threads}")
-    out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     calib = Calibration(source=args.calib, samples=args.calib_samples, length=args.calib_len)
-    start = time.perf_counter()
-    im = compute_imatrix(
-        args.model,
-        calib,
-        process_output=args.process_output,
-        threads=args.threads,
+    res = imatrix(
+        args.model, args.out, calibration=calib, process_output=args.process_output,
+        threads=args.threads, overwrite=args.overwrite,
         progress=False if args.no_progress or args.json else None,
-    )
-    write_imatrix(
-        out, im.sums, im.counts, datasets=[im.dataset], chunk_count=im.chunks,
-        chunk_size=im.chunk_size, overwrite=args.overwrite,
     )  # fmt: skip
-    result = {
-        "path": str(out),
-        "entries": len(im.sums),
-        "chunks": im.chunks,
-        "chunk_size": im.chunk_size,
-        "dataset": im.dataset,
-        "seconds": time.perf_counter() - start,
-    }
+    result = res.details
     if args.json:
         _common.print_json(result)
         return 0
     print(
-        f"wrote {out}: importance matrix of {result['entries']} weights from {im.chunks} x "
-        f"{im.chunk_size} tokens of {im.dataset} in {result['seconds']:.1f} s"
+        f"wrote {result['path']}: importance matrix of {result['entries']} weights from "
+        f"{result['chunks']} x {result['chunk_size']} tokens of {result['dataset']} in "
+        f"{result['seconds']:.1f} s"
     )
     return 0

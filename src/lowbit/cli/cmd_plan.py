@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.checkpoints.io.outputs import save_figure
-from lowbit.checkpoints.quantize_model import open_model
+from lowbit.checkpoints.streaming import open_model
 from lowbit.cli import _budget, _common
 from lowbit.errors import LowbitError
 from lowbit.planning.archs import parse_params

@@ -8,31 +8,27 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lowbit.calibration.calibrated import calibrated_weights
-from lowbit.calibration.input_scales import nvfp4_input_scales
-from lowbit.checkpoints.compressed_tensors.pipeline import ct_weights
-from lowbit.checkpoints.quantize_model import (
+from lowbit.checkpoints.streaming import (
     check_unrotated,
     open_model,
     output_nbytes,
     plan_model,
-    quantize_model,
-    rotated_tensors,
 )
-from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _rotation
+from lowbit.cli import _budget, _common, _gguf_budget, _gguf_mix, _mlx
 from lowbit.cli._calibrated import (
     add_calibration_options,
-    awq_run,
     calibration_of,
     method_summary,
 )
 from lowbit.cli._quantize_report import _mb, _print_files, _print_plan, _print_warnings, _summary
-from lowbit.cli._stopwatch import Stopwatch
 from lowbit.errors import LowbitError
+from lowbit.jobs import rotation
+from lowbit.jobs.quantize import quantize_plan
+from lowbit.jobs.stopwatch import Stopwatch
+from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
-from lowbit.methods.mr_gptq import MRGPTQ
 from lowbit.plans.plan import PrecisionPlan
-from lowbit.plans.rules import action_label, activation_format, calibrated_method, parse_action
+from lowbit.plans.rules import action_label, activation_format, parse_action
 
 _EPILOG = """\
 MODEL is a .safetensors file, a Hugging Face folder, a .gguf file, or a shipped model:
@@ -136,7 +132,7 @@ def register(sub: Any) -> None:
     p.add_argument("--plan", metavar="FILE", help="plan file (JSON/YAML) of ordered rules")
     p.add_argument(
         "--method",
-        choices=["rtn", "gptq", "awq", *_rotation.ROTATING, *_rotation.FOLDING],
+        choices=["rtn", "gptq", "awq", *rotation.ROTATING, *rotation.FOLDING],
         default="rtn",
         help="rtn: round to nearest (default); gptq, awq: calibrated (plan rules may name "
         "their own method); hadamard, hadamard+gptq (MR-GPTQ): weights stored in the block-"
@@ -159,8 +155,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--out-format",
         default="lowbit",
-        choices=["lowbit", "compressed-tensors", "gguf"],
-        help="what to write (default lowbit)",
+        choices=["lowbit", "compressed-tensors", "gguf", "mlx"],
+        help="what to write (default lowbit; mlx: an mlx-lm folder, see --q-bits)",
     )
     p.add_argument(
         "--overwrite",
@@ -188,6 +184,7 @@ def register(sub: Any) -> None:
         help="mixed plans: each tensor's scheme across layers, in lowbit report's colours",
     )
     _gguf_mix.add_options(p)
+    _mlx.add_options(p)
     _common.add_json(p)
     p.set_defaults(func=run)
 
@@ -221,7 +218,7 @@ def build_plan(args: argparse.Namespace) -> Any:
             "say what to quantize to: --to FORMAT (e.g. int4 --group 128) or --plan FILE"
         )
     opts = {
-        "group": args.group,
+        "group_size": args.group,
         "scale_method": args.scale_method,
         "asym": True if args.asym else None,
         "scale_format": args.scale_format,
@@ -281,27 +278,6 @@ def _w8a8(args: argparse.Namespace) -> None:
     args.activations = args.w8a8
 
 
-def _gptq(
-    args: argparse.Namespace, ckpt: Any, plan: Any, out: Path, progress: bool | None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """GPTQ's weights and what to record about them (``--method gptq``)."""
-
-    if out.exists() and not args.overwrite:  # fail before minutes of calibration
-        raise LowbitError(f"{out} exists; pass --overwrite to replace it")
-    kind = MRGPTQ if args.method == "hadamard+gptq" else GPTQ
-    cfg = kind(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
-    calib = calibration_of(args)
-    run = calibrated_weights(
-        ckpt, plan, cfg, calib, default_method=getattr(cfg, "name", "gptq").split("+")[-1]
-        if args.method in (*_rotation.ROTATING, *_rotation.FOLDING) else args.method,
-        threads=args.threads, progress=progress, compute=args.compute, workers=args.workers,
-        ray=args.ray,
-    )  # fmt: skip
-    if args.method == "hadamard+gptq":
-        return _rotation.unwrap(run.weights, run.record)
-    return run.weights, run.record
-
-
 def _default_out(source: Path, args: argparse.Namespace) -> Path:
     stem = source.name
     for suffix in (".gguf", ".safetensors"):
@@ -322,6 +298,8 @@ def _out_path(args: argparse.Namespace, ckpt: Any) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    if _mlx.wanted(args):
+        return _mlx.run(args)
     if _gguf_budget.wanted(args):
         return _gguf_budget.run(args)
     if _gguf_mix.wanted(args):
@@ -356,6 +334,7 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         applied = plan_model(ckpt, plan, out_format=args.out_format, gguf_rounding=rounding)
     _print_warnings(args, caught)
+    shown = {str(w.message) for w in caught}
     sizes = [output_nbytes(t, args.out_format) for t in applied.tensors]
     totals = applied.totals()
     totals["out_bytes"] = sum(sizes)
@@ -366,77 +345,25 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.strip():
         raise LowbitError("--out is empty; give a folder (or .gguf file) to write")
     out = Path(args.out) if args.out is not None else _default_out(ckpt.path, args)
-    done = method = record = fold = None
-    source = ckpt
-    _rotation.check_rotation(args)
-    _rotation.check_experts(args, applied)
-    if args.method == "hadamard" and args.out_format == "compressed-tensors":
-        # rounded by the writer from the rotated weights: NVFP4's fused groups share a scale
-        blocks = _rotation.rotation_blocks(ckpt, applied)
-        source = _rotation.RotatedCheckpoint(ckpt, blocks)
-        record = _rotation.rotation_record({"method": "hadamard"}, blocks)
-    elif args.method == "hadamard":
-        done, record = _rotation.rotated_rtn(ckpt, applied)
-    # rule methods run their method without --method; gptq and awq never mix (one run)
-    base = {"hadamard": "rtn", "hadamard+gptq": "gptq", "hadamard-fold": "rtn",
-            "hadamard-fold+gptq": "gptq"}.get(args.method, args.method)  # fmt: skip
-    named = calibrated_method([t.method for t in applied.quantized], base)
-    if args.method in ("hadamard", "hadamard-fold") and named != "rtn":
-        raise LowbitError(
-            f"--method {args.method} rounds to nearest, but plan rules ask for {named}: give "
-            f"them method: rtn, or use --method {args.method}+gptq"
-        )
-    if args.method in _rotation.FOLDING:
-        source, fold = _rotation.fold_source(ckpt, plan)
-        if args.method == "hadamard-fold":
-            record = {"method": "rtn", "fold": fold}
-    if args.smooth is not None or "awq" in (args.method, named):
-        with clock.part("calibration"):
-            source, done, method = awq_run(args, ckpt, plan, applied, out, progress)
-    elif "gptq" in (base, named):
-        with clock.part("calibration"):
-            done, method = _gptq(args, source, plan, out, progress)
-        if fold is not None:
-            method = {**method, "fold": fold}
-    if method is not None:  # GPTQ's solve, AWQ's search: the rest is calibration
-        sec = method.get("seconds", {})
-        clock.split("calibration", {"solve": sec.get("solve", sec.get("search", 0.0))})
-    inputs = None
-    if any(t.activations == "nvfp4" for t in applied.quantized):
-        if out.exists() and not args.overwrite:  # fail before the calibration forwards
-            raise LowbitError(f"{out} exists; pass --overwrite to replace it")
-        with clock.part("input scales"):
-            done = ct_weights(source, applied, done)
-            inputs = nvfp4_input_scales(
-                source, {t.name: done[t.name] for t in applied.quantized}, calibration_of(args),
-                threads=args.threads, progress=progress, compute=args.compute,
-                rotations=rotated_tensors(method if record is None else record),
-            )  # fmt: skip
-    with warnings.catch_warnings(record=True) as caught, clock.part("write"):
+    gptq = GPTQ(damp=args.damp, act_order=args.act_order, sequential=args.sequential)
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = quantize_model(
-            source,
-            plan,
-            out,
-            out_format=args.out_format,
-            gguf_rounding=rounding,
-            overwrite=args.overwrite,
-            copy_code=args.copy_code,
-            progress=progress,
-            weights=done,
-            method=method if record is None else record,
-            input_scales=None if inputs is None else inputs.scales,
-        )
-    clock.split("write", {"quantize": result["seconds_parts"]["quantize"]})
-    if method is not None or record is not None:
-        result["method"] = method if record is None else record
-    if inputs is not None:
-        result["input_scales"] = inputs.record
-    _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)])
+        res = quantize_plan(
+            ckpt, plan, out, name=args.method, gptq=gptq, awq=AWQ(clip=not args.no_clip),
+            smooth=args.smooth, out_format=args.out_format, calib=calibration_of(args),
+            threads=args.threads, compute=args.compute, workers=args.workers, ray=args.ray,
+            overwrite=args.overwrite, copy_code=args.copy_code, max_shard_size=None,
+            progress=progress, dry_run=False, rounding=rounding, clock=clock,
+        )  # fmt: skip
+    result = dict(res.details)
+    method = res.method
+    inputs = result.get("input_scales")
+    fold = (method or {}).get("fold")
+    _print_warnings(args, [w for w in caught if "matches no tensor" not in str(w.message)
+                           and str(w.message) not in shown])  # fmt: skip
     with clock.part("eval" if args.eval else "other"):  # --eval; the plan file, --plot
         extra = _budget.after_write(args, ckpt, mixed, scan, out, progress)
     result["seconds"] = clock.to_dict()  # the whole command, by part
-    del result["seconds_parts"]
     if args.json:
         _common.print_json({**result, **extra})
         return 0
@@ -444,16 +371,16 @@ def run(args: argparse.Namespace) -> int:
     what = {"lowbit": "lowbit checkpoint", "compressed-tensors": "compressed-tensors checkpoint",
             "gguf": "GGUF file"}[args.out_format]  # fmt: skip
     print(f"wrote {out} ({what}, {_mb(result['bytes'])}) in {clock.line(result['seconds'])}")
-    if method is not None:
+    if method is not None and method.get("method") not in ("hadamard", "rtn"):
         print(f"  {method_summary(method)}")
     if inputs is not None:
-        r = inputs.record
+        r = inputs
         print(
             f"  NVFP4 input scales (input_global_scale) of {r['layers']} layers, "
             f"{r['fused_groups']} fused groups sharing one, from {r['calibration']['described']}: "
             f"{r['seconds']:.0f} s"
         )
-    if (method or record or {}).get("rotation"):
+    if (method or {}).get("rotation"):
         n = len(result["method"]["rotation"]["tensors"])
         print(f"  {n} tensors stored block-Hadamard-rotated (their inputs rotated online)")
     if fold is not None:

@@ -36,7 +36,7 @@ examples:
 
 --out writes the codes, scales and zero points as safetensors arrays named
 TENSOR.codes, TENSOR.scale, ... with the scheme in the file's metadata (key "lowbit"),
-which lowbit.quant.tensor.QuantizedTensor.from_arrays reads back bit for bit. --out may not be
+which lowbit.quant.quantized_tensor.QuantizedTensor.from_arrays reads back bit for bit. --out may not be
 the source file; an existing --out needs --overwrite, which replaces only a file lowbit wrote.
 """
 

@@ -5,15 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowbit import _json
-from lowbit.checkpoints.io.outputs import check_output, output_file
-from lowbit.checkpoints.quantize_model import resolve_model
 from lowbit.cli import _common
-from lowbit.cli._stopwatch import Stopwatch
-from lowbit.errors import LowbitError
-from lowbit.view.html import render
-from lowbit.view.png import write_pngs
-from lowbit.view.report import build_report
+from lowbit.jobs.stopwatch import Stopwatch
+from lowbit.jobs.tasks import report
 
 _EPILOG = """\
 DIR is a lowbit checkpoint folder (its lowbit.json names the source, whose tensors give the
@@ -69,48 +63,17 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _read_json(path: str, flag: str) -> Any:
-    try:  # bounded size and depth, regular files only (a FIFO hung, 10^5 brackets recursed)
-        return _json.load(path)
-    except LowbitError as exc:
-        raise LowbitError(f"{flag} {exc}") from None
-
-
 def run(args: argparse.Namespace) -> int:
-    clock = Stopwatch()
-    if args.worst < 0:
-        raise LowbitError(f"--worst must be >= 0, got {args.worst}")
-    if args.against:  # a shipped model's name (smollm2, minilm) as `lowbit quantize` takes
-        args.against = str(resolve_model(args.against))
-    inputs = [args.checkpoint] + ([args.against] if args.against else [])
-    check_output(args.out, overwrite=args.overwrite, inputs=inputs)
-    evaluation = _read_json(args.eval, "--eval") if args.eval else None
-    sens = _read_json(args.sensitivity, "--sensitivity") if args.sensitivity else None
-    if sens is not None and not isinstance(sens, dict):
-        raise LowbitError(f"--sensitivity {args.sensitivity}: not a lowbit sensitivity result")
-    with clock.part("tensors"):  # reading and measuring each tensor, then the candidates
-        report = build_report(
-            args.checkpoint,
-            against=args.against,
-            evaluation=evaluation,
-            sensitivity=sens,
-            worst=args.worst,
-        )
-    clock.split("tensors", {"candidates": report.seconds.get("details", 0.0)})
-    with clock.part("page"):
-        page = render(report)
-        with output_file(args.out, overwrite=args.overwrite, inputs=inputs) as tmp:
-            tmp.write_text(page, encoding="utf-8")
-    pngs = []
-    if args.png:
-        with clock.part("png"):
-            pngs = [str(p) for p in write_pngs(report, args.png, overwrite=args.overwrite)]
-    seconds = clock.to_dict()
+    res = report(
+        args.checkpoint, args.out, against=args.against or None, evaluation=args.eval or None,
+        sensitivity=args.sensitivity or None, worst=args.worst, png=args.png or None,
+        overwrite=args.overwrite,
+    )  # fmt: skip
+    d = res.details
     if args.json:
-        _common.print_json({"out": args.out, "png": pngs, "seconds": seconds,
-                            "tensors": len(report.rows)})  # fmt: skip
+        _common.print_json(d)
         return 0
-    print(f"wrote {args.out} ({len(report.rows)} tensors) in {clock.line(seconds)}")
-    for p in pngs:
+    print(f"wrote {args.out} ({d['tensors']} tensors) in {Stopwatch().line(d['seconds'])}")
+    for p in d["png"]:
         print(f"wrote {p}")
     return 0

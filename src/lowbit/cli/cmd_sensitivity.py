@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.checkpoints.io.outputs import check_output
-from lowbit.checkpoints.quantize_model import open_model
+from lowbit.checkpoints.streaming import open_model
 from lowbit.cli import _common
 from lowbit.cli._mixed_plots import plot_sensitivity
 from lowbit.cli._scan import add_scan_options, check_json_output, scan, write_json

@@ -11,7 +11,7 @@ import numpy as np
 from lowbit.calibration.awq import awq_weights
 from lowbit.calibration.blocks import _tensors
 from lowbit.calibration.gptq import gptq_weights
-from lowbit.checkpoints.quantize_model import open_model, plan_model
+from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import Variant
 from lowbit.evaluation.rotated import rotate_inputs

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._progress import Progress, step_reporter
+from lowbit._results import TableView
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
@@ -49,9 +51,10 @@ def roundtrip(w: np.ndarray, t: str, vector: np.ndarray | None = None) -> np.nda
     return blocks.dequantize(q, t).reshape(w.shape)
 
 
-@dataclass
-class GgufSensitivity:
-    """Measured damages: ``{tensor: {type: mean KL, nats}}``, and where the time went."""
+@dataclass(repr=False)
+class GgufSensitivity(TableView):
+    """Measured damages: ``{tensor: {type: mean KL, nats}}``, and where the time went (a short
+    repr, ``to_json``, ``to_pandas`` and a Jupyter table of one row per trial)."""
 
     damages: dict[str, dict[str, float]]
     calibration: str
@@ -65,6 +68,21 @@ class GgufSensitivity:
             "seconds": dict(self.seconds),
             "damages": {n: dict(d) for n, d in self.damages.items()},
         }
+
+    def _summary(self) -> str:
+        kinds = sorted({t for d in self.damages.values() for t in d})
+        took = sum(self.seconds.values())
+        return (
+            f"{len(self.damages)} tensors x {len(kinds)} types ({', '.join(kinds)}), "
+            f"calibration={self.calibration!r}" + (f", {took:.1f} s" if took else "")
+        )
+
+    def _rows(self) -> list[dict[str, Any]]:
+        return [
+            {"tensor": n, "type": t, "damage": v}
+            for n, d in self.damages.items()
+            for t, v in d.items()
+        ]
 
 
 class _HeadTrial:
@@ -110,7 +128,7 @@ def gguf_sensitivity(
     *,
     vectors: Mapping[str, np.ndarray] | None = None,
     batch: int = 4,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress = None,
     compute: str = "fp32",
 ) -> GgufSensitivity:
     """Measure every tensor of ``options`` in each of its types, one tensor at a time.
@@ -121,12 +139,29 @@ def gguf_sensitivity(
         calibration: token windows (keep them apart from the evaluation's text).
         vectors: ``{tensor: importance vector}`` for the types that use one.
         batch: windows per forward pass.
-        progress: ``progress(done, total)`` after each trial.
+        progress: a bar over the trials (``True``, ``False``, ``None``: on a terminal or in
+            Jupyter), or a callable ``progress(done, total)`` after each trial.
         compute: precision of the model's matrix products (``fp32``, ``bf16``, ``auto``).
 
     Raises:
         LowbitError: a model lowbit cannot build, no windows, a tensor that fills no parameter.
     """
+    report, close = step_reporter(progress, "GGUF trials", "trial")
+    try:
+        return _gguf_sensitivity(checkpoint, options, calibration, vectors, batch, report, compute)
+    finally:
+        close()
+
+
+def _gguf_sensitivity(
+    checkpoint: Checkpoint,
+    options: Mapping[str, Mapping[str, Any]],
+    calibration: ScanSamples,
+    vectors: Mapping[str, np.ndarray] | None,
+    batch: int,
+    progress: Callable[[int, int], None] | None,
+    compute: str,
+) -> GgufSensitivity:
     import torch
 
     if not calibration.windows:

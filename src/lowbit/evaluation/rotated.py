@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.quantize_model import open_model, plan_model
 from lowbit.checkpoints.readers import Checkpoint, ReplacedCheckpoint
+from lowbit.checkpoints.streaming import open_model, plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import Variant
 from lowbit.methods.hadamard import rotate_rows, rotation_block
@@ -26,7 +26,8 @@ from lowbit.methods.hadamard_fold import (
     head_dim_of,
     v_o_pairs,
 )
-from lowbit.models.build import attach_rotations, build_model
+from lowbit.models.build import build_model
+from lowbit.models.hooks import attach_rotations
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import action_label
 from lowbit.quant.tensor import quantize
@@ -37,7 +38,7 @@ __all__ = ["fold_checkpoint", "fold_pairs", "folded_variant", "rotate_inputs", "
 def rotate_inputs(model: Any, checkpoint: Any, blocks: Mapping[str, int]) -> list[str]:
     """Register forward pre-hooks rotating the inputs of the linear layers whose weights
     ``blocks`` names (checkpoint tensor name -> Hadamard block): ``x ↦ x R``
-    (``lowbit.models.build.attach_rotations``, what ``load_model`` does for a rotated lowbit
+    (``lowbit.models.hooks.attach_rotations``, what ``load_model`` does for a rotated lowbit
     checkpoint).
 
     Hooks registered later (``--act``'s activation quantizers) see the rotated inputs, as a

@@ -25,7 +25,7 @@ runs only blocks ``b..end`` and the head; the KL needs no stored log-probabiliti
 the memory it takes: :mod:`lowbit.evaluation._sensitivity_runner`).
 
 The damage of each option and its exact storage cost (codes, scales, zero points: the
-:class:`~lowbit.quant.tensor.QuantizedTensor` that ``lowbit quantize`` would write) feed the
+:class:`~lowbit.quant.quantized_tensor.QuantizedTensor` that ``lowbit quantize`` would write) feed the
 bits-budget solver (:mod:`lowbit.plans.budget`).
 """
 
@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 
 from lowbit._parallel import threads
-from lowbit.checkpoints.quantize_model import plan_model
+from lowbit._progress import Progress, step_reporter
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.streaming import plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
 from lowbit.evaluation._sensitivity_workers import distributed_scan
@@ -353,7 +354,7 @@ def sensitivity(
     measure: str = "exact",
     cached: bool = True,
     batch: int = 4,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress = None,
     workers: int = 1,
     ray: bool | str = False,
     tensors: Sequence[str] = (),
@@ -374,8 +375,10 @@ def sensitivity(
         cached: reuse the cached block inputs (``False`` runs the whole model per trial: for
             checking the cache, same numbers).
         batch: windows or sentences per forward pass.
-        progress: called as ``progress(done, total)`` after each trial (each chunk of trials
-            when they run on workers).
+        progress: a bar over the trials: ``True`` shows it, ``False`` never, ``None`` on a
+            terminal or in Jupyter (:mod:`lowbit._progress`); or a callable, called as
+            ``progress(done, total)`` after each trial (each chunk of trials when they run on
+            workers).
         workers: processes that run trials (1: this process, where the trials that compute
             only the proxy run on ``lowbit._parallel``'s threads). Each opens the checkpoint from
             its path, builds the model and its cache, and runs a share of the trials
@@ -407,6 +410,32 @@ def sensitivity(
     """
     if measure not in ("exact", "proxy"):
         raise LowbitError(f"measure must be 'exact' or 'proxy', got {measure!r}")
+    report, close = step_reporter(progress, "sensitivity", "trial")
+    try:
+        return _sensitivity(
+            checkpoint, schemes, calibration, tokenizer, measure, cached, batch, report,
+            workers, ray, tensors, exact_schemes, proxy, compute,
+        )  # fmt: skip
+    finally:
+        close()
+
+
+def _sensitivity(
+    checkpoint: Checkpoint,
+    schemes: Sequence[str],
+    calibration: ScanSamples,
+    tokenizer: Any,
+    measure: str,
+    cached: bool,
+    batch: int,
+    progress: Callable[[int, int], None] | None,
+    workers: int,
+    ray: bool | str,
+    tensors: Sequence[str],
+    exact_schemes: Sequence[str],
+    proxy: str,
+    compute: str,
+) -> SensitivityResult:
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise LowbitError(f"workers must be a positive integer, got {workers!r}")
     _check_proxy(proxy)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._results import TableView
 from lowbit.errors import LowbitError
 
 __all__ = ["SensitivityEntry", "SensitivityResult", "spearman"]
@@ -56,9 +57,13 @@ class SensitivityEntry:
         }
 
 
-@dataclass(frozen=True)
-class SensitivityResult:
-    """Every trial, what was measured, and on what."""
+@dataclass(frozen=True, repr=False)
+class SensitivityResult(TableView):
+    """Every trial, what was measured, and on what.
+
+    ``repr`` is one line; ``to_dict()``/``to_json()`` hold everything, ``to_pandas()`` and the
+    Jupyter table one row per trial (:mod:`lowbit._results`).
+    """
 
     model: str
     kind: str  # "causal" or "encoder"
@@ -131,6 +136,17 @@ class SensitivityResult:
             "seconds": dict(self.seconds),
             "entries": [e.to_dict() for e in self.entries],
         }
+
+    def _summary(self) -> str:
+        took = sum(self.seconds.values())
+        return (
+            f"{len(self.tensors())} tensors x {len(self.schemes)} schemes "
+            f"({', '.join(self.schemes)}), {len(self.entries)} trials, {self.measure} "
+            f"({self.kind}), model={self.model!r}" + (f", {took:.1f} s" if took else "")
+        )
+
+    def _rows(self) -> list[dict[str, Any]]:
+        return [{**e.to_dict(), "score": self.score(e)} for e in self.entries]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SensitivityResult:

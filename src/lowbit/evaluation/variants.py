@@ -36,13 +36,13 @@ from lowbit.calibration.blocks import _calibration
 from lowbit.calibration.data import Calibration, decoder_windows
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
-from lowbit.checkpoints.quantize_model import (
+from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.streaming import (
     checkpoint_tensors,
     open_model,
     plan_model,
     quantized_weights,
 )
-from lowbit.checkpoints.readers import Checkpoint
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.evaluation._compare import (

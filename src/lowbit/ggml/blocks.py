@@ -6,6 +6,8 @@ without an importance vector), :func:`dequantize` reads them back as ggml's
 ``dequantize_row_*`` does. The algorithms and layouts are documented in the modules that
 implement them: :mod:`lowbit.ggml.legacy_blocks` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0),
 :mod:`lowbit.ggml.kquants` (Q2_K..Q6_K), :mod:`lowbit.ggml.iquants` (IQ4_NL, IQ4_XS),
+:mod:`lowbit.ggml.iq_lattice` (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), :mod:`lowbit.ggml.iq1`
+(IQ1_S, IQ1_M),
 :mod:`lowbit.ggml.ternary` (TQ1_0, TQ2_0) and :mod:`lowbit.ggml.fp4` (MXFP4, NVFP4).
 """
 
@@ -19,7 +21,7 @@ import numpy as np
 from lowbit._arrays import _is_ml_float
 from lowbit._parallel import map_chunks, threads
 from lowbit.errors import LowbitError
-from lowbit.ggml import fp4, iquants, kquants, legacy_blocks, ternary
+from lowbit.ggml import fp4, iq1, iq_lattice, iquants, kquants, legacy_blocks, ternary
 
 __all__ = [
     "TYPES",
@@ -56,6 +58,13 @@ _TABLE = [
     ("Q4_K", 12, 256, 144, True),
     ("Q5_K", 13, 256, 176, True),
     ("Q6_K", 14, 256, 210, True),
+    ("IQ2_XXS", 16, 256, 66, True),
+    ("IQ2_XS", 17, 256, 74, True),
+    ("IQ3_XXS", 18, 256, 98, True),
+    ("IQ1_S", 19, 256, 50, True),
+    ("IQ3_S", 21, 256, 110, True),
+    ("IQ2_S", 22, 256, 82, True),
+    ("IQ1_M", 29, 256, 56, True),
     ("IQ4_NL", 20, 32, 18, True),
     ("IQ4_XS", 23, 256, 136, True),
     ("TQ1_0", 34, 256, 54, False),
@@ -68,12 +77,22 @@ TYPES: dict[str, GgmlType] = {row[0]: GgmlType(*row) for row in _TABLE}
 
 _BY_NUMBER = {t.number: t for t in TYPES.values()}
 
+NEEDS_IMATRIX = frozenset({"IQ2_XXS", "IQ2_XS", "IQ1_S"})
+"""Types llama.cpp quantizes only with an importance vector (``ggml_quantize_chunk`` asserts)."""
+
 _ENCODERS = {
     "Q2_K": kquants.quantize_q2_k,
     "Q3_K": kquants.quantize_q3_k,
     "Q4_K": kquants.quantize_q4_k,
     "Q5_K": kquants.quantize_q5_k,
     "Q6_K": kquants.quantize_q6_k,
+    "IQ2_XXS": iq_lattice.quantize_iq2_xxs,
+    "IQ2_XS": iq_lattice.quantize_iq2_xs,
+    "IQ2_S": iq_lattice.quantize_iq2_s,
+    "IQ3_XXS": iq_lattice.quantize_iq3_xxs,
+    "IQ3_S": iq_lattice.quantize_iq3_s,
+    "IQ1_S": iq1.quantize_iq1_s,
+    "IQ1_M": iq1.quantize_iq1_m,
     "IQ4_NL": iquants.quantize_iq4_nl,
     "IQ4_XS": iquants.quantize_iq4_xs,
     "TQ1_0": lambda xs, qw: ternary.quantize_tq1_0(xs),
@@ -87,6 +106,13 @@ _DECODERS = {
     "Q4_K": kquants.dequantize_q4_k,
     "Q5_K": kquants.dequantize_q5_k,
     "Q6_K": kquants.dequantize_q6_k,
+    "IQ2_XXS": iq_lattice.dequantize_iq2_xxs,
+    "IQ2_XS": iq_lattice.dequantize_iq2_xs,
+    "IQ2_S": iq_lattice.dequantize_iq2_s,
+    "IQ3_XXS": iq_lattice.dequantize_iq3_xxs,
+    "IQ3_S": iq_lattice.dequantize_iq3_s,
+    "IQ1_S": iq1.dequantize_iq1_s,
+    "IQ1_M": iq1.dequantize_iq1_m,
     "IQ4_NL": iquants.dequantize_iq4_nl,
     "IQ4_XS": iquants.dequantize_iq4_xs,
     "TQ1_0": ternary.dequantize_tq1_0,
@@ -102,7 +128,8 @@ _CHUNK = 1 << 20  # values per step: bounds the searches' temporaries (tens of M
 _F16_FIELDS = {
     "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
     "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
-    "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (),
+    "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,),
+    "IQ3_S": (0,), "IQ1_S": (0,), "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (),
 }  # fmt: skip
 
 
@@ -116,6 +143,11 @@ def _validate(blocks_: np.ndarray, t: GgmlType, part: np.ndarray | None) -> None
         bad |= (h & 0x7C00) == 0x7C00
     if t.name == "MXFP4":
         bad |= b[:, 0] == 0xFF
+    if t.name == "IQ1_M":  # its float16 d is spread over the top nibbles of four scale words
+        sc = b[:, 48:56].astype(np.uint16)
+        top = sc[:, 1::2] >> 4  # the high byte of each little-endian word, its top nibble
+        h = top[:, 0] | (top[:, 1] << 4) | (top[:, 2] << 8) | (top[:, 3] << 12)
+        bad |= (h & 0x7C00) == 0x7C00
     if bad.any():
         amax = float(np.abs(part).max()) if part is not None and part.size else float("nan")
         raise LowbitError(
@@ -192,7 +224,10 @@ def _check_imatrix(imatrix: Any, n: int, t: GgmlType) -> np.ndarray:
             f"the importance vector has {im.size} values; {t.name} rows here have {n} columns"
         )
     if not np.isfinite(im).all() or (im < 0).any():
-        raise LowbitError("the importance vector must be finite and non-negative")
+        raise LowbitError(
+            f"the importance vector for {t.name} must be finite and non-negative "
+            "(it has NaN, infinite or negative values)"
+        )
     return im
 
 
@@ -209,8 +244,9 @@ def quantize(x: Any, qtype: Any, imatrix: Any = None) -> np.ndarray:
         uint8 array of shape ``(*x.shape[:-1], row_bytes(qtype, x.shape[-1]))``.
 
     Raises:
-        LowbitError: unknown type, rows the type cannot hold, NaN/inf values, or an importance
-        vector of the wrong length or with negative/non-finite weights.
+        LowbitError: unknown type, rows the type cannot hold, NaN/inf values, an importance
+        vector of the wrong length or with negative/non-finite weights, or none for a type of
+        :data:`NEEDS_IMATRIX`.
     """
     t = ggml_type(qtype)
     arr = _check_input(x, t)
@@ -218,6 +254,11 @@ def quantize(x: Any, qtype: Any, imatrix: Any = None) -> np.ndarray:
     qw = None
     if imatrix is not None and t.uses_imatrix:
         qw = _check_imatrix(imatrix, n, t)
+    elif t.name in NEEDS_IMATRIX:
+        raise LowbitError(
+            f"{t.name} needs an importance matrix (llama.cpp refuses it without one); "
+            "give one (--imatrix) or choose IQ2_S, IQ3_XXS or a K-quant"
+        )
     rows = arr.reshape(-1, n)
     out = np.empty((rows.shape[0], row_bytes(t, n)), dtype=np.uint8)
     # chunks of rows are independent: on several threads (lowbit._parallel) where the tensor

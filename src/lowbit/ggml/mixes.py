@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from lowbit.errors import LowbitError
 
-__all__ = ["MIXES", "Mix", "TensorSpec", "choose_types", "mix"]
+__all__ = ["MIXES", "Mix", "TensorSpec", "choose_types", "mix", "requires_imatrix"]
 
 _BLOCK = {
     "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q2_K": 256, "Q3_K": 256,
@@ -70,6 +70,20 @@ MIXES: dict[str, Mix] = {
 
 _ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 _IQ12 = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
+
+
+_NEED_IMATRIX = {"IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S"}
+
+
+def requires_imatrix(name: str, qtype: str, mix_name: str) -> bool:
+    """Whether llama-quantize refuses to write tensor ``name`` as ``qtype`` without an
+    importance vector (``tensor_requires_imatrix``: the 1-3 bit i-quants, and Q2_K in a Q2_K_S
+    file; never the token embeddings or ``output.weight``)."""
+    if name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
+        return False
+    if qtype in _NEED_IMATRIX:
+        return True
+    return qtype == "Q2_K" and mix(mix_name).name == "Q2_K_S"
 
 
 def mix(name: str) -> Mix:

@@ -16,8 +16,8 @@ from lowbit.quant._elements import encode_chunk
 from lowbit.quant._engine import _scales_for
 from lowbit.quant.layout import make_layout
 from lowbit.quant.nf4 import double_dequantize, double_quantize
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.scheme import Granularity, ScaleMethod, Scheme
-from lowbit.quant.tensor import QuantizedTensor
 
 __all__: list[str] = []
 

@@ -25,7 +25,7 @@ The quantizer inside the loop is lowbit's own: scales come from ``lowbit.quant._
 scale choice (absmax, MSE, percentile ...; rounded to the scheme's scale format; MX shared
 exponents; asymmetric zero points) and each column is encoded with the element codec
 ``lowbit.quant._elements.encode_chunk``, so with the same scales the codes are exactly those of
-:func:`lowbit.quantize` and the result is an ordinary :class:`~lowbit.quant.tensor.QuantizedTensor`
+:func:`lowbit.quantize` and the result is an ordinary :class:`~lowbit.quant.quantized_tensor.QuantizedTensor`
 every writer and ``dequantize`` handle unchanged. Supported layouts: per tensor, per output
 channel (``axis=0``) and groups or MX blocks along the input axis (``axis=-1``, lowbit's
 ``int4:g128``), for every element format (int sym/asym, FP8/FP6/FP4, NF4, MX, binary/ternary).
@@ -48,11 +48,15 @@ from lowbit.errors import LowbitError
 from lowbit.methods._ggml_gptq import GgmlTarget, _GgmlQuantizer
 from lowbit.methods._gptq_quantizer import _Quantizer
 from lowbit.methods._hessian_factor import _Factor, _factor
+from lowbit.methods._mlx_gptq import MLXTarget, _MLXQuantizer
 from lowbit.plans.rules import parse_action
 from lowbit.quant._choose import own_tensor_scale
 from lowbit.quant.scheme import Granularity, ScaleMethod, Scheme
 
 __all__ = ["GPTQ", "ActOrder", "Sequential", "gptq_quantize", "layer_error"]
+
+#: grids GPTQ rounds onto besides lowbit's schemes: llama.cpp's block types and MLX's affine grid
+_GRIDS = (GgmlTarget, MLXTarget)
 
 
 class ActOrder(str, Enum):
@@ -174,7 +178,7 @@ class GPTQ:
             schemes: name -> scheme, for every name of ``weights``.
 
         Returns:
-            name -> :class:`~lowbit.quant.tensor.QuantizedTensor`.
+            name -> :class:`~lowbit.quant.quantized_tensor.QuantizedTensor`.
 
         Raises:
             LowbitError: as :func:`gptq_quantize`; a name without a scheme.
@@ -192,7 +196,7 @@ class GPTQ:
             return {}
         H64 = next(iter(checked.values()))[1]
         for name, (W64, H_, scheme) in checked.items():  # diag(H) as importance: undamped
-            if isinstance(scheme, GgmlTarget):
+            if isinstance(scheme, _GRIDS):
                 checked[name] = (W64, H_, scheme.resolved(H64))
         factor = _factor(H64, self.damp, self.act_order is ActOrder.STATIC)
         out = {}
@@ -220,7 +224,7 @@ def _stacks(checked: Mapping[str, tuple[Any, Any, Scheme]]) -> list[list[str]]:
     (channels, groups, blocks; a per-tensor scale spans rows, so it stays alone)."""
     stacks: dict[Any, list[str]] = {}
     for name, (_, _, scheme) in checked.items():
-        if isinstance(scheme, GgmlTarget):  # llama.cpp's block types: grids per row
+        if isinstance(scheme, _GRIDS):  # llama.cpp's block types: grids per row
             stacks.setdefault(scheme.key(), []).append(name)
             continue
         per_row = scheme.granularity in (Granularity.CHANNEL, Granularity.GROUP, Granularity.BLOCK)
@@ -233,7 +237,7 @@ def _stacks(checked: Mapping[str, tuple[Any, Any, Scheme]]) -> list[list[str]]:
 
 
 def _as_scheme(scheme: Scheme | GgmlTarget | str) -> Any:
-    if isinstance(scheme, (Scheme, GgmlTarget)):
+    if isinstance(scheme, (Scheme, *_GRIDS)):
         return scheme
     if isinstance(scheme, str):
         parsed = parse_action(scheme)
@@ -262,7 +266,7 @@ def _check(W: Any, H: Any, scheme: Any) -> tuple[np.ndarray, np.ndarray]:
         raise LowbitError("the Hessian holds NaN or inf (were the calibration inputs finite?)")
     if np.any(np.diag(H64) < 0):
         raise LowbitError("the Hessian has negative diagonal entries: it is not X^T X")
-    if isinstance(scheme, GgmlTarget):
+    if isinstance(scheme, _GRIDS):
         scheme.check(n)
         return W64, H64
     g = scheme.granularity
@@ -325,7 +329,7 @@ def gptq_quantize(
         act_order: ``static`` or ``none`` (see :class:`ActOrder`).
 
     Returns:
-        A :class:`~lowbit.quant.tensor.QuantizedTensor` of ``W``'s shape in ``scheme``'s
+        A :class:`~lowbit.quant.quantized_tensor.QuantizedTensor` of ``W``'s shape in ``scheme``'s
         ordinary layout.
 
     Raises:
@@ -348,9 +352,9 @@ def _solve_codes(W: np.ndarray, f: _Factor, scheme: Scheme, cfg: GPTQ) -> tuple[
     quantizer holding the scales."""
     rows, cols = W.shape
     quant: Any
-    if isinstance(scheme, GgmlTarget):  # llama.cpp's block types: a grid per (super-)block
+    if isinstance(scheme, _GRIDS):  # llama.cpp's block types: a grid per (super-)block
         W[:, f.dead] = 0.0
-        quant = _GgmlQuantizer(scheme, W)
+        quant = (_GgmlQuantizer if isinstance(scheme, GgmlTarget) else _MLXQuantizer)(scheme, W)
         grouped = True
     else:
         g = own_tensor_scale(W.astype(np.float32), scheme) if scheme.tensor_scale else None

@@ -33,7 +33,7 @@ class RotatedTensor:
     """A weight quantized in a block-Hadamard-rotated basis.
 
     Attributes:
-        rotated: the :class:`~lowbit.quant.tensor.QuantizedTensor` of ``W R`` (its codes and
+        rotated: the :class:`~lowbit.quant.quantized_tensor.QuantizedTensor` of ``W R`` (its codes and
             scales are what is stored; a consumer rotates the layer's inputs by the same ``R``).
         block: the Hadamard block ``b`` of ``R``.
 

@@ -230,3 +230,20 @@ def smoothquant_search(
     if before is None:
         before = _w8a8_error(X64, Ws, sch, expand(ones), cfg.activations, refs, simulate) / base
     return ScaleSearch(best[2], best[0], before, best[1], tried)
+
+
+def parse_alpha(text: str) -> float | None:
+    """``--smooth``'s value: ``search`` (None) or a number in [0, 1].
+
+    Raises:
+        LowbitError: anything else.
+    """
+    if text.strip().lower() == "search":
+        return None
+    try:
+        alpha = float(text)
+    except ValueError:
+        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= alpha <= 1.0:
+        raise LowbitError(f"--smooth takes a number in [0, 1], got {text!r}")
+    return alpha

@@ -32,10 +32,10 @@ from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_experts, 
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shipped import shipped_or_path
 from lowbit.errors import LowbitError
-from lowbit.methods.hadamard import rotate_rows
-from lowbit.models.activations import fake_quantize_per_token
 from lowbit.models.ggml_act import gguf_linear_types
+from lowbit.models.hooks import attach_activation_quantization, attach_rotations
 from lowbit.models.input_transforms import attach_input_transforms
 from lowbit.models.moe import (
     check_layouts,
@@ -510,7 +510,8 @@ def load_model(
     weights, with the per-token activation quantization its plan asks for simulated.
 
     Args:
-        path: a checkpoint file or folder (see ``lowbit.checkpoints.open_checkpoint``).
+        path: a checkpoint file or folder, or a shipped model's name (``"smollm2"``; see
+            ``lowbit.checkpoints.open_checkpoint``).
         activations: for a lowbit checkpoint, simulate the activation quantization its plan
             asks for (``lowbit.models.activations.fake_quantize_per_token`` on the inputs of
             those linear layers); False gives the weight-only model. Other checkpoints have none.
@@ -526,6 +527,7 @@ def load_model(
         LowbitError: an unreadable checkpoint, or an activation rule on a tensor that is not
             an ``nn.Linear`` weight.
     """
+    path = shipped_or_path(path)
     if not is_lowbit_checkpoint(path):
         return build_model(open_checkpoint(path), **kwargs)
     ckpt = LowbitCheckpoint(path, verify=verify)
@@ -537,81 +539,3 @@ def load_model(
         hooked = attach_activation_quantization(model, ckpt.activations(), ckpt.source_format)
     model.lowbit_activations = hooked
     return model
-
-
-def attach_activation_quantization(
-    model: Any, per_tensor: dict[str, str], source_format: str
-) -> dict[str, str]:
-    """Hook per-token activation quantization onto the linear layers of the given weights.
-
-    Args:
-        model: the transformers model.
-        per_tensor: ``{checkpoint tensor name: activation format}``.
-        source_format: ``gguf`` when the names are llama.cpp's.
-
-    Returns:
-        ``{module name: format}`` of the hooked layers.
-    """
-    if not per_tensor:
-        return {}
-
-    modules = dict(model.named_modules())
-    out: dict[str, str] = {}
-    for name, fmt in per_tensor.items():
-        found = _linear_of(model, modules, name, source_format, "activation quantization")
-
-        def hook(_m: Any, args: tuple[Any, ...], fmt: str = fmt) -> tuple[Any, ...]:
-            return (fake_quantize_per_token(args[0], fmt), *args[1:])
-
-        modules[found].register_forward_pre_hook(hook)
-        out[found] = fmt
-    return out
-
-
-def _linear_of(
-    model: Any, modules: dict[str, Any], name: str, source_format: str, what: str
-) -> str:
-    """The module name of the ``nn.Linear`` a checkpoint weight ``name`` is.
-
-    Raises:
-        LowbitError: the model has no such linear layer.
-    """
-    import torch
-
-    base = getattr(model, "base_model_prefix", "") or ""
-    key = name
-    if source_format == "gguf":
-        key = gguf_to_hf_name(name, getattr(model.config, "to_dict", dict)())
-    key = key.removesuffix(".weight")
-    found = next(
-        (k for k in (key, f"{base}.{key}", key.removeprefix(f"{base}.")) if k in modules), None
-    )
-    if found is None or not isinstance(modules[found], torch.nn.Linear):
-        raise LowbitError(f"{what} for {name!r}: the model has no linear layer {key!r}")
-    return found
-
-
-def attach_rotations(model: Any, blocks: dict[str, int], source_format: str) -> dict[str, int]:
-    """Hook ``x ↦ x R`` (block Hadamard, ``lowbit.methods.hadamard``) onto the inputs of the
-    linear layers whose weights a lowbit checkpoint stores rotated (``W R``).
-
-    Args:
-        model: the transformers model.
-        blocks: ``{checkpoint tensor name: Hadamard block}``.
-        source_format: ``gguf`` when the names are llama.cpp's.
-
-    Returns:
-        ``{module name: block}`` of the hooked layers.
-
-    Raises:
-        LowbitError: a rotated weight that is not a linear layer of the model.
-    """
-    modules = dict(model.named_modules())
-    out: dict[str, int] = {}
-    for name, block in blocks.items():
-        found = _linear_of(model, modules, name, source_format, "a block Hadamard rotation")
-        modules[found].register_forward_pre_hook(
-            lambda _m, a, b=block: (rotate_rows(a[0], b), *a[1:])
-        )
-        out[found] = block
-    return out

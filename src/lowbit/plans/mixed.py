@@ -75,9 +75,14 @@ class _Entry(Protocol):
 class _Scan(Protocol):
     """What :func:`plan_for_budget` reads of a scan (a ``SensitivityResult``)."""
 
-    entries: Sequence[Any]
-    measure: str
-    metric: str
+    @property
+    def entries(self) -> Sequence[Any]: ...
+
+    @property
+    def measure(self) -> str: ...
+
+    @property
+    def metric(self) -> str: ...
 
     def score(self, e: Any) -> float: ...
 
@@ -227,7 +232,7 @@ def plan_for_budget(
     Args:
         result: a sensitivity scan of this checkpoint (``SensitivityResult``).
         tensors: ``(name, shape, dtype, nbytes[, alias])`` of every tensor of the checkpoint
-            (:func:`~lowbit.checkpoints.quantize_model.checkpoint_tensors`).
+            (:func:`~lowbit.checkpoints.streaming.checkpoint_tensors`).
         bits_per_weight: budget in stored bits per quantized weight (give this or ``size``).
         size: budget in bytes of the whole output (``80MB`` or a number).
         base: a plan whose rules decide first (their tensors are pinned); its default is not

@@ -100,8 +100,8 @@ def is_float_dtype(dtype: str) -> bool:
     d = str(dtype).upper()
     if d in _FLOAT_DTYPES:
         return True
-    # GGUF block types and compressed-tensors weights (CT_INT4, CT_FP8), dequantized on read
-    return bool(re.match(r"^(Q\d|IQ\d|TQ\d|MXFP|CT_)", d))
+    # GGUF block types, compressed-tensors and MLX weights (CT_INT4, MLX_AFFINE4), read dequantized
+    return bool(re.match(r"^(Q\d|IQ\d|TQ\d|MXFP|CT_|MLX_)", d))
 
 
 @dataclass(frozen=True)
@@ -251,22 +251,44 @@ class PrecisionPlan:
         cls,
         to: Any,
         *,
-        group: int | None = None,
+        group_size: int | None = None,
         scale_method: str | None = None,
         asym: bool | None = None,
         scale_format: str | None = None,
         pad: bool = True,
         activations: str | None = None,
         rules: Iterable[Any] = (),
+        group: int | None = None,
     ) -> PrecisionPlan:
         """The ``lowbit quantize --to FORMAT [--group N] [--scale-method M] [--asym]`` plan.
 
+        Args:
+            to: a scheme string as ``--to`` takes it (``int4:g128``, ``nvfp4``, ``q4_0``),
+                ``keep``, a dict or a :class:`~lowbit.quant.scheme.Scheme`.
+            group_size: values per scale along each row (``--group``).
+            scale_method, asym, scale_format, pad: as the options of the same names.
+            activations: per-token activation format (W8A8 simulation), or None.
+            rules: plan rules decided before the default.
+            group: the older name of ``group_size`` (deprecated: warns).
+
         Raises:
-            LowbitError: a bad scheme or rule.
+            LowbitError: a bad scheme or rule; a llama.cpp mix (``q4_k_m``), which is not
+                one scheme but a type per tensor: the message names
+                ``lowbit.quantize_model(model, "q4_k_m", out, out_format="gguf")``.
         """
+        if group is not None:
+            # the older name; group_size is the Scheme field's (one name per concept)
+            warnings.warn(
+                "PrecisionPlan.uniform(group=...) is deprecated: write group_size=",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if group_size is not None and group_size != group:
+                raise LowbitError(f"group={group} and group_size={group_size} disagree")
+            group_size = group
         default = parse_action(
             to,
-            group_size=group,
+            group_size=group_size,
             scale_method=scale_method,
             symmetric=False if asym else None,
             scale_format=scale_format,
@@ -422,7 +444,7 @@ class PrecisionPlan:
 
         Args:
             tensors: ``(name, shape, dtype, nbytes[, alias])`` in file order
-                (``lowbit.checkpoints.quantize_model.checkpoint_tensors`` gives them for an open
+                (``lowbit.checkpoints.streaming.checkpoint_tensors`` gives them for an open
                 checkpoint).
             source: how to name the model in messages.
 

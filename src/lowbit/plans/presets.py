@@ -58,7 +58,7 @@ def preset_plan(
     Args:
         name: the preset (``q4_k_m_like``).
         tensors: ``(name, shape, dtype, nbytes[, alias])`` of the checkpoint
-            (:func:`~lowbit.checkpoints.quantize_model.checkpoint_tensors`).
+            (:func:`~lowbit.checkpoints.streaming.checkpoint_tensors`).
         base: the scheme of the tensors not promoted (default: the preset's).
 
     Returns:

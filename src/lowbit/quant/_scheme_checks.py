@@ -30,7 +30,8 @@ SCALE_FORMATS = ("float32", "float16", "bfloat16", "float8_e8m0fnu", "float8_e4m
 #: OCP's ``2**(floor(log2 amax) - emax_elem)``): ``floor`` OCP MX v1.0 §6.3 (``X0``; values
 #: above the element maximum saturate); ``carry`` round-up-on-carry (``2*X0`` when
 #: ``amax/X0`` rounded to the element's precision would exceed its maximum, else ``X0``);
-#: ``ceil`` the smallest power of two with ``amax/X <= max`` (NVIDIA's RCEIL: nothing clips);
+#: ``ceil`` the smallest power of two with ``amax/X <= max`` (NVIDIA's RCEIL: nothing clips;
+#: also MLX 0.32's mxfp4/mxfp8 rule, ``2**ceil(log2(amax/max))``: ``lowbit.quant.mlx``);
 #: ``ct`` compressed-tensors 0.20's ``generate_mx_scales`` (amax rounded half-up to 1
 #: mantissa bit, 3 for E2M3, then floored; defined for mxfp4, mxfp6_e2m3, mxfp8_e4m3).
 MX_SCALE_RULES = ("floor", "carry", "ceil", "ct")

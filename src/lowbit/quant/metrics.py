@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
-from lowbit.quant.tensor import QuantizedTensor, _as_input
+from lowbit.quant.quantized_tensor import QuantizedTensor
+from lowbit.quant.tensor import _as_input
 
 
 def _values(a: Any) -> np.ndarray:
@@ -25,7 +26,7 @@ def error(x: Any, qt_or_array: Any) -> dict[str, float]:
 
     Args:
         x: the original values (array-like or torch tensor).
-        qt_or_array: a :class:`~lowbit.quant.tensor.QuantizedTensor` (dequantized exactly, in
+        qt_or_array: a :class:`~lowbit.quant.quantized_tensor.QuantizedTensor` (dequantized exactly, in
             float64) or an array of the same shape.
 
     Returns:

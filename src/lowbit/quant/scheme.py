@@ -24,7 +24,7 @@ from enum import Enum
 from typing import Any
 
 from lowbit.enums import as_rounding
-from lowbit.errors import LowbitError
+from lowbit.errors import LowbitError, UnknownFormatError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as _lookup
 from lowbit.formats.catalog import mx_format
@@ -193,7 +193,14 @@ class Scheme:
         if mx:
             name = mx_format(name).name
         else:
-            name = _lookup(name).name
+            try:
+                name = _lookup(name).name
+            except UnknownFormatError as exc:
+                if ":" not in name:
+                    raise
+                raise UnknownFormatError(
+                    f"{exc}; lowbit.parse_scheme({self.format!r}) reads a scheme string"
+                ) from None
         set_(self, "format", name)
         set_(self, "rounding", as_rounding(self.rounding).value)
         if self.axis is not None:

@@ -40,6 +40,7 @@ from lowbit.errors import LowbitError, UnknownFormatError
 from lowbit.formats.catalog import MX_FORMATS
 from lowbit.formats.catalog import format as _lookup
 from lowbit.formats.mx import is_mx_name
+from lowbit.quant.ggml_tensor import block_type_name, mix_error, mix_name
 from lowbit.quant.scheme import (
     CAST_FORMATS,
     Cast,
@@ -254,6 +255,7 @@ def _build(kw: dict[str, Any], given: dict[str, Any], shown: str) -> Scheme | Ca
     try:
         canon = name if is_mx_name(name) else _lookup(name).name
     except UnknownFormatError as exc:
+        _llama_name(name, shown)
         raise LowbitError(
             f"scheme {shown}: {exc}; MX formats: {', '.join(MX_FORMATS)}; presets: "
             f"{', '.join(PRESETS)}"
@@ -276,6 +278,21 @@ def _build(kw: dict[str, Any], given: dict[str, Any], shown: str) -> Scheme | Ca
         raise LowbitError(f"scheme {shown}: {exc}") from None
     except TypeError as exc:  # a non-field key slipped through a dict
         raise LowbitError(f"scheme {shown}: {exc}") from None
+
+
+def _llama_name(name: str, shown: str) -> None:
+    """Raise the one error for a llama.cpp block type or mix name given as a scheme."""
+    if mix_name(name) is not None:
+        raise mix_error(name, where=f"scheme {shown}: ")
+    block = block_type_name(name)
+    if block is not None:
+        raise LowbitError(
+            f"scheme {shown}: {name} is llama.cpp's {block} block type, which has no lowbit "
+            f"scheme: lowbit.quantize(w, {name!r}) gives one tensor's {block} blocks; a model: "
+            f"lowbit.quantize_model(model, {name!r}, out, out_format='gguf') writes "
+            f"llama-quantize's mix of that name (`lowbit quantize MODEL --to {name} "
+            f"--out-format gguf`)"
+        )
 
 
 def _preset_text(name: str) -> str:

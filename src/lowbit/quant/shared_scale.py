@@ -9,8 +9,9 @@ import numpy as np
 
 from lowbit.errors import LowbitError
 from lowbit.quant._choose import own_tensor_scale
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.scheme import Scheme
-from lowbit.quant.tensor import QuantizedTensor, _as_input, quantize
+from lowbit.quant.tensor import _as_input, quantize
 
 __all__ = ["quantize_shared_tensor_scale", "tensor_scale_of"]
 

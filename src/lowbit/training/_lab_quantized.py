@@ -17,7 +17,8 @@ import torch
 
 from lowbit.checkpoints.io.outputs import output_file, writer_metadata
 from lowbit.errors import LowbitError
-from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.quant.quantized_tensor import QuantizedTensor
+from lowbit.quant.tensor import quantize
 from lowbit.torch import EmulatedLinear
 from lowbit.training._lab_results import LabConfig
 from lowbit.training._lab_run import evaluate, new_model

@@ -11,7 +11,7 @@ import numpy as np
 from lowbit.checkpoints import open_checkpoint
 from lowbit.checkpoints.compressed_tensors.verify import ct_config
 from lowbit.methods.hadamard import hadamard
-from lowbit.quant.tensor import QuantizedTensor
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.view import _ct_read
 
 __all__ = ["QuantizedReader"]

@@ -31,9 +31,10 @@ from lowbit.evaluation.sensitivity import SensitivityResult
 from lowbit.methods.hadamard import rotate_blocks
 from lowbit.quant.block_clipping import BlockCounts, fp4_block_counts
 from lowbit.quant.metrics import error
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.scheme import Granularity, Scheme
 from lowbit.quant.scheme_text import parse_scheme
-from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.quant.tensor import quantize
 from lowbit.view._order import block_order, expert_groups, split_expert
 from lowbit.view._reading import QuantizedReader
 from lowbit.view.palette import KEPT, Palette, palette
@@ -262,7 +263,7 @@ def group_levels(qt: Any) -> tuple[np.ndarray, np.ndarray, str]:
     take (element values with that group's scale and zero point applied).
 
     Args:
-        qt: a :class:`~lowbit.quant.tensor.QuantizedTensor`.
+        qt: a :class:`~lowbit.quant.quantized_tensor.QuantizedTensor`.
 
     Returns:
         ``(level values ascending, flat indices of the group's elements, description)``.

@@ -2,7 +2,7 @@
 (:mod:`.tensor`, :mod:`.fp4`), the layout of fused modules (:mod:`.layout`), transforms
 (:mod:`.transforms`), the reader (:mod:`.reader`) and the writer (:mod:`.writer`).
 
-The writer's names load from here on first use, as they did when this was one module.
+The writer's names (its ``__all__``) load from here on first use, as they did when this was one module.
 """
 
 from __future__ import annotations
@@ -10,18 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_WRITER = (
-    "CT_FORMAT_VERSION",
-    "CTTensor",
-    "from_quantized",
-    "pack_int32",
-    "quantization_config",
-    "write_compressed_tensors",
-)
-__all__ = list(_WRITER)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _WRITER:
-        return getattr(importlib.import_module(f"{__name__}.writer"), name)
+    module = importlib.import_module(f"{__name__}.writer")
+    if name in module.__all__:
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

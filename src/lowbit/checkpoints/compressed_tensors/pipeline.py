@@ -29,8 +29,9 @@ from lowbit.checkpoints.tokenizer import write_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import AppliedPlan, TensorPlan
 from lowbit.quant.layout import quantized_arrays
+from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.shared_scale import tensor_scale_of
-from lowbit.quant.tensor import QuantizedTensor, quantize
+from lowbit.quant.tensor import quantize
 
 
 def write_ct(

@@ -18,7 +18,7 @@ from lowbit.checkpoints.compressed_tensors.fp4 import checked_fp4, e2m1_values
 from lowbit.checkpoints.io.arrays import as_numpy
 from lowbit.codecs.packing import unpack
 from lowbit.errors import LowbitError
-from lowbit.quant.tensor import QuantizedTensor
+from lowbit.quant.quantized_tensor import QuantizedTensor
 
 __all__ = ["CTTensor", "from_quantized", "pack_int32"]
 

@@ -193,14 +193,14 @@ def _vectors(
     quantized = [n for n in ckpt.names() if types[n] != ckpt.info(n).dtype.upper()]
     if imatrix is not None:
         out = importance_vectors(ckpt, quantized, imatrix)
-    if mixes.mix(mix_name).name == "Q2_K_S":
-        lacking = [n for n in quantized if types[n] == "Q2_K" and n not in out]
-        lacking = [n for n in lacking if n not in ("token_embd.weight", "output.weight")]
-        if lacking:
-            raise LowbitError(
-                f"Q2_K_S needs an importance matrix for its Q2_K tensors ({lacking[0]} has "
-                "none): pass --imatrix FILE"
-            )
+    name = mixes.mix(mix_name).name
+    lacking = [n for n in quantized if mixes.requires_imatrix(n, types[n], name) and n not in out]
+    if lacking:
+        what = "its Q2_K tensors" if name == "Q2_K_S" else f"{types[lacking[0]]} tensors"
+        raise LowbitError(
+            f"{name} needs an importance matrix for {what} ({lacking[0]} has none; "
+            "llama-quantize refuses too): pass --imatrix FILE"
+        )
     return out
 
 

@@ -9,19 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_CHECKPOINT = (
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "MANIFEST",
-    "LowbitCheckpoint",
-    "Unit",
-    "is_lowbit_checkpoint",
-    "write_lowbit_checkpoint",
-)
-__all__ = list(_CHECKPOINT)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _CHECKPOINT:
-        return getattr(importlib.import_module(f"{__name__}.checkpoint"), name)
+    module = importlib.import_module(f"{__name__}.checkpoint")
+    if name in module.__all__:
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ A lowbit checkpoint is a folder::
       source_metadata.gguf         for a GGUF source: its metadata (tokenizer, hyperparameters)
 
 Every quantized tensor ``NAME`` is stored as the arrays of
-``lowbit.quant.tensor.QuantizedTensor.to_arrays(prefix="NAME:")``: ``NAME:codes`` (uint8, packed
+``lowbit.quant.quantized_tensor.QuantizedTensor.to_arrays(prefix="NAME:")``: ``NAME:codes`` (uint8, packed
 little-endian at the element width, ``lowbit.codecs.packing``), ``NAME:scale`` (float32, float16,
 bfloat16 as uint16 bit patterns, or E8M0 as uint8 codes, shaped as ``lowbit.quant.layout`` says),
 ``NAME:zero_point`` (asymmetric integers: packed at the element width, two's complement), or for
@@ -60,7 +60,7 @@ from lowbit.checkpoints.readers import Checkpoint, SafetensorsFile, TensorInfo
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.quant.layout import quantized_arrays
-from lowbit.quant.tensor import QuantizedTensor
+from lowbit.quant.quantized_tensor import QuantizedTensor
 
 __all__ = [
     "FORMAT_NAME",

@@ -14,9 +14,9 @@ from lowbit.errors import LowbitError
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import activation_format
 from lowbit.quant.layout import make_layout, quantized_arrays
+from lowbit.quant.quantized_tensor import FORMAT_VERSION as TENSOR_VERSION
+from lowbit.quant.quantized_tensor import TENSOR_SCALE_DIRECTION
 from lowbit.quant.scheme import Scheme
-from lowbit.quant.tensor import FORMAT_VERSION as TENSOR_VERSION
-from lowbit.quant.tensor import TENSOR_SCALE_DIRECTION
 
 MANIFEST = (
     "lowbit.json"  # the manifest's file name (lowbit.checkpoints.lowbit_format.manifest.MANIFEST)

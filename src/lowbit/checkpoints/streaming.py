@@ -2,7 +2,7 @@
 ``lowbit.quantize``, into a writer.
 
 >>> from lowbit.plans.plan import PrecisionPlan                      # doctest: +SKIP
->>> plan = PrecisionPlan.uniform("int4", group=128)
+>>> plan = PrecisionPlan.uniform("int4", group_size=128)
 >>> quantize_model("smollm2", plan, "smollm2-int4")                       # lowbit checkpoint
 >>> quantize_model("model_dir", PrecisionPlan.uniform("int8"), "ct", out_format="compressed-tensors")
 >>> quantize_model("m.gguf", PrecisionPlan.uniform("q4_0"), "m.Q4_0.gguf", out_format="gguf")

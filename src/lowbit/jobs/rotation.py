@@ -1,4 +1,4 @@
-"""``lowbit quantize --method hadamard|hadamard+gptq``: weights stored in the
+"""The rotating methods of ``quantize_model`` (``lowbit quantize --method hadamard|hadamard+gptq``): weights stored in the
 block-Hadamard-rotated basis (``W R``, ``lowbit.methods.hadamard``) and the rotation recorded
 for the consumer, who applies it to those layers' inputs online: in the lowbit manifest
 (``method.rotation.tensors``: tensor name -> block) for ``lowbit.load_model`` (and so
@@ -38,34 +38,34 @@ ROTATING = ("hadamard", "hadamard+gptq")
 FOLDING = ("hadamard-fold", "hadamard-fold+gptq")
 
 
-def check_rotation(args: Any) -> None:
-    """A rotating ``--method`` writes lowbit's format or compressed-tensors (a GGUF cannot
+def check_rotation(method: str, out_format: str) -> None:
+    """A rotating ``method`` writes lowbit's format or compressed-tensors (a GGUF cannot
     declare the rotation its layers' inputs need).
 
     Raises:
         LowbitError: a GGUF output.
     """
-    if args.method in ROTATING and args.out_format not in ("lowbit", "compressed-tensors"):
+    if method in ROTATING and out_format not in ("lowbit", "compressed-tensors"):
         raise LowbitError(
-            f"--method {args.method} stores rotated weights whose layers' inputs must be "
-            f"rotated online; {args.out_format} cannot record that: write --out-format lowbit "
+            f"--method {method} stores rotated weights whose layers' inputs must be "
+            f"rotated online; {out_format} cannot record that: write --out-format lowbit "
             "or compressed-tensors (or use --method hadamard-fold, which every format holds)"
         )
 
 
-def check_experts(args: Any, applied: Any) -> None:
+def check_experts(method: str, out_format: str, applied: Any) -> None:
     """Refuse, before any calibration, rotated expert weights in compressed-tensors output
     (vLLM applies ``transform_config`` to linear layers, not to its fused experts).
 
     Raises:
         LowbitError: a rotating ``--method`` with compressed-tensors output of a mixture.
     """
-    if args.method not in ROTATING or args.out_format != "compressed-tensors":
+    if method not in ROTATING or out_format != "compressed-tensors":
         return
     experts = [t.name for t in applied.quantized if expert_of(t.name)]
     if experts:
         raise LowbitError(
-            f"{experts[0]}: --method {args.method} would store a mixture's expert weights "
+            f"{experts[0]}: --method {method} would store a mixture's expert weights "
             "rotated, and vLLM applies transform_config to linear layers, not to its fused "
             "experts: write --out-format lowbit, or use --method hadamard-fold"
         )

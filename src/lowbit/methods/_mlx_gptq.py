@@ -1,0 +1,185 @@
+"""GPTQ onto MLX's affine grid: the target, the quantizer GPTQ's loop drives, the result.
+
+The result is MLX's uint32 words, scales and biases.
+
+When the loop reaches a group's first column (all groups up front, from the weights before any
+update, with act-order ``static``), the group's grid is MLX's own (``lowbit.quant.mlx``: the
+edge rule on the group's values at that moment, rounded to the model dtype, in float32); each
+column is then coded as MLX codes it (``rint((w - bias) / scale)`` with the float32 scale)
+and its error against the value MLX will decode (``q * scale + bias`` in the model dtype)
+moves on as GPTQ moves it. With a diagonal Hessian nothing moves, and the bytes are
+``mx.quantize``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from lowbit._arrays import ml_dtype
+from lowbit.errors import LowbitError
+from lowbit.quant import mlx as Q
+
+__all__ = ["MLXQuantized", "MLXTarget"]
+
+_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(ml_dtype("bfloat16")) if name == "bfloat16" else np.dtype(name)
+
+
+@dataclass(frozen=True)
+class MLXTarget:
+    """MLX's affine grid as the grid GPTQ rounds a weight onto.
+
+    Attributes:
+        bits: 1, 2, 3, 4, 5, 6 or 8.
+        group_size: 32, 64 or 128.
+        dtype: the model dtype scales and biases are stored in (``float16``, ``bfloat16``,
+            ``float32``).
+    """
+
+    bits: int = 4
+    group_size: int = 64
+    dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        Q.check_params("affine", self.group_size, self.bits)
+        if self.dtype not in _DTYPES:
+            raise LowbitError(f"MLX model dtype {self.dtype!r}; allowed: {', '.join(_DTYPES)}")
+
+    @property
+    def label(self) -> str:
+        return f"mlx affine {self.bits}-bit g{self.group_size}"
+
+    @property
+    def block(self) -> int:
+        return self.group_size
+
+    def key(self) -> tuple[Any, ...]:
+        """Equal for targets one loop can quantize together (stacked rows)."""
+        return ("mlx", self.bits, self.group_size, self.dtype)
+
+    def resolved(self, H: np.ndarray) -> MLXTarget:
+        return self
+
+    def check(self, cols: int) -> None:
+        if cols % self.group_size:
+            raise LowbitError(
+                f"MLX groups of {self.group_size} do not divide rows of {cols} values"
+            )
+
+    def rtn(self, W: np.ndarray, H: np.ndarray) -> np.ndarray:
+        """``mx.quantize``'s round to nearest of ``W`` (cast to the model dtype), decoded."""
+        w = np.asarray(W, np.float32).astype(_np_dtype(self.dtype))
+        q = Q.quantize(w, group_size=self.group_size, bits=self.bits)
+        out = Q.dequantize(*q, group_size=self.group_size, bits=self.bits)
+        return out.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class MLXQuantized:
+    """A weight quantized onto MLX's affine grid: the arrays an MLX folder stores.
+
+    Attributes:
+        words: uint32 ``(rows, cols * bits / 32)``.
+        scales, biases: ``(rows, cols / group_size)`` in the model dtype.
+        bits, group_size: the grid.
+    """
+
+    words: np.ndarray
+    scales: np.ndarray
+    biases: np.ndarray
+    bits: int
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.words.shape[0]), int(self.words.shape[1]) * 32 // self.bits)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.words.nbytes + self.scales.nbytes + self.biases.nbytes)
+
+    def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
+        """The values ``mx.dequantize`` gives, as ``dtype``."""
+        out = Q.dequantize(
+            self.words, self.scales, self.biases, group_size=self.group_size, bits=self.bits
+        )
+        return out.astype(dtype)
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The arrays and what names them (as ``QuantizedTensor.to_arrays``), for spilling."""
+        dt = "bfloat16" if self.scales.dtype == ml_dtype("bfloat16") else self.scales.dtype.name
+        arrays = {"words": self.words, "scales": self.scales.view(f"u{self.scales.itemsize}"),
+                  "biases": self.biases.view(f"u{self.biases.itemsize}")}  # fmt: skip
+        return arrays, {"mlx_affine": [self.bits, self.group_size, dt]}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> MLXQuantized:
+        """The inverse of :meth:`to_arrays`."""
+        bits, gs, dt = meta["mlx_affine"]
+        d = _np_dtype(str(dt))
+        return cls(
+            arrays["words"], arrays["scales"].view(d), arrays["biases"].view(d), int(bits), int(gs)
+        )
+
+
+class _MLXQuantizer:
+    """The grid of each group, fixed by ``fit_group``, and MLX's column coding (the interface
+    ``lowbit.methods.gptq``'s loop drives, as ``_Quantizer``'s)."""
+
+    fmt = SimpleNamespace(code_dtype=np.uint8)
+
+    def __init__(self, target: MLXTarget, W: np.ndarray) -> None:
+        rows, cols = W.shape
+        target.check(cols)
+        self.target = target
+        self.dt = _np_dtype(target.dtype)
+        self.group = target.group_size
+        self.n_groups = cols // self.group
+        self.cols = cols
+        self.scale32 = np.ones((rows, self.n_groups), dtype=np.float32)
+        self.bias32 = np.zeros((rows, self.n_groups), dtype=np.float32)
+
+    def span(self, k: int) -> tuple[int, int]:
+        return k * self.group, (k + 1) * self.group
+
+    def _t32(self, x: np.ndarray) -> np.ndarray:
+        """Values as the model dtype holds them, in float32."""
+        return np.asarray(x, np.float32).astype(self.dt).astype(np.float32)
+
+    def fit_group(self, k: int, values: np.ndarray) -> None:
+        """Fix group ``k``'s grid from its current values ``[rows, group]``."""
+        s, b = Q.affine_params(self._t32(values), self.target.bits)
+        self.scale32[:, k] = s
+        self.bias32[:, k] = b
+
+    def round(self, w: np.ndarray, k: int, col: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, decoded float64 values) of one column ``w [rows]`` of group ``k``."""
+        s, b = self.scale32[:, k], self.bias32[:, k]
+        codes = Q.affine_codes(self._t32(w), s, b, self.target.bits)
+        dt = self.dt
+        v = (codes.astype(dt) * s.astype(dt)).astype(dt) + b.astype(dt)
+        return codes, v.astype(dt).astype(np.float64)
+
+    def rows(self, a: int, b: int) -> _MLXQuantizer:
+        part = object.__new__(_MLXQuantizer)
+        part.__dict__.update(self.__dict__)
+        part.scale32 = self.scale32[a:b]
+        part.bias32 = self.bias32[a:b]
+        return part
+
+    def result(self, codes: np.ndarray, shape: tuple[int, int]) -> MLXQuantized:
+        t = self.target
+        return MLXQuantized(
+            Q.pack_rows(np.ascontiguousarray(codes, dtype=np.uint8), t.bits),
+            self.scale32.astype(self.dt),
+            self.bias32.astype(self.dt),
+            t.bits,
+            t.group_size,
+        )
