@@ -33,6 +33,7 @@ NOTED = {
     "codecs/_numba.py": {"use_kernels"},
     "ggml/_numba.py": {"_ggml_kernels"},
     "ggml/_search.py": {"_use_kernels"},
+    "ggml/iq_lattice.py": {"use_kernels"},
     "formats/ints.py": {"_encode_compiled"},
     "quant/_engine.py": {"_chunks"},
 }
@@ -88,12 +89,15 @@ def test_taken_exactly_when_the_kernels_run(monkeypatch: pytest.MonkeyPatch) -> 
     pieces note a branch when, and only when, they leave the kernels-off path."""
     from lowbit.codecs import _numba
     from lowbit.ggml import _numba as _ggml
-    from lowbit.ggml import _search
+    from lowbit.ggml import _search, iq_lattice
     from lowbit.quant import _engine
 
     notes: list[int] = []
     monkeypatch.setattr(_numba, "consulted", lambda: notes.append(1))
     monkeypatch.setattr(_numba, "HAVE_NUMBA", True)  # the rules, not numba, are under test
+    # a rental of its own, unbought, whether or not earlier tests loaded numba
+    fresh = _numba._Rental(iq_lattice.IQ_KERNEL_WORTH, lambda: False)
+    monkeypatch.setattr(iq_lattice, "_rental", fresh)
 
     def noted(call: object) -> tuple[object, int]:
         notes.clear()
@@ -102,10 +106,12 @@ def test_taken_exactly_when_the_kernels_run(monkeypatch: pytest.MonkeyPatch) -> 
     assert noted(lambda: _numba.use_kernels(10)) == (False, 0)
     assert noted(lambda: _search._use_kernels(10)) == (False, 0)
     assert noted(lambda: _ggml._ggml_kernels(10)) == (False, 0)
+    assert noted(lambda: iq_lattice.use_kernels(10)) == (False, 0)
     with _numba.kernels_always():
         assert noted(lambda: _numba.use_kernels(10)) == (True, 1)
         assert noted(lambda: _search._use_kernels(10)) == (True, 1)
         assert noted(lambda: _ggml._ggml_kernels(10))[0] is True
+        assert noted(lambda: iq_lattice.use_kernels(10)) == (True, 1)
         with _numba.numpy_only():
             assert noted(lambda: _numba.use_kernels(10)) == (False, 0)
     assert noted(lambda: _ggml._ggml_kernels(_ggml.GGML_ALONE)) == (True, 1)
