@@ -83,7 +83,7 @@ def test_gguf_bpe_files_are_written_without_transformers(tmp_path: Path) -> None
     code = (
         "import sys\n"
         "from lowbit.checkpoints import open_checkpoint\n"
-        "from lowbit.checkpoints.gguf.tokenizer import write_tokenizer\n"
+        "from lowbit.checkpoints.tokenizer import write_tokenizer\n"
         f"names = write_tokenizer(open_checkpoint({str(src)!r}), {str(out)!r})\n"
         "print(','.join(names), 'transformers' in sys.modules)\n"
     )
