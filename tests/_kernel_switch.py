@@ -212,6 +212,7 @@ class Recorder:
                 f"({self.out})"
             )
         if reporter is not None:
+            reporter.write_line("")  # after the progress line
             reporter.write_line(msg)
 
     def _ids(self, reasons: set[str]) -> list[str]:
