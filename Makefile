@@ -60,11 +60,24 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks fuzz
 	$(BIN)/ruff format src tests benchmarks fuzz
 
-# The suite twice: with the compiled kernels (numba, the `fast` extra) and with them off
-# (LOWBIT_NUMBA=0: what an install without numba runs; both paths must give the same bits).
+# The suite with the compiled kernels (numba, the `fast` extra), then with them off
+# (LOWBIT_NUMBA=0: what an install without numba runs; both paths must give the same bits) on
+# the tests whose results can depend on that switch: those that took a branch in the first
+# pass that they would not take with the kernels off (lowbit.codecs._numba.taken(), called by
+# every reader of the switch). The first pass records them in $(SWITCH_LIST)
+# (tests/_kernel_switch.py: in the test's process, its children, shared fixtures, caches and
+# module imports; tests marked kernel_switch always). It writes the list only after a passing
+# run of the whole suite it could follow; without one the second pass runs the whole suite.
+# docs/architecture.md, "Testing".
+SWITCH_LIST := out/test/kernel-switch-tests.txt
 test: lint
-	$(BIN)/python -m pytest -q
-	LOWBIT_NUMBA=0 $(BIN)/python -m pytest -q
+	rm -f $(SWITCH_LIST)
+	LOWBIT_SWITCH_RECORD=$(SWITCH_LIST) $(BIN)/python -m pytest -q
+	if [ -s $(SWITCH_LIST) ]; then \
+	  LOWBIT_NUMBA=0 $(BIN)/python -m pytest -q @$(SWITCH_LIST); \
+	else \
+	  LOWBIT_NUMBA=0 $(BIN)/python -m pytest -q; \
+	fi
 
 # Coverage-guided fuzzing (atheris/libFuzzer) of each parser of a user's file for FUZZ_SECONDS
 # each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*.

@@ -7,8 +7,15 @@ import os
 import numpy as np
 import pytest
 
+import _kernel_switch
+
 # Keep test runs reproducible and polite on the 2-core CI machine.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # make test's first pass: which tests read the kernel switch (tests/_kernel_switch.py)
+    _kernel_switch.configure(config)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ encoder folder.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,14 @@ def shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
     path = shipped_path(name)
     ckpt = open_checkpoint(path)
     return path, ckpt, build_model(ckpt, progress=False), build_tokenizer(ckpt)
+
+
+@functools.cache
+def shared_shipped_model(name: str) -> tuple[Path, Any, Any, Any]:
+    """:func:`shipped_model`, built once per test session and shared by the modules that only
+    read it (SmolLM2's build decodes 134 M values: seconds of CPU); never change what it
+    returns (copy the model first)."""
+    return shipped_model(name)
 
 
 #: Tiny mixtures of experts: model_type -> (config class, model class, config keywords).

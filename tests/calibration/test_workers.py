@@ -56,6 +56,14 @@ def _quantize(model: tuple[Path, Path], out: Path, method: str, *extra: str) -> 
     assert main(argv) == 0
 
 
+@pytest.fixture(scope="module")
+def one_gptq(model: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The one-process GPTQ output's digests, which the worker and Ray runs must match."""
+    out = tmp_path_factory.mktemp("one-gptq") / "one"
+    _quantize(model, out, "gptq")
+    return _digests(out)
+
+
 def test_shard_range() -> None:
     """Shards are consecutive whole windows of 16 samples, the first worker's first."""
     assert [shard_range(40, i, 2) for i in range(2)] == [(0, 16), (16, 40)]
@@ -92,16 +100,18 @@ def test_parts_add_up_to_one_collector(cut: int) -> None:
 
 
 def test_two_workers_gptq_bytes(
-    model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    model: tuple[Path, Path],
+    one_gptq: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """GPTQ on 2 local worker processes writes the one process's tensor files, byte for
     byte; the record says 2 workers calibrated, 16 and 24 samples."""
-    _quantize(model, tmp_path / "one", "gptq")
     capsys.readouterr()
     _quantize(model, tmp_path / "two", "gptq", "--workers", "2", "--json")
     method = json.loads(capsys.readouterr().out)["method"]
     assert method["seconds"]["workers"] == 2 and method["calibration"]["samples_used"] == 40
-    assert _digests(tmp_path / "two") == _digests(tmp_path / "one")
+    assert _digests(tmp_path / "two") == one_gptq
 
 
 def test_two_workers_awq_bytes(model: tuple[Path, Path], tmp_path: Path) -> None:
@@ -156,10 +166,9 @@ _RAY_TIMEOUT = 400  # seconds
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
-def test_ray_gptq_bytes(model: tuple[Path, Path], tmp_path: Path) -> None:
+def test_ray_gptq_bytes(model: tuple[Path, Path], one_gptq: dict[str, str], tmp_path: Path) -> None:
     """GPTQ on a local Ray instance (2 CPUs, 2 actors) writes the one process's bytes."""
     folder, text = model
-    _quantize(model, tmp_path / "one", "gptq")
     argv = ["quantize", str(folder), "--to", "int4:g32", "--method", "gptq", "--calib",
             str(text), *CALIB, "--ray", "--workers", "2", "--out", str(tmp_path / "ray")]  # fmt: skip
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
@@ -173,7 +182,7 @@ def test_ray_gptq_bytes(model: tuple[Path, Path], tmp_path: Path) -> None:
         proc.communicate()
         pytest.fail(f"the Ray calibration did not finish in {_RAY_TIMEOUT} s")
     assert proc.returncode == 0, log.decode(errors="replace")[-4000:]
-    assert _digests(tmp_path / "ray") == _digests(tmp_path / "one")
+    assert _digests(tmp_path / "ray") == one_gptq
 
 
 def test_api_refusals(model: tuple[Path, Path]) -> None:

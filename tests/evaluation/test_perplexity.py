@@ -23,7 +23,7 @@ from lowbit.evaluation.perplexity import (  # noqa: E402
     tokenize,
 )
 from lowbit.models.activations import fake_quantize_per_token, simulate_activations  # noqa: E402
-from tiny_models import shipped_model  # noqa: E402
+from tiny_models import shared_shipped_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -339,7 +339,7 @@ def test_simulate_activations_hooks_and_unhooks() -> None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    _, _, model, tok = shipped_model("smollm2")
+    _, _, model, tok = shared_shipped_model("smollm2")
     return model, tok
 
 
@@ -390,7 +390,7 @@ def test_smollm2_w8a8_kl(smollm2) -> None:
 
 @pytest.fixture(scope="module")
 def minilm():
-    path, _, model, tok = shipped_model("minilm")
+    path, _, model, tok = shared_shipped_model("minilm")
     return path, model, tok
 
 

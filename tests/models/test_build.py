@@ -21,7 +21,7 @@ from lowbit.models.build import build_model, hf_tensors  # noqa: E402
 from tiny_models import (  # noqa: E402
     gguf_tensors,
     llamacpp_permute,
-    shipped_model,
+    shared_shipped_model,
     tiny_llama,
 )
 
@@ -215,7 +215,7 @@ def test_unbuildable_checkpoints(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    _, ckpt, model, tok = shipped_model("smollm2")
+    _, ckpt, model, tok = shared_shipped_model("smollm2")
     return ckpt, model, tok
 
 
@@ -256,7 +256,7 @@ def test_smollm2_tokenizer_matches_transformers(smollm2) -> None:
 
 def test_minilm_matches_transformers_loader() -> None:
     """MiniLM built by lowbit gives transformers' BertModel.from_pretrained hidden states."""
-    path, _, model, tok = shipped_model("minilm")
+    path, _, model, tok = shared_shipped_model("minilm")
     ref = transformers.BertModel.from_pretrained(path, local_files_only=True).eval()
     enc = tok(
         ["Quantization keeps most of the quality.", "A short one."],

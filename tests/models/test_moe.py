@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -55,6 +56,13 @@ def calib(tmp_path_factory: pytest.TempPathFactory) -> Calibration:
     return Calibration(source=str(f), samples=4, length=48)
 
 
+@pytest.fixture(scope="module")
+def mixtral_gptq(folders: dict, calib: Calibration) -> Any:
+    """GPTQ of the per-expert Mixtral folder, every token through every expert: two tests
+    read it (the expert coverage and the fused folder's equality), so it runs once."""
+    return gptq_weights(folders["mixtral"][1], "int4:g32", calib, progress=False)
+
+
 def _ids() -> object:
     return torch.randint(0, 261, (2, 17), generator=torch.Generator().manual_seed(3))
 
@@ -101,12 +109,18 @@ def test_routers_stay_high_precision(folders: dict) -> None:
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "deepseek_v3"])
-def test_gptq_reaches_every_expert(folders: dict, calib: Calibration, kind: str) -> None:
+def test_gptq_reaches_every_expert(
+    folders: dict, calib: Calibration, mixtral_gptq: Any, kind: str
+) -> None:
     """With every token through every expert (the default), each expert layer is GPTQ'd on all
     calibration tokens and reports them with its Hessian's rank; routed, each sees its own
     share, and those under the floor are rounded to nearest with the reason given."""
     folder = folders[kind][1]
-    run = gptq_weights(folder, "int4:g32", calib, progress=False)
+    run = (
+        mixtral_gptq
+        if kind == "mixtral"
+        else gptq_weights(folder, "int4:g32", calib, progress=False)
+    )
     experts = {n: e for n, e in run.layers.items() if expert_of(n)}
     assert len(experts) == 12 * MOE_BLOCKS[kind]
     total = run.calibration["tokens"]
@@ -273,7 +287,7 @@ def test_awq_routed_floor(folders: dict, calib: Calibration) -> None:
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
 def test_fused_on_disk_quantized_per_expert(
-    folders: dict, calib: Calibration, kind: str, tmp_path: Path,
+    folders: dict, calib: Calibration, mixtral_gptq: Any, kind: str, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     """A fused folder (3-D ``experts.gate_up_proj`` / ``down_proj``) quantizes each expert as
@@ -300,7 +314,12 @@ def test_fused_on_disk_quantized_per_expert(
         got = load_model(tmp_path / "fused")(_ids()).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
-    runs = [gptq_weights(f, "int4:g32", calib, progress=False) for f in (per_expert, fused)]
+    first = (
+        mixtral_gptq
+        if kind == "mixtral"
+        else gptq_weights(per_expert, "int4:g32", calib, progress=False)
+    )
+    runs = [first, gptq_weights(fused, "int4:g32", calib, progress=False)]
     for n in names:
         e = runs[1].layers[n]
         assert e["tokens"] == runs[1].calibration["tokens"] and e["rank"] > 0, n

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._parallel import Switch, map_chunks, serial, threads
-from lowbit.codecs import _path_choice
+from lowbit.codecs import _path_choice, _switch_log
 from lowbit.codecs._common import nan_error, negative_error, value_table
 from lowbit.errors import NaNPolicyError
 
@@ -153,9 +153,26 @@ def kernels_always() -> contextlib.AbstractContextManager[None]:
     return _kernels_always.set()
 
 
+#: Called by :func:`taken` when set: `make test`'s first pass records which tests take a
+#: branch they would not take with the kernels off (``lowbit.codecs._switch_log``; outside a
+#: recording run: None).
+consulted: Any = _switch_log.recorder()
+
+
 def enabled() -> bool:
-    """Whether the compiled kernels are in use (numba installed and not forced off)."""
+    """Whether the compiled kernels are in use (numba installed and not forced off). Every
+    choice between a kernel and the numpy path reads this, per call (never at import), and
+    calls :func:`taken` where its answer makes the call differ from a kernels-off run
+    (``tests/codecs/test_kernel_switch.py`` keeps both true)."""
     return HAVE_NUMBA and not _numpy_only.on
+
+
+def taken() -> None:
+    """Note that this call takes a branch it would not take with the kernels off (a kernel,
+    another chunk size): `make test` runs the tests that reach one again without the kernels
+    (docs/architecture.md, "Testing"). Only notes; never changes a result."""
+    if consulted is not None:
+        consulted()
 
 
 def use_kernels(n: int) -> bool:
@@ -165,9 +182,10 @@ def use_kernels(n: int) -> bool:
     ``n`` reach it). Both paths give the same bits."""
     if not enabled():
         return False
-    if _kernels_always.on:
+    if _kernels_always.on or (n >= MIN_KERNEL_SIZE and _rental.take(n)):
+        taken()
         return True
-    return n >= MIN_KERNEL_SIZE and _rental.take(n)
+    return False
 
 
 _PIECE = 1 << 19  # elements per thread's piece of a large array (smaller: one thread)

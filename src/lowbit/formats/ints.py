@@ -156,7 +156,11 @@ def _encode_compiled(
     """``IntFormat.encode`` by the compiled kernel (``lowbit.codecs._numba``), or None without one."""
     if not _fast.enabled():
         return None
-    arr = as_float_input(x)
+    try:
+        arr = as_float_input(x)
+    except Exception:
+        _fast.taken()  # without the kernels the numpy path's conversion raises instead
+        raise
     if not _fast.use_kernels(arr.size):
         return None
     flat = np.ascontiguousarray(arr).reshape(-1)

@@ -48,11 +48,14 @@ def _ggml_kernels(numel: int) -> bool:
     if _fast.use_kernels(0):  # kernels_always(): any size
         return True
     # its own rule, not the codecs' running count (a tensor's bands ask once each)
-    return (
+    if (
         _fast.enabled()
         and numel >= _fast.MIN_KERNEL_SIZE
         and (numel >= GGML_ALONE or _fast.numba_loaded())
-    )
+    ):
+        _fast.taken()
+        return True
+    return False
 
 
 def ggml_decode(blocks: np.ndarray, out: np.ndarray, qtype: str, numel: int) -> bool:

@@ -47,9 +47,10 @@ def _use_kernels(n: int) -> bool:
     ``kernels_always()`` or this package's rental says so. Both paths give the same bits."""
     if not _numba.enabled():
         return False
-    if _numba._kernels_always.on:
+    if _numba._kernels_always.on or (n >= _numba.MIN_KERNEL_SIZE and _rental.take(n)):
+        _numba.taken()
         return True
-    return n >= _numba.MIN_KERNEL_SIZE and _rental.take(n)
+    return False
 
 
 @cache

@@ -94,7 +94,10 @@ def use_kernels(n: int) -> bool:
     ``kernels_always()`` or this module's rental says so). Both paths give the same bytes."""
     if not _numba.enabled():
         return False
-    return bool(_numba._kernels_always.on) or _rental.take(n)
+    if _numba._kernels_always.on or _rental.take(n):
+        _numba.taken()
+        return True
+    return False
 
 
 @cache

@@ -72,10 +72,16 @@ def _chunks(shape: tuple[int, ...]) -> Iterator[tuple[tuple[slice, ...], int, in
     so bit-packed codes of any width start on a byte boundary."""
     k = _chunk_axis(shape)
     inner = int(np.prod(shape[k + 1 :], dtype=np.int64)) or 1
-    size = _CHUNK_FAST if _fast.enabled() else _CHUNK_NUMPY
-    step = max(1, size // inner)
     align = 8 // math.gcd(inner, 8)
-    step = max(align, step - step % align)
+
+    def step_of(size: int) -> int:
+        step = max(1, size // inner)
+        return min(max(align, step - step % align), max(shape[k], 1))
+
+    step = step_of(_CHUNK_NUMPY)
+    if _fast.enabled() and step_of(_CHUNK_FAST) != step:  # other pieces than without kernels
+        _fast.taken()
+        step = step_of(_CHUNK_FAST)
     for start in range(0, shape[k], step):
         stop = min(start + step, shape[k])
         yield (slice(None),) * k + (slice(start, stop),), start * inner, stop * inner

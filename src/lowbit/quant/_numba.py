@@ -41,8 +41,6 @@ from lowbit.enums import Rounding
 from lowbit.formats.reference import exact_round_quotient
 from lowbit.formats.valueset import rounding_bins
 
-HAVE_NUMBA = _fast.HAVE_NUMBA
-
 
 @cache
 def _k() -> Any:
