@@ -34,7 +34,7 @@ ALLOWED = {
     ),
     ("models/moe.py", "a"): "the patterns of _RENAMES, a constant table in the module",
     ("plans/plan.py", "meta"): "one of two constant character classes written beside the call",
-    ("checkpoints/_ct_config.py", "pattern"): (
+    ("checkpoints/compressed_tensors/config.py", "pattern"): (
         "built from a module name split on '.', each piece re.escape()d or \\d+"
     ),
 }
