@@ -19,8 +19,9 @@ and editors see them through the ``TYPE_CHECKING`` imports of this file):
   ``"smollm2"``, ``"minilm"``);
 - one call per job of the command line (docs/python.md): ``quantize_model`` (``lowbit
   quantize``: any source, method and output; returns a ``QuantizeResult``), ``gguf_mix`` and
-  ``gguf_budget`` (its llama.cpp routes), ``evaluate`` (``lowbit eval``), ``sensitivity``
-  (``lowbit sensitivity``), ``imatrix``, ``report``, ``verify``, ``convert_hf_to_gguf``;
+  ``gguf_budget`` (its llama.cpp routes), ``evaluate`` (``lowbit eval``), ``scan``
+  (``lowbit sensitivity``) and ``mixed_plan`` (``--budget``), ``sensitivity`` (a scan on an
+  open checkpoint), ``imatrix``, ``report``, ``verify``, ``convert_hf_to_gguf``;
 - ``Calibration`` (texts, token arrays, datasets, files), ``GPTQ``, ``AWQ``, ``SmoothQuant``.
 """
 
@@ -68,6 +69,8 @@ _LAZY = {
     "gguf_budget": "lowbit.jobs.gguf",
     "sensitivity": "lowbit.evaluation.sensitivity",
     "QuantizeResult": "lowbit.jobs.results",
+    "mixed_plan": "lowbit.jobs.budget",
+    "scan": "lowbit.jobs.budget",
 }
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not run)
@@ -77,6 +80,8 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not
     from lowbit.codecs.packing import pack as pack
     from lowbit.codecs.packing import unpack as unpack
     from lowbit.evaluation.sensitivity import sensitivity as sensitivity
+    from lowbit.jobs.budget import mixed_plan as mixed_plan
+    from lowbit.jobs.budget import scan as scan
     from lowbit.jobs.gguf import gguf_budget as gguf_budget
     from lowbit.jobs.gguf import gguf_mix as gguf_mix
     from lowbit.jobs.quantize import quantize_model as quantize_model
@@ -156,6 +161,7 @@ __all__ = [
     "imatrix",
     "load",
     "load_model",
+    "mixed_plan",
     "open_checkpoint",
     "p3109",
     "pack",
@@ -165,6 +171,7 @@ __all__ = [
     "quantize_dynamic",
     "quantize_model",
     "report",
+    "scan",
     "sensitivity",
     "unpack",
     "verify",

@@ -34,3 +34,23 @@ def test_release_drops_the_sum(rng: np.random.Generator) -> None:
     assert col.tokens("l") == 15
     with pytest.raises(LowbitError, match="no Hessian"):
         col.hessian("l")
+
+
+def test_release_of_read_only_sums(rng: np.random.Generator) -> None:
+    """Sums handed over read-only (Ray's object store gives a worker's reduced sums so) are
+    copied once, not written into: the same Hessian bit for bit."""
+    torch = pytest.importorskip("torch")
+    lin = torch.nn.Linear(24, 4)
+    x = torch.from_numpy(rng.standard_normal((2, 5, 24)).astype(np.float32))
+    kept = []
+    for read_only in (False, True):
+        with HessianCollector({"l": lin}) as col, torch.inference_mode():
+            for i in range(2):
+                col.next_sample(None)
+                col.run(lin, x[i : i + 1])
+        col._flush(col._group("l"))
+        if read_only:
+            for total in col._total.values():
+                total.flags.writeable = False
+        kept.append(col.hessian("l", release=True))
+    assert kept[0].tobytes() == kept[1].tobytes()

@@ -258,7 +258,10 @@ class HessianCollector:
         if group not in self._total:
             raise LowbitError(f"layer {name!r}: no Hessian was collected (hessian=False)")
         if release:
-            return _symmetric_in_place(self._total.pop(group), 2.0 / self._count[group])
+            S = self._total.pop(group)
+            if not S.flags.writeable:  # sums handed over read-only (Ray's object store)
+                S = S.copy()
+            return _symmetric_in_place(S, 2.0 / self._count[group])
         S = self._total[group]
         return (2.0 / self._count[group]) * (np.triu(S) + np.triu(S, 1).T)
 

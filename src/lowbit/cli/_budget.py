@@ -8,7 +8,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from lowbit import _json
 from lowbit.checkpoints.io.outputs import check_output
 from lowbit.checkpoints.streaming import checkpoint_tensors
 from lowbit.cli import _common
@@ -16,9 +15,9 @@ from lowbit.cli._mixed_plots import plot_plan
 from lowbit.cli._scan import add_scan_options, check_json_output, scan, write_json
 from lowbit.cli.cmd_eval import print_result
 from lowbit.errors import LowbitError
-from lowbit.evaluation.sensitivity import SensitivityResult
 from lowbit.evaluation.variants import evaluate_variants
-from lowbit.plans.mixed import PRESETS, plan_for_budget, preset_plan
+from lowbit.jobs.budget import mixed_plan
+from lowbit.plans.mixed import PRESETS, preset_plan
 from lowbit.plans.plan import PrecisionPlan
 from lowbit.plans.rules import METHODS
 
@@ -112,37 +111,13 @@ def preset(args: argparse.Namespace, ckpt: Any) -> Any:
 
 def solve(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> tuple[Any, Any]:
     """Read or run the scan and solve: ``(MixedPlan, SensitivityResult)``."""
-    tensors = checkpoint_tensors(ckpt)
-    if args.sensitivity:
-        doc = _json.load(args.sensitivity)  # bounded size and depth, regular files only
-        result = SensitivityResult.from_dict(doc)
-    else:
-        result = scan(args, ckpt, progress)
-    bpw = None
-    if args.budget:
-        if args.budget in PRESETS:
-            applied = preset_plan(args.budget, tensors).apply(tensors)
-            bpw = applied.totals()["bits_per_weight"]
-        else:
-            try:
-                bpw = float(args.budget)
-            except ValueError:
-                raise LowbitError(
-                    f"--budget {args.budget!r}: a number of bits per weight (4.5) or a preset "
-                    f"({', '.join(PRESETS)})"
-                ) from None
-    base = PrecisionPlan.from_file(_user_plan(args)) if _user_plan(args) else None
-    mixed = plan_for_budget(
-        result,
-        tensors,
-        bits_per_weight=bpw,
-        size=args.size,
-        base=base,
-        candidates=_common.parse_list(args.candidates) or None,
-        min_scheme=args.min_format,
-        method=_rule_method(args),
-    )
-    return mixed, result
+    result = None if args.sensitivity else scan(args, ckpt, progress)
+    return mixed_plan(
+        ckpt, budget=args.budget or None, size=args.size or None,
+        sensitivity_result=result if result is not None else args.sensitivity,
+        base=_user_plan(args), candidates=_common.parse_list(args.candidates) or None,
+        min_scheme=args.min_format, method=_rule_method(args),
+    )  # fmt: skip
 
 
 def _rule_method(args: argparse.Namespace) -> str | None:

@@ -12,16 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from lowbit import _json
-from lowbit._progress import progress_bar
-from lowbit._workers_cap import check_workers
 from lowbit.checkpoints.io.outputs import check_not_input
-from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
-from lowbit.evaluation.scan_samples import is_causal, scan_samples
-from lowbit.evaluation.sensitivity import SensitivityResult, sensitivity
+from lowbit.evaluation.sensitivity import SensitivityResult
+from lowbit.jobs.budget import scan as scan_job
 from lowbit.plans.plan import PrecisionPlan
-from lowbit.quant.scheme_text import parse_scheme
 
 
 def add_scan_options(
@@ -137,45 +133,14 @@ def _trial_options(p: argparse.ArgumentParser, measure: str) -> None:
 
 def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
     """Run the scan the options describe on an open checkpoint."""
-
-    schemes = _common.parse_list(args.schemes)
-    if not schemes:
-        raise LowbitError("--schemes needs at least one scheme")
-    for s in schemes:  # bad strings fail before a model loads
-        parse_scheme(s)
-    check_workers(args.workers, "--workers")
-    compute = _common.compute_option(getattr(args, "compute", "fp32"))
-    measure, proxy = args.measure, args.proxy or "input"
-    if measure == "fisher":
-        if args.proxy == "input":
-            raise LowbitError("--measure fisher reports the fisher proxy; drop --proxy input")
-        measure, proxy = "proxy", "fisher"
-    tokenizer = build_tokenizer(ckpt)
-    kind = "causal" if is_causal(ckpt) else "encoder"
-    if proxy == "fisher" and kind != "causal":
-        raise LowbitError("the fisher proxy needs a causal LM (its loss is next-token); use proxy")
     samples, length = scan_windows(args)
-    calib = scan_samples(kind, tokenizer, args.calib, samples=samples, length=length)
-    with progress_bar(None, progress, f"sensitivity ({args.measure})", "trial") as bar:
-
-        def tick(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-        return sensitivity(
-            ckpt,
-            schemes,
-            calib,
-            tokenizer=tokenizer if kind == "encoder" else None,
-            measure=measure,
-            proxy=proxy,
-            compute=compute,
-            progress=tick,
-            workers=args.workers,
-            ray=args.ray,
-            tensors=_common.parse_list(args.tensors),
-            exact_schemes=_common.parse_list(getattr(args, "exact_schemes", None)),
-        )
+    return scan_job(
+        ckpt, _common.parse_list(args.schemes), text=args.calib, samples=samples, length=length,
+        measure=args.measure, proxy=args.proxy, tensors=_common.parse_list(args.tensors),
+        exact_schemes=_common.parse_list(getattr(args, "exact_schemes", None)),
+        workers=args.workers, ray=args.ray,
+        compute=_common.compute_option(getattr(args, "compute", "fp32")), progress=progress,
+    )  # fmt: skip
 
 
 def _is_plan(path: Path) -> bool:

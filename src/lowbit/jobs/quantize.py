@@ -456,11 +456,11 @@ def quantize_plan(
     try:
         if smooth is not None or "awq" in (name, named):
             with clock.part("calibration"):
-                source, done, method = _awq_or_smooth(
-                    ckpt, plan, applied, out, name=name, gptq=gptq, awq=awq, smooth=smooth,
-                    out_format=out_format, calib=calib, threads=threads, compute=compute,
-                    workers=workers, ray=ray, overwrite=overwrite, progress=progress,
-                )  # fmt: skip
+                opts = {"name": name, "gptq": gptq, "awq": awq, "smooth": smooth,
+                        "out_format": out_format, "calib": calib, "threads": threads,
+                        "compute": compute, "workers": workers, "ray": ray,
+                        "overwrite": overwrite, "progress": progress}  # fmt: skip
+                source, done, method = _awq_or_smooth(ckpt, plan, applied, out, opts)
         elif "gptq" in (base, named):
             with clock.part("calibration"):
                 if out.exists() and not overwrite:  # fail before minutes of calibration
@@ -534,38 +534,29 @@ def quantize_plan(
 
 
 def _awq_or_smooth(
-    ckpt: Any,
-    plan: Any,
-    applied: Any,
-    out: Path,
-    *,
-    name: str,
-    gptq: GPTQ | None,
-    awq: AWQ | None,
-    smooth: Any,
-    out_format: str,
-    calib: Calibration,
-    threads: int | None,
-    compute: str,
-    workers: int,
-    ray: bool | str,
-    overwrite: bool,
-    progress: bool | None,
+    ckpt: Any, plan: Any, applied: Any, out: Path, opts: Mapping[str, Any]
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """AWQ's or SmoothQuant's folded checkpoint, weights and record: written from the folded
     checkpoint, whatever the output format, so the folded norms and biases replace the
-    originals."""
+    originals. ``opts``: :func:`quantize_plan`'s settings by name."""
+    name, smooth, gptq, awq = opts["name"], opts["smooth"], opts["gptq"], opts["awq"]
+    calib, threads, compute, progress = (
+        opts["calib"],
+        opts["threads"],
+        opts["compute"],
+        opts["progress"],
+    )
     if smooth is not None and name not in ("rtn", "gptq"):
         raise LowbitError(
             f"--smooth rounds to nearest after its folds (or, with --method gptq, runs GPTQ "
             f"on the folded model): drop --method {name}"
         )
-    if smooth is not None and out_format == "gguf":
+    if smooth is not None and opts["out_format"] == "gguf":
         raise LowbitError(
             "--smooth prepares W8A8 models (per-token activations), which GGUF cannot declare: "
             "write --out-format compressed-tensors (vLLM) or lowbit"
         )
-    if out.exists() and not overwrite:  # fail before minutes of calibration
+    if out.exists() and not opts["overwrite"]:  # fail before minutes of calibration
         raise LowbitError(f"{out} exists; pass --overwrite to replace it")
     cfg: Any
     if smooth is not None:
@@ -582,21 +573,15 @@ def _awq_or_smooth(
     else:
         cfg = awq or AWQ()
     if isinstance(cfg, SmoothQuant) and name == "gptq":
-        if workers != 1 or ray:
+        if opts["workers"] != 1 or opts["ray"]:
             raise LowbitError("SmoothQuant calibrates in one process: drop --workers/--ray")
         both = smoothquant_gptq_weights(
-            ckpt,
-            plan,
-            cfg,
-            gptq or GPTQ(),
-            calib,
-            threads=threads,
-            progress=progress,
+            ckpt, plan, cfg, gptq or GPTQ(), calib, threads=threads, progress=progress,
             compute=compute,
-        )
+        )  # fmt: skip
         return both.checkpoint, both.weights, both.record
     run = calibrated_weights(
         ckpt, plan, cfg, calib, default_method=name, threads=threads, progress=progress,
-        compute=compute, workers=workers, ray=ray,
+        compute=compute, workers=opts["workers"], ray=opts["ray"],
     )  # fmt: skip
     return run.checkpoint, run.weights, run.record
