@@ -181,6 +181,8 @@ def test_kernels_bought_after_a_small_rental(monkeypatch: pytest.MonkeyPatch) ->
         pytest.skip("numba is not installed (or LOWBIT_NUMBA=0)")
     rental = _numba._Rental(iq_lattice.IQ_KERNEL_WORTH, lambda: False)
     monkeypatch.setattr(iq_lattice, "_rental", rental)
+    # an earlier test of the session may have left kernels_always() on (as test_ggml_numba)
+    monkeypatch.setattr(_numba._kernels_always, "on", False)
     half = iq_lattice.IQ_KERNEL_WORTH // 2
     assert not iq_lattice.use_kernels(half)
     assert iq_lattice.use_kernels(half)  # the rental reaches the price: bought
