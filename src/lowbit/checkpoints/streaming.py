@@ -59,6 +59,7 @@ __all__ = [
     "checkpoint_tensors",
     "convert_hf_to_gguf",
     "open_model",
+    "output_and_files",
     "output_nbytes",
     "plan_model",
     "quantize_model",
@@ -194,6 +195,26 @@ def quantized_weights(
             bar.update(1)
 
 
+def output_and_files(
+    ckpt: Checkpoint, out: str | os.PathLike[str], copy_code: bool
+) -> tuple[Path, Any]:
+    """The output path and the source's files that go with it
+    (:func:`~lowbit.checkpoints._model_files.model_files`), checked to be none of the inputs
+    (the source, its tensor files, the files copied).
+
+    Raises:
+        LowbitError: an empty path, or one that is or lies inside an input.
+    """
+    if not str(out):
+        raise LowbitError("the output path is empty")
+    path = Path(out)
+    files = model_files(ckpt, copy_code=copy_code)
+    inputs = {Path(ckpt.path)} | {f for f, _ in files.copied}
+    inputs |= {Path(ckpt.info(n).file) for n in ckpt.names() if ckpt.info(n).file is not None}
+    check_not_input(path, sorted(inputs))
+    return path, files
+
+
 def quantize_model(
     model: str | os.PathLike[str] | Checkpoint | None,
     plan: PrecisionPlan,
@@ -289,13 +310,7 @@ def quantize_model(
             "nothing here calibrates (no weights= given): run lowbit quantize --plan, which "
             "runs the rules' methods, or give the rule no method"
         )
-    if not str(out):
-        raise LowbitError("the output path is empty")
-    out = Path(out)
-    files = model_files(ckpt, copy_code=copy_code)
-    inputs = {Path(ckpt.path)} | {f for f, _ in files.copied}
-    inputs |= {Path(ckpt.info(n).file) for n in ckpt.names() if ckpt.info(n).file is not None}
-    check_not_input(out, sorted(inputs))
+    out, files = output_and_files(ckpt, out, copy_code)
     copied: list[str] = []
     left: list[dict[str, str]] = []
     clock = qw.Clock()

@@ -30,7 +30,7 @@ from lowbit.checkpoints.compressed_tensors.transforms import (
     input_transforms,
     transform_matrix,
 )
-from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, TensorInfo
+from lowbit.checkpoints.readers import HuggingFaceFolder, IndexedCheckpoint, TensorInfo
 from lowbit.errors import LowbitError
 
 __all__ = ["CompressedTensorsFolder", "unpack_int32"]
@@ -93,7 +93,7 @@ def _owner(name: str) -> str:
     return parts[-2] if len(parts) > 1 else ""
 
 
-class CompressedTensorsFolder(Checkpoint):
+class CompressedTensorsFolder(IndexedCheckpoint):
     """A compressed-tensors folder (as lowbit writes them), read with dense weight names.
 
     Attributes:
@@ -229,15 +229,6 @@ class CompressedTensorsFolder(Checkpoint):
             return np.asarray(self._st.get(shared[0])) if shared else None
 
         return transform_matrix(t, layer, width, get)
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self._infos[name]
-        except KeyError:
-            raise self._missing(name) from None
-
-    def names(self) -> list[str]:
-        return list(self._infos)
 
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
         """One tensor: a quantized weight dequantized to float32, anything else as stored."""

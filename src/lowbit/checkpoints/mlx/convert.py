@@ -13,16 +13,18 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from lowbit.checkpoints._model_files import model_files
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
-from lowbit.checkpoints.io.outputs import check_not_input
 from lowbit.checkpoints.mlx.params import MLXParams
 from lowbit.checkpoints.mlx.writer import _Plan, model_dtype, write_mlx
 from lowbit.checkpoints.readers import Checkpoint
-from lowbit.checkpoints.streaming import check_unrotated, disk_bytes, open_model
+from lowbit.checkpoints.streaming import (
+    check_unrotated,
+    disk_bytes,
+    open_model,
+    output_and_files,
+)
 from lowbit.errors import LowbitError
 from lowbit.methods._mlx_gptq import MLXTarget
 
@@ -161,13 +163,7 @@ def quantize_mlx(
             gguf_to_hf_name(n, ckpt.config) if ckpt.format == "gguf" else n for n in ckpt.names()
         ]
         modules = mixed_recipe(recipe, names, params.group_size)  # type: ignore[arg-type]
-    if not str(out):
-        raise LowbitError("the output path is empty")
-    out = Path(out)
-    files = model_files(ckpt, copy_code=copy_code)
-    inputs = {Path(ckpt.path)} | {f for f, _ in files.copied}
-    inputs |= {Path(ckpt.info(n).file) for n in ckpt.names() if ckpt.info(n).file is not None}
-    check_not_input(out, sorted(inputs))
+    out, files = output_and_files(ckpt, out, copy_code)
     result = write_mlx(
         ckpt, out, params, modules=modules, dtype=dtype, files=files, overwrite=overwrite,
         progress=progress, max_shard_size=max_shard_size, done=weights,

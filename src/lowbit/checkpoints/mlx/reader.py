@@ -19,7 +19,12 @@ from typing import Any
 import numpy as np
 
 from lowbit.checkpoints.mlx.params import MLXParams, is_mlx_config, read_quantization
-from lowbit.checkpoints.readers import Checkpoint, HuggingFaceFolder, TensorInfo, read_config
+from lowbit.checkpoints.readers import (
+    HuggingFaceFolder,
+    IndexedCheckpoint,
+    TensorInfo,
+    read_config,
+)
 from lowbit.errors import LowbitError
 from lowbit.quant import mlx as Q
 
@@ -28,7 +33,7 @@ __all__ = ["MLXFolder", "is_mlx_folder", "verify_mlx"]
 _FLOATS = ("F32", "F16", "BF16")
 
 
-class MLXFolder(Checkpoint):
+class MLXFolder(IndexedCheckpoint):
     """An MLX folder (mlx-lm's layout), read with dense weight names.
 
     Attributes:
@@ -118,15 +123,6 @@ class MLXFolder(Checkpoint):
             w.file,
             w.offset,
         )
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self._infos[name]
-        except KeyError:
-            raise self._missing(name) from None
-
-    def names(self) -> list[str]:
-        return list(self._infos)
 
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
         """One tensor: a quantized weight dequantized to float32, anything else as stored."""
