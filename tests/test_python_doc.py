@@ -5,6 +5,7 @@ command line and every file it writes is compared with the Python call's, byte f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -45,7 +46,7 @@ def _same(cli: Path, api: Path) -> None:
 
 
 def test_python_doc_runs_and_matches_the_cli(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     hf = llamacpp_tiny_models(tmp_path) / "tiny-llama"
     gguf_path = tmp_path / "tiny-llama.gguf"
@@ -61,6 +62,15 @@ def test_python_doc_runs_and_matches_the_cli(
             code = code.replace(k, v)
         exec(compile(code, str(DOC), "exec"), namespace)
         for line in block.splitlines():
+            j = re.match(r"\s*# CLI --json \((\w+)\): lowbit (.*)", line)
+            if j:  # a twin without files: its --json document equals the result's to_json()
+                capsys.readouterr()
+                assert main([*shlex.split(j.group(2)), "--json"]) == 0, line
+                printed = json.loads(capsys.readouterr().out)
+                printed.pop("plot", None)  # the command's --plot file, not a result
+                assert printed == json.loads(namespace[j.group(1)].to_json()), line
+                twins += 1
+                continue
             m = re.match(r"\s*# CLI: lowbit (.*)", line)
             if not m:
                 continue
@@ -72,5 +82,5 @@ def test_python_doc_runs_and_matches_the_cli(
                 api_out = Path(cli_out.name.removeprefix("cli-"))
             _same(cli_out, api_out)
             twins += 1
-    assert twins >= 6
+    assert twins >= 8
     assert not [p for p in Path(os.getcwd()).iterdir() if p.name.startswith(".lowbit-")]

@@ -13,7 +13,8 @@ and editors see them through the ``TYPE_CHECKING`` imports of this file):
 - ``quantize(x, "int4:g128")``, ``dequantize``, ``quantize_dynamic``, ``QuantizedTensor``,
   ``GgmlTensor`` (llama.cpp block types: ``quantize(x, "q4_k")``), ``Scheme``,
   ``parse_scheme`` (``parse_scheme("nvfp4")``: the text form every command reads), ``error``,
-  ``pack``, ``unpack``;
+  ``pack``, ``unpack``; ``compare(w, ["int4:g64", "nf4"])`` (``lowbit compare``: schemes
+  side by side on the same data, ranked by SQNR);
 - ``PrecisionPlan`` (``PrecisionPlan.uniform("int4:g128")``), ``plan`` (memory planning);
 - ``open_checkpoint``, ``load``, ``load_model`` (files, folders or a shipped model name:
   ``"smollm2"``, ``"minilm"``);
@@ -22,7 +23,9 @@ and editors see them through the ``TYPE_CHECKING`` imports of this file):
   ``gguf_budget`` (its llama.cpp routes), ``evaluate`` (``lowbit eval``), ``scan``
   (``lowbit sensitivity``) and ``mixed_plan`` (``--budget``), ``sensitivity`` (a scan on an
   open checkpoint), ``imatrix``, ``report``, ``verify``, ``convert_hf_to_gguf``;
-- ``Calibration`` (texts, token arrays, datasets, files), ``GPTQ``, ``AWQ``, ``SmoothQuant``.
+- ``Calibration`` (texts, token arrays, datasets, files), ``GPTQ``, ``AWQ``, ``SmoothQuant``;
+- ``train_lab`` (``lowbit train-lab``: a small transformer trained in FP32/FP16/BF16/FP8/QAT,
+  emulated exactly).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ _LAZY = {
     "QuantizeResult": "lowbit.jobs.results",
     "mixed_plan": "lowbit.jobs.budget",
     "scan": "lowbit.jobs.budget",
+    "compare": "lowbit.jobs.compare",
+    "train_lab": "lowbit.training.lab",
 }
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not run)
@@ -82,6 +87,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not
     from lowbit.evaluation.sensitivity import sensitivity as sensitivity
     from lowbit.jobs.budget import mixed_plan as mixed_plan
     from lowbit.jobs.budget import scan as scan
+    from lowbit.jobs.compare import compare as compare
     from lowbit.jobs.gguf import gguf_budget as gguf_budget
     from lowbit.jobs.gguf import gguf_mix as gguf_mix
     from lowbit.jobs.quantize import quantize_model as quantize_model
@@ -111,6 +117,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not
     from lowbit.quant.tensor import (
         quantize_dynamic as quantize_dynamic,
     )
+    from lowbit.training.lab import train_lab as train_lab
 
 
 def __getattr__(name: str) -> object:
@@ -151,6 +158,7 @@ __all__ = [
     "UnknownFormatError",
     "ValueSetFormat",
     "__version__",
+    "compare",
     "convert_hf_to_gguf",
     "dequantize",
     "error",
@@ -173,6 +181,7 @@ __all__ = [
     "report",
     "scan",
     "sensitivity",
+    "train_lab",
     "unpack",
     "verify",
 ]

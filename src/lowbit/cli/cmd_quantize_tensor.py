@@ -6,16 +6,17 @@ import argparse
 import json
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import lowbit
-from lowbit._json import check_regular_file
 from lowbit.checkpoints.io.outputs import output_file, writer_metadata
 from lowbit.cli import _common
 from lowbit.errors import LowbitError
-from lowbit.quant.scheme import Cast, Granularity, Scheme
-from lowbit.quant.scheme_text import parse_scheme
+from lowbit.jobs.compare import load_tensor, scheme_for
+from lowbit.quant.scheme import Scheme
+
+__all__ = ["add_scheme_options", "build_scheme", "load_tensor", "register", "run",
+           "save_quantized", "scheme_overrides"]  # fmt: skip
 
 _EPILOG = """\
 SOURCE is a .npy file or a tensor inside a .safetensors file (FILE.safetensors:NAME;
@@ -127,102 +128,14 @@ def scheme_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def build_scheme(
     spec: str, args: argparse.Namespace, shape: tuple[int, ...], **overrides: Any
 ) -> Scheme:
-    """The scheme ``spec`` with the options applied, checked against the tensor's shape.
+    """The scheme ``spec`` with the options (and ``overrides``) applied, checked against the
+    tensor's shape (:func:`lowbit.jobs.compare.scheme_for`).
 
     Raises:
         LowbitError: a bad scheme or option, a plain cast (nothing to scale), or per-channel
             scales on a tensor with no rows (unless ``--axis`` asks for them).
     """
-    kw = {**scheme_overrides(args), **overrides}
-    scheme = parse_scheme(spec, **kw)
-    if isinstance(scheme, Cast):
-        raise LowbitError(
-            f"{spec!r} is a plain cast to {scheme.dtype} (no scale): quantize to a scaled "
-            f"scheme such as {scheme.label}:t, or convert the array's dtype instead"
-        )
-    if scheme.granularity is Granularity.CHANNEL and len(shape) < 2 and kw.get("axis") is None:
-        raise LowbitError(
-            f"{spec!r} is {scheme.label}: one scale per output channel, and a {len(shape)}-D "
-            f"tensor of shape {shape} has no rows; use {scheme.label.replace(':ch', ':t', 1)} "
-            "(one scale per tensor) or a group size (:g128)"
-        )
-    return scheme
-
-
-def _load_npy(p: Path, size: int) -> Any:
-    """A numeric .npy file whose header agrees with its size (a 192-byte file may claim 37 GiB:
-    refused before anything is allocated)."""
-    import numpy as np
-
-    fmt = np.lib.format
-    try:
-        with open(p, "rb") as fh:
-            version = fmt.read_magic(fh)
-            if version == (1, 0):
-                shape, _, dtype = fmt.read_array_header_1_0(fh)
-            elif version == (2, 0):
-                shape, _, dtype = fmt.read_array_header_2_0(fh)
-            else:
-                raise ValueError(f"version {version} of the .npy format")
-            offset = fh.tell()
-            if dtype.hasobject:
-                raise ValueError("it holds Python objects (lowbit reads numbers only)")
-            count = 1
-            for d in shape:
-                count *= int(d)
-            need = count * dtype.itemsize
-            if need != size - offset:
-                raise ValueError(
-                    f"its header says {shape} {dtype} ({need:,} bytes) but it holds "
-                    f"{size - offset:,} bytes of data"
-                )
-            fh.seek(0)
-            return np.load(fh, allow_pickle=False)
-    except (ValueError, EOFError, SyntaxError, OverflowError, MemoryError) as exc:
-        raise LowbitError(f"cannot read {p} as a numeric .npy file: {_one_line(exc)}") from None
-    except OSError as exc:
-        raise LowbitError(f"cannot read {p}: {exc.strerror or exc}") from None
-
-
-def _one_line(exc: Exception) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def load_tensor(source: str) -> tuple[Any, str]:
-    """(array, name) from FILE.npy or FILE.safetensors[:TENSOR]."""
-
-    path, _, name = source.partition(":") if ".safetensors:" in source else (source, "", "")
-    p = Path(path)
-    size = check_regular_file(p)  # a FIFO would block for good, a device never end
-    if p.suffix == ".npy":
-        return _load_npy(p, size), p.stem
-    if p.suffix != ".safetensors":
-        raise LowbitError(f"{path}: expected a .npy or .safetensors file")
-    try:
-        from safetensors import safe_open
-    except ImportError:  # pragma: no cover
-        raise ImportError("reading .safetensors needs: pip install 'lowbit[models]'") from None
-    try:
-        with safe_open(str(p), framework="pt") as f:
-            names = list(f.keys())
-            if not name:
-                if len(names) != 1:
-                    shown = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
-                    raise LowbitError(
-                        f"{path} holds {len(names)} tensors; name one as {path}:NAME ({shown})"
-                    )
-                name = names[0]
-            if name not in names:
-                raise LowbitError(f"no tensor {name!r} in {path}")
-            t = f.get_tensor(name)
-    except LowbitError:
-        raise
-    except Exception as exc:  # safetensors raises its own error types
-        raise LowbitError(f"cannot read {path}: {exc}") from None
-    if t.is_floating_point() and str(t.dtype) != "torch.float64":
-        t = t.float()  # bfloat16 / float16 / float8 widen exactly
-    return t.numpy(), name
+    return scheme_for(spec, shape, **{**scheme_overrides(args), **overrides})
 
 
 def save_quantized(

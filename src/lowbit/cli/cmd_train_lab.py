@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from typing import Any
@@ -109,51 +108,6 @@ def _progress(total_steps: int, enabled: bool) -> Any:
     return cb
 
 
-def claims(lab: Any) -> list[str]:
-    """Plain sentences: what the run says about the textbook claims."""
-    res = lab.by_name()
-    ref = res.get("fp32")
-    out: list[str] = []
-    if ref is None or not math.isfinite(ref.final_val):
-        return out
-    fp16 = res.get("fp16")
-    if fp16 is not None:
-        if fp16.diverged_at is not None:
-            out.append(f"FP16 without loss scaling FAILED: inf/NaN gradients reached the "
-                       f"weights at step {fp16.diverged_at + 1}.")  # fmt: skip
-        else:
-            rel = (fp16.final_val - ref.final_val) / ref.final_val
-            verdict = "stalled" if rel > 0.02 else "did not fail"
-            out.append(
-                f"FP16 without loss scaling {verdict}: val loss {fp16.final_val:.4f} "
-                f"({100 * rel:+.2f}% vs FP32); {100 * fp16.grad_underflow:.2f}% of gradient "
-                f"values underflowed to zero, {fp16.overflow} overflowed."
-            )
-    for name in ("fp16-scaled", "bf16", "fp8-hybrid"):
-        r = res.get(name)
-        if r is None:
-            continue
-        if not math.isfinite(r.final_val):
-            out.append(f"{name} failed (diverged).")
-            continue
-        rel = (r.final_val - ref.final_val) / ref.final_val
-        ok = "within" if abs(rel) <= 0.02 else "NOT within"
-        extra = f", {r.skipped_steps} skipped steps" if r.name == "fp16-scaled" else ""
-        out.append(f"{name} is {ok} 2% of FP32's validation loss ({100 * rel:+.2f}%{extra}).")
-    for name, val in lab.ptq.items():
-        q = res.get("qat-" + name.removeprefix("ptq-"))
-        if q is None or not math.isfinite(q.final_val):
-            continue
-        dq, dp = q.final_val - ref.final_val, val - ref.final_val
-        closer = "closer to" if abs(dq) < abs(dp) else "NOT closer to"
-        lower = "lower" if q.final_val < val else "higher"
-        out.append(
-            f"{q.name} ends {closer} FP32 than {name} (val loss {dq:+.4f} vs {dp:+.4f} nats/byte "
-            f"from FP32's); its loss is {lower} than {name}'s."
-        )
-    return out
-
-
 def _check_outputs(args: argparse.Namespace, names: list[str]) -> None:
     """Refuse a --plot or --save-dir file that may not be written, before training."""
     from pathlib import Path
@@ -201,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         plot(lab, args.plot, overwrite=args.overwrite)
     if args.json:
         out = lab.to_dict()
-        out["claims"] = claims(lab)
+        out["claims"] = lab.claims()
         if args.plot:
             out["plot"] = args.plot
         _common.print_json(out)
@@ -210,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     headers, rows = lab.table()
     _common.print_table(rows, headers, align="lrrrrrrrl")
-    said = claims(lab)
+    said = lab.claims()
     if said:
         print()
         for line in said:

@@ -138,6 +138,51 @@ class LabResult:
                 out[f"qat_lower_than_{name}"] = qat.final_val < val
         return out
 
+    def claims(self) -> list[str]:
+        """Plain sentences: what the run says about the textbook claims (what ``lowbit
+        train-lab`` prints under its table)."""
+        res = self.by_name()
+        ref = res.get("fp32")
+        out: list[str] = []
+        if ref is None or not math.isfinite(ref.final_val):
+            return out
+        fp16 = res.get("fp16")
+        if fp16 is not None:
+            if fp16.diverged_at is not None:
+                out.append(f"FP16 without loss scaling FAILED: inf/NaN gradients reached the "
+                           f"weights at step {fp16.diverged_at + 1}.")  # fmt: skip
+            else:
+                rel = (fp16.final_val - ref.final_val) / ref.final_val
+                verdict = "stalled" if rel > 0.02 else "did not fail"
+                out.append(
+                    f"FP16 without loss scaling {verdict}: val loss {fp16.final_val:.4f} "
+                    f"({100 * rel:+.2f}% vs FP32); {100 * fp16.grad_underflow:.2f}% of gradient "
+                    f"values underflowed to zero, {fp16.overflow} overflowed."
+                )
+        for name in ("fp16-scaled", "bf16", "fp8-hybrid"):
+            r = res.get(name)
+            if r is None:
+                continue
+            if not math.isfinite(r.final_val):
+                out.append(f"{name} failed (diverged).")
+                continue
+            rel = (r.final_val - ref.final_val) / ref.final_val
+            ok = "within" if abs(rel) <= 0.02 else "NOT within"
+            extra = f", {r.skipped_steps} skipped steps" if r.name == "fp16-scaled" else ""
+            out.append(f"{name} is {ok} 2% of FP32's validation loss ({100 * rel:+.2f}%{extra}).")
+        for name, val in self.ptq.items():
+            q = res.get("qat-" + name.removeprefix("ptq-"))
+            if q is None or not math.isfinite(q.final_val):
+                continue
+            dq, dp = q.final_val - ref.final_val, val - ref.final_val
+            closer = "closer to" if abs(dq) < abs(dp) else "NOT closer to"
+            lower = "lower" if q.final_val < val else "higher"
+            out.append(
+                f"{q.name} ends {closer} FP32 than {name} (val loss {dq:+.4f} vs {dp:+.4f} nats/byte "
+                f"from FP32's); its loss is {lower} than {name}'s."
+            )
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "note": self.note,
