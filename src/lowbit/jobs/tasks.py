@@ -144,7 +144,7 @@ def imatrix(
 
 
 def report(
-    checkpoint: PathLike,
+    model: PathLike,
     out: PathLike = "report.html",
     *,
     against: PathLike | None = None,
@@ -158,7 +158,8 @@ def report(
     figures as PNGs), what ``lowbit report`` writes.
 
     Args:
-        checkpoint: the quantized checkpoint.
+        model: the quantized checkpoint (a folder or file lowbit, compressed-tensors, GGUF or
+            MLX; ``model`` as every job names what it reads).
         out: the HTML file.
         against: the source to compare with (a path or shipped name; default: the one the
             checkpoint records).
@@ -177,7 +178,7 @@ def report(
         raise LowbitError(f"--worst must be >= 0, got {worst}")
     if against is not None:  # a shipped model's name (smollm2, minilm) as quantize takes
         against = str(resolve_model(against))
-    inputs = [checkpoint] + ([against] if against else [])
+    inputs = [model] + ([against] if against else [])
     check_output(out, overwrite=overwrite, inputs=inputs)
     evaluation = _read(evaluation, "--eval")
     sens = _read(sensitivity, "--sensitivity")
@@ -185,7 +186,7 @@ def report(
         raise LowbitError(f"--sensitivity {sensitivity}: not a lowbit sensitivity result")
     with clock.part("tensors"):  # reading and measuring each tensor, then the candidates
         rep = build_report(
-            checkpoint, against=against, evaluation=evaluation, sensitivity=sens, worst=worst
+            model, against=against, evaluation=evaluation, sensitivity=sens, worst=worst
         )
     clock.split("tensors", {"candidates": rep.seconds.get("details", 0.0)})
     with clock.part("page"):
