@@ -10,7 +10,12 @@ it (``lowbit quantize HF --to bf16 --out-format gguf``, the file ``convert_hf_to
 --outtype bf16`` makes). The importance matrix is a synthetic one of the right names and
 lengths (lowbit's writer), so both tools take their importance-weighted search.
 
+``--mix`` times another of llama-quantize's mixes the same way (issue 38: an i-quant mix such
+as IQ3_XXS or IQ2_XXS, whose rows of 2,048 and 5,632 are whole 256-blocks; the mixes that
+llama-quantize refuses without an importance matrix are timed with one only).
+
 usage: python benchmarks/gguf_quantize_speed.py --llamacpp BIN [--layers 22] [--repeat 3]
+       [--mix Q4_K_M]
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("out/gguf-speed"))
     ap.add_argument("--layers", type=int, default=22)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mix", default="Q4_K_M", help="llama-quantize's type name (default Q4_K_M)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     work = a.work
@@ -96,19 +102,23 @@ def main(argv: list[str] | None = None) -> int:
         synthetic_imatrix(bf16, imx)
     threads = str(os.cpu_count() or 1)
     rows = []
-    for label, extra in (("Q4_K_M", []), ("Q4_K_M + imatrix", ["--imatrix", str(imx)])):
+    mix = a.mix.upper()
+    runs = [(mix, []), (f"{mix} + imatrix", ["--imatrix", str(imx)])]
+    if mix in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "Q2_K_S"):
+        runs = runs[1:]  # llama-quantize refuses these without an importance matrix
+    for label, extra in runs:
         ours, theirs = [], []
         for _ in range(a.repeat):  # alternated, so both see the same machine
             theirs.append(_timed([str(a.llamacpp / "llama-quantize"), *extra, str(bf16),
-                                  str(work / "llama.gguf"), "Q4_K_M", threads]))  # fmt: skip
-            ours.append(_timed([*lowbit, str(hf), "--to", "q4_k_m", "--out-format", "gguf",
+                                  str(work / "llama.gguf"), mix, threads]))  # fmt: skip
+            ours.append(_timed([*lowbit, str(hf), "--to", mix.lower(), "--out-format", "gguf",
                                 "--out", str(work / "lowbit.gguf"), "--overwrite",
                                 "--no-progress", *extra]))  # fmt: skip
         m_ours, m_theirs = statistics.median(ours), statistics.median(theirs)
         rows.append({"run": label, "lowbit_s": ours, "llama_quantize_s": theirs,
                      "ratio": round(m_ours / m_theirs, 2)})  # fmt: skip
     if a.json:
-        print(json.dumps({"cpu": cpu(), "layers": a.layers, "rows": rows}, indent=1))
+        print(json.dumps({"cpu": cpu(), "layers": a.layers, "mix": mix, "rows": rows}, indent=1))
         return 0
     print(f"CPU: {cpu()}; {a.layers} layers; median of {a.repeat} alternated runs\n")
     print("| run | lowbit (HF folder) s | llama-quantize (bf16 GGUF) s | ratio |")
