@@ -17,9 +17,9 @@ Models, built in SCRATCH:
 
 For each model and mix: ``llama-quantize --dry-run --imatrix IM MODEL MIX``'s choices, parsed
 from its log, and ``lowbit.ggml.mixes.choose_types``' choices for the same tensors. With
-``--write FILE`` the llama-quantize choices are written as a fixture in the layout of
-``tests/fixtures/llamacpp/mixes/types.json`` plus each model's architecture and the
-hyperparameters lowbit reads from its GGUF (what ``tests/ggml/test_ggml_mixes.py`` checks).
+``--write FILE`` the llama-quantize choices are written as a fixture: per model its
+architecture, the hyperparameters lowbit reads from its GGUF, every tensor's ``[ne, source
+type]`` and, per mix, every tensor's type (what ``tests/ggml/test_ggml_mixes.py`` checks).
 
 usage: python benchmarks/llamacpp_iq_mix_types.py LLAMA_QUANTIZE SCRATCH [--write FILE]
 (SCRATCH is created and removed; about 2 GB and a few minutes on two cores.)
@@ -40,10 +40,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 MIXES = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S",
          "IQ3_M", "Q2_K_S"]  # fmt: skip
-# "[  12/ 272]   blk.0.attn_k.weight - [  576,   192,     1,     1], type =    f32, converting to q5_0 .."
+# --dry-run's lines: "[   3/ 272] blk.0.attn_k.weight - [   576,    192,      1,      1], type =
+# f32, size =     0.42 MiB ->     0.07 MiB (q5_0)", or "..., size = 0.002 MiB" for a kept tensor
 _LINE = re.compile(
     r"\[\s*\d+/\s*\d+\]\s+(\S+)\s+-\s+\[([\d,\s]+)\],\s+type =\s+(\w+),\s+"
-    r"(?:converting to (\w+)|size =)"
+    r"size =\s+[\d.]+ MiB(?:\s+->\s+[\d.]+ MiB \((\w+)\))?"
 )
 
 
@@ -99,6 +100,9 @@ def _smollm2_wide(scratch: Path) -> Path:
           "--out-format", "compressed-tensors", "--out", str(f32), "--no-progress"])  # fmt: skip
     wide = scratch / "smollm2-wide"
     _run([sys.executable, str(ROOT / "benchmarks" / "pad_llama.py"), str(f32), str(wide)])
+    cfg = json.loads((wide / "config.json").read_text())
+    cfg.pop("quantization_config", None)  # the f32 export's empty one: plain weights now
+    (wide / "config.json").write_text(json.dumps(cfg))
     out = scratch / "smollm2-wide.f32.gguf"
     lowbit.convert_hf_to_gguf(wide, out, outtype="f32", progress=False)
     return out
@@ -117,7 +121,7 @@ def _mid_moe(scratch: Path) -> Path:
         vocab_size=49152, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
         num_experts=8, num_experts_per_tok=2, max_position_embeddings=2048,
-        tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[],
+        tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
     )  # fmt: skip
     cfg.architectures = ["Qwen3MoeForCausalLM"]
     torch.manual_seed(0)
@@ -151,14 +155,16 @@ def main() -> int:
             ckpt = open_checkpoint(gguf)
             hp = {k: v for k, v in _hparams(ckpt).items() if v is not None}
             arch = hp.pop("arch")
-            fixture[model] = {"arch": arch, "hparams": hp, "mixes": {}}
+            fixture[model] = {"arch": arch, "hparams": hp, "tensors": {}, "mixes": {}}
             for mix in MIXES:
                 text = _run([a.quantize, "--dry-run", "--imatrix", str(im), str(gguf),
                              str(a.scratch / "unused.gguf"), mix])  # fmt: skip
                 want = _choices(text)
                 if not want:
                     raise SystemExit(f"no tensor lines parsed for {model} {mix}:\n{text[-2000:]}")
-                fixture[model]["mixes"][mix] = want
+                for n, t in want.items():  # ggml's ne (row length first) and source type
+                    fixture[model]["tensors"][n] = [t["shape"], t["from"]]
+                fixture[model]["mixes"][mix] = {n: t["to"] for n, t in want.items()}
                 got = choose_types(arch, _specs(ckpt), mix, has_imatrix=True, **hp)
                 bad = {n: (t["to"].upper(), got.get(n)) for n, t in want.items()
                        if got.get(n) != t["to"].upper()}  # fmt: skip
@@ -176,7 +182,7 @@ def main() -> int:
         shutil.rmtree(a.scratch, ignore_errors=True)
     print(f"{agree}/{total} (model, mix) pairs pick llama-quantize's type for every tensor")
     if a.write:
-        a.write.write_text(json.dumps(fixture, indent=1, sort_keys=True) + "\n")
+        a.write.write_text(json.dumps(fixture, sort_keys=True, separators=(",", ":")) + "\n")
         print(f"wrote {a.write}")
     return 0 if agree == total else 1
 

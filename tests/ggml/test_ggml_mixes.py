@@ -123,3 +123,27 @@ def test_requires_imatrix_as_llama_quantize() -> None:
         assert not need("blk.0.ffn_down.weight", t, "IQ2_M")
     assert need("blk.0.ffn_down.weight", "Q2_K", "Q2_K_S")
     assert not need("token_embd.weight", "Q2_K", "Q2_K_S")
+
+
+IQ_FIXTURE = FIXTURE.with_name("iq_types.json")
+IQ_TYPES = json.loads(IQ_FIXTURE.read_text()) if IQ_FIXTURE.exists() else {}
+IQ_CASES = [(model, mix) for model in IQ_TYPES for mix in IQ_TYPES[model]["mixes"]]
+
+
+@pytest.mark.parametrize(("model", "mix"), IQ_CASES, ids=[f"{m}-{x}" for m, x in IQ_CASES])
+def test_iquant_mixes_equal_llama_quantize(model: str, mix: str) -> None:
+    """With an importance matrix, every i-quant mix (and Q2_K_S) gives every tensor the type
+    llama-quantize --dry-run chose, on SmolLM2, SmolLM2 widened to rows of 768 (where the
+    i-quants apply) and a Qwen3-MoE with rows of 512 and 256 (benchmarks/llamacpp_iq_mix_types.py
+    made the fixture)."""
+    entry = IQ_TYPES[model]
+    want = entry["mixes"][mix]
+    specs = [TensorSpec(n, tuple(reversed(ne)), src) for n, (ne, src) in entry["tensors"].items()]
+    got = choose_types(entry["arch"], specs, mix, has_imatrix=True, **entry["hparams"])
+    assert got == {n: t.upper() for n, t in want.items()}
+
+
+def test_iquant_fixture_is_there() -> None:
+    """The fixture covers the ten i-quant mixes on three models, one a mixture of experts."""
+    assert len(IQ_CASES) >= 30
+    assert any(e["hparams"].get("n_expert") for e in IQ_TYPES.values())
