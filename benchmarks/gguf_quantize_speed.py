@@ -83,13 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=22)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--mix", default="Q4_K_M", help="llama-quantize's type name (default Q4_K_M)")
+    ap.add_argument("--hf", type=Path, help="time this Hugging Face folder instead (e.g. the "
+                    "widened SmolLM2 of benchmarks/pad_llama.py)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     work = a.work
     work.mkdir(parents=True, exist_ok=True)
     shape = argparse.Namespace(hidden=2048, inter=5632, heads=32, kv=4, vocab=49152)
-    hf = work / f"llama-1.1b-{a.layers}L"
-    if not (hf / "model.safetensors").exists():
+    hf = a.hf or work / f"llama-1.1b-{a.layers}L"
+    if a.hf is None and not (hf / "model.safetensors").exists():
         write_checkpoint(shape, a.layers, hf)
         smollm2_tokenizer(hf)
     lowbit = [sys.executable, "-m", "lowbit.cli", "quantize"]
@@ -104,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     mix = a.mix.upper()
     runs = [(mix, []), (f"{mix} + imatrix", ["--imatrix", str(imx)])]
-    if mix in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "Q2_K_S"):
-        runs = runs[1:]  # llama-quantize refuses these without an importance matrix
+    if mix.startswith(("IQ1", "IQ2", "IQ3")) or mix == "Q2_K_S":
+        runs = runs[1:]  # their tensors of IQ2_S or below need an importance matrix
     for label, extra in runs:
         ours, theirs = [], []
         for _ in range(a.repeat):  # alternated, so both see the same machine
@@ -118,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"run": label, "lowbit_s": ours, "llama_quantize_s": theirs,
                      "ratio": round(m_ours / m_theirs, 2)})  # fmt: skip
     if a.json:
-        print(json.dumps({"cpu": cpu(), "layers": a.layers, "mix": mix, "rows": rows}, indent=1))
+        print(json.dumps({"cpu": cpu(), "source": str(hf), "mix": mix, "rows": rows}, indent=1))
         return 0
-    print(f"CPU: {cpu()}; {a.layers} layers; median of {a.repeat} alternated runs\n")
+    print(f"CPU: {cpu()}; {hf.name}; median of {a.repeat} alternated runs\n")
     print("| run | lowbit (HF folder) s | llama-quantize (bf16 GGUF) s | ratio |")
     print("|---|---:|---:|---:|")
     for r in rows:
