@@ -87,9 +87,12 @@ def _calib_options(p: argparse.ArgumentParser) -> None:
 def _trial_options(p: argparse.ArgumentParser, measure: str) -> None:
     p.add_argument(
         "--measure",
-        choices=["exact", "proxy", "fisher"],
+        choices=["exact", "block", "proxy", "fisher"],
         default=measure,
-        help="exact: run the model per trial; proxy: input-weighted weight error only; "
+        help="exact: run the model per trial (from the tensor's block to the logits); block: "
+        "run the tensor's block alone, its output error weighted by the next-token Fisher at "
+        "the last block (causal LMs; far faster on deep models; GGUF budgets too); "
+        "proxy: input-weighted weight error only; "
         "fisher: output-gradient- and input-weighted weight error only (one backward pass, "
         f"causal LMs; ranks like exact far better than proxy) (default {measure})",
     )
