@@ -25,7 +25,7 @@ from lowbit.plans.rules import METHODS
 def add_options(
     p: argparse.ArgumentParser,
     *,
-    measure: str = "exact",
+    measure: str | None = "exact",
     presets: bool = True,
     calib: bool = True,
 ) -> None:
