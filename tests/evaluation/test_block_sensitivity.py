@@ -193,3 +193,20 @@ def test_lowbit_scan_measure_block(tmp_path: Path) -> None:
     assert worse == len(table)
     mixed, _ = mixed_plan(folder, budget=6.0, sensitivity_result=res)
     assert mixed.measure == "block"
+
+
+def test_cli_sensitivity_measure_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`lowbit sensitivity --measure block` prints a damage per trial and writes a result
+    that reads back with its measure."""
+    from lowbit.evaluation.sensitivity_result import SensitivityResult
+    from tiny_models import save_hf_folder
+
+    folder = save_hf_folder(tiny_llama(), tmp_path / "hf")
+    out = tmp_path / "s.json"
+    rc = main(["sensitivity", str(folder), "--schemes", "int4:g32,int8:ch", "--measure",
+               "block", "--calib-samples", "2", "--calib-len", "24", "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "damage int4:g32" in text and "proxy vs block" in text
+    back = SensitivityResult.from_dict(json.loads(out.read_text()))
+    assert back.measure == "block" and all(e.damage is not None for e in back.entries)
