@@ -25,7 +25,7 @@ from lowbit.plans.rules import METHODS
 def add_options(
     p: argparse.ArgumentParser,
     *,
-    measure: str = "exact",
+    measure: str | None = "exact",
     presets: bool = True,
     calib: bool = True,
 ) -> None:
@@ -290,7 +290,7 @@ def predicted_vs_measured(mixed: Any, ev: dict[str, Any]) -> dict[str, Any]:
         measured = 1.0 - row["mean_cosine"]
         what = "1 - mean cosine"
     return {
-        "predicted": mixed.predicted_damage if mixed.measure == "exact" else None,
+        "predicted": mixed.predicted_damage if mixed.measure in ("exact", "block") else None,
         "measured": measured,
         "metric": what,
         "perplexity_change": row.get("change"),

@@ -5,7 +5,10 @@ the file within the budget (:mod:`lowbit.checkpoints.gguf.budget`: candidates, f
 file bytes; :mod:`lowbit.evaluation.gguf_sensitivity`: the trials). Candidates come from
 ``--candidates`` (or ``--schemes``) as GGUF type names, default
 :data:`~lowbit.checkpoints.gguf.budget.DEFAULT_CANDIDATES`; ``--imatrix`` is used by the trials
-and the writer alike. With ``--method gptq`` the trials still round as llama.cpp does (they
+and the writer alike. ``--measure block`` (the default) runs each trial's block alone
+(:mod:`lowbit.evaluation.block_sensitivity`); ``--measure exact`` the model from the trial's
+block to the logits.
+With ``--method gptq`` the trials still round as llama.cpp does (they
 choose the types), and then GPTQ rounds every linear layer onto its chosen type, as it does
 onto a fixed mix's (:func:`lowbit.jobs.gguf.gptq_onto`). A lowbit scheme among them (``int4:g128``) is refused: a GGUF budget
 chooses among GGUF types.
@@ -79,8 +82,11 @@ def _check(args: argparse.Namespace) -> tuple[float | None, int | None]:
             "a GGUF budget rounds as llama.cpp does, or with --method gptq onto the chosen "
             "types (no other --method, no --asym)"
         )
-    if getattr(args, "measure", "exact") != "exact":
-        raise LowbitError("a GGUF budget measures each trial exactly; drop --measure")
+    if (getattr(args, "measure", None) or "block") not in ("exact", "block"):
+        raise LowbitError(
+            "a GGUF budget measures each trial by the model (--measure exact) or by its block "
+            "(--measure block); no proxy"
+        )
     if getattr(args, "workers", 1) != 1:
         raise LowbitError("a GGUF budget runs its trials in this process; drop --workers")
     c, s = (_common.parse_list(getattr(args, k, None)) for k in ("candidates", "schemes"))
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         calibration=calibration_of(args) if gptq else None, scan_text=args.calib,
         scan_samples_count=samples, scan_length=length, overwrite=args.overwrite,
         threads=args.threads, compute=_common.compute_option(getattr(args, "compute", "fp32")),
-        progress=progress, dry_run=args.dry_run,
+        progress=progress, dry_run=args.dry_run, measure=getattr(args, "measure", None) or "block",
     )  # fmt: skip
     if args.json:
         _common.print_json(res.details)

@@ -47,12 +47,9 @@ def plot_sensitivity(result: Any, out: Path, overwrite: bool = False) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 1.5, 2.8 * rows + 0.9),
                              squeeze=False, sharey=True)  # fmt: skip
     unit = "mean KL, nats" if result.kind == "causal" else "1 - cosine"
-    what = "damage" if result.measure == "exact" else "proxy"
-    ylabel = (
-        f"{what} ({unit})"
-        if result.measure == "exact"
-        else f"{result.proxy} proxy (weighted sq. error)"
-    )
+    damaged = result.measure in ("exact", "block")  # a damage per trial
+    what = "damage" if damaged else "proxy"
+    ylabel = f"{what} ({unit})" if damaged else f"{result.proxy} proxy (weighted sq. error)"
     for ax, kind in zip(axes.flat, kinds, strict=False):
         for scheme in result.schemes:
             pts = sorted(

@@ -84,14 +84,19 @@ def _calib_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib-len", type=int, default=512, metavar="L", help="tokens per window")
 
 
-def _trial_options(p: argparse.ArgumentParser, measure: str) -> None:
+def _trial_options(p: argparse.ArgumentParser, measure: str | None) -> None:
+    said = (f"default {measure}" if measure is not None
+            else "default block for a GGUF budget, else exact")  # fmt: skip
     p.add_argument(
         "--measure",
-        choices=["exact", "proxy", "fisher"],
+        choices=["exact", "block", "proxy", "fisher"],
         default=measure,
-        help="exact: run the model per trial; proxy: input-weighted weight error only; "
+        help="exact: run the model per trial (from the tensor's block to the logits); block: "
+        "run the tensor's block alone, its output error weighted by the next-token Fisher at "
+        "its output (causal LMs; far fewer block forwards on deep models); "
+        "proxy: input-weighted weight error only; "
         "fisher: output-gradient- and input-weighted weight error only (one backward pass, "
-        f"causal LMs; ranks like exact far better than proxy) (default {measure})",
+        f"causal LMs; ranks like exact far better than proxy) ({said})",
     )
     p.add_argument(
         "--proxy",
@@ -136,7 +141,8 @@ def scan(args: argparse.Namespace, ckpt: Any, progress: bool | None) -> Any:
     samples, length = scan_windows(args)
     return scan_job(
         ckpt, _common.parse_list(args.schemes), text=args.calib, samples=samples, length=length,
-        measure=args.measure, proxy=args.proxy, tensors=_common.parse_list(args.tensors),
+        measure=args.measure or "exact", proxy=args.proxy,
+        tensors=_common.parse_list(args.tensors),
         exact_schemes=_common.parse_list(getattr(args, "exact_schemes", None)),
         workers=args.workers, ray=args.ray,
         compute=_common.compute_option(getattr(args, "compute", "fp32")), progress=progress,

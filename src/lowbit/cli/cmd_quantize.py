@@ -186,7 +186,8 @@ def register(sub: Any) -> None:
         help="measure the written checkpoint as lowbit eval does (mixed plans: predicted vs "
         "measured)",
     )
-    _budget.add_options(p, calib=False)  # --calib* are GPTQ's options, the same data
+    # --calib* are GPTQ's options, the same data; --measure's default depends on the output
+    _budget.add_options(p, calib=False, measure=None)
     p.add_argument(
         "--plot",
         metavar="OUT.png",

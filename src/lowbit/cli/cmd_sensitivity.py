@@ -94,7 +94,7 @@ def print_result(result: Any) -> None:
     """One row per tensor: layer, kind, damage (and proxy) per scheme; then the summary."""
     table = result.table()
     schemes = list(result.schemes)
-    exact = result.measure == "exact"
+    exact = result.measure in ("exact", "block")  # a damage per trial
     rows = []
     for name, row in table.items():
         layer, kind = tensor_group(name)
@@ -117,7 +117,7 @@ def print_result(result: Any) -> None:
     print(f"  calibration: {result.calibration}")
     rho = result.rank_correlation()
     if rho is not None:
-        print(f"  Spearman rank correlation, proxy vs exact over all trials: {rho:.3f}")
+        print(f"  Spearman rank correlation, proxy vs {result.measure} over all trials: {rho:.3f}")
         for s in schemes:
             per = _per_scheme_rho(result, s)
             if per is not None:

@@ -28,12 +28,13 @@ from lowbit._results import TableView
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.errors import LowbitError
 from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
+from lowbit.evaluation.block_sensitivity import BLOCK_METRIC, block_damages
 from lowbit.evaluation.scan_samples import ScanSamples
 from lowbit.ggml import blocks
 from lowbit.models._compute import compute_context, resolve_compute
 from lowbit.models.build import build_model
 
-__all__ = ["GgufSensitivity", "gguf_sensitivity", "roundtrip"]
+__all__ = ["GgufSensitivity", "gguf_block_sensitivity", "gguf_sensitivity", "roundtrip"]
 
 _CHUNK = 512  # positions per log-softmax of a head trial
 
@@ -213,3 +214,35 @@ def _gguf_sensitivity(
         checkpoint.close()  # unmap the tensor's pages
     seconds["trials"] = time.perf_counter() - t0
     return GgufSensitivity(damages, calibration.label, seconds=seconds)
+
+
+def gguf_block_sensitivity(
+    checkpoint: Checkpoint,
+    options: Mapping[str, Mapping[str, Any]],
+    calibration: ScanSamples,
+    *,
+    vectors: Mapping[str, np.ndarray] | None = None,
+    batch: int = 4,
+    progress: Progress = None,
+    compute: str = "fp32",
+) -> GgufSensitivity:
+    """:func:`gguf_sensitivity`'s damages measured block by block: each trial runs the
+    tensor's block alone on that block's calibrated inputs, its output error weighted by the
+    next-token Fisher at the last block (:mod:`lowbit.evaluation.block_sensitivity`: the
+    measure, what it leaves out, its memory). Same arguments and result.
+    """
+    vectors = dict(vectors or {})
+    report, close = step_reporter(progress, "GGUF block trials", "trial")
+    try:
+        got = block_damages(
+            checkpoint,
+            {n: list(types) for n, types in options.items()},
+            lambda name, w, t: roundtrip(w, t, vectors.get(name)),
+            calibration,
+            batch=batch,
+            progress=report,
+            compute=compute,
+        )
+    finally:
+        close()
+    return GgufSensitivity(got.damages, calibration.label, metric=BLOCK_METRIC, seconds=got.seconds)

@@ -18,6 +18,10 @@ measures the damage of quantizing that tensor alone, everything else kept as in 
   and why: :meth:`lowbit.evaluation._sensitivity_runner.Runner.output_moments`. Measured on
   SmolLM2 its rank correlation with the exact damage is far higher than the plain proxy's
   (docs/quantize-models.md, Mixed precision).
+- ``block``: each trial runs the tensor's block alone on that block's calibrated inputs; the
+  block's output error, weighted by the next-token Fisher at the last block, estimates the
+  mean KL (:mod:`lowbit.evaluation.block_sensitivity`: far fewer block forwards than
+  ``exact``, causal LMs only). The proxy is reported beside it.
 
 The exact scan reuses work: the hidden states entering block ``b`` are the same for every
 trial inside blocks ``>= b``, so one forward pass of the original caches them, and a trial
@@ -49,6 +53,7 @@ from lowbit.checkpoints.streaming import plan_model
 from lowbit.errors import LowbitError
 from lowbit.evaluation._sensitivity_runner import Runner, TensorWeights, block_of
 from lowbit.evaluation._sensitivity_workers import distributed_scan
+from lowbit.evaluation.block_sensitivity import BLOCK_METRIC, block_damages
 from lowbit.evaluation.scan_samples import ScanSamples
 from lowbit.evaluation.sensitivity_result import (
     _PROXIES,
@@ -372,7 +377,9 @@ def sensitivity(
             from the data the result will be evaluated on
             (:func:`lowbit.evaluation.scan_samples.scan_samples` does).
         tokenizer: the model's tokenizer (encoders).
-        measure: ``exact`` (the measured damage, and the proxy beside it) or ``proxy`` only.
+        measure: ``exact`` (the measured damage, and the proxy beside it), ``block`` (the
+            block-local estimate of it, and the proxy beside it; causal LMs, one process) or
+            ``proxy`` only.
         cached: reuse the cached block inputs (``False`` runs the whole model per trial: for
             checking the cache, same numbers).
         batch: windows or sentences per forward pass.
@@ -409,8 +416,8 @@ def sensitivity(
             tensors, ``workers < 1``, the fisher proxy of an encoder.
         ImportError: ``ray`` given without Ray installed (``pip install 'lowbit[ray]'``).
     """
-    if measure not in ("exact", "proxy"):
-        raise LowbitError(f"measure must be 'exact' or 'proxy', got {measure!r}")
+    if measure not in ("exact", "proxy", "block"):
+        raise LowbitError(f"measure must be 'exact', 'block' or 'proxy', got {measure!r}")
     report, close = step_reporter(progress, "sensitivity", "trial")
     try:
         return _sensitivity(
@@ -441,6 +448,12 @@ def _sensitivity(
     _check_proxy(proxy)
     _exact_indices(schemes, exact_schemes)
     compute = resolve_compute(compute)  # once, here: every worker runs what this machine chose
+    if measure == "block":
+        if ray is not False or workers > 1 or exact_schemes:
+            raise LowbitError("the block measure runs in one process, every scheme measured "
+                              "(no workers, ray or exact_schemes)")  # fmt: skip
+        return _block_scan(checkpoint, schemes, calibration, tokenizer, cached, batch, progress,
+                           tensors, proxy, compute)  # fmt: skip
     if ray is not False or workers > 1:
         labels = [a.quantized[0].scheme.label for a in _plans(checkpoint, schemes, tensors)[0]]
         kind, entries, seconds = distributed_scan(
@@ -488,5 +501,52 @@ def _sensitivity(
         schemes=tuple(labels),
         entries=tuple(entries),
         seconds=seconds,
+        proxy=proxy,
+    )
+
+
+def _block_scan(
+    checkpoint: Checkpoint,
+    schemes: Sequence[str],
+    calibration: ScanSamples,
+    tokenizer: Any,
+    cached: bool,
+    batch: int,
+    progress: Callable[[int, int], None] | None,
+    tensors: Sequence[str],
+    proxy: str,
+    compute: str,
+) -> SensitivityResult:
+    """``measure="block"``: the proxy scan's entries (bits, proxy), each with its block-local
+    damage (:func:`lowbit.evaluation.block_sensitivity.block_damages`)."""
+    scan = _Scan(checkpoint, schemes, calibration, tokenizer, "proxy", batch, tensors, (), proxy,
+                 compute)  # fmt: skip
+    if scan.kind != "causal":
+        raise LowbitError("the block measure needs a causal LM (its weights are next-token)")
+    t0 = time.perf_counter()
+    entries = scan.run_all(cached)
+    seconds = {**scan.seconds, "proxy_trials": time.perf_counter() - t0}
+    labels = [a.quantized[0].scheme.label for a in scan.plans]
+    by_label = {
+        (t.name, t.scheme.label): t.scheme for applied in scan.plans for t in applied.quantized
+    }
+    del scan
+
+    def roundtrip(name: str, w: np.ndarray, label: str) -> np.ndarray:
+        return quantize(w, by_label[(name, label)]).dequantize(np.float32)
+
+    trials = {n: labels for n in dict.fromkeys(e.tensor for e in entries)}
+    got = block_damages(checkpoint, trials, roundtrip, calibration, batch=batch,
+                        progress=progress, compute=compute)  # fmt: skip
+    entries = [dataclasses.replace(e, damage=got.damages[e.tensor][e.scheme]) for e in entries]
+    return SensitivityResult(
+        model=str(checkpoint.path),
+        kind="causal",
+        measure="block",
+        metric=BLOCK_METRIC,
+        calibration=calibration.label,
+        schemes=tuple(labels),
+        entries=tuple(entries),
+        seconds={**seconds, **got.seconds},
         proxy=proxy,
     )

@@ -50,7 +50,9 @@ def scan(
         schemes: candidate scheme strings (``int4:g128``, ``int8:ch`` ...).
         text, samples, length: the scan text (default: lowbit's, a range ``lowbit eval`` does
             not score), its windows (causal LMs) or sentences (encoders), tokens per window.
-        measure: ``exact`` (run the model per trial), ``proxy`` or ``fisher`` (no trial run).
+        measure: ``exact`` (run the model per trial), ``block`` (run the tensor's block per
+            trial: :mod:`lowbit.evaluation.block_sensitivity`), ``proxy`` or ``fisher`` (no
+            trial run).
         proxy: the proxy reported beside each trial (``input`` or ``fisher``).
         tensors: only tensors matching one of these globs.
         exact_schemes: with ``exact``, only these schemes run the model.

@@ -40,7 +40,7 @@ from lowbit.checkpoints.io.outputs import check_output
 from lowbit.checkpoints.streaming import check_unrotated, open_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
-from lowbit.evaluation.gguf_sensitivity import gguf_sensitivity
+from lowbit.evaluation.gguf_sensitivity import gguf_block_sensitivity, gguf_sensitivity
 from lowbit.evaluation.scan_samples import scan_samples
 from lowbit.ggml import blocks, mixes
 from lowbit.jobs.results import GGUFResult
@@ -324,6 +324,7 @@ def gguf_budget(
     compute: str = "fp32",
     progress: bool | None = None,
     dry_run: bool = False,
+    measure: str = "block",
 ) -> GGUFResult:
     """Write ``model`` as a GGUF whose every quantized tensor has the llama.cpp type of least
     measured damage that keeps the file within ``size`` bytes (or ``bits_per_weight``).
@@ -345,6 +346,12 @@ def gguf_budget(
         scan_text, scan_samples_count, scan_length: the trials' text, windows and tokens per
             window (``--calib``, ``--scan-samples``, ``--scan-len``).
         overwrite, threads, compute, progress, dry_run: as :func:`gguf_mix`.
+        measure: ``block`` (default): each trial runs the tensor's block alone, its output
+            error weighted by the next-token Fisher at that block's output
+            (:mod:`lowbit.evaluation.block_sensitivity`; one block forward per trial, memory
+            of one block); ``exact``: each trial runs the model from the tensor's block to the
+            logits (mean KL). On SmolLM2 at Q4_K_M's bytes the two files' mean KL differ by
+            2 % (docs/scale.md).
 
     Returns:
         A :class:`~lowbit.jobs.results.GGUFResult` (``details`` holds the plan, every measured
@@ -357,6 +364,8 @@ def gguf_budget(
     start = time.perf_counter()
     if (size is None) == (bits_per_weight is None):
         raise LowbitError("give size (bytes) or bits_per_weight, one of them")
+    if measure not in ("exact", "block"):
+        raise LowbitError(f"measure must be 'exact' or 'block', got {measure!r}")
     cfg = _method(method)
     types = parse_types(list(candidates or DEFAULT_CANDIDATES))
     ckpt = open_model(model)
@@ -375,11 +384,11 @@ def gguf_budget(
             length=scan_length,
         )  # fmt: skip
         total = sum(len(v) for v in options.values())
-        with progress_bar(total, progress, "GGUF trials", "trial") as bar:
+        label = "GGUF block trials" if measure == "block" else "GGUF trials"
+        measured = gguf_block_sensitivity if measure == "block" else gguf_sensitivity
+        with progress_bar(total, progress, label, "trial") as bar:
             tick: Callable[[int, int], None] = lambda done, _total: bar.update(done - bar.n)  # noqa: E731
-            sens = gguf_sensitivity(
-                source, options, calib, vectors=vectors, progress=tick, compute=compute
-            )
+            sens = measured(source, options, calib, vectors=vectors, progress=tick, compute=compute)
         t0 = time.perf_counter()
         plan = solve_gguf(source, options, sens.damages, size=size, bits_per_weight=bits_per_weight)
         seconds = {**sens.seconds, "solve": time.perf_counter() - t0}
@@ -389,6 +398,7 @@ def gguf_budget(
             "imatrix": imat_path,
             "calibration": sens.calibration,
             "metric": sens.metric,
+            "measure": measure,
             "trials": total,
             **plan.to_dict(),
             "damages": sens.damages,  # every option measured, {tensor: {type: damage}}
