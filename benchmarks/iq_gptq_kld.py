@@ -147,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
             t_rtn = lowbit([*args, "--out", str(rtn)], w / f"rtn-{mix}.log")
         else:
             t_rtn = float("nan")
-        info = _gptq_file(base, mix, imatrix, ca, gq, a)
+        side = w / f"gptq-{mix}.json"
+        if a.reuse and gq.exists() and side.exists():
+            info = json.loads(side.read_text())
+        else:
+            info = _gptq_file(base, mix, imatrix, ca, gq, a)
+            side.write_text(json.dumps(info))
         d_rtn, d_gq = tensor_digest(rtn), tensor_digest(gq)
         differ = sorted(n for n in d_rtn if d_rtn[n] != d_gq[n])
         assert all("ffn_down" in n for n in differ), differ
@@ -155,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"mix": mix, "file": label, "bytes": path.stat().st_size}
             row["lowbit"] = _kld_stats(ref, _logits(path, text, a.ctx, True))
             rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)  # partial results survive
         rows[-2]["quantize_s"] = round(t_rtn, 1)
         rows[-1].update(quantize_s=info["seconds"], gptq=info, differ=len(differ))
     if a.llamacpp is not None:
