@@ -38,8 +38,9 @@ from _machine import cpu
 from gguf_kld import CALIB_AT, EVAL_AT, _run, kld, lowbit, tensor_digest, texts
 
 
-def _logits(path: Path, text: str, n_ctx: int, llamacpp: bool) -> np.ndarray:
-    """Log-probabilities (tokens, vocab) float32 of every scored token (chunks' second halves)."""
+def _logits(path: Path, text: str, n_ctx: int, llamacpp: bool, chunks: int = 0) -> np.ndarray:
+    """Log-probabilities (tokens, vocab) float32 of every scored token (chunks' second halves;
+    the first ``chunks`` chunks only, if given)."""
     import torch
 
     from lowbit.calibration.text import tokenize
@@ -58,7 +59,7 @@ def _logits(path: Path, text: str, n_ctx: int, llamacpp: bool) -> np.ndarray:
     out = []
     emulate = simulate_llamacpp_activations(model) if llamacpp else contextlib.nullcontext()
     with torch.inference_mode(), emulate:
-        for c in range(len(ids) // n_ctx):
+        for c in range(min(len(ids) // n_ctx, chunks or len(ids))):
             chunk = torch.tensor([ids[c * n_ctx : (c + 1) * n_ctx]])
             if add_bos:
                 chunk[0, 0] = int(bos)
