@@ -15,11 +15,13 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.torch
 
+from lowbit.checkpoints.gguf.imatrix import read_imatrix  # noqa: E402
 from lowbit.checkpoints.gguf.mix import gguf_mix_types  # noqa: E402
 from lowbit.checkpoints.opener import open_checkpoint  # noqa: E402
 from lowbit.checkpoints.steps import raw_bytes  # noqa: E402
 from lowbit.cli import main  # noqa: E402
 from lowbit.ggml import blocks  # noqa: E402
+from lowbit.methods._iq_gptq import LATTICE_TYPES  # noqa: E402
 from tiny_models import save_gguf, tiny_llama  # noqa: E402
 
 WORDS = "river stone cloud garden lantern harbor meadow signal copper violet winter orchard"
@@ -78,6 +80,43 @@ def test_gptq_mix_reads_back(source: tuple[Path, Path], tmp_path: Path, mix: str
         raw_bytes(open_checkpoint(out), "blk.0.attn_norm.weight").tobytes()
         == raw_bytes(s, "blk.0.attn_norm.weight").tobytes()
     )
+
+
+def test_gptq_iquant_mix_reads_back(source: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    """--to iq2_xxs --method gptq --imatrix: the tensors the mix puts in lattice i-quants are
+    GPTQ'd onto them (other bytes than llama.cpp's rounding, lower layer error) and gguf
+    decodes every one as lowbit does; --to iq1_s --method gptq is refused in one line."""
+    src, text = source
+    imat = tmp_path / "im.gguf"
+    calib = ["--calib", str(text), "--calib-samples", "3", "--calib-len", "48", "--no-progress"]
+    assert main(["imatrix", str(src), "--out", str(imat), *calib]) == 0
+    capsys.readouterr()
+    out = tmp_path / "m.iq2_xxs.gguf"
+    base = ["quantize", str(src), "--method", "gptq", "--imatrix", str(imat), "--out-format",
+            "gguf", *calib]  # fmt: skip
+    assert main([*base, "--to", "iq2_xxs", "--out", str(out), "--json"]) == 0
+    method = json.loads(capsys.readouterr().out)["method"]
+    assert method["importance"] == "importance matrix"
+    assert method["mean_error"]["gptq"] < method["mean_error"]["rtn"]
+    want = gguf_mix_types(open_checkpoint(src), "iq2_xxs", has_imatrix=True)
+    vectors = read_imatrix(imat)
+    s = open_checkpoint(src)
+    lattice = 0
+    for t in gguf.GGUFReader(out).tensors:
+        qtype = t.tensor_type.name
+        assert qtype == want[t.name], t.name
+        if qtype not in LATTICE_TYPES:
+            continue
+        lattice += 1
+        raw = np.asarray(t.data, np.uint8).reshape(-1, blocks.row_bytes(qtype, int(t.shape[0])))
+        ours = blocks.dequantize(raw, qtype)
+        theirs = gguf.quants.dequantize(raw, t.tensor_type).reshape(ours.shape)
+        assert ours.tobytes() == theirs.astype(np.float32).tobytes(), t.name
+        x = np.asarray(s.get(t.name), np.float32)
+        assert raw.tobytes() != blocks.quantize(x, qtype, imatrix=vectors[t.name]).tobytes()
+    assert lattice >= 7  # IQ2_XXS (and IQ2_XS/IQ3_XXS where the mix raises a tensor)
+    assert main([*base, "--to", "iq1_s", "--out", str(tmp_path / "iq1.gguf")]) == 2
+    assert "IQ1_S" in capsys.readouterr().err
 
 
 def test_gptq_mix_refusals(source: tuple[Path, Path], tmp_path: Path) -> None:

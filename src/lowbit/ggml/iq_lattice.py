@@ -317,52 +317,38 @@ def _super(name: str, xs: np.ndarray, qw: np.ndarray | None) -> tuple:
     return dh, ls, gi, signs, zero.reshape(nb, -1)
 
 
-def quantize_iq2_xxs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` and importance weights ``(B, 256)`` -> IQ2_XXS bytes ``(B, 66)``."""
-    d, ls, gi, signs, _ = _super("IQ2_XXS", xs, qw)
-    nb = xs.shape[0]
+def _pack_iq2_xxs(d, ls, gi, signs, zero) -> np.ndarray:
+    nb = gi.shape[0]
     w0 = (gi.reshape(nb, 8, 4) << (8 * np.arange(4))).sum(axis=2)
     w1 = (signs.reshape(nb, 8, 4) << (7 * np.arange(4))).sum(axis=2) | (ls << 28)
     words = np.stack([w0, w1], axis=2).astype("<u4").reshape(nb, 16)
     return np.concatenate([f16_bytes(d), words.view(np.uint8)], axis=1)
 
 
-def quantize_iq2_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` and importance weights -> IQ2_XS bytes ``(B, 74)``."""
-    d, ls, gi, signs, _ = _super("IQ2_XS", xs, qw)
+def _pack_iq2_xs(d, ls, gi, signs, zero) -> np.ndarray:
     q = (gi | (signs << 9)).astype("<u2")
     sc = (ls[:, 0::2] | (ls[:, 1::2] << 4)).astype(np.uint8)
     return np.concatenate([f16_bytes(d), q.view(np.uint8), sc], axis=1)
 
 
-def quantize_iq3_xxs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ3_XXS bytes ``(B, 98)``."""
-    d, ls, gi, signs, _ = _super("IQ3_XXS", xs, qw)
-    nb = xs.shape[0]
+def _pack_iq3_xxs(d, ls, gi, signs, zero) -> np.ndarray:
+    nb = gi.shape[0]
     ss = (signs.reshape(nb, 8, 4) << (7 * np.arange(4))).sum(axis=2) | (ls << 28)
     return np.concatenate(
         [f16_bytes(d), gi.astype(np.uint8), ss.astype("<u4").view(np.uint8)], axis=1
     )
 
 
-def quantize_iq2_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ2_S bytes ``(B, 82)``."""
-    d, ls, gi, signs, _ = _super("IQ2_S", xs, qw)
-    nb = xs.shape[0]
+def _pack_iq2_s(d, ls, gi, signs, zero) -> np.ndarray:
+    nb = gi.shape[0]
     qh = ((gi >> 8).reshape(nb, 8, 4) << (2 * np.arange(4))).sum(axis=2)
     sc = ls[:, 0::2] | (ls[:, 1::2] << 4)
     parts = [gi & 255, signs, qh, sc]
     return np.concatenate([f16_bytes(d), *(p.astype(np.uint8) for p in parts)], axis=1)
 
 
-def quantize_iq3_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ3_S bytes ``(B, 110)``.
-
-    A block of 32 that is all zero writes no codes, and the C loop does not advance its ``qs``
-    and ``signs`` pointers past it: the later blocks' grid bytes and signs move up (``qh`` is
-    indexed by block and does not). Kept, since the bytes are llama.cpp's."""
-    d, ls, gi, signs, zero = _super("IQ3_S", xs, qw)
-    nb = xs.shape[0]
+def _pack_iq3_s(d, ls, gi, signs, zero) -> np.ndarray:
+    nb = gi.shape[0]
     qh = ((gi >> 8).reshape(nb, 8, 8) << np.arange(8)).sum(axis=2)
     qh = np.where(zero, 0, qh)
     keep = ~zero
@@ -378,6 +364,61 @@ def quantize_iq3_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     sc = ls[:, 0::2] | (ls[:, 1::2] << 4)
     parts = [qs, qh, sg, sc]
     return np.concatenate([f16_bytes(d), *(p.astype(np.uint8) for p in parts)], axis=1)
+
+
+_PACK = {
+    "IQ2_XXS": _pack_iq2_xxs,
+    "IQ2_XS": _pack_iq2_xs,
+    "IQ2_S": _pack_iq2_s,
+    "IQ3_XXS": _pack_iq3_xxs,
+    "IQ3_S": _pack_iq3_s,
+}
+
+
+def fit_lattice(name: str, xs: np.ndarray, qw: np.ndarray | None) -> dict[str, np.ndarray]:
+    """llama.cpp's scale search alone on super-blocks ``xs`` (B, 256), for GPTQ: the stored
+    ``d`` (float32, before its float16 rounding), the 4-bit block scales ``ls`` (B, nb), the
+    search's grid indices and signs (as :func:`quantize_iq2_xxs` ... write them), and the
+    all-zero blocks (B, nb)."""
+    d, ls, gi, signs, zero = _super(name, xs, qw)
+    return {"d": d, "ls": ls, "gi": gi, "signs": signs, "zero": zero}
+
+
+def pack_lattice(name: str, fit: dict[str, np.ndarray], gi: np.ndarray, signs: np.ndarray):
+    """The block bytes of ``fit``'s scales with grid indices ``gi`` (B, 256/dims) and sign
+    groups ``signs`` (B, 32: 7 bits with parity, else 8). IQ3_S writes every block in place
+    (no block is skipped as all-zero: the codes given are the ones decoded)."""
+    zero = np.zeros_like(fit["zero"]) if name == "IQ3_S" else fit["zero"]
+    return _PACK[name](fit["d"], fit["ls"], gi, signs, zero)
+
+
+def quantize_iq2_xxs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` and importance weights ``(B, 256)`` -> IQ2_XXS bytes ``(B, 66)``."""
+    return _pack_iq2_xxs(*_super("IQ2_XXS", xs, qw))
+
+
+def quantize_iq2_xs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` and importance weights -> IQ2_XS bytes ``(B, 74)``."""
+    return _pack_iq2_xs(*_super("IQ2_XS", xs, qw))
+
+
+def quantize_iq3_xxs(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ3_XXS bytes ``(B, 98)``."""
+    return _pack_iq3_xxs(*_super("IQ3_XXS", xs, qw))
+
+
+def quantize_iq2_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ2_S bytes ``(B, 82)``."""
+    return _pack_iq2_s(*_super("IQ2_S", xs, qw))
+
+
+def quantize_iq3_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ3_S bytes ``(B, 110)``.
+
+    A block of 32 that is all zero writes no codes, and the C loop does not advance its ``qs``
+    and ``signs`` pointers past it: the later blocks' grid bytes and signs move up (``qh`` is
+    indexed by block and does not). Kept, since the bytes are llama.cpp's."""
+    return _pack_iq3_s(*_super("IQ3_S", xs, qw))
 
 
 _KSIGN_BITS = np.arange(8)

@@ -23,6 +23,7 @@ import numpy as np
 
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, grids, legacy_blocks
+from lowbit.methods._iq_gptq import LATTICE_TYPES
 
 __all__ = ["GgmlQuantized", "GgmlTarget"]
 
@@ -32,7 +33,9 @@ class GgmlTarget:
     """A llama.cpp block type as the grid GPTQ rounds a weight onto.
 
     Attributes:
-        qtype: a type of :data:`lowbit.ggml.grids.GPTQ_TYPES` (``"Q4_K"``).
+        qtype: a type of :data:`lowbit.ggml.grids.GPTQ_TYPES` (``"Q4_K"``) or of
+            :data:`lowbit.methods._iq_gptq.LATTICE_TYPES` (``"IQ2_XXS"``: vector codes,
+            quantized by :func:`lowbit.methods._iq_gptq.solve_lattice`).
         importance: the importance vector (one weight per input column), or None.
         hessian_importance: without ``importance``, use the Hessian's diagonal as one
             (default); False: llama.cpp's search without importance.
@@ -44,9 +47,10 @@ class GgmlTarget:
 
     def __post_init__(self) -> None:
         name = blocks.ggml_type(self.qtype).name
-        if name not in grids.GPTQ_TYPES:
+        if name not in grids.GPTQ_TYPES and name not in LATTICE_TYPES:
             raise LowbitError(
-                f"GPTQ rounds onto {', '.join(grids.GPTQ_TYPES)}; {name} has no per-block scales"
+                f"GPTQ rounds onto {', '.join(grids.GPTQ_TYPES + LATTICE_TYPES)}; {name} is "
+                "not one of them"
             )
         object.__setattr__(self, "qtype", name)
 
@@ -54,6 +58,11 @@ class GgmlTarget:
     def label(self) -> str:
         """The type's name, as tables print a scheme's label."""
         return self.qtype
+
+    @property
+    def lattice(self) -> bool:
+        """Whether the type is a lattice i-quant (vector codes: :mod:`lowbit.methods._iq_gptq`)."""
+        return self.qtype in LATTICE_TYPES
 
     @property
     def block(self) -> int:

@@ -45,9 +45,10 @@ import numpy as np
 
 from lowbit.enums import Rounding, as_rounding
 from lowbit.errors import LowbitError
-from lowbit.methods._ggml_gptq import GgmlTarget, _GgmlQuantizer
+from lowbit.methods._ggml_gptq import GgmlQuantized, GgmlTarget, _GgmlQuantizer
 from lowbit.methods._gptq_quantizer import _Quantizer
 from lowbit.methods._hessian_factor import _Factor, _factor
+from lowbit.methods._iq_gptq import solve_lattice
 from lowbit.methods._mlx_gptq import MLXTarget, _MLXQuantizer
 from lowbit.plans.rules import parse_action
 from lowbit.quant._choose import own_tensor_scale
@@ -202,6 +203,18 @@ class GPTQ:
         out = {}
         for names in _stacks(checked):
             try:
+                first = checked[names[0]][2]
+                if isinstance(first, GgmlTarget) and first.lattice:  # vector codes: own walk
+                    static = self.act_order is ActOrder.STATIC
+                    W = np.concatenate([checked[n][0] for n in names])
+                    data = solve_lattice(W, H64, first, self.damp, static)
+                    r = 0
+                    for n in names:
+                        rows = checked[n][0].shape[0]
+                        shape = (rows, W.shape[1])
+                        out[n] = GgmlQuantized(first.qtype, data[r : r + rows], shape)
+                        r += rows
+                    continue
                 if len(names) == 1:
                     out[names[0]] = _solve(checked[names[0]][0], factor, checked[names[0]][2], self)
                     continue

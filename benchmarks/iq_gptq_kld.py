@@ -1,0 +1,184 @@
+"""GPTQ onto llama.cpp's i-quant grids against llama.cpp's rounding, at identical file bytes.
+
+On the shipped SmolLM2-135M (its Q4_1 GGUF decoded to an all-F32 GGUF, the reference), for each
+``--types`` mix (default IQ2_XXS and IQ3_XXS): lowbit writes the mix with llama.cpp's rounding
+(RTN: llama-quantize's bytes) and again with ``ffn_down`` (SmolLM2's only rows of whole 256-value
+super-blocks, so the only tensors in the i-quant type) GPTQ'd onto the same type; every other
+tensor is as the mix puts it, the same bytes in both files. One importance matrix for both
+(``lowbit imatrix`` on the calibration slice).
+
+Text (as ``benchmarks/gguf_kld.py``): the default text (``pydoc_data.topics``) tokenized by
+SmolLM2's tokenizer; evaluation on its first ``--eval-tokens`` tokens, calibration (importance
+matrix and GPTQ) from token 32,768 on: disjoint slices.
+
+Measured by lowbit (``lowbit eval --act llamacpp``'s arithmetic: each layer's input rounded as
+llama.cpp's CPU backend rounds it, keys and values through its F16 cache) by llama-perplexity's
+protocol (``--ctx``-token chunks, each chunk's second half scored): mean KL divergence of the
+file's next-token distribution from the reference's, its 99.9th percentile, how often the top
+token agrees. With ``--llamacpp BIN`` also by ``llama-perplexity --kl-divergence``.
+
+    python benchmarks/iq_gptq_kld.py --work /tmp/iqg [--llamacpp .../build/bin]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _machine import cpu
+from gguf_kld import CALIB_AT, EVAL_AT, _run, kld, lowbit, tensor_digest, texts
+
+
+def _logits(path: Path, text: str, n_ctx: int, llamacpp: bool, chunks: int = 0) -> np.ndarray:
+    """Log-probabilities (tokens, vocab) float32 of every scored token (chunks' second halves;
+    the first ``chunks`` chunks only, if given)."""
+    import torch
+
+    from lowbit.calibration.text import tokenize
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.tokenizer import build_tokenizer
+    from lowbit.evaluation.act_modes import simulate_llamacpp_activations
+    from lowbit.models.build import load_model
+
+    with open_checkpoint(path) as ck:
+        tok = build_tokenizer(ck)
+        md = ck.metadata
+    bos = md.get("tokenizer.ggml.bos_token_id")
+    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    ids = ([int(bos)] if add_bos else []) + tokenize(tok, text)
+    model = load_model(path)
+    out = []
+    emulate = simulate_llamacpp_activations(model) if llamacpp else contextlib.nullcontext()
+    with torch.inference_mode(), emulate:
+        for c in range(min(len(ids) // n_ctx, chunks or len(ids))):
+            chunk = torch.tensor([ids[c * n_ctx : (c + 1) * n_ctx]])
+            if add_bos:
+                chunk[0, 0] = int(bos)
+            logp = torch.log_softmax(model(input_ids=chunk).logits[0].float(), dim=-1)
+            out.append(logp[n_ctx // 2 : -1].numpy())
+    return np.concatenate(out)
+
+
+def _kld_stats(ref: np.ndarray, q: np.ndarray) -> dict:
+    kl = (np.exp(ref) * (ref - q)).sum(axis=1)
+    return {
+        "mean_kld": float(kl.mean()),
+        "kld_99_9": float(np.quantile(kl, 0.999)),
+        "same_top": float((ref.argmax(1) == q.argmax(1)).mean() * 100),
+        "tokens": int(kl.size),
+    }
+
+
+def _gptq_file(base: Path, mix: str, imatrix: Path, calib: Path, out: Path, a) -> dict:
+    """The mix with ffn_down GPTQ'd onto its type (every other tensor llama.cpp's rounding)."""
+    from lowbit.calibration.data import Calibration
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.gguf.imatrix import read_imatrix
+    from lowbit.checkpoints.gguf.mix import gptq_targets, write_gguf_mix
+    from lowbit.jobs.gguf import gptq_onto
+    from lowbit.methods.gptq import GPTQ
+
+    imat = read_imatrix(imatrix)
+    cal = Calibration(source=str(calib), samples=a.calib_samples, length=a.calib_len)
+    with open_checkpoint(base) as ck:
+        targets = {n: t for n, t in gptq_targets(ck, mix, imatrix=imat).items() if "ffn_down" in n}
+        t0 = time.perf_counter()
+        done, record = gptq_onto(
+            ck, targets, True, gptq=GPTQ(act_order=a.act_order), calibration=cal, progress=False
+        )
+        seconds = time.perf_counter() - t0
+        write_gguf_mix(ck, out, mix, imatrix=imat, overwrite=True, progress=False, weights=done)
+    types = sorted({t.qtype for t in targets.values()})
+    return {
+        "tensors": len(done),
+        "types": types,
+        "seconds": round(seconds, 1),
+        "layer_error": record["mean_error"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--types", default="iq2_xxs,iq3_xxs")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--eval-tokens", type=int, default=8192)
+    ap.add_argument("--calib-tokens", type=int, default=16384)
+    ap.add_argument("--calib-samples", type=int, default=16)
+    ap.add_argument("--calib-len", type=int, default=512)
+    ap.add_argument("--act-order", default="static", choices=("static", "none"))
+    ap.add_argument("--llamacpp", type=Path, help="llama.cpp's build/bin: also its KLD")
+    ap.add_argument("--reuse", action="store_true", help="keep files of an earlier run")
+    a = ap.parse_args(argv)
+    w = a.work
+    w.mkdir(parents=True, exist_ok=True)
+    ev, ca = texts(w, a.eval_tokens, a.calib_tokens)
+    base, imatrix = w / "f32.gguf", w / "imatrix.gguf"
+    if not (a.reuse and base.exists()):
+        plan = w / "f32-plan.json"
+        plan.write_text(json.dumps({"rules": [{"match": "*", "format": "fp32"}]}))
+        lowbit(["smollm2", "--plan", str(plan), "--out-format", "gguf", "--out", str(base)],
+               w / "f32.log")  # fmt: skip
+    if not (a.reuse and imatrix.exists()):
+        cmd = [sys.executable, "-m", "lowbit.cli", "imatrix", str(base), "--out", str(imatrix),
+               "--calib", str(ca), "--calib-samples", "32", "--calib-len", "512", "--overwrite",
+               "--no-progress"]  # fmt: skip
+        _run(cmd, w / "imatrix.log")
+    text = ev.read_text()
+    cached = w / f"f32-logprobs-{a.ctx}-{a.eval_tokens}.npy"
+    if a.reuse and cached.exists():
+        ref = np.load(cached)
+    else:
+        ref = _logits(base, text, a.ctx, True)
+        np.save(cached, ref)
+    rows = []
+    for mix in a.types.split(","):
+        rtn, gq = w / f"rtn-{mix}.gguf", w / f"gptq-{mix}.gguf"
+        if not (a.reuse and rtn.exists()):
+            args = [str(base), "--to", mix, "--imatrix", str(imatrix), "--out-format", "gguf"]
+            t_rtn = lowbit([*args, "--out", str(rtn)], w / f"rtn-{mix}.log")
+        else:
+            t_rtn = float("nan")
+        side = w / f"gptq-{mix}.json"
+        if a.reuse and gq.exists() and side.exists():
+            info = json.loads(side.read_text())
+        else:
+            info = _gptq_file(base, mix, imatrix, ca, gq, a)
+            side.write_text(json.dumps(info))
+        d_rtn, d_gq = tensor_digest(rtn), tensor_digest(gq)
+        differ = sorted(n for n in d_rtn if d_rtn[n] != d_gq[n])
+        assert all("ffn_down" in n for n in differ), differ
+        for label, path in (("lowbit RTN (llama.cpp's bytes)", rtn), ("lowbit GPTQ", gq)):
+            row = {"mix": mix, "file": label, "bytes": path.stat().st_size}
+            row["lowbit"] = _kld_stats(ref, _logits(path, text, a.ctx, True))
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)  # partial results survive
+        rows[-2]["quantize_s"] = round(t_rtn, 1)
+        rows[-1].update(quantize_s=info["seconds"], gptq=info, differ=len(differ))
+    if a.llamacpp is not None:
+        base_logits = w / "f32.kld"
+        threads = "2"
+        if not (a.reuse and base_logits.exists()):
+            _run([str(a.llamacpp / "llama-perplexity"), "-m", str(base), "-f", str(ev), "-c",
+                  str(a.ctx), "--kl-divergence-base", str(base_logits), "-t", threads],
+                 w / "f32-ppl.log")  # fmt: skip
+        for row in rows:
+            path = w / (("rtn-" if "RTN" in row["file"] else "gptq-") + row["mix"] + ".gguf")
+            log = w / f"{path.stem}-kld.log"
+            row["llamacpp"] = kld(a.llamacpp, path, base_logits, [], log)
+    print(json.dumps({"cpu": cpu(), "eval_tokens": [EVAL_AT, EVAL_AT + a.eval_tokens],
+                      "calib_at": CALIB_AT, "rows": rows}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
