@@ -355,11 +355,12 @@ def test_families_identical_to_mlx_lm_convert(tmp_path: Path, family: str) -> No
 
 
 def test_unchecked_family_is_refused(tmp_path: Path) -> None:
-    """A family not checked against mlx-lm (a mixture of experts here): one line, no folder."""
+    """A family not checked against mlx-lm (a mixture of experts with latent attention here):
+    one line, no folder."""
     from tiny_models import save_moe_folder, tiny_moe
 
-    src = save_moe_folder(tiny_moe("qwen3_moe"), tmp_path / "moe")
-    with pytest.raises(LowbitError, match="model_type 'qwen3_moe': lowbit's MLX output is"):
+    src = save_moe_folder(tiny_moe("deepseek_v3"), tmp_path / "moe")
+    with pytest.raises(LowbitError, match="model_type 'deepseek_v3': lowbit's MLX output is"):
         quantize_mlx(src, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 

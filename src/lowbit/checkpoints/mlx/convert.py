@@ -15,9 +15,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from lowbit.checkpoints.gguf.names import gguf_to_hf_name
 from lowbit.checkpoints.mlx.params import MLXParams
-from lowbit.checkpoints.mlx.writer import _Plan, model_dtype, write_mlx
+from lowbit.checkpoints.mlx.writer import _Plan, model_dtype, output_layout, write_mlx
 from lowbit.checkpoints.readers import Checkpoint
 from lowbit.checkpoints.streaming import (
     check_unrotated,
@@ -77,7 +76,7 @@ def _modules(ckpt: Checkpoint, params: MLXParams, recipe: str | None) -> dict[st
         return {}
     if params.mode != "affine":
         raise LowbitError(f"MLX recipe {recipe}: mlx-lm's recipes are affine, not {params.mode}")
-    names = [gguf_to_hf_name(n, ckpt.config) if ckpt.format == "gguf" else n for n in ckpt.names()]
+    names = [n for n, _ in output_layout(ckpt)]
     return mixed_recipe(recipe, names, params.group_size)  # type: ignore[arg-type]
 
 
@@ -105,7 +104,8 @@ def gptq_targets(
     for hf, src, kind in plan.entries:
         if kind == "weight" and ".layers." in hf:
             p = plan.quantized[hf[: -len(".weight")]]
-            out[src] = MLXTarget(p.bits, p.group_size, name)  # type: ignore[arg-type]
+            for one in plan.stacks.get(hf, (src,)):  # each expert of a stack on its own
+                out[one] = MLXTarget(p.bits, p.group_size, name)  # type: ignore[arg-type]
     return out
 
 
@@ -153,16 +153,7 @@ def quantize_mlx(
     params = params or MLXParams()
     ckpt = open_model(model)
     check_unrotated(ckpt)
-    modules: dict[str, MLXParams | None] = {}
-    if recipe is not None:
-        if params.mode != "affine":
-            raise LowbitError(
-                f"MLX recipe {recipe}: mlx-lm's recipes are affine, not {params.mode}"
-            )
-        names = [
-            gguf_to_hf_name(n, ckpt.config) if ckpt.format == "gguf" else n for n in ckpt.names()
-        ]
-        modules = mixed_recipe(recipe, names, params.group_size)  # type: ignore[arg-type]
+    modules = _modules(ckpt, params, recipe)
     out, files = output_and_files(ckpt, out, copy_code)
     result = write_mlx(
         ckpt, out, params, modules=modules, dtype=dtype, files=files, overwrite=overwrite,
