@@ -18,7 +18,9 @@ from lowbit.cli import _common
 from lowbit.cli._calibrated import calibration_of
 from lowbit.cli._gguf_mix import gptq_config
 from lowbit.errors import LowbitError
-from lowbit.jobs.mlx import mlx_params, quantize_to_mlx
+from lowbit.jobs.mlx import METHODS, mlx_params, quantize_to_mlx
+from lowbit.methods.awq import AWQ
+from lowbit.methods.gptq import GPTQ
 from lowbit.quant.mlx import MODES
 
 # options of lowbit's plan path that an MLX run would silently ignore
@@ -64,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, attr, None):
             raise LowbitError(f"{flag} does not apply to --out-format mlx")
     method = getattr(args, "method", "rtn")
-    if method not in ("rtn", "gptq"):
+    if method not in METHODS:
         raise LowbitError(
             f"--method {method}: lowbit's MLX output rounds to nearest as mlx_lm.convert does, "
-            "or with --method gptq onto the same affine grids"
+            "or with --method gptq or awq onto the same affine grids"
         )
     params, recipe = _params(args)
     source = resolve_model(args.model)
@@ -77,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress or args.json else None
     res = quantize_to_mlx(
         source, out, params, recipe=recipe, dtype=args.dtype,
-        method=gptq_config(args) if method == "gptq" else "rtn",
-        calibration=calibration_of(args) if method == "gptq" else None, threads=args.threads,
+        method=_method(args, method),
+        calibration=calibration_of(args) if method != "rtn" else None, threads=args.threads,
         compute=_common.compute_option(args.compute), overwrite=args.overwrite,
         copy_code=args.copy_code, progress=progress,
     )  # fmt: skip
@@ -91,15 +93,23 @@ def run(args: argparse.Namespace) -> int:
     what = recipe or params.label
     print(f"  {n} weights quantized ({what}); model dtype {result['dtype']}")
     if record is not None:
-        err = record["mean_error"]
+        err, name = record["mean_error"], record["method"]
         print(
-            f"  GPTQ onto the MLX grids: {record['gptq_tensors']} tensors, mean layer error "
-            f"{err['gptq']:.4g} (round to nearest {err['rtn']:.4g})"
+            f"  {name.upper()} onto the MLX grids: {record[name + '_tensors']} tensors, mean "
+            f"layer error {err[name]:.4g} (round to nearest {err['rtn']:.4g})"
         )
     print(
         f"  load: mlx_lm.load({str(out)!r})    evaluate: lowbit eval {args.model or 'smollm2'} {out}"
     )
     return 0
+
+
+def _method(args: argparse.Namespace, method: str) -> str | GPTQ | AWQ:
+    if method == "gptq":
+        return gptq_config(args)
+    if method == "awq":
+        return AWQ(clip=not getattr(args, "no_clip", False))
+    return "rtn"
 
 
 def _stem(source: Path) -> str:
