@@ -256,3 +256,12 @@ def test_gptq_reaches_every_expert(sources: dict[str, Path], tmp_path: Path, cap
     assert rec["mean_error"]["gptq"] < 0.5 * rec["mean_error"]["rtn"]
     assert "model.layers.1.block_sparse_moe.switch_mlp.down_proj.weight" in _read(out)
     assert verify_checkpoint(out)["kind"] == "mlx"
+
+
+def test_budget_refuses_stacks(sources: dict[str, Path], tmp_path: Path) -> None:
+    """A budget over a mixture of experts (stacks not priced yet): one line, no folder."""
+    from lowbit.jobs.mlx_budget import mlx_budget
+
+    with pytest.raises(LowbitError, match=r"stacked experts \(switch_mlp\) are not priced yet"):
+        mlx_budget(sources["mixtral"], tmp_path / "b", bits_per_weight=4.0, progress=False)
+    assert not (tmp_path / "b").exists()

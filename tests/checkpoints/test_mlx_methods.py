@@ -116,3 +116,109 @@ def test_mlx_lm_loads_awq_folder(salient: tuple[Any, Path, Path], tmp_path: Path
     with torch.no_grad():
         ours = load_model(out)(torch.tensor(ids)).logits.float().numpy()
     assert np.max(np.abs(theirs - ours)) <= 2e-4 * float(theirs.max() - theirs.min())
+
+
+# --- budgets with MLX candidates ------------------------------------------------------------
+
+CANDS = ["2bit-g64", "3bit-g32", "4bit-g64", "8bit-g64"]
+
+
+@pytest.fixture(scope="module")
+def budgeted(salient: tuple[Any, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A --size budget halfway between the all-2-bit and all-8-bit folders, written."""
+    from lowbit.jobs.mlx_budget import mlx_budget
+
+    _, src, calib = salient
+    out = tmp_path_factory.mktemp("mlx-budget") / "m"
+    res = mlx_budget(src, out, size=60_000, candidates=CANDS, scan_text=str(calib),
+                     scan_samples_count=2, scan_length=32, progress=False)  # fmt: skip
+    return res, out
+
+
+def test_budget_bytes_are_the_plans(budgeted: Any) -> None:
+    """The folder's tensor bytes equal the plan's prediction exactly and fit the size; each
+    module is stored on its chosen grid, as config.json's per-module entries say (mlx-lm's
+    spelling), and the reader takes them back."""
+    from safetensors.numpy import load_file
+
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.mlx.budget import module_bytes
+
+    res, out = budgeted
+    plan = res.details["plan"]
+    t = load_file(str(out / "model.safetensors"))
+    stored = sum(a.nbytes for a in t.values())
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert stored == plan["tensor_bytes"] == index["metadata"]["total_size"] <= 60_000
+    assert len(set(plan["modules"].values())) > 1  # a mix, not one grid
+    q = json.loads((out / "config.json").read_text())["quantization"]
+    back = open_checkpoint(out)
+    qbytes = 0
+    for module, grid in plan["modules"].items():
+        bits, group = int(grid.split("bit-g")[0]), int(grid.split("bit-g")[1])
+        assert q[module] == {"group_size": group, "bits": bits, "mode": "affine"}
+        assert (
+            t[f"{module}.weight"].shape[-1] * 32 // bits == back.info(f"{module}.weight").shape[-1]
+        )
+        assert t[f"{module}.scales"].shape[-1] * group == back.info(f"{module}.weight").shape[-1]
+        p = back.modules[module]
+        qbytes += module_bytes(tuple(back.info(f"{module}.weight").shape), p, np.float32)
+        assert (p.bits, p.group_size) == (bits, group)
+    assert qbytes == plan["quantized_bytes"]
+
+
+def test_budget_loads_in_mlx_lm(budgeted: Any) -> None:
+    """mlx_lm.load runs the budget's mixed folder with lowbit's logits."""
+    pytest.importorskip("mlx.core", reason="mlx[cpu] is not installed (pip install 'mlx[cpu]')")
+    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install mlx-lm)")
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from lowbit.models.build import load_model
+
+    _, out = budgeted
+    ids = [[257, 72, 101, 108, 108, 111, 32, 116, 104, 101, 114, 101]]
+    model, _ = load(str(out))
+    theirs = np.array(model(mx.array(ids)).astype(mx.float32))
+    with torch.no_grad():
+        ours = load_model(out)(torch.tensor(ids)).logits.float().numpy()
+    assert np.max(np.abs(theirs - ours)) <= 2e-4 * float(theirs.max() - theirs.min())
+
+
+def test_cli_budget_bits_per_weight(
+    salient: tuple[Any, Path, Path], tmp_path: Path, capsys
+) -> None:
+    """--budget BPW --out-format mlx --dry-run: the plan's stored bits per quantized weight are
+    within the budget, and nothing is written."""
+    _, src, calib = salient
+    out = tmp_path / "b"
+    argv = ["quantize", str(src), "--out-format", "mlx", "--budget", "3.5", "--candidates",
+            ",".join(CANDS), "--calib", str(calib), "--scan-samples", "2", "--scan-len", "32",
+            "--out", str(out), "--dry-run", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert 3.0 < plan["bits_per_weight"] <= 3.5
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "msg"),
+    [
+        (["--budget", "3.5", "--candidates", "4bit-g48"], "MLX candidate '4bit-g48'"),
+        (["--budget", "3.5", "--candidates", "q4_k"], "spell grids <bits>bit-g<group>"),
+        (["--budget", "3.5", "--q-bits", "3"], "drop --to/--q-bits"),
+        (["--budget", "lots"], "stored bits per quantized weight"),
+        (["--size", "1KB", "--candidates", "2bit-g64"], "below the smallest candidates"),
+    ],
+)
+def test_cli_budget_bad_input(
+    salient: tuple[Any, Path, Path], tmp_path: Path, capsys, extra: list[str], msg: str
+) -> None:
+    """Bad budget input: one LowbitError line, exit 2, no folder."""
+    _, src, calib = salient
+    argv = ["quantize", str(src), "--out-format", "mlx", "--calib", str(calib), "--scan-samples",
+            "1", "--scan-len", "16", "--out", str(tmp_path / "x"), *extra]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()

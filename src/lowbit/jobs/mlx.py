@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ def quantize_to_mlx(
     overwrite: bool = False,
     copy_code: bool = False,
     progress: bool | None = None,
+    modules: Mapping[str, MLXParams | None] | None = None,
 ) -> QuantizeResult:
     """Write ``model`` as an MLX folder, the same bytes as ``lowbit quantize --out-format mlx``.
 
@@ -92,6 +94,7 @@ def quantize_to_mlx(
         calibration, threads, compute: the calibration data, torch threads and forward
             precision of GPTQ or AWQ.
         overwrite, copy_code, progress: as :func:`lowbit.quantize_model`.
+        modules: module path -> its own params (a budget's grids, :func:`lowbit.jobs.mlx_budget.mlx_budget`).
 
     Raises:
         LowbitError: a method other than rtn/gptq/awq, a family mlx-lm's loader is not
@@ -112,7 +115,7 @@ def quantize_to_mlx(
             raise LowbitError(f"{out_path} exists; pass --overwrite to replace it")
         t0 = time.perf_counter()
         ckpt = open_model(model)
-        targets = gptq_targets(ckpt, params, recipe=recipe, dtype=dtype)
+        targets = gptq_targets(ckpt, params, recipe=recipe, dtype=dtype, modules=modules)
         if isinstance(method, AWQ) or method == "awq":
             awq = method if isinstance(method, AWQ) else AWQ()
             done, record, ckpt = _awq_onto(ckpt, targets, awq, calibration, threads, compute,
@@ -126,7 +129,7 @@ def quantize_to_mlx(
         model = ckpt
     result = quantize_mlx(
         model, out_path, params, recipe=recipe, dtype=dtype, overwrite=overwrite,
-        copy_code=copy_code, progress=progress, weights=done, method=record,
+        copy_code=copy_code, progress=progress, weights=done, method=record, modules=modules,
     )  # fmt: skip
     seconds["write"] = float(result["seconds"])
     seconds["total"] = time.perf_counter() - start

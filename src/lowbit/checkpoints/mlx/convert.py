@@ -71,7 +71,16 @@ def mixed_recipe(
     return out
 
 
-def _modules(ckpt: Checkpoint, params: MLXParams, recipe: str | None) -> dict[str, Any]:
+def _modules(
+    ckpt: Checkpoint,
+    params: MLXParams,
+    recipe: str | None,
+    modules: Mapping[str, MLXParams | None] | None = None,
+) -> dict[str, Any]:
+    if modules is not None:
+        if recipe is not None:
+            raise LowbitError("give an MLX recipe or per-module grids, not both")
+        return dict(modules)
     if recipe is None:
         return {}
     if params.mode != "affine":
@@ -86,6 +95,7 @@ def gptq_targets(
     *,
     recipe: str | None = None,
     dtype: str | None = None,
+    modules: Mapping[str, MLXParams | None] | None = None,
 ) -> dict[str, MLXTarget]:
     """The weights GPTQ rounds onto MLX's affine grid: every linear layer of the transformer
     blocks the MLX output quantizes (source tensor name -> its grid; the embedding and an
@@ -97,7 +107,7 @@ def gptq_targets(
     params = params or MLXParams()
     if params.mode != "affine":
         raise LowbitError(f"GPTQ onto MLX grids is affine only, not {params.mode}")
-    plan = _Plan(ckpt, params, _modules(ckpt, params, recipe))
+    plan = _Plan(ckpt, params, _modules(ckpt, params, recipe, modules))
     dt = model_dtype(ckpt, dtype)
     name = "bfloat16" if dt.name == "bfloat16" else dt.name
     out = {}
@@ -122,6 +132,7 @@ def quantize_mlx(
     max_shard_size: int | None = None,
     weights: Mapping[str, Any] | None = None,
     method: Mapping[str, Any] | None = None,
+    modules: Mapping[str, MLXParams | None] | None = None,
 ) -> dict[str, Any]:
     """Quantize a model to an MLX folder that ``mlx_lm.load`` reads.
 
@@ -140,6 +151,8 @@ def quantize_mlx(
         weights: source tensor name -> weights already on their grids (GPTQ's, for the
             tensors of :func:`gptq_targets`); the others are rounded to nearest.
         method: how ``weights`` were made, returned as ``method``.
+        modules: module path -> its own params, or None (kept): per-module grids (a budget's
+            choice), written as config.json entries; not with ``recipe``.
 
     Returns:
         ``{"out", "out_format": "mlx", "source", "source_format", "quantization", "quantized"
@@ -153,7 +166,7 @@ def quantize_mlx(
     params = params or MLXParams()
     ckpt = open_model(model)
     check_unrotated(ckpt)
-    modules = _modules(ckpt, params, recipe)
+    modules = _modules(ckpt, params, recipe, modules)
     out, files = output_and_files(ckpt, out, copy_code)
     result = write_mlx(
         ckpt, out, params, modules=modules, dtype=dtype, files=files, overwrite=overwrite,

@@ -118,7 +118,8 @@ class _Plan:
                 and len(shape) == 2
                 and _is_float(ckpt, n)
                 and shape[-1] % p.group_size == 0  # type: ignore[operator]
-                and shape[-1] % params.group_size == 0  # type: ignore[operator]  # mlx-lm's test
+                # mlx-lm's test of the default groups (a module given its own grid: its own)
+                and (module in modules or shape[-1] % params.group_size == 0)  # type: ignore[operator]
             ):
                 self.quantized[module] = p  # type: ignore[index]
                 self.entries.append((hf, n, "weight"))
