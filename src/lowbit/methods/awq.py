@@ -270,7 +270,9 @@ def _clamp(W: np.ndarray, r: np.ndarray, size: int, symmetric: bool) -> np.ndarr
     return out
 
 
-def awq_clip(W: Any, H: Any, scheme: Scheme | str, cfg: AWQ | None = None) -> np.ndarray:
+def awq_clip(
+    W: Any, H: Any, scheme: Scheme | MLXTarget | str, cfg: AWQ | None = None
+) -> np.ndarray:
     """AWQ's clipping search: ``W`` with each row's groups clipped where that lowers the output
     error of their quantization (per-tensor scales: one ratio for the whole tensor).
 
@@ -285,26 +287,26 @@ def awq_clip(W: Any, H: Any, scheme: Scheme | str, cfg: AWQ | None = None) -> np
         ``cfg.clip`` off.
     """
     cfg = AWQ() if cfg is None else cfg
-    scheme = _as_scheme(scheme)
+    sch: Scheme | MLXTarget = _as_scheme(scheme)  # type: ignore[arg-type]
     W64 = np.asarray(W, dtype=np.float64)
     H64 = np.asarray(H, dtype=np.float64)
-    size = _groups(W64, scheme)
+    size = _groups(W64, sch)
     ratios = cfg.ratios()
     if not cfg.clip or size is None or len(ratios) < 2:
         return W64
     ngroups = -(-W64.shape[1] // size)
     ones = np.ones((W64.shape[0], ngroups))
     errs = []
-    symmetric = False if isinstance(scheme, MLXTarget) else scheme.symmetric
+    symmetric = False if isinstance(sch, MLXTarget) else sch.symmetric
     for r in ratios:
         Wc = _clamp(W64, ones * r, size, symmetric)
-        errs.append(_group_errors(W64 - _deq(Wc, scheme), H64, size))
+        errs.append(_group_errors(W64 - _deq(Wc, sch), H64, size))
     E = np.stack(errs)  # [ratios, out, groups]
-    if getattr(scheme, "granularity", None) is Granularity.TENSOR:
+    if getattr(sch, "granularity", None) is Granularity.TENSOR:
         pick = np.full(ones.shape, int(np.argmin(E.sum(axis=(1, 2)))))
     else:
         pick = np.argmin(E, axis=0)
     clipped = _clamp(W64, ratios[pick], size, symmetric)
-    if output_error(W64, _deq(clipped, scheme), H64) < output_error(W64, _deq(W64, scheme), H64):
+    if output_error(W64, _deq(clipped, sch), H64) < output_error(W64, _deq(W64, sch), H64):
         return clipped
     return W64
