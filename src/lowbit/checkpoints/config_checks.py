@@ -89,8 +89,10 @@ def _bad(where: str, what: str, value: Any, why: str) -> LowbitError:
 
 
 def _check_field(where: str, what: str, value: Any, low: float, high: float | None,
-                 integer: bool) -> None:  # fmt: skip
+                 integer: bool, per_layer: bool = True) -> None:  # fmt: skip
     if integer:
+        if isinstance(value, list) and not per_layer:
+            raise _bad(where, what, value, "lowbit expects one integer (not one per layer)")
         items = value if isinstance(value, list) else [value]
         if not items or len(items) > 4096:
             raise _bad(where, what, value, "lowbit expects an integer or one per layer")
@@ -127,6 +129,7 @@ def check_config(
     *,
     gguf_arch: str | None = None,
     tensors: Iterable[tuple[str, tuple[int, ...]]] | None = None,
+    per_layer: bool = True,
 ) -> None:
     """Check a model config's fields, their relations and (given ``tensors``, name and shape
     pairs) their agreement with the tensors, before anything is sized from them.
@@ -136,6 +139,8 @@ def check_config(
         where: the file to name.
         gguf_arch: for a GGUF source, its architecture: messages name the GGUF keys.
         tensors: the checkpoint's tensors, for the layer count and the vocabulary's rows.
+        per_layer: counts may be lists of one per layer (GGUF metadata arrays); False for a
+            config converted to GGUF, whose families take one value each.
 
     Raises:
         LowbitError: one line naming the first field that is wrong and why.
@@ -143,7 +148,7 @@ def check_config(
     present = {k: cfg[k] for k in FIELDS if cfg.get(k) is not None}
     for key, value in present.items():
         _, low, high, integer = FIELDS[key]
-        _check_field(where, _name(key, gguf_arch), value, low, high, integer)
+        _check_field(where, _name(key, gguf_arch), value, low, high, integer, per_layer)
 
     def nm(key: str) -> str:
         return _name(key, gguf_arch)

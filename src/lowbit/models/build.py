@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._json import short_repr
 from lowbit._optional import require
 from lowbit._progress import progress_iter
 from lowbit.checkpoints.config_checks import check_config
@@ -131,6 +132,10 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
             f"{checkpoint.path}: no config.json beside the weights, so the model cannot be built "
             f"(reading tensors works)"
         )
+    if checkpoint.format == "gguf" and "vocab_size" not in cfg and "token_embd.weight" in checkpoint:
+        # no vocabulary nor vocab_size key: transformers' default (151,936 for Qwen) would size
+        # the embedding before the load refuses it; the embedding's rows are the vocabulary
+        cfg["vocab_size"] = int(checkpoint.info("token_embd.weight").shape[0])
     if checkpoint.format == "gguf" and LONGROPE[0] in checkpoint:
         cfg = _longrope_config(checkpoint, cfg)
     # every count and real value in range and consistent with the tensors before the model
@@ -141,6 +146,7 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
         gguf_arch=str(arch) if checkpoint.format == "gguf" else None,
         tensors=((n, tuple(checkpoint.info(n).shape)) for n in checkpoint.names()),
     )
+    _check_builder_keys(cfg, str(checkpoint.path))
     model_type = cfg.pop("model_type", None)
     if model_type is None:
         raise LowbitError(f"{checkpoint.path}: config has no model_type")
@@ -157,11 +163,48 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
             f"{transformers.__version__} knows, so the model cannot be built{hint}"
         )
     try:
-        return transformers.AutoConfig.for_model(model_type, **cfg)
-    except ValueError as exc:
+        config = transformers.AutoConfig.for_model(model_type, **cfg)
+        pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+        if "pad_token_id" not in cfg and type(pad) is int and type(vocab) is int and pad >= vocab:
+            # the class's default padding row (Phi-3's 32000) is past a smaller vocabulary;
+            # the row only matters to training, so there is none
+            config.pad_token_id = None
+        return config
+    except Exception as exc:  # ValueError, or huggingface_hub's strict-dataclass errors
+        if not isinstance(exc, ValueError) and "Strict" not in type(exc).__name__:
+            raise
+        said = " ".join(str(exc).split())  # its messages run over several lines
+        said = said if len(said) <= 300 else said[:297] + "..."
         raise LowbitError(
-            f"{checkpoint.path}: transformers cannot build this config: {exc}"
+            f"{checkpoint.path}: transformers cannot build this config: {said}"
         ) from None
+
+
+def _check_builder_keys(cfg: Mapping[str, Any], where: str) -> None:
+    """The keys transformers reads as names, of the types it needs (a list for a class name
+    was a TypeError, a number for the dtype an IndexError, deep inside transformers)."""
+    archs = cfg.get("architectures")
+    if archs is not None and (
+        not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)
+    ):
+        raise LowbitError(f"{where}: architectures is {short_repr(archs)}; lowbit expects a "
+                          "list of class names")  # fmt: skip
+    import torch
+
+    pad, vocab = cfg.get("pad_token_id"), cfg.get("vocab_size")
+    if pad is not None and type(vocab) is int and (type(pad) is not int or not 0 <= pad < vocab):
+        raise LowbitError(  # the embedding's padding row (torch asserts it is a row)
+            f"{where}: pad_token_id is {short_repr(pad)}; it must be a token id below "
+            f"vocab_size {vocab}"
+        )
+    for key in ("torch_dtype", "dtype", "model_type"):
+        value = cfg.get(key)
+        if value is not None and not isinstance(value, str):
+            raise LowbitError(f"{where}: {key} is {short_repr(value)}; lowbit expects a name")
+        if key != "model_type" and value not in (None, "auto") and not isinstance(
+            getattr(torch, str(value), None), torch.dtype
+        ):
+            raise LowbitError(f"{where}: {key} is {short_repr(value)}, not a torch dtype name")
 
 
 def _model_class(config: Any) -> Any:

@@ -163,9 +163,10 @@ def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _S
 def _gemma3_vocab_rows(checkpoint: Any) -> int:
     """The embedding rows llama.cpp's converter keeps for Gemma 3: the tokenizer.json's
     vocabulary plus its added tokens (counted again even when in the vocabulary, as there)."""
-    import json
+    from lowbit.checkpoints.gguf.tokenizer import _read_tokenizer
 
-    doc = json.loads((_folder(checkpoint) / "tokenizer.json").read_text(encoding="utf-8"))
+    # one line for a missing or broken file (tokenizers checked the vocabulary's types)
+    _, doc = _read_tokenizer(_folder(checkpoint))
     return len(doc["model"]["vocab"]) + len(doc.get("added_tokens") or [])
 
 
@@ -295,6 +296,7 @@ def check_hf_config(checkpoint: Any) -> None:
         converter_config(checkpoint.config or {}),
         f"{_folder(checkpoint) / 'config.json'}",
         tensors=((n, tuple(checkpoint.info(n).shape)) for n in names),
+        per_layer=False,
     )
 
 

@@ -1,0 +1,130 @@
+"""The fast, fixed slice of issue 41's fuzz targets (``tests/fuzz_round3.py``): every input
+returns or raises LowbitError; and one regression test per finding of the long runs."""
+
+from __future__ import annotations
+
+import json
+import random
+import traceback
+import warnings
+from pathlib import Path
+
+import pytest
+
+import fuzz_round3 as fr
+from lowbit.errors import LowbitError
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+
+#: inputs per target in ``make test`` (the model-building targets cost ~30-60 ms each)
+SLICE = {"hf_config": 300, "tokenizer": 300, "imatrix": 300, "transform": 200,
+         "gguf_family": 150, "moe": 80}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory: pytest.TempPathFactory) -> fr.Seeds:
+    return fr.Seeds(tmp_path_factory.mktemp("fuzz3"))
+
+
+@pytest.mark.parametrize("target", fr.TARGETS)
+def test_fuzz_slice_only_lowbit_errors(target: str, seeds: fr.Seeds) -> None:
+    """A fixed slice of mutants of each target: each returns or is one LowbitError line."""
+    found = []
+    refused = 0
+    for i in range(SLICE[target]):
+        data, name = fr.mutant(target, seeds, random.Random(f"{target}:{i}"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                fr.run(target, data, seeds, name)
+            except LowbitError as exc:
+                refused += 1
+                assert "\n" not in str(exc), str(exc)
+            except Exception:
+                found.append(f"#{i} ({name}): {traceback.format_exc(limit=-3)}")
+    assert not found, f"{len(found)} findings; first: {found[0]}"
+    # the seeds are valid, so the slice reaches past the first check (not all refused)
+    assert refused < SLICE[target]
+
+
+def test_seeds_are_accepted(seeds: fr.Seeds) -> None:
+    """Unmutated seeds pass every target, so mutants start from files lowbit accepts."""
+    for name, cfg in seeds.configs.items():
+        fr.exercise_hf_config(json.dumps(cfg).encode(), seeds)
+        if name in fr.MOE_SEEDS:
+            fr.exercise_moe(json.dumps(cfg).encode(), seeds, name)
+    for seed in seeds.gguf.values():
+        fr.exercise_gguf_family(seed.assemble(seed.kvs), seeds)
+    for raw in seeds.imatrix:
+        fr.exercise_imatrix(raw, seeds)
+    fr.exercise_transform(json.dumps(seeds.ct_config).encode(), seeds)
+
+
+# ------------------------------------------------------------------ findings, one test each
+
+
+def _refused(run: object, *args: object, says: str) -> str:
+    with pytest.raises(LowbitError) as info:
+        run(*args)  # type: ignore[operator]
+    msg = str(info.value)
+    assert says in msg and "\n" not in msg, msg
+    return msg
+
+
+def test_per_layer_count_into_a_gguf_conversion(seeds: fr.Seeds) -> None:
+    """``num_experts: [1]`` on a dense llama reached the GGUF writer as a list (struct.error)."""
+    cfg = {**seeds.configs["tiny-llama"], "num_experts": [1]}
+    _refused(fr.exercise_hf_config, json.dumps(cfg).encode(), seeds,
+             says="num_experts is [1]; lowbit expects one integer")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("architectures", [[]], "architectures is [[]]; lowbit expects a list of class names"),
+        ("torch_dtype", float("inf"), "torch_dtype is inf; lowbit expects a name"),
+        ("torch_dtype", "", "torch_dtype is '', not a torch dtype name"),
+        ("mlp_only_layers", 2**31, "transformers cannot build this config"),
+        ("pad_token_id", 64, "pad_token_id is 64; it must be a token id below vocab_size 64"),
+    ],
+)
+def test_model_builder_names_and_strict_fields(
+    seeds: fr.Seeds, key: str, value: object, says: str
+) -> None:
+    """A list for a class name (TypeError), a number for the dtype (IndexError inside
+    transformers) and a field transformers' strict dataclass refuses (its own exception,
+    several lines) are one LowbitError line."""
+    cfg = {**seeds.configs["tiny-qwen3moe"], key: value}
+    _refused(fr.exercise_moe, json.dumps(cfg).encode(), seeds, "tiny-qwen3moe", says=says)
+
+
+def test_gemma3_without_a_readable_tokenizer(seeds: fr.Seeds, tmp_path: Path) -> None:
+    """Gemma 3's embedding rows come from tokenizer.json: absent or not a vocabulary, it was a
+    FileNotFoundError / KeyError."""
+    from lowbit.checkpoints.gguf.convert import _gemma3_vocab_rows
+
+    class Stub:
+        path = tmp_path
+
+    _refused(_gemma3_vocab_rows, Stub(), says="tokenizer.json")
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": [1]}}')
+    _refused(_gemma3_vocab_rows, Stub(), says="cannot read the tokenizer")
+
+
+def test_phi3_gguf_per_layer_head_counts(seeds: fr.Seeds) -> None:
+    """A Phi-3 GGUF whose head count is an array (llama.cpp allows one per layer) was a
+    TypeError while deriving its config; now the config check names the key."""
+    import struct
+
+    import fuzz_strategies as fs
+
+    seed = seeds.gguf["tiny-phi3-longrope"]
+    kvs = [
+        (k, fs.ARRAY, fs.gguf_value(fs.ARRAY, (fs.U32, [2, 2])))
+        if k == "phi3.attention.head_count" else (k, t, p)
+        for k, t, p in seed.kvs
+    ]  # fmt: skip
+    assert any(t == fs.ARRAY and k.endswith("head_count") for k, t, _ in kvs)
+    del struct
+    _refused(fr.exercise_gguf_family, seed.assemble(kvs), seeds, says="head_count")
