@@ -20,6 +20,7 @@ Seeds are tiny (hidden 16, 2 layers, 64 tokens): made once per process by :class
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -42,6 +43,11 @@ HOSTILE_VALUES: list[Any] = [
     math.nan, math.inf, -math.inf, True, False, None, "", "x", "1e-5", "x" * 70_000, [], [1],
     [1.0] * 5, [math.nan], {}, {"a": 1}, [[[[[]]]]], ["re:(a+)+$"],
 ]  # fmt: skip
+
+
+def _hostile(rnd: random.Random) -> Any:
+    """A fresh copy of a hostile value (a shared list could be made to contain itself)."""
+    return copy.deepcopy(rnd.choice(HOSTILE_VALUES))
 
 
 def _nested(depth: int) -> Any:
@@ -82,10 +88,10 @@ def mutate_doc(doc: Any, rnd: random.Random, keys: tuple[str, ...] = ()) -> Any:
         paths = _paths(doc)
         kind = rnd.randrange(6)
         if kind == 0 and keys and isinstance(doc, dict):
-            doc[rnd.choice(keys)] = rnd.choice(HOSTILE_VALUES)
+            doc[rnd.choice(keys)] = _hostile(rnd)
             continue
         if not paths:
-            return rnd.choice(HOSTILE_VALUES)
+            return _hostile(rnd)
         path = rnd.choice(paths)
         parent, last = _get(doc, path[:-1]), path[-1]
         value = parent[last]
@@ -100,7 +106,7 @@ def mutate_doc(doc: Any, rnd: random.Random, keys: tuple[str, ...] = ()) -> Any:
         elif kind == 4:
             parent[last] = _nested(rnd.choice([50, 600]))
         else:
-            parent[last] = rnd.choice(HOSTILE_VALUES)
+            parent[last] = _hostile(rnd)
     return doc
 
 

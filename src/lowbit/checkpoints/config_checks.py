@@ -189,6 +189,9 @@ def check_config(
             f"{where}: {nm('topk_group')} {topk_group} exceeds {nm('n_group')} {groups}"
         )
     for key, rp in _rope_settings(cfg):
+        if rp.get("original_max_position_embeddings") is not None:
+            _check_field(where, f"{key}.original_max_position_embeddings",
+                         rp["original_max_position_embeddings"], 1, _U32, True, False)  # fmt: skip
         for k in _ROPE_REALS:
             if rp.get(k) is not None:
                 _check_field(where, f"{key}.{k}", rp[k], 0, None, False)
