@@ -71,9 +71,8 @@ def _set(doc: dict, path: str, value: Any) -> None:
         ("normalizer", {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "NFKC"}]},
          "normalizer 'NFKC'"),
         ("decoder", {"type": "Sequence", "decoders": [{"type": "ByteLevel"},
-                                                      {"type": "Strip", "content": " ",
-                                                       "start": 1, "stop": 0}]},
-         "decoder 'Strip'"),
+                                                      {"type": "Fuse"}]},
+         "decoder 'Fuse'"),
         ("added_tokens.1.lstrip", True, "added token '<|im_start|>' lstrip True"),
         ("added_tokens.2.rstrip", True, "added token '<|im_end|>' rstrip True"),
         ("added_tokens.3.single_word", True, "single_word True"),
@@ -142,9 +141,10 @@ def test_tokenizer_features_llamacpp_reproduces_still_convert(
 def test_ignore_merges_with_llama3s_pre_tokenizer() -> None:
     """llama.cpp ignores merges for its llama-bpe pre-tokenizer only (Llama 3's files say
     ignore_merges: true)."""
-    from lowbit.checkpoints.gguf._tokenizer_exact import check_exact
+    from lowbit.checkpoints.gguf._tokenizer_exact import check_exact, check_ignore_merges
 
     doc = {"model": {"type": "BPE", "ignore_merges": True}, "decoder": {"type": "ByteLevel"}}
-    check_exact(doc, "tokenizer.json", "llama-bpe")
+    check_exact(doc, "tokenizer.json")
+    check_ignore_merges(doc, "tokenizer.json", "llama-bpe")
     with pytest.raises(LowbitError, match="ignore_merges"):
-        check_exact(doc, "tokenizer.json", "smollm")
+        check_ignore_merges(doc, "tokenizer.json", "smollm")

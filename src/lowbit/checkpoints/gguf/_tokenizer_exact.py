@@ -31,7 +31,7 @@ from typing import Any
 from lowbit._json import short_repr
 from lowbit.errors import LowbitError
 
-__all__ = ["check_exact"]
+__all__ = ["check_exact", "check_ignore_merges"]
 
 _POST = ("ByteLevel", "TemplateProcessing", "RobertaProcessing")
 
@@ -48,25 +48,46 @@ def _parts(node: Any) -> list[Any]:
     return [] if node is None else [node]
 
 
-def check_exact(doc: Mapping[str, Any], where: str, pre: str) -> None:
-    """Refuse a tokenizer.json whose tokenization a GGUF vocabulary would not reproduce.
+def _refusal(where: str, feature: str, value: Any, why: str) -> LowbitError:
+    return LowbitError(
+        f"{where}: {feature} {short_repr(value)} cannot be stored in a GGUF vocabulary "
+        f"({why}); lowbit converts tokenizers llama.cpp reproduces exactly"
+    )
+
+
+def check_ignore_merges(doc: Mapping[str, Any], where: str, pre: str) -> None:
+    """Refuse ``ignore_merges`` unless llama.cpp ignores merges for the pre-tokenizer ``pre``.
+
+    Raises:
+        LowbitError: one line naming the feature.
+    """
+    model = doc.get("model")
+    if isinstance(model, Mapping) and model.get("ignore_merges") and pre != "llama-bpe":
+        raise _refusal(where, "BPE ignore_merges", True, f"llama.cpp merges with pre {pre!r}")
+
+
+def check_exact(doc: Mapping[str, Any], where: str) -> None:
+    """Refuse a tokenizer.json whose tokenization a GGUF vocabulary would not reproduce
+    (before its pre-tokenizer is named: most of these change the check text's tokens, and the
+    message should name the feature, not a hash; ``ignore_merges`` is checked with the name,
+    :func:`check_ignore_merges`).
 
     Args:
         doc: the parsed tokenizer.json (already read by ``tokenizers``).
         where: the file, for messages.
-        pre: its ``tokenizer.ggml.pre`` name.
 
     Raises:
         LowbitError: one line naming the first feature the conversion would drop.
     """
 
     def refuse(feature: str, value: Any, why: str) -> LowbitError:
-        return LowbitError(
-            f"{where}: {feature} {short_repr(value)} cannot be stored in a GGUF vocabulary "
-            f"({why}); lowbit converts tokenizers llama.cpp reproduces exactly"
-        )
+        return _refusal(where, feature, value, why)
 
-    model = doc.get("model") or {}
+    if not isinstance(doc, Mapping):
+        return  # tokenizers refuses it
+    model = doc.get("model")
+    if not isinstance(model, Mapping) or model.get("type") != "BPE":
+        return  # refused for its kind (or by tokenizers)
     if model.get("dropout") not in (None, 0, 0.0):
         raise refuse("BPE dropout", model["dropout"], "llama.cpp merges deterministically")
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
@@ -74,15 +95,14 @@ def check_exact(doc: Mapping[str, Any], where: str, pre: str) -> None:
             raise refuse(f"BPE {key}", model[key], "llama.cpp's BPE marks no word pieces")
     if model.get("byte_fallback"):
         raise refuse("BPE byte_fallback", True, "llama.cpp's byte-level BPE has no <0xNN> tokens")
-    if model.get("ignore_merges") and pre != "llama-bpe":
-        raise refuse("BPE ignore_merges", True, f"llama.cpp merges with pre-tokenizer {pre!r}")
     for norm in _parts(doc.get("normalizer")):
         if _type(norm) != "NFC":
             raise refuse("normalizer", _type(norm), "llama.cpp does not normalize text")
     for dec in _parts(doc.get("decoder")):
         if _type(dec) != "ByteLevel":
             raise refuse("decoder", _type(dec), "llama.cpp decodes byte-level tokens only")
-    for tok in doc.get("added_tokens") or []:
+    added = doc.get("added_tokens")
+    for tok in added if isinstance(added, list) else []:
         if not isinstance(tok, Mapping):
             continue
         for flag in ("lstrip", "rstrip", "single_word"):

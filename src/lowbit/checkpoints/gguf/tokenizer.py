@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.checkpoints.gguf._pretokenizers import pre_tokenizer, pre_tokenizer_name
-from lowbit.checkpoints.gguf._tokenizer_exact import check_exact
+from lowbit.checkpoints.gguf._tokenizer_exact import check_exact, check_ignore_merges
 from lowbit._json import short_repr
 from lowbit.errors import LowbitError
 
@@ -119,8 +119,8 @@ def hf_vocab(
             f"{Path(folder) / 'tokenizer.json'}: token id {max(vocab.values())} is past "
             f"vocab_size {n}"
         )
-    pre = pre_tokenizer_name(tok)
-    check_exact(doc, str(Path(folder) / "tokenizer.json"), pre)
+    pre = pre_tokenizer_name(tok)  # (check_exact ran when the file was read)
+    check_ignore_merges(doc, str(Path(folder) / "tokenizer.json"), pre)
     by_id = {i: t for t, i in vocab.items()}
     added = tok.get_added_tokens_decoder()
     tokens: list[str] = []
@@ -155,9 +155,9 @@ def check_hf_tokenizer(folder: str | os.PathLike[str]) -> str:
             tokenizer that is not BPE, a pre-tokenizer llama.cpp does not name, or a feature
             a GGUF vocabulary would drop (:func:`~lowbit.checkpoints.gguf._tokenizer_exact.check_exact`).
     """
-    tok, doc = _read_tokenizer(folder)
+    tok, doc = _read_tokenizer(folder)  # check_exact runs as the file is read
     pre = pre_tokenizer_name(tok)
-    check_exact(doc, str(Path(folder) / "tokenizer.json"), pre)
+    check_ignore_merges(doc, str(Path(folder) / "tokenizer.json"), pre)
     return pre
 
 
@@ -199,6 +199,7 @@ def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, Any]]:
 
     text = Path(path).read_text(encoding="utf-8")
     doc = json.loads(text)
+    check_exact(doc, path)  # naming a feature the GGUF would drop, not its consequence
     _check_merges(doc, path)  # before tokenizers, which panics on some (a Rust panic)
     return Tokenizer.from_str(text), doc
 
@@ -211,14 +212,12 @@ def _check_merges(doc: Any, path: str) -> None:
     vocab, merges = model.get("vocab"), model.get("merges") or []
     if not isinstance(vocab, dict) or not isinstance(merges, list):
         raise LowbitError(f"{path}: model.vocab is not a mapping or model.merges not a list")
-    prefix = model.get("continuing_subword_prefix") or ""
-    for k, m in enumerate(merges):
+    for k, m in enumerate(merges):  # (check_exact refused word-piece prefixes and suffixes)
         pair = m.split(" ") if isinstance(m, str) else m
         ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
         if ok:
             a, b = pair
-            joined = a + (b[len(prefix) :] if prefix and b.startswith(prefix) else b)
-            ok = a in vocab and b in vocab and joined in vocab
+            ok = a in vocab and b in vocab and a + b in vocab
         if not ok:
             raise LowbitError(
                 f"{path}: merge {k} {short_repr(m)} does not fit the vocabulary (two tokens "
