@@ -147,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     n = sum(counts.values())
     print(
         f"{n} inputs in {total:.0f} s ({n / total:.0f}/s), seed {args.seed}: "
-        + ", ".join(f"{t} {counts[t]} ({errors[t]} LowbitError, slowest "
-                    f"{per_target_slowest[t]:.3f} s)" for t in targets)
+        + ", ".join(
+            f"{t} {counts[t]} ({errors[t]} LowbitError, slowest {per_target_slowest[t]:.3f} s)"
+            for t in targets
+        )
         + f"; other exceptions: {found}; slowest input {slowest[0]:.3f} s ({slowest[1]} #{slowest[2]}); "
         f"peak RSS {rss:.0f} MB"
     )

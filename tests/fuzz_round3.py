@@ -101,8 +101,11 @@ def mutate_doc(doc: Any, rnd: random.Random, keys: tuple[str, ...] = ()) -> Any:
         elif kind == 2 and isinstance(parent, dict):
             del parent[last]
         elif kind == 3 and isinstance(value, list):
-            parent[last] = value[: rnd.randrange(len(value) + 1)] if value and rnd.random() < 0.5 \
+            parent[last] = (
+                value[: rnd.randrange(len(value) + 1)]
+                if value and rnd.random() < 0.5
                 else value + value[:1] * rnd.choice([1, 3, 5000])
+            )
         elif kind == 4:
             parent[last] = _nested(rnd.choice([50, 600]))
         else:
@@ -127,7 +130,7 @@ def _tiny_configs() -> tuple[dict[str, dict[str, Any]], Any]:
     """make_tiny.py's configs (the converter fixtures') shrunk, and its tensor builder."""
     src = _MAKE_TINY.read_text().split("\nout, tokdir")[0]
     ns: dict[str, Any] = {}
-    exec(compile(src, str(_MAKE_TINY), "exec"), ns)  # noqa: S102 - the repository's fixture
+    exec(compile(src, str(_MAKE_TINY), "exec"), ns)
     out = {}
     for name, cfg in ns["CONFIGS"].items():
         cfg = {**cfg, **_SMALL}
@@ -166,8 +169,9 @@ class Seeds:
                       str(d / "model.safetensors"))  # fmt: skip
             (d / "config.json").write_text(json.dumps(cfg))
             vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}  # Gemma 3 counts its rows
-            (d / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab,
-                                                                    "merges": []}}))
+            (d / "tokenizer.json").write_text(
+                json.dumps({"model": {"type": "BPE", "vocab": vocab, "merges": []}})
+            )
             self.hf_folders[name] = d
         self.tokenizers = _tokenizer_seeds()
         self.imatrix = _imatrix_seeds(folder / "im")
@@ -400,8 +404,8 @@ def hf_metadata_without_vocab(
 
     from lowbit.checkpoints.gguf import convert
     from lowbit.checkpoints.gguf.hf_config import converter_config
-    from lowbit.checkpoints.gguf.hparams import add_hparams
     from lowbit.checkpoints.gguf.hf_view import _keep_plan
+    from lowbit.checkpoints.gguf.hparams import add_hparams
 
     stub = _HFStub(folder, cfg, shapes)
     fam = convert.hf_family(stub)
@@ -432,8 +436,9 @@ def exercise_hf_config(data: bytes, seeds: Seeds) -> None:
     folder = seeds.folder / "hfcfg"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_bytes(data)
-    (folder / "tokenizer.json").write_bytes((seeds.hf_folders["tiny-llama"] / "tokenizer.json")
-                                            .read_bytes())
+    (folder / "tokenizer.json").write_bytes(
+        (seeds.hf_folders["tiny-llama"] / "tokenizer.json").read_bytes()
+    )
     cfg = read_config(folder / "config.json")
     mt = cfg.get("model_type") if isinstance(cfg, dict) else None
     shapes = seeds.shapes.get(mt if isinstance(mt, str) else "", seeds.shapes["llama"])

@@ -157,3 +157,35 @@ def test_tokenizer_merge_into_a_missing_token(seeds: fr.Seeds) -> None:
     del doc["model"]["vocab"]["Ġthe"]
     _refused(fr.exercise_tokenizer, json.dumps(doc).encode(), seeds,
              says="merge 2 ['Ġt', 'he'] does not fit the vocabulary")  # fmt: skip
+
+
+def _gguf_with(seed: fr.GGUFSeed, changes: dict[str, tuple[int, object] | None]) -> bytes:
+    import fuzz_strategies as fs
+
+    kvs = [(k, t, p) for k, t, p in seed.kvs if k not in changes]
+    kvs += [(k, c[0], fs.gguf_value(c[0], c[1])) for k, c in changes.items() if c is not None]
+    return seed.assemble(kvs)
+
+
+@pytest.mark.parametrize(
+    ("seed", "changes", "says"),
+    [
+        # KeyError in the q/k un-permutation: the head count fell back to transformers' default
+        ("tiny-llama", {"llama.attention.head_count": None}, "no llama.attention.head_count"),
+        # TypeError choosing Mixtral for a llama file with an expert-count array
+        ("tiny-llama", {"llama.expert_count": (9, (4, [2, 2]))}, "expert_count"),
+        # list / string local rope bases reached transformers' rope (TypeError)
+        ("tiny-gemma3", {"gemma3.rope.freq_base_swa": (9, (4, [1, 2]))}, "rope.freq_base_swa"),
+        ("tiny-gemma3", {"gemma3.rope.freq_base_swa": (8, "yarn")}, "rope.freq_base_swa"),
+        # a rope base of 1: log(1) = 0 in yarn's correction range (ZeroDivisionError)
+        ("tiny-qwen3-yarn", {"qwen3.rope.freq_base": (4, 1)}, "qwen3.rope.freq_base is 1"),
+        # an original context of 1: log(1) = 0 in longrope's attention factor
+        ("tiny-phi3-longrope", {"phi3.rope.scaling.original_context_length": (4, 1)},
+         "original_context_length is 1"),
+        # no head count and a key length of 0 gave head_dim 0 (0.0 ** -0.5)
+        ("tiny-qwen2moe", {"qwen2moe.attention.head_count": None}, "no qwen2moe.attention"),
+    ],
+)  # fmt: skip
+def test_gguf_family_findings(seeds: fr.Seeds, seed: str, changes: dict, says: str) -> None:
+    """What the long gguf_family run found (seed 41): each is one LowbitError line now."""
+    _refused(fr.exercise_gguf_family, _gguf_with(seeds.gguf[seed], changes), seeds, says=says)

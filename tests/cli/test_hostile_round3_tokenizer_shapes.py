@@ -9,7 +9,6 @@ import contextlib
 import io
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +147,104 @@ def test_ignore_merges_with_llama3s_pre_tokenizer() -> None:
     check_ignore_merges(doc, "tokenizer.json", "llama-bpe")
     with pytest.raises(LowbitError, match="ignore_merges"):
         check_ignore_merges(doc, "tokenizer.json", "smollm")
+
+
+# ---------------------------------------------------------------- tensor shapes vs config.json
+
+
+def _shape_variant(src: Path, dst: Path, case: str) -> Path:
+    import ml_dtypes  # noqa: F401  (safetensors reads bfloat16 through it)
+    from safetensors.numpy import load_file, save_file
+
+    folder = _copy(src, dst)
+    t = {
+        k: np.asarray(v, np.float32)
+        for k, v in load_file(str(folder / "model.safetensors")).items()
+    }
+    if case == "wrong hidden":
+        k = "model.layers.0.self_attn.q_proj.weight"
+        t[k] = t[k][:, :32].copy()
+    elif case == "transposed":
+        k = "model.layers.1.mlp.down_proj.weight"
+        t[k] = t[k].T.copy()
+    elif case == "wrong vocab":
+        t["model.embed_tokens.weight"] = t["model.embed_tokens.weight"][:1000].copy()
+    elif case == "missing expert":
+        for k in [k for k in t if "layers.1.block_sparse_moe.experts.3." in k]:
+            del t[k]
+    elif case == "expert of another shape":
+        k = "model.layers.0.block_sparse_moe.experts.2.w1.weight"
+        t[k] = t[k][:64].copy()
+    save_file(t, str(folder / "model.safetensors"))
+    return folder
+
+
+SHAPE_CASES = {
+    "wrong hidden": ("tiny-llama", "self_attn.q_proj.weight' has shape [64, 32], but config.json "
+                                   "makes it [64, 64]"),
+    "transposed": ("tiny-llama", "has shape [128, 64] (transposed), but config.json makes it "
+                                 "[64, 128]"),
+    "wrong vocab": ("tiny-llama", "'model.embed_tokens.weight' has shape [1000, 64], but "
+                                  "config.json makes it [49152, 64]"),
+    "missing expert": ("tiny-mixtral", "layer 1 lacks expert 3's w1"),
+    "expert of another shape": ("tiny-mixtral", "experts.2.w1.weight' has shape [64, 64], but "
+                                                "config.json makes it [128, 64]"),
+}  # fmt: skip
+ROUTES = {
+    "lowbit": ["--to", "int4"],
+    "compressed-tensors": ["--to", "int4", "--out-format", "compressed-tensors"],
+    "gguf": ["--to", "q8_0", "--out-format", "gguf"],
+    "gguf mix": ["--to", "q4_k_m", "--out-format", "gguf"],
+    "mlx": ["--to", "affine", "--out-format", "mlx"],
+}
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES)
+def test_tensor_shapes_contradicting_the_config_in_every_route(
+    tiny: Path, tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """quantize to lowbit / compressed-tensors / GGUF (a conversion and a llama-quantize mix)
+    / MLX, HF -> GGUF conversion and the model builder (eval): one line naming the tensor,
+    before a tensor is read (no output) or the model allocated (wrote outputs or stacked into
+    a traceback before; eval refused only after building the whole model)."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.streaming import convert_hf_to_gguf
+    from lowbit.models import build
+
+    src, says = SHAPE_CASES[case]
+    folder = _shape_variant(tiny / src, tmp_path / "m", case)
+    for route, args in ROUTES.items():
+        if route == "mlx" and src == "tiny-mixtral":
+            continue  # lowbit's MLX output takes dense families only (refused first, by name)
+        out = tmp_path / route.replace(" ", "-")
+        code, err = _run("quantize", str(folder), *args, "--out", str(out))
+        assert code == 2 and says in _one_line(err), (route, err)
+        assert not out.exists(), route
+    with pytest.raises(LowbitError, match=r"config\.json") as info:
+        convert_hf_to_gguf(folder, tmp_path / "c.gguf", progress=False)
+    assert says in str(info.value)
+
+    def no_model(*a: Any) -> None:
+        raise AssertionError("the model was allocated before the shapes were checked")
+
+    monkeypatch.setattr(build, "_instantiate", no_model)
+    with open_checkpoint(folder) as ckpt, pytest.raises(LowbitError) as info:
+        build.build_model(ckpt, progress=False)
+    if case == "wrong vocab":  # the config's own check (config_checks) comes first there
+        says = "vocab_size is 49,152 but the token embedding has 1,000 rows"
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_quantized_and_packed_tensors_are_left_to_their_readers() -> None:
+    """Integer-coded tensors (packed int4, MLX's uint32 words) have their own shapes: only float
+    tensors are compared, and families other than lowbit's are not checked at all."""
+    from lowbit.checkpoints.shape_checks import check_tensor_shapes
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+           "vocab_size": 100, "intermediate_size": 128}  # fmt: skip
+    check_tensor_shapes(cfg, [("model.layers.0.self_attn.q_proj.weight", (64, 8), "U32")], "m")
+    check_tensor_shapes({**cfg, "model_type": "deepseek_v3"},
+                        [("model.layers.0.self_attn.q_proj.weight", (96, 64), "BF16")], "m")  # fmt: skip
+    with pytest.raises(LowbitError, match=r"\[96, 64\], but config.json makes it \[64, 64\]"):
+        check_tensor_shapes(cfg, [("model.layers.0.self_attn.q_proj.weight", (96, 64), "BF16")],
+                            "m")  # fmt: skip

@@ -47,7 +47,8 @@ FIELDS: dict[str, tuple[str | None, float, float | None, bool]] = {
     "head_dim": ("attention.key_length", 1, 65536, True),
     "vocab_size": ("vocab_size", 1, 2**24, True),
     "max_position_embeddings": ("context_length", 1, _U32, True),
-    "original_max_position_embeddings": ("rope.scaling.original_context_length", 1, _U32, True),
+    # (1 divides by log(1) = 0 in longrope's attention factor)
+    "original_max_position_embeddings": ("rope.scaling.original_context_length", 2, _U32, True),
     "num_local_experts": ("expert_count", 0, 4096, True),
     "num_experts": ("expert_count", 0, 4096, True),
     "n_routed_experts": ("expert_count", 0, 4096, True),
@@ -59,7 +60,9 @@ FIELDS: dict[str, tuple[str | None, float, float | None, bool]] = {
     "sliding_window": ("attention.sliding_window", 0, _U32, True),
     "rms_norm_eps": ("attention.layer_norm_rms_epsilon", 0, 1, False),
     "layer_norm_eps": ("attention.layer_norm_epsilon", 0, 1, False),
-    "rope_theta": ("rope.freq_base", 0, 1e15, False),
+    # a base of 1 makes every rotary frequency 1 (and divides by log(1) = 0 in yarn)
+    "rope_theta": ("rope.freq_base", 1, 1e15, False),
+    "rope_local_base_freq": ("rope.freq_base_swa", 1, 1e15, False),
     "attn_logit_softcapping": ("attn_logit_softcapping", 0, 1e9, False),
     "final_logit_softcapping": ("final_logit_softcapping", 0, 1e9, False),
     "partial_rotary_factor": (None, 0, 1, False),
@@ -191,7 +194,7 @@ def check_config(
     for key, rp in _rope_settings(cfg):
         if rp.get("original_max_position_embeddings") is not None:
             _check_field(where, f"{key}.original_max_position_embeddings",
-                         rp["original_max_position_embeddings"], 1, _U32, True, False)  # fmt: skip
+                         rp["original_max_position_embeddings"], 2, _U32, True, False)  # fmt: skip
         for k in _ROPE_REALS:
             if rp.get(k) is not None:
                 _check_field(where, f"{key}.{k}", rp[k], 0, None, False)

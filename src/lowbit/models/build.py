@@ -34,6 +34,7 @@ from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_experts, 
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.checkpoints.shipped import shipped_or_path
 from lowbit.errors import LowbitError
 from lowbit.models.ggml_act import gguf_linear_types
@@ -132,7 +133,11 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
             f"{checkpoint.path}: no config.json beside the weights, so the model cannot be built "
             f"(reading tensors works)"
         )
-    if checkpoint.format == "gguf" and "vocab_size" not in cfg and "token_embd.weight" in checkpoint:
+    if (
+        checkpoint.format == "gguf"
+        and "vocab_size" not in cfg
+        and "token_embd.weight" in checkpoint
+    ):
         # no vocabulary nor vocab_size key: transformers' default (151,936 for Qwen) would size
         # the embedding before the load refuses it; the embedding's rows are the vocabulary
         cfg["vocab_size"] = int(checkpoint.info("token_embd.weight").shape[0])
@@ -147,6 +152,14 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
         tensors=((n, tuple(checkpoint.info(n).shape)) for n in checkpoint.names()),
     )
     _check_builder_keys(cfg, str(checkpoint.path))
+    check_checkpoint_shapes(checkpoint)  # before the model is allocated from the config
+    if checkpoint.format == "gguf":
+        for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
+            if cfg.get(key) is None:  # transformers' class default would stand in for it
+                gkey = {"num_hidden_layers": "block_count", "hidden_size": "embedding_length",
+                        "num_attention_heads": "attention.head_count"}[key]  # fmt: skip
+                raise LowbitError(f"{checkpoint.path}: no {arch}.{gkey}; lowbit cannot build "
+                                  "the model without it")  # fmt: skip
     model_type = cfg.pop("model_type", None)
     if model_type is None:
         raise LowbitError(f"{checkpoint.path}: config has no model_type")
@@ -201,8 +214,10 @@ def _check_builder_keys(cfg: Mapping[str, Any], where: str) -> None:
         value = cfg.get(key)
         if value is not None and not isinstance(value, str):
             raise LowbitError(f"{where}: {key} is {short_repr(value)}; lowbit expects a name")
-        if key != "model_type" and value not in (None, "auto") and not isinstance(
-            getattr(torch, str(value), None), torch.dtype
+        if (
+            key != "model_type"
+            and value not in (None, "auto")
+            and not isinstance(getattr(torch, str(value), None), torch.dtype)
         ):
             raise LowbitError(f"{where}: {key} is {short_repr(value)}, not a torch dtype name")
 

@@ -210,7 +210,10 @@ GGUF_ARCHS: dict[str, Family] = {
 def gguf_family(arch: str, metadata: Mapping[str, Any]) -> Family | None:
     """The family a GGUF file is built as: its architecture's, or Mixtral for a ``llama``
     file with experts (llama.cpp stores Mixtral as llama); None for one lowbit does not build."""
-    if arch == "llama" and (metadata.get("llama.expert_count") or 0) > 0:
+    n = metadata.get("llama.expert_count")
+    if arch == "llama" and n is not None and type(n) is not int:  # llama.cpp reads one value
+        raise LowbitError(f"llama.expert_count is {str(n)[:40]}; lowbit expects an integer")
+    if arch == "llama" and type(n) is int and n > 0:
         return FAMILIES["mixtral"]
     return GGUF_ARCHS.get(arch)
 

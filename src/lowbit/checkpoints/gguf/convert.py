@@ -40,6 +40,7 @@ from lowbit.checkpoints.gguf.hf_config import converter_config
 from lowbit.checkpoints.gguf.hparams import add_hparams, phi3_rope_factors, rope_factors
 from lowbit.checkpoints.gguf.tokenizer import add_hf_vocab, check_hf_tokenizer
 from lowbit.checkpoints.gguf.writer import GGUFTensor, _Raw, gguf_from_quantized
+from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import AppliedPlan, TensorPlan
 from lowbit.quant.tensor import quantize
@@ -292,6 +293,7 @@ def check_hf_config(checkpoint: Any) -> None:
         LowbitError: the first field out of its type, range or relations.
     """
     names = checkpoint.names()
+    check_checkpoint_shapes(checkpoint)
     check_config(
         converter_config(checkpoint.config or {}),
         f"{_folder(checkpoint) / 'config.json'}",

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lowbit._json import short_repr
 from lowbit.checkpoints.gguf._pretokenizers import pre_tokenizer, pre_tokenizer_name
 from lowbit.checkpoints.gguf._tokenizer_exact import check_exact, check_ignore_merges
-from lowbit._json import short_repr
 from lowbit.errors import LowbitError
 
 __all__ = ["add_hf_vocab", "hf_vocab"]

@@ -19,6 +19,7 @@ from lowbit.checkpoints.gguf.names import gguf_to_hf_name
 from lowbit.checkpoints.mlx.params import MLXParams
 from lowbit.checkpoints.mlx.writer import _Plan, model_dtype, write_mlx
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.checkpoints.streaming import (
     check_unrotated,
     disk_bytes,
@@ -153,6 +154,7 @@ def quantize_mlx(
     params = params or MLXParams()
     ckpt = open_model(model)
     check_unrotated(ckpt)
+    check_checkpoint_shapes(ckpt)
     modules: dict[str, MLXParams | None] = {}
     if recipe is not None:
         if params.mode != "affine":
