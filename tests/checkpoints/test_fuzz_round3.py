@@ -189,3 +189,31 @@ def _gguf_with(seed: fr.GGUFSeed, changes: dict[str, tuple[int, object] | None])
 def test_gguf_family_findings(seeds: fr.Seeds, seed: str, changes: dict, says: str) -> None:
     """What the long gguf_family run found (seed 41): each is one LowbitError line now."""
     _refused(fr.exercise_gguf_family, _gguf_with(seeds.gguf[seed], changes), seeds, says=says)
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "num_attention_heads"])
+def test_null_width_or_heads_into_a_gguf_conversion(seeds: fr.Seeds, key: str) -> None:
+    """A null hidden size or head count reached Phi-3's rope factors (TypeError; long run,
+    seed 41, inputs 32694 and 35652)."""
+    cfg = {**seeds.configs["tiny-phi3-longrope"], key: None}
+    _refused(fr.exercise_hf_config, json.dumps(cfg).encode(), seeds,
+             says=f"{key} is null or absent")  # fmt: skip
+
+
+def test_transform_config_regex_total_is_bounded() -> None:
+    """20,000 distinct ``re:`` targets (0.4 MB) took more than 300 s: each match recompiled its
+    pattern, the compile cache holding 1,024. Their characters are now bounded as a plan's are,
+    and a transform compiles its patterns once."""
+    from lowbit.checkpoints.compressed_tensors.transforms import input_transforms
+
+    def qc(targets: list[str]) -> dict:
+        apply = [{"location": "input", "targets": targets}]
+        return {"transform_config": {"config_groups": {"v": {"type": "hadamard",
+                                                               "apply": apply}}}}  # fmt: skip
+
+    _refused(input_transforms, qc([f"re:(.*.*)*z{i}" for i in range(20_000)]), "c.json",
+             says="transform_config's re: targets hold 308,890 characters; at most 20,000")  # fmt: skip
+    [t] = input_transforms(qc([f"re:.*s\\.{i}\\.p" for i in range(1200)]), "c.json")
+    assert [t.matches(f"m.layers.{i}.p", ("Linear",)) for i in (0, 1199, 1200)] == [
+        True, True, False,
+    ]  # fmt: skip

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from lowbit._json import short_repr
 from lowbit._optional import require
 from lowbit._progress import progress_iter
 from lowbit.checkpoints.config_checks import check_config
@@ -37,6 +36,12 @@ from lowbit.checkpoints.readers import Checkpoint
 from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.checkpoints.shipped import shipped_or_path
 from lowbit.errors import LowbitError
+from lowbit.models._config_guard import (
+    check_builder_keys,
+    check_dtype_names,
+    check_gguf_required,
+    one_line,
+)
 from lowbit.models.ggml_act import gguf_linear_types
 from lowbit.models.hooks import attach_activation_quantization, attach_rotations
 from lowbit.models.input_transforms import attach_input_transforms
@@ -114,9 +119,9 @@ def _check_replacements(checkpoint: Checkpoint, weights: Mapping[str, Any]) -> N
 # ------------------------------------------------------------------------------ build
 
 
-def _hf_config(checkpoint: Checkpoint) -> Any:
-    import transformers
-
+def _checked_config(checkpoint: Checkpoint) -> tuple[dict[str, Any], str]:
+    """The config a model is built from and its model type, every field checked (and against
+    the tensors) before torch or transformers is imported."""
     cfg = dict(checkpoint.config or {})
     arch = None
     if checkpoint.format == "gguf":
@@ -151,20 +156,23 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
         gguf_arch=str(arch) if checkpoint.format == "gguf" else None,
         tensors=((n, tuple(checkpoint.info(n).shape)) for n in checkpoint.names()),
     )
-    _check_builder_keys(cfg, str(checkpoint.path))
+    check_builder_keys(cfg, str(checkpoint.path))
     check_checkpoint_shapes(checkpoint)  # before the model is allocated from the config
     if checkpoint.format == "gguf":
-        for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
-            if cfg.get(key) is None:  # transformers' class default would stand in for it
-                gkey = {"num_hidden_layers": "block_count", "hidden_size": "embedding_length",
-                        "num_attention_heads": "attention.head_count"}[key]  # fmt: skip
-                raise LowbitError(f"{checkpoint.path}: no {arch}.{gkey}; lowbit cannot build "
-                                  "the model without it")  # fmt: skip
+        check_gguf_required(cfg, str(arch), str(checkpoint.path))
     model_type = cfg.pop("model_type", None)
     if model_type is None:
         raise LowbitError(f"{checkpoint.path}: config has no model_type")
     for key in ("transformers_version", "_name_or_path"):
         cfg.pop(key, None)
+    return cfg, str(model_type)
+
+
+def _hf_config(checkpoint: Checkpoint, cfg: dict[str, Any], model_type: str) -> Any:
+    """transformers' config object of a checked config (:func:`_checked_config`)."""
+    import transformers
+
+    check_dtype_names(cfg, str(checkpoint.path))
     known = getattr(transformers, "CONFIG_MAPPING", None)
     if known is not None and model_type not in known:
         import difflib
@@ -186,40 +194,9 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
     except Exception as exc:  # ValueError, or huggingface_hub's strict-dataclass errors
         if not isinstance(exc, ValueError) and "Strict" not in type(exc).__name__:
             raise
-        said = " ".join(str(exc).split())  # its messages run over several lines
-        said = said if len(said) <= 300 else said[:297] + "..."
         raise LowbitError(
-            f"{checkpoint.path}: transformers cannot build this config: {said}"
+            f"{checkpoint.path}: transformers cannot build this config: {one_line(exc)}"
         ) from None
-
-
-def _check_builder_keys(cfg: Mapping[str, Any], where: str) -> None:
-    """The keys transformers reads as names, of the types it needs (a list for a class name
-    was a TypeError, a number for the dtype an IndexError, deep inside transformers)."""
-    archs = cfg.get("architectures")
-    if archs is not None and (
-        not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)
-    ):
-        raise LowbitError(f"{where}: architectures is {short_repr(archs)}; lowbit expects a "
-                          "list of class names")  # fmt: skip
-    import torch
-
-    pad, vocab = cfg.get("pad_token_id"), cfg.get("vocab_size")
-    if pad is not None and type(vocab) is int and (type(pad) is not int or not 0 <= pad < vocab):
-        raise LowbitError(  # the embedding's padding row (torch asserts it is a row)
-            f"{where}: pad_token_id is {short_repr(pad)}; it must be a token id below "
-            f"vocab_size {vocab}"
-        )
-    for key in ("torch_dtype", "dtype", "model_type"):
-        value = cfg.get(key)
-        if value is not None and not isinstance(value, str):
-            raise LowbitError(f"{where}: {key} is {short_repr(value)}; lowbit expects a name")
-        if (
-            key != "model_type"
-            and value not in (None, "auto")
-            and not isinstance(getattr(torch, str(value), None), torch.dtype)
-        ):
-            raise LowbitError(f"{where}: {key} is {short_repr(value)}, not a torch dtype name")
 
 
 def _model_class(config: Any) -> Any:
@@ -291,15 +268,15 @@ def build_model(
         LowbitError: no config, an unknown architecture, names or shapes that do not match.
         MissingExtraError: torch or transformers is not installed (``lowbit[models]``).
     """
-    torch = require("torch", extra="models", what="building a model")
-    require("transformers", extra="models", what="building a model")
-
     # llama.cpp's weight types, for ``--act llamacpp``: only where the weights are the file's
     stored_gguf = checkpoint.format == "gguf" and weights is None
     if checkpoint.format == "lowbit":  # a lowbit checkpoint keeps its source's names
         checkpoint = checkpoint.as_source()  # type: ignore[attr-defined]
+    cfg, model_type = _checked_config(checkpoint)  # a hostile file costs no torch import
+    torch = require("torch", extra="models", what="building a model")
+    require("transformers", extra="models", what="building a model")
     dtype = torch.float32 if dtype is None else dtype
-    config = _hf_config(checkpoint)
+    config = _hf_config(checkpoint, cfg, model_type)
     model = _instantiate(config, dtype)
     check_layouts(model, getattr(checkpoint, "layouts", {}))  # fused experts read per expert
     params = model.state_dict(keep_vars=True)

@@ -294,8 +294,12 @@ def check_hf_config(checkpoint: Any) -> None:
     """
     names = checkpoint.names()
     check_checkpoint_shapes(checkpoint)
+    cfg = converter_config(checkpoint.config or {})
+    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers"):
+        if cfg.get(key) is None:  # null: transformers' class keeps it, the converter needs it
+            raise LowbitError(f"{_folder(checkpoint) / 'config.json'}: {key} is null or absent")
     check_config(
-        converter_config(checkpoint.config or {}),
+        cfg,
         f"{_folder(checkpoint) / 'config.json'}",
         tensors=((n, tuple(checkpoint.info(n).shape)) for n in names),
         per_layer=False,
