@@ -217,3 +217,22 @@ def test_transform_config_regex_total_is_bounded() -> None:
     assert [t.matches(f"m.layers.{i}.p", ("Linear",)) for i in (0, 1199, 1200)] == [
         True, True, False,
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("seed", "key", "value"),
+    [
+        ("tiny-qwen2moe", "decoder_sparse_step", 0),  # integer modulo by zero
+        ("tiny-qwen3moe", "hidden_act", "x"),  # KeyError in transformers' activations
+        ("tiny-qwen2moe", "rope_theta", None),  # None ** Tensor
+        ("tiny-qwen3moe", "head_dim", None),  # None ** -0.5
+    ],
+)
+def test_moe_configs_transformers_cannot_build(
+    seeds: fr.Seeds, seed: str, key: str, value: object
+) -> None:
+    """Values lowbit's checks let through that the model class cannot use (long moe run,
+    seed 41): transformers' own error, in one line, instead of its traceback."""
+    cfg = {**seeds.configs[seed], key: value}
+    _refused(fr.exercise_moe, json.dumps(cfg).encode(), seeds, seed,
+             says="transformers cannot build")  # fmt: skip

@@ -223,7 +223,18 @@ def _instantiate(config: Any, dtype: Any) -> Any:
     torch.set_default_dtype(dtype)
     try:
         with no_init_weights():
-            model = cls(config) if cls is not None else transformers.AutoModel.from_config(config)
+            try:
+                model = (
+                    cls(config) if cls is not None else transformers.AutoModel.from_config(config)
+                )
+            except (TypeError, ValueError, KeyError, ZeroDivisionError, AssertionError,
+                    AttributeError, IndexError) as exc:  # fmt: skip
+                # a value lowbit's checks let through that the model class cannot use (a null
+                # count, an unknown activation, a sparse step of 0): transformers' own error
+                raise LowbitError(
+                    f"transformers cannot build {type(config).__name__.removesuffix('Config')} "
+                    f"from this config ({type(exc).__name__}: {one_line(exc, 200)})"
+                ) from None
             unfuse_experts(model)  # fused 3-D experts -> one linear layer per expert
     finally:
         torch.set_default_dtype(old)
