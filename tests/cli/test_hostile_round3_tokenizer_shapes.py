@@ -138,13 +138,14 @@ def test_tokenizer_features_llamacpp_reproduces_still_convert(
 
 
 def test_ignore_merges_with_llama3s_pre_tokenizer() -> None:
-    """llama.cpp ignores merges for its llama-bpe pre-tokenizer only (Llama 3's files say
-    ignore_merges: true)."""
+    """llama.cpp ignores merges for its llama-bpe and tekken pre-tokenizers only (Llama 3's
+    files say ignore_merges: true)."""
     from lowbit.checkpoints.gguf._tokenizer_exact import check_exact, check_ignore_merges
 
     doc = {"model": {"type": "BPE", "ignore_merges": True}, "decoder": {"type": "ByteLevel"}}
     check_exact(doc, "tokenizer.json")
     check_ignore_merges(doc, "tokenizer.json", "llama-bpe")
+    check_ignore_merges(doc, "tokenizer.json", "tekken")
     with pytest.raises(LowbitError, match="ignore_merges"):
         check_ignore_merges(doc, "tokenizer.json", "smollm")
 

@@ -9,8 +9,8 @@ naming the feature, so a GGUF it writes tokenizes as the folder does:
 
 - the BPE model's ``dropout``, ``continuing_subword_prefix``, ``end_of_word_suffix`` and
   ``byte_fallback`` (llama.cpp's BPE has none of them); ``ignore_merges`` except with the
-  ``llama-bpe`` pre-tokenizer, the one llama.cpp ignores merges for
-  (``tokenizer_ignore_merges``);
+  ``llama-bpe`` and ``tekken`` pre-tokenizers, those of lowbit's names llama.cpp ignores
+  merges for (``tokenizer_ignore_merges`` in llama-vocab.cpp);
 - a normalizer other than Unicode NFC (Qwen's, kept: llama.cpp does not normalize, so text
   must already be NFC, as nearly all text is; refusing it would refuse every Qwen model);
 - a decoder other than ``ByteLevel``;
@@ -34,6 +34,8 @@ from lowbit.errors import LowbitError
 __all__ = ["check_exact", "check_ignore_merges"]
 
 _POST = ("ByteLevel", "TemplateProcessing", "RobertaProcessing")
+#: the pre-tokenizers llama.cpp tokenizes with ``tokenizer_ignore_merges`` (llama-vocab.cpp)
+_IGNORES_MERGES = ("llama-bpe", "tekken")
 
 
 def _type(node: Any) -> Any:
@@ -56,13 +58,14 @@ def _refusal(where: str, feature: str, value: Any, why: str) -> LowbitError:
 
 
 def check_ignore_merges(doc: Mapping[str, Any], where: str, pre: str) -> None:
-    """Refuse ``ignore_merges`` unless llama.cpp ignores merges for the pre-tokenizer ``pre``.
+    """Refuse ``ignore_merges`` unless llama.cpp ignores merges for the pre-tokenizer ``pre``
+    (Llama 3's and Tekken's).
 
     Raises:
         LowbitError: one line naming the feature.
     """
     model = doc.get("model")
-    if isinstance(model, Mapping) and model.get("ignore_merges") and pre != "llama-bpe":
+    if isinstance(model, Mapping) and model.get("ignore_merges") and pre not in _IGNORES_MERGES:
         raise _refusal(where, "BPE ignore_merges", True, f"llama.cpp merges with pre {pre!r}")
 
 
