@@ -83,8 +83,8 @@ test: lint
 # each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*. Then issue 41's
 # parsers (HF config -> GGUF metadata, tokenizer.json, importance matrices, GGUF family
 # metadata -> model, transform_config, MoE configs: tests/fuzz_round3.py), structure-aware,
-# FUZZ_ROUND3_COUNT inputs each (10^5: about 6 min for the fast ones, 15-30 min for the two
-# that build models, on 2 cores); findings land in out/fuzz/structured/.
+# FUZZ_ROUND3_COUNT inputs each (10^5 took 1-10 min each for the first four and 25-30 min for
+# moe on the shared 2-core machine; docs/security.md); findings land in out/fuzz/structured/.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= safetensors gguf plan manifest ct regex results explore
 FUZZ_ROUND3 ?= hf_config tokenizer imatrix gguf_family transform moe

@@ -113,11 +113,16 @@ def mutate_doc(doc: Any, rnd: random.Random, keys: tuple[str, ...] = ()) -> Any:
     return doc
 
 
+_MAX_MUTANT = 8_000_000
+
+
 def doc_mutant(doc: Any, rnd: random.Random, keys: tuple[str, ...] = ()) -> bytes:
     """A mutated document's bytes: mostly structure-aware, sometimes text-level (duplicate
     keys, deep wrapping, byte flips: ``fuzz_strategies.mutate_json_text``)."""
     if rnd.random() < 0.75:
         text = json.dumps(mutate_doc(doc, rnd, keys))
+        if len(text) > _MAX_MUTANT:  # repeated repetitions reached 350 MB: cut (still hostile)
+            text = text[:_MAX_MUTANT]
     else:
         text = fs.mutate_json_text(json.dumps(doc), rnd)
     return text.encode("utf-8", "surrogatepass")

@@ -185,8 +185,8 @@ SHAPE_CASES = {
                                    "makes it [64, 64]"),
     "transposed": ("tiny-llama", "has shape [128, 64] (transposed), but config.json makes it "
                                  "[64, 128]"),
-    "wrong vocab": ("tiny-llama", "'model.embed_tokens.weight' has shape [1000, 64], but "
-                                  "config.json makes it [49152, 64]"),
+    # (the config's own check names the field: config_checks, run first)
+    "wrong vocab": ("tiny-llama", "vocab_size is 49,152 but the token embedding has 1,000 rows"),
     "missing expert": ("tiny-mixtral", "layer 1 lacks expert 3's w1"),
     "expert of another shape": ("tiny-mixtral", "experts.2.w1.weight' has shape [64, 64], but "
                                                 "config.json makes it [128, 64]"),
@@ -221,7 +221,7 @@ def test_tensor_shapes_contradicting_the_config_in_every_route(
         code, err = _run("quantize", str(folder), *args, "--out", str(out))
         assert code == 2 and says in _one_line(err), (route, err)
         assert not out.exists(), route
-    with pytest.raises(LowbitError, match=r"config\.json") as info:
+    with pytest.raises(LowbitError) as info:
         convert_hf_to_gguf(folder, tmp_path / "c.gguf", progress=False)
     assert says in str(info.value)
 
@@ -231,8 +231,6 @@ def test_tensor_shapes_contradicting_the_config_in_every_route(
     monkeypatch.setattr(build, "_instantiate", no_model)
     with open_checkpoint(folder) as ckpt, pytest.raises(LowbitError) as info:
         build.build_model(ckpt, progress=False)
-    if case == "wrong vocab":  # the config's own check (config_checks) comes first there
-        says = "vocab_size is 49,152 but the token embedding has 1,000 rows"
     assert says in str(info.value) and "\n" not in str(info.value)
 
 

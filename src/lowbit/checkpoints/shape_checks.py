@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+from lowbit.checkpoints.config_checks import check_config
 from lowbit.errors import LowbitError
 
 __all__ = ["check_checkpoint_shapes", "check_tensor_shapes"]
@@ -147,11 +149,16 @@ def check_checkpoint_shapes(checkpoint: Any) -> None:
     if getattr(checkpoint, "format", None) not in ("safetensors", "huggingface",
                                                    "compressed-tensors"):  # fmt: skip
         return
-    infos = (checkpoint.info(n) for n in checkpoint.names())
+    cfg = checkpoint.config
+    if not isinstance(cfg, Mapping) or cfg.get("model_type") not in _FAMILIES:
+        return
+    infos = [checkpoint.info(n) for n in checkpoint.names()]
+    # the fields first (a vocab_size of 10^8 is named as such, not as an embedding's shape)
+    check_config(cfg, str(Path(checkpoint.path) / "config.json"),
+                 tensors=((i.name, tuple(i.shape)) for i in infos))  # fmt: skip
     check_tensor_shapes(
-        checkpoint.config, ((i.name, tuple(i.shape), str(i.dtype)) for i in infos),
-        str(checkpoint.path),
-    )  # fmt: skip
+        cfg, ((i.name, tuple(i.shape), str(i.dtype)) for i in infos), str(checkpoint.path)
+    )
 
 
 def _compare(where: str, name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:

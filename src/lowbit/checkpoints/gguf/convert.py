@@ -38,7 +38,7 @@ from lowbit.checkpoints.gguf.card_files import check_card_files
 from lowbit.checkpoints.gguf.checks import GGUF_Q, _gguf_exact
 from lowbit.checkpoints.gguf.hf_config import converter_config
 from lowbit.checkpoints.gguf.hparams import add_hparams, phi3_rope_factors, rope_factors
-from lowbit.checkpoints.gguf.tokenizer import add_hf_vocab, check_hf_tokenizer
+from lowbit.checkpoints.gguf.tokenizer import _read_tokenizer, add_hf_vocab, check_hf_tokenizer
 from lowbit.checkpoints.gguf.writer import GGUFTensor, _Raw, gguf_from_quantized
 from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.errors import LowbitError
@@ -164,8 +164,6 @@ def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _S
 def _gemma3_vocab_rows(checkpoint: Any) -> int:
     """The embedding rows llama.cpp's converter keeps for Gemma 3: the tokenizer.json's
     vocabulary plus its added tokens (counted again even when in the vocabulary, as there)."""
-    from lowbit.checkpoints.gguf.tokenizer import _read_tokenizer
-
     # one line for a missing or broken file (tokenizers checked the vocabulary's types)
     _, doc = _read_tokenizer(_folder(checkpoint))
     return len(doc["model"]["vocab"]) + len(doc.get("added_tokens") or [])
@@ -293,7 +291,6 @@ def check_hf_config(checkpoint: Any) -> None:
         LowbitError: the first field out of its type, range or relations.
     """
     names = checkpoint.names()
-    check_checkpoint_shapes(checkpoint)
     cfg = converter_config(checkpoint.config or {})
     for key in ("hidden_size", "num_attention_heads", "num_hidden_layers"):
         if cfg.get(key) is None:  # null: transformers' class keeps it, the converter needs it
@@ -304,6 +301,7 @@ def check_hf_config(checkpoint: Any) -> None:
         tensors=((n, tuple(checkpoint.info(n).shape)) for n in names),
         per_layer=False,
     )
+    check_checkpoint_shapes(checkpoint)
 
 
 def write_gguf_from_hf(
