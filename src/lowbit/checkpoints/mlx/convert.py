@@ -18,6 +18,7 @@ from typing import Any
 from lowbit.checkpoints.mlx.params import MLXParams
 from lowbit.checkpoints.mlx.writer import _Plan, model_dtype, output_layout, write_mlx
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.checkpoints.streaming import (
     check_unrotated,
     disk_bytes,
@@ -166,6 +167,7 @@ def quantize_mlx(
     params = params or MLXParams()
     ckpt = open_model(model)
     check_unrotated(ckpt)
+    check_checkpoint_shapes(ckpt)
     modules = _modules(ckpt, params, recipe, modules)
     out, files = output_and_files(ckpt, out, copy_code)
     result = write_mlx(
