@@ -80,9 +80,15 @@ test: lint
 	fi
 
 # Coverage-guided fuzzing (atheris/libFuzzer) of each parser of a user's file for FUZZ_SECONDS
-# each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*.
+# each (docs/security.md); crashing inputs land in out/fuzz/<target>-crash-*. Then issue 41's
+# parsers (HF config -> GGUF metadata, tokenizer.json, importance matrices, GGUF family
+# metadata -> model, transform_config, MoE configs: tests/fuzz_round3.py), structure-aware,
+# FUZZ_ROUND3_COUNT inputs each (10^5 took 1-10 min each for the first four and 25-30 min for
+# moe on the shared 2-core machine; docs/security.md); findings land in out/fuzz/structured/.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= safetensors gguf plan manifest ct regex results explore
+FUZZ_ROUND3 ?= hf_config tokenizer imatrix gguf_family transform moe
+FUZZ_ROUND3_COUNT ?= 100000
 fuzz: install
 	$(BIN)/pip install -q -e '.[fuzz]'
 	mkdir -p out/fuzz
@@ -90,6 +96,11 @@ fuzz: install
 	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
 	  $(BIN)/python fuzz/atheris_fuzz.py $$t -max_total_time=$(FUZZ_SECONDS) \
 	    -artifact_prefix=out/fuzz/$$t- out/fuzz/corpus-$$t || status=1; \
+	done; \
+	for t in $(FUZZ_ROUND3); do \
+	  echo "== fuzz $$t ($(FUZZ_ROUND3_COUNT) inputs)"; \
+	  $(BIN)/python fuzz/structured.py --target $$t --count $(FUZZ_ROUND3_COUNT) \
+	    --crashes out/fuzz/structured || status=1; \
 	done; exit $$status
 
 # The long structure-aware run without coverage guidance (one process): FUZZ_COUNT inputs

@@ -2,7 +2,9 @@
 
 Builds valid-ish files with ``tests/fuzz_strategies.py`` (safetensors, GGUF, lowbit.json, plan
 files, compressed-tensors folders, plan regexes, --eval/--sensitivity documents, explorer
-requests), mutates them, and runs each through everything lowbit does with such a file
+requests) and ``tests/fuzz_round3.py`` (issue 41: HF config.json -> GGUF metadata,
+tokenizer.json, importance matrices, GGUF family metadata -> model, transform_config, MoE
+configs; ``--target round3``), mutates them, and runs each through everything lowbit does with such a file
 (``exercise_*``). Any exception other than ``LowbitError`` is a finding: it is saved under
 ``--crashes`` with its traceback and the run goes on. Each input is timed; the slowest and
 the peak memory (RSS) are reported at the end.
@@ -26,10 +28,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import fuzz_round3 as fr
 import fuzz_strategies as fs
 from lowbit.errors import LowbitError
 
 TARGETS = ("safetensors", "gguf", "manifest", "plan", "ct", "regex", "results", "explore")
+#: issue 41's parsers (``tests/fuzz_round3.py``); ``--target round3`` runs these six
+ROUND3 = fr.TARGETS
 
 
 def _inputs(target: str, rnd: random.Random, manifest: str) -> tuple[bytes, str]:
@@ -49,7 +54,7 @@ def _inputs(target: str, rnd: random.Random, manifest: str) -> tuple[bytes, str]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", choices=(*TARGETS, "all"), default="all")
+    ap.add_argument("--target", choices=(*TARGETS, *ROUND3, "all", "round3"), default="all")
     ap.add_argument("--count", type=int, default=10_000, help="inputs in total")
     ap.add_argument("--seconds", type=float, default=None, help="stop after this long")
     ap.add_argument("--seed", type=int, default=0)
@@ -58,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
-    targets = TARGETS if args.target == "all" else (args.target,)
+    groups = {"all": (*TARGETS, *ROUND3), "round3": ROUND3}
+    targets = groups.get(args.target, (args.target,))
     run = {
         "safetensors": fs.exercise_safetensors,
         "gguf": fs.exercise_gguf,
@@ -73,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         ct_bases = fs.make_ct_folder(ct_folder)
         ct_originals = {p.name: p.read_bytes() for p in ct_folder.iterdir() if p.is_file()}
         ct_originals.update(ct_bases)
+        seeds3 = fr.Seeds(work / "round3") if set(targets) & set(ROUND3) else None
         counts = dict.fromkeys(targets, 0)
         errors = dict.fromkeys(targets, 0)
         found = 0
+        per_target_slowest = dict.fromkeys(targets, 0.0)
         slowest = (0.0, "", 0)
         start = time.perf_counter()
         for i in range(args.count):
@@ -83,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                 break
             target = targets[i % len(targets)]
             rnd = random.Random(f"{args.seed}:{i}")
-            if target == "ct":
+            if target in ROUND3:
+                data, name = fr.mutant(target, seeds3, rnd)
+            elif target == "ct":
                 name, data = fs.ct_mutant(rnd, ct_originals, ct_folder)
             elif target == "explore":
                 path, query = fs.explorer_request(rnd)
@@ -92,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                 data, suffix = _inputs(target, rnd, manifest)
             t0 = time.perf_counter()
             try:
-                if target == "ct":
+                if target in ROUND3:
+                    fr.run(target, data, seeds3, name)
+                elif target == "ct":
                     fs.exercise_ct(name, data, ct_folder, ct_originals)
                 elif target == "explore":
                     fs.exercise_explorer(path, query)
@@ -108,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                     run[target](data, work)
             except LowbitError:
                 errors[target] += 1
-            except Exception:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:  # a Rust panic in a parser is a BaseException
                 found += 1
                 args.crashes.mkdir(parents=True, exist_ok=True)
                 stem = args.crashes / f"{target}-{args.seed}-{i}"
@@ -118,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             dt = time.perf_counter() - t0
             if dt > slowest[0]:
                 slowest = (dt, target, i)
+            per_target_slowest[target] = max(per_target_slowest[target], dt)
             counts[target] += 1
             if (i + 1) % args.report == 0:
                 el = time.perf_counter() - start
@@ -132,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     n = sum(counts.values())
     print(
         f"{n} inputs in {total:.0f} s ({n / total:.0f}/s), seed {args.seed}: "
-        + ", ".join(f"{t} {counts[t]} ({errors[t]} LowbitError)" for t in targets)
+        + ", ".join(
+            f"{t} {counts[t]} ({errors[t]} LowbitError, slowest {per_target_slowest[t]:.3f} s)"
+            for t in targets
+        )
         + f"; other exceptions: {found}; slowest input {slowest[0]:.3f} s ({slowest[1]} #{slowest[2]}); "
         f"peak RSS {rss:.0f} MB"
     )

@@ -256,7 +256,8 @@ def test_cli_out_format_mlx(sources: dict[str, Path], tmp_path: Path, capsys) ->
         (["--q-bits", "7"], "bits 1, 2, 3, 4, 5, 6, 8"),
         (["--q-mode", "mxfp4", "--q-group-size", "64"], "mxfp4 is 4 bits in groups of 32"),
         (["--to", "int4"], "--to is an mlx-lm recipe"),
-        (["--method", "awq"], "rounds to nearest"),
+        (["--method", "hadamard"], "rounds to nearest"),
+        (["--dry-run"], "shows a budget's plan"),
         (["--group", "64"], "--group (use --q-group-size) does not apply"),
         (["--to", "mixed_3_6", "--q-mode", "mxfp4"], "recipes are affine"),
     ],
@@ -355,11 +356,12 @@ def test_families_identical_to_mlx_lm_convert(tmp_path: Path, family: str) -> No
 
 
 def test_unchecked_family_is_refused(tmp_path: Path) -> None:
-    """A family not checked against mlx-lm (a mixture of experts here): one line, no folder."""
+    """A family not checked against mlx-lm (a mixture of experts with latent attention here):
+    one line, no folder."""
     from tiny_models import save_moe_folder, tiny_moe
 
-    src = save_moe_folder(tiny_moe("qwen3_moe"), tmp_path / "moe")
-    with pytest.raises(LowbitError, match="model_type 'qwen3_moe': lowbit's MLX output is"):
+    src = save_moe_folder(tiny_moe("deepseek_v3"), tmp_path / "moe")
+    with pytest.raises(LowbitError, match="model_type 'deepseek_v3': lowbit's MLX output is"):
         quantize_mlx(src, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 

@@ -10,11 +10,11 @@ import numpy as np
 
 from lowbit.calibration.blocks import _model_layout, _set_weight
 from lowbit.errors import LowbitError
-from lowbit.methods.awq import awq_clip, awq_search, output_error
+from lowbit.methods.awq import awq_clip, awq_search, output_error, rounded
 from lowbit.methods.folds import NO_CLIP, FoldKind, fold_scales, head_reduce, head_repeat
 from lowbit.methods.smoothquant import GROUPED_ACTIVATIONS, SmoothQuant, smoothquant_search
 from lowbit.models.act_quant import fake_quantize_rows
-from lowbit.quant.tensor import quantize, quantize_dynamic
+from lowbit.quant.tensor import quantize_dynamic
 
 __all__ = ["do_block"]
 
@@ -61,7 +61,7 @@ def do_block(
             H = hess.get(path)
             H = col.hessian(path) if H is None else H
             W = awq_clip(W, H, scheme, method)
-        qt = quantize(W.astype(np.float32), scheme)
+        qt = rounded(W, scheme)
         deq = qt.dequantize(np.float64)
         sec["quantize"] += time.perf_counter() - t
         t = time.perf_counter()
@@ -165,7 +165,7 @@ def _errors(
 ) -> dict[str, float]:  # fmt: skip
     """Relative output errors of round to nearest and of the method, in the original space."""
     eff = r[:, None] * deq / c[None, :]
-    rtn = quantize(W.astype(np.float32), scheme).dequantize(np.float64)
+    rtn = rounded(W, scheme).dequantize(np.float64)
     out: dict[str, float] = {"tokens": col.tokens(path)}
     if isinstance(method, SmoothQuant):
         X = col.rows(path).astype(np.float64)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from lowbit.calibration._awq_block import do_block
 from lowbit.calibration._block_args import block_args, with_block_args
 from lowbit.calibration.blocks import _calibration, _capture, _find_blocks, _locate, _out, _samples
 from lowbit.calibration.data import Calibration
+from lowbit.calibration.gptq import _Target
 from lowbit.calibration.hessians import HessianCollector
 from lowbit.checkpoints import steps as qw
 from lowbit.checkpoints.gguf.names import gguf_to_hf_name
@@ -130,6 +131,7 @@ def awq_weights(
     progress: bool | None = None,
     default_method: str = "awq",
     compute: str = "fp32",
+    targets: Mapping[str, Any] | None = None,
     _worker: Any = None,
 ) -> AWQRun:
     """Quantize a model's weights with AWQ, or round them after SmoothQuant's folds.
@@ -150,6 +152,11 @@ def awq_weights(
             rules saying ``method: awq`` use AWQ). A rule's ``method`` always wins: a
             ``method: rtn`` tensor is rounded to nearest as stored, and a fold that would
             change it is skipped (``folds`` says so).
+        targets: instead of ``scheme``'s plan (AWQ only): checkpoint tensor name ->
+            :class:`~lowbit.methods._mlx_gptq.MLXTarget`; the block linears among them are
+            scaled, clipped and rounded onto their MLX grid
+            (:class:`~lowbit.methods._mlx_gptq.MLXQuantized` weights), the others left out of
+            ``weights`` (the caller rounds them, from :meth:`AWQRun.checkpoint`).
         _worker: a calibration worker's session (``lowbit.calibration._workers``; AWQ
             only): statistics of the worker's shard of samples, searched and quantized on
             those summed over every worker.
@@ -173,8 +180,15 @@ def awq_weights(
         raise LowbitError(f"method must be AWQ or SmoothQuant, got {type(method).__name__}")
     calib = _calibration(calibration, Calibration)
     ckpt = open_model(model)
-    plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
-    todo = {t.name: t for t in plan_model(ckpt, plan).quantized}
+    if targets is not None:
+        if isinstance(method, SmoothQuant):
+            raise LowbitError("SmoothQuant onto MLX grids is not supported; use AWQ or GPTQ")
+        todo: dict[str, Any] = {
+            n: _Target(n, tuple(ckpt.info(n).shape), t) for n, t in targets.items()
+        }
+    else:
+        plan = scheme if isinstance(scheme, PrecisionPlan) else PrecisionPlan.uniform(scheme)
+        todo = {t.name: t for t in plan_model(ckpt, plan).quantized}
     wanted = _wanted(todo, default_method, isinstance(method, SmoothQuant))
     tokenizer = build_tokenizer(ckpt)
     net = build_model(ckpt, progress=progress)
@@ -238,7 +252,7 @@ def awq_weights(
     del net, states
     t = time.perf_counter()
     for name, tp in todo.items():
-        if name not in run.weights:
+        if name not in run.weights and targets is None:
             run.weights[name] = qw.read_quantized(ckpt, tp)
             run.methods[name] = "rtn"
     sec["rtn"] = time.perf_counter() - t

@@ -47,7 +47,8 @@ FIELDS: dict[str, tuple[str | None, float, float | None, bool]] = {
     "head_dim": ("attention.key_length", 1, 65536, True),
     "vocab_size": ("vocab_size", 1, 2**24, True),
     "max_position_embeddings": ("context_length", 1, _U32, True),
-    "original_max_position_embeddings": ("rope.scaling.original_context_length", 1, _U32, True),
+    # (1 divides by log(1) = 0 in longrope's attention factor)
+    "original_max_position_embeddings": ("rope.scaling.original_context_length", 2, _U32, True),
     "num_local_experts": ("expert_count", 0, 4096, True),
     "num_experts": ("expert_count", 0, 4096, True),
     "n_routed_experts": ("expert_count", 0, 4096, True),
@@ -59,7 +60,9 @@ FIELDS: dict[str, tuple[str | None, float, float | None, bool]] = {
     "sliding_window": ("attention.sliding_window", 0, _U32, True),
     "rms_norm_eps": ("attention.layer_norm_rms_epsilon", 0, 1, False),
     "layer_norm_eps": ("attention.layer_norm_epsilon", 0, 1, False),
-    "rope_theta": ("rope.freq_base", 0, 1e15, False),
+    # a base of 1 makes every rotary frequency 1 (and divides by log(1) = 0 in yarn)
+    "rope_theta": ("rope.freq_base", 1, 1e15, False),
+    "rope_local_base_freq": ("rope.freq_base_swa", 1, 1e15, False),
     "attn_logit_softcapping": ("attn_logit_softcapping", 0, 1e9, False),
     "final_logit_softcapping": ("final_logit_softcapping", 0, 1e9, False),
     "partial_rotary_factor": (None, 0, 1, False),
@@ -89,8 +92,10 @@ def _bad(where: str, what: str, value: Any, why: str) -> LowbitError:
 
 
 def _check_field(where: str, what: str, value: Any, low: float, high: float | None,
-                 integer: bool) -> None:  # fmt: skip
+                 integer: bool, per_layer: bool = True) -> None:  # fmt: skip
     if integer:
+        if isinstance(value, list) and not per_layer:
+            raise _bad(where, what, value, "lowbit expects one integer (not one per layer)")
         items = value if isinstance(value, list) else [value]
         if not items or len(items) > 4096:
             raise _bad(where, what, value, "lowbit expects an integer or one per layer")
@@ -127,6 +132,7 @@ def check_config(
     *,
     gguf_arch: str | None = None,
     tensors: Iterable[tuple[str, tuple[int, ...]]] | None = None,
+    per_layer: bool = True,
 ) -> None:
     """Check a model config's fields, their relations and (given ``tensors``, name and shape
     pairs) their agreement with the tensors, before anything is sized from them.
@@ -136,6 +142,8 @@ def check_config(
         where: the file to name.
         gguf_arch: for a GGUF source, its architecture: messages name the GGUF keys.
         tensors: the checkpoint's tensors, for the layer count and the vocabulary's rows.
+        per_layer: counts may be lists of one per layer (GGUF metadata arrays); False for a
+            config converted to GGUF, whose families take one value each.
 
     Raises:
         LowbitError: one line naming the first field that is wrong and why.
@@ -143,7 +151,7 @@ def check_config(
     present = {k: cfg[k] for k in FIELDS if cfg.get(k) is not None}
     for key, value in present.items():
         _, low, high, integer = FIELDS[key]
-        _check_field(where, _name(key, gguf_arch), value, low, high, integer)
+        _check_field(where, _name(key, gguf_arch), value, low, high, integer, per_layer)
 
     def nm(key: str) -> str:
         return _name(key, gguf_arch)
@@ -184,6 +192,9 @@ def check_config(
             f"{where}: {nm('topk_group')} {topk_group} exceeds {nm('n_group')} {groups}"
         )
     for key, rp in _rope_settings(cfg):
+        if rp.get("original_max_position_embeddings") is not None:
+            _check_field(where, f"{key}.original_max_position_embeddings",
+                         rp["original_max_position_embeddings"], 2, _U32, True, False)  # fmt: skip
         for k in _ROPE_REALS:
             if rp.get(k) is not None:
                 _check_field(where, f"{key}.{k}", rp[k], 0, None, False)

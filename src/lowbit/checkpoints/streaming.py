@@ -49,6 +49,7 @@ from lowbit.checkpoints.lowbit_format.checkpoint import is_lowbit_checkpoint
 from lowbit.checkpoints.lowbit_format.pipeline import write_lowbit
 from lowbit.checkpoints.output_bytes import output_nbytes
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.checkpoints.shipped import DEFAULT_MODELS, default_model_key, default_model_path
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import AppliedPlan, PrecisionPlan, TensorPlan
@@ -171,6 +172,7 @@ def plan_model(
         )
     if gguf_rounding not in ("auto", "llama.cpp"):
         raise LowbitError(f"gguf_rounding must be 'auto' or 'llama.cpp', got {gguf_rounding!r}")
+    check_checkpoint_shapes(checkpoint)  # before a tensor is read or an output sized
     applied = plan.apply(checkpoint_tensors(checkpoint), source=str(checkpoint.path.name))
     if out_format == "compressed-tensors":
         check_ct(applied, checkpoint)

@@ -36,13 +36,15 @@ def add_options(
         metavar="BPW|PRESET",
         help="stored bits per quantized weight, scales included (e.g. 4.5), or a preset's name "
         "(q4_k_m_like): the bits/weight that preset gives this model; with --out-format gguf "
-        "(quantize): bits per weight of the tensors llama.cpp quantizes, each given a GGUF type",
+        "(quantize): bits per weight of the tensors llama.cpp quantizes, each given a GGUF type; "
+        "with --out-format mlx: of the modules MLX quantizes, each given bits and a group size",
     )
     g.add_argument(
         "--size",
         metavar="BYTES",
         help="total output tensor bytes, e.g. 80MB, 1.2GiB; with --out-format gguf (quantize): "
-        "the whole file's bytes, metadata included",
+        "the whole file's bytes, metadata included; with --out-format mlx: the folder's tensor "
+        "bytes (its index's total_size)",
     )
     g.add_argument(
         "--sensitivity",
@@ -57,7 +59,10 @@ def add_options(
         metavar="LIST",
         help="schemes of the scan that may be chosen (default all); with --out-format gguf "
         "(quantize): GGUF types, e.g. q4_k,q6_k,q8_0 (default Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,Q8_0,"
-        "IQ4_XS; K-quants fall back as in llama-quantize on rows that are not whole blocks)",
+        "IQ4_XS; K-quants fall back as in llama-quantize on rows that are not whole blocks); with "
+        "--out-format mlx: affine grids <bits>bit-g<group>, e.g. 3bit-g64,4bit-g64,6bit-g64 "
+        "(default 2bit-g64,3bit-g32,3bit-g64,4bit-g32,4bit-g64,4bit-g128,5bit-g64,6bit-g64,"
+        "8bit-g64)",
     )
     if presets:
         g.add_argument(

@@ -131,6 +131,7 @@ def gguf_sensitivity(
     batch: int = 4,
     progress: Progress = None,
     compute: str = "fp32",
+    rounder: Callable[[np.ndarray, str, np.ndarray | None], np.ndarray] | None = None,
 ) -> GgufSensitivity:
     """Measure every tensor of ``options`` in each of its types, one tensor at a time.
 
@@ -143,13 +144,18 @@ def gguf_sensitivity(
         progress: a bar over the trials (``True``, ``False``, ``None``: on a terminal or in
             Jupyter), or a callable ``progress(done, total)`` after each trial.
         compute: precision of the model's matrix products (``fp32``, ``bf16``, ``auto``).
+        rounder: ``rounder(w, type, vector)``: the tensor stored as ``type`` and read back,
+            instead of llama.cpp's :func:`roundtrip` (the MLX budget's grids,
+            ``lowbit.jobs.mlx``).
 
     Raises:
         LowbitError: a model lowbit cannot build, no windows, a tensor that fills no parameter.
     """
     report, close = step_reporter(progress, "GGUF trials", "trial")
     try:
-        return _gguf_sensitivity(checkpoint, options, calibration, vectors, batch, report, compute)
+        return _gguf_sensitivity(
+            checkpoint, options, calibration, vectors, batch, report, compute, rounder or roundtrip
+        )
     finally:
         close()
 
@@ -162,6 +168,7 @@ def _gguf_sensitivity(
     batch: int,
     progress: Callable[[int, int], None] | None,
     compute: str,
+    rounder: Callable[[np.ndarray, str, np.ndarray | None], np.ndarray],
 ) -> GgufSensitivity:
     import torch
 
@@ -197,7 +204,7 @@ def _gguf_sensitivity(
         try:
             for t in types:
                 try:
-                    w_hat = roundtrip(w, t, vectors.get(name))
+                    w_hat = rounder(w, t, vectors.get(name))
                 except LowbitError as exc:
                     raise LowbitError(f"tensor {name!r} as {t}: {exc}") from None
                 with torch.no_grad():

@@ -1,14 +1,18 @@
 """The MLX job: a model as an MLX folder that ``mlx_lm.load`` reads (``lowbit quantize
---out-format mlx``), rounded as ``mlx_lm.convert`` rounds or GPTQ'd onto the same affine grids.
+--out-format mlx``), rounded as ``mlx_lm.convert`` rounds, or GPTQ'd or AWQ'd onto the same affine grids.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from lowbit.calibration.awq import awq_weights
 from lowbit.calibration.data import Calibration
 from lowbit.checkpoints.mlx.convert import RECIPES, gptq_targets, quantize_mlx
 from lowbit.checkpoints.mlx.params import MLXParams
@@ -16,10 +20,14 @@ from lowbit.checkpoints.streaming import open_model
 from lowbit.errors import LowbitError
 from lowbit.jobs.gguf import gptq_onto
 from lowbit.jobs.results import QuantizeResult
+from lowbit.methods.awq import AWQ
 from lowbit.methods.gptq import GPTQ
 from lowbit.quant.mlx import MODES
 
-__all__ = ["mlx_params", "quantize_to_mlx"]
+__all__ = ["METHODS", "mlx_params", "quantize_to_mlx"]
+
+#: the methods of the MLX output: mlx_lm.convert's rounding, or GPTQ / AWQ onto its grids
+METHODS = ("rtn", "gptq", "awq")
 
 
 def mlx_params(
@@ -60,13 +68,14 @@ def quantize_to_mlx(
     *,
     recipe: str | None = None,
     dtype: str | None = None,
-    method: str | GPTQ = "rtn",
+    method: str | GPTQ | AWQ = "rtn",
     calibration: Calibration | None = None,
     threads: int | None = None,
     compute: str = "fp32",
     overwrite: bool = False,
     copy_code: bool = False,
     progress: bool | None = None,
+    modules: Mapping[str, MLXParams | None] | None = None,
 ) -> QuantizeResult:
     """Write ``model`` as an MLX folder, the same bytes as ``lowbit quantize --out-format mlx``.
 
@@ -78,19 +87,24 @@ def quantize_to_mlx(
         recipe: one of mlx-lm's mixed recipes (``mixed_3_6`` ...).
         dtype: the model dtype (default: config.json's).
         method: ``"rtn"`` (``mx.quantize``'s bytes), ``"gptq"`` or a
-            :class:`~lowbit.methods.gptq.GPTQ`: GPTQ onto the affine grids.
-        calibration, threads, compute: GPTQ's data, torch threads and forward precision.
+            :class:`~lowbit.methods.gptq.GPTQ`: GPTQ onto the affine grids; ``"awq"`` or an
+            :class:`~lowbit.methods.awq.AWQ`: AWQ's scales folded into the operations before
+            (norms, ``v``, ``up``), each group clipped where it helps, rounded as
+            ``mx.quantize`` rounds.
+        calibration, threads, compute: the calibration data, torch threads and forward
+            precision of GPTQ or AWQ.
         overwrite, copy_code, progress: as :func:`lowbit.quantize_model`.
+        modules: module path -> its own params (a budget's grids, :func:`lowbit.jobs.mlx_budget.mlx_budget`).
 
     Raises:
-        LowbitError: a method other than rtn/gptq, a family mlx-lm's loader is not checked
-            against, an output that is an input.
+        LowbitError: a method other than rtn/gptq/awq, a family mlx-lm's loader is not
+            checked against, an output that is an input.
     """
     start = time.perf_counter()
-    if not isinstance(method, GPTQ) and method not in ("rtn", "gptq"):
+    if not isinstance(method, GPTQ | AWQ) and method not in METHODS:
         raise LowbitError(
             f"--method {method}: lowbit's MLX output rounds to nearest as mlx_lm.convert does, "
-            "or with --method gptq onto the same affine grids"
+            "or with --method gptq or awq onto the same affine grids"
         )
     params = params or MLXParams()
     out_path = Path(out)
@@ -101,16 +115,21 @@ def quantize_to_mlx(
             raise LowbitError(f"{out_path} exists; pass --overwrite to replace it")
         t0 = time.perf_counter()
         ckpt = open_model(model)
-        targets = gptq_targets(ckpt, params, recipe=recipe, dtype=dtype)
-        done, record = gptq_onto(
-            ckpt, targets, False, gptq=method if isinstance(method, GPTQ) else GPTQ(),
-            calibration=calibration, threads=threads, compute=compute, progress=progress,
-        )  # fmt: skip
+        targets = gptq_targets(ckpt, params, recipe=recipe, dtype=dtype, modules=modules)
+        if isinstance(method, AWQ) or method == "awq":
+            awq = method if isinstance(method, AWQ) else AWQ()
+            done, record, ckpt = _awq_onto(ckpt, targets, awq, calibration, threads, compute,
+                                           progress)  # fmt: skip
+        else:
+            done, record = gptq_onto(
+                ckpt, targets, False, gptq=method if isinstance(method, GPTQ) else GPTQ(),
+                calibration=calibration, threads=threads, compute=compute, progress=progress,
+            )  # fmt: skip
         seconds["calibration"] = time.perf_counter() - t0
         model = ckpt
     result = quantize_mlx(
         model, out_path, params, recipe=recipe, dtype=dtype, overwrite=overwrite,
-        copy_code=copy_code, progress=progress, weights=done, method=record,
+        copy_code=copy_code, progress=progress, weights=done, method=record, modules=modules,
     )  # fmt: skip
     seconds["write"] = float(result["seconds"])
     seconds["total"] = time.perf_counter() - start
@@ -124,3 +143,28 @@ def quantize_to_mlx(
         seconds=seconds,
         method=record,
     )
+
+
+def _awq_onto(
+    ckpt: Any, targets: dict[str, Any], awq: AWQ, calibration: Calibration | None,
+    threads: int | None, compute: str, progress: bool | None,
+) -> tuple[dict[str, Any], dict[str, Any], Any]:  # fmt: skip
+    """AWQ of ``targets`` onto their MLX grids: the weights it rounded, its record, and the
+    source with its folds applied (norms and the layers it did not round, to write from)."""
+    run = awq_weights(
+        ckpt, None, calibration or Calibration(), awq, threads=threads, progress=progress,
+        compute=compute, targets=targets,
+    )  # fmt: skip
+    done = {n: w for n, w in run.weights.items() if run.methods.get(n) == "awq"}
+    errs = [run.layers[n] for n in done if n in run.layers]
+    mean = {k: float(np.mean([e[k] for e in errs])) if errs else 0.0 for k in ("rtn", "awq")}
+    record = {
+        **awq.to_dict(),
+        "awq_tensors": len(done),
+        "mean_error": mean,
+        "layers": run.layers,
+        "folds": run.folds,
+        "calibration": run.calibration,
+        "seconds": run.seconds,
+    }
+    return done, record, run.checkpoint(ckpt)

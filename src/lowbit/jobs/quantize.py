@@ -184,7 +184,7 @@ def quantize_model(
         out_format: ``"lowbit"`` (default), ``"compressed-tensors"``, ``"gguf"`` or ``"mlx"``
             (mlx-lm's folder: ``to`` an MLX mode (``affine`` by default, ``mxfp4``, ``mxfp8``,
             ``nvfp4``) or mixed recipe (``mixed_3_6``), ``bits`` and ``group_size`` as
-            ``mlx_lm.convert``'s ``--q-bits``/``--q-group-size``; rtn or gptq).
+            ``mlx_lm.convert``'s ``--q-bits``/``--q-group-size``; rtn, gptq or awq).
         calibration: a :class:`~lowbit.calibration.data.Calibration` or what it takes as a
             source (``"default"``, a ``.txt``/``.jsonl`` path); None: the default text from
             token 32,768 (disjoint from what ``lowbit eval`` scores).
@@ -232,7 +232,8 @@ def quantize_model(
         params, recipe = mlx_params(to, bits=bits, group_size=group_size)
         with open_source(model, tokenizer=tokenizer, near=Path(out)) as ckpt:
             return quantize_to_mlx(
-                ckpt, out, params, recipe=recipe, method=gptq or method,  # type: ignore[arg-type]
+                ckpt, out, params, recipe=recipe,
+                method=(awq if method == "awq" else gptq) or method,  # type: ignore[arg-type]
                 calibration=_calibration(calibration), threads=threads, compute=compute,
                 overwrite=overwrite, copy_code=copy_code, progress=progress,
             )  # fmt: skip

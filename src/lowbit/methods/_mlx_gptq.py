@@ -73,12 +73,15 @@ class MLXTarget:
                 f"MLX groups of {self.group_size} do not divide rows of {cols} values"
             )
 
-    def rtn(self, W: np.ndarray, H: np.ndarray) -> np.ndarray:
+    def rtn(self, W: np.ndarray, H: np.ndarray | None = None) -> np.ndarray:
         """``mx.quantize``'s round to nearest of ``W`` (cast to the model dtype), decoded."""
+        return self.quantize(W).dequantize(np.float32)
+
+    def quantize(self, W: np.ndarray) -> MLXQuantized:
+        """``mx.quantize`` of ``W`` cast to the model dtype (AWQ's scaled, clipped weights)."""
         w = np.asarray(W, np.float32).astype(_np_dtype(self.dtype))
-        q = Q.quantize(w, group_size=self.group_size, bits=self.bits)
-        out = Q.dequantize(*q, group_size=self.group_size, bits=self.bits)
-        return out.astype(np.float32)
+        words, scales, biases = Q.quantize(w, group_size=self.group_size, bits=self.bits)
+        return MLXQuantized(words, scales, biases, self.bits, self.group_size)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ falls.
 
 ``Q`` is :func:`lowbit.quantize` with the layer's own scheme, so AWQ works for every format and
 granularity lowbit quantizes to (integer sym/asym, FP8/FP6/FP4, NF4, MX, GGUF grids); clipping
-needs per-tensor, per-output-channel or input-axis groups (others are not clipped).
+needs per-tensor, per-output-channel or input-axis groups (others are not clipped). A layer's
+"scheme" may also be MLX's affine grid (:class:`~lowbit.methods._mlx_gptq.MLXTarget`): ``Q`` is
+then ``mx.quantize`` in the model dtype, clipped asymmetrically per group.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
+from lowbit.methods._mlx_gptq import MLXTarget
 from lowbit.methods.gptq import _as_scheme
 from lowbit.quant.scheme import Granularity, Scheme
 from lowbit.quant.tensor import quantize
 
-__all__ = ["AWQ", "ScaleSearch", "awq_clip", "awq_search", "output_error"]
+__all__ = ["AWQ", "ScaleSearch", "awq_clip", "awq_search", "output_error", "rounded"]
 
 
 def _unit(value: Any, what: str) -> float:
@@ -137,8 +140,19 @@ class ScaleSearch:
     tried: dict[float, float]
 
 
-def _deq(W: np.ndarray, scheme: Scheme) -> np.ndarray:
+def _deq(W: np.ndarray, scheme: Scheme | MLXTarget) -> np.ndarray:
+    if isinstance(scheme, MLXTarget):  # MLX's affine grid, rounded as mx.quantize rounds
+        return scheme.rtn(W).astype(np.float64)
     return quantize(np.asarray(W, dtype=np.float32), scheme).dequantize(np.float64)
+
+
+def rounded(W: Any, scheme: Any) -> Any:
+    """``W`` quantized with a layer's scheme, or onto its MLX grid (an
+    :class:`~lowbit.methods._mlx_gptq.MLXTarget`: MLX's words, scales and biases); either has
+    ``dequantize(dtype)``."""
+    if isinstance(scheme, MLXTarget):
+        return scheme.quantize(W)
+    return quantize(np.asarray(W, dtype=np.float32), scheme)
 
 
 def output_error(W: np.ndarray, W_hat: np.ndarray, H: np.ndarray) -> float:
@@ -212,9 +226,11 @@ def awq_search(
     return ScaleSearch(best[2], best[0], before, best[1], tried)
 
 
-def _groups(W: np.ndarray, scheme: Scheme) -> int | None:
+def _groups(W: np.ndarray, scheme: Scheme | MLXTarget) -> int | None:
     """Columns per clipping group (the whole row for channel/tensor scales); None: the layout
     is not along rows (no clipping)."""
+    if isinstance(scheme, MLXTarget):  # groups along the row, an asymmetric grid
+        return scheme.group_size
     g = scheme.granularity
     axis = scheme.axis % 2 if scheme.axis is not None else None  # type: ignore[operator]
     if g is Granularity.TENSOR:
@@ -254,7 +270,9 @@ def _clamp(W: np.ndarray, r: np.ndarray, size: int, symmetric: bool) -> np.ndarr
     return out
 
 
-def awq_clip(W: Any, H: Any, scheme: Scheme | str, cfg: AWQ | None = None) -> np.ndarray:
+def awq_clip(
+    W: Any, H: Any, scheme: Scheme | MLXTarget | str, cfg: AWQ | None = None
+) -> np.ndarray:
     """AWQ's clipping search: ``W`` with each row's groups clipped where that lowers the output
     error of their quantization (per-tensor scales: one ratio for the whole tensor).
 
@@ -269,25 +287,26 @@ def awq_clip(W: Any, H: Any, scheme: Scheme | str, cfg: AWQ | None = None) -> np
         ``cfg.clip`` off.
     """
     cfg = AWQ() if cfg is None else cfg
-    scheme = _as_scheme(scheme)
+    sch: Scheme | MLXTarget = _as_scheme(scheme)  # type: ignore[arg-type]
     W64 = np.asarray(W, dtype=np.float64)
     H64 = np.asarray(H, dtype=np.float64)
-    size = _groups(W64, scheme)
+    size = _groups(W64, sch)
     ratios = cfg.ratios()
     if not cfg.clip or size is None or len(ratios) < 2:
         return W64
     ngroups = -(-W64.shape[1] // size)
     ones = np.ones((W64.shape[0], ngroups))
     errs = []
+    symmetric = False if isinstance(sch, MLXTarget) else sch.symmetric
     for r in ratios:
-        Wc = _clamp(W64, ones * r, size, scheme.symmetric)
-        errs.append(_group_errors(W64 - _deq(Wc, scheme), H64, size))
+        Wc = _clamp(W64, ones * r, size, symmetric)
+        errs.append(_group_errors(W64 - _deq(Wc, sch), H64, size))
     E = np.stack(errs)  # [ratios, out, groups]
-    if scheme.granularity is Granularity.TENSOR:
+    if getattr(sch, "granularity", None) is Granularity.TENSOR:
         pick = np.full(ones.shape, int(np.argmin(E.sum(axis=(1, 2)))))
     else:
         pick = np.argmin(E, axis=0)
-    clipped = _clamp(W64, ratios[pick], size, scheme.symmetric)
-    if output_error(W64, _deq(clipped, scheme), H64) < output_error(W64, _deq(W64, scheme), H64):
+    clipped = _clamp(W64, ratios[pick], size, symmetric)
+    if output_error(W64, _deq(clipped, sch), H64) < output_error(W64, _deq(W64, sch), H64):
         return clipped
     return W64

@@ -33,8 +33,15 @@ from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_experts, 
 from lowbit.checkpoints.lowbit_format.checkpoint import LowbitCheckpoint, is_lowbit_checkpoint
 from lowbit.checkpoints.opener import open_checkpoint
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.checkpoints.shipped import shipped_or_path
 from lowbit.errors import LowbitError
+from lowbit.models._config_guard import (
+    check_builder_keys,
+    check_dtype_names,
+    check_gguf_required,
+    one_line,
+)
 from lowbit.models.ggml_act import gguf_linear_types
 from lowbit.models.hooks import attach_activation_quantization, attach_rotations
 from lowbit.models.input_transforms import attach_input_transforms
@@ -112,9 +119,9 @@ def _check_replacements(checkpoint: Checkpoint, weights: Mapping[str, Any]) -> N
 # ------------------------------------------------------------------------------ build
 
 
-def _hf_config(checkpoint: Checkpoint) -> Any:
-    import transformers
-
+def _checked_config(checkpoint: Checkpoint) -> tuple[dict[str, Any], str]:
+    """The config a model is built from and its model type, every field checked (and against
+    the tensors) before torch or transformers is imported."""
     cfg = dict(checkpoint.config or {})
     arch = None
     if checkpoint.format == "gguf":
@@ -131,6 +138,14 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
             f"{checkpoint.path}: no config.json beside the weights, so the model cannot be built "
             f"(reading tensors works)"
         )
+    if (
+        checkpoint.format == "gguf"
+        and "vocab_size" not in cfg
+        and "token_embd.weight" in checkpoint
+    ):
+        # no vocabulary nor vocab_size key: transformers' default (151,936 for Qwen) would size
+        # the embedding before the load refuses it; the embedding's rows are the vocabulary
+        cfg["vocab_size"] = int(checkpoint.info("token_embd.weight").shape[0])
     if checkpoint.format == "gguf" and LONGROPE[0] in checkpoint:
         cfg = _longrope_config(checkpoint, cfg)
     # every count and real value in range and consistent with the tensors before the model
@@ -141,11 +156,23 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
         gguf_arch=str(arch) if checkpoint.format == "gguf" else None,
         tensors=((n, tuple(checkpoint.info(n).shape)) for n in checkpoint.names()),
     )
+    check_builder_keys(cfg, str(checkpoint.path))
+    check_checkpoint_shapes(checkpoint)  # before the model is allocated from the config
+    if checkpoint.format == "gguf":
+        check_gguf_required(cfg, str(arch), str(checkpoint.path))
     model_type = cfg.pop("model_type", None)
     if model_type is None:
         raise LowbitError(f"{checkpoint.path}: config has no model_type")
     for key in ("transformers_version", "_name_or_path"):
         cfg.pop(key, None)
+    return cfg, str(model_type)
+
+
+def _hf_config(checkpoint: Checkpoint, cfg: dict[str, Any], model_type: str) -> Any:
+    """transformers' config object of a checked config (:func:`_checked_config`)."""
+    import transformers
+
+    check_dtype_names(cfg, str(checkpoint.path))
     known = getattr(transformers, "CONFIG_MAPPING", None)
     if known is not None and model_type not in known:
         import difflib
@@ -157,10 +184,18 @@ def _hf_config(checkpoint: Checkpoint) -> Any:
             f"{transformers.__version__} knows, so the model cannot be built{hint}"
         )
     try:
-        return transformers.AutoConfig.for_model(model_type, **cfg)
-    except ValueError as exc:
+        config = transformers.AutoConfig.for_model(model_type, **cfg)
+        pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+        if "pad_token_id" not in cfg and type(pad) is int and type(vocab) is int and pad >= vocab:
+            # the class's default padding row (Phi-3's 32000) is past a smaller vocabulary;
+            # the row only matters to training, so there is none
+            config.pad_token_id = None
+        return config
+    except Exception as exc:  # ValueError, or huggingface_hub's strict-dataclass errors
+        if not isinstance(exc, ValueError) and "Strict" not in type(exc).__name__:
+            raise
         raise LowbitError(
-            f"{checkpoint.path}: transformers cannot build this config: {exc}"
+            f"{checkpoint.path}: transformers cannot build this config: {one_line(exc)}"
         ) from None
 
 
@@ -188,7 +223,18 @@ def _instantiate(config: Any, dtype: Any) -> Any:
     torch.set_default_dtype(dtype)
     try:
         with no_init_weights():
-            model = cls(config) if cls is not None else transformers.AutoModel.from_config(config)
+            try:
+                model = (
+                    cls(config) if cls is not None else transformers.AutoModel.from_config(config)
+                )
+            except (TypeError, ValueError, KeyError, ZeroDivisionError, AssertionError,
+                    AttributeError, IndexError) as exc:  # fmt: skip
+                # a value lowbit's checks let through that the model class cannot use (a null
+                # count, an unknown activation, a sparse step of 0): transformers' own error
+                raise LowbitError(
+                    f"transformers cannot build {type(config).__name__.removesuffix('Config')} "
+                    f"from this config ({type(exc).__name__}: {one_line(exc, 200)})"
+                ) from None
             unfuse_experts(model)  # fused 3-D experts -> one linear layer per expert
     finally:
         torch.set_default_dtype(old)
@@ -233,15 +279,15 @@ def build_model(
         LowbitError: no config, an unknown architecture, names or shapes that do not match.
         MissingExtraError: torch or transformers is not installed (``lowbit[models]``).
     """
-    torch = require("torch", extra="models", what="building a model")
-    require("transformers", extra="models", what="building a model")
-
     # llama.cpp's weight types, for ``--act llamacpp``: only where the weights are the file's
     stored_gguf = checkpoint.format == "gguf" and weights is None
     if checkpoint.format == "lowbit":  # a lowbit checkpoint keeps its source's names
         checkpoint = checkpoint.as_source()  # type: ignore[attr-defined]
+    cfg, model_type = _checked_config(checkpoint)  # a hostile file costs no torch import
+    torch = require("torch", extra="models", what="building a model")
+    require("transformers", extra="models", what="building a model")
     dtype = torch.float32 if dtype is None else dtype
-    config = _hf_config(checkpoint)
+    config = _hf_config(checkpoint, cfg, model_type)
     model = _instantiate(config, dtype)
     check_layouts(model, getattr(checkpoint, "layouts", {}))  # fused experts read per expert
     params = model.state_dict(keep_vars=True)

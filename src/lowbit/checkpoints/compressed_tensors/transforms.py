@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lowbit._regex import compile_bounded
+from lowbit._regex import MAX_PLAN_REGEX_CHARS, compile_bounded
 from lowbit.errors import LowbitError
 from lowbit.methods.hadamard import hadamard
 
@@ -78,16 +78,26 @@ class InputTransform:
         """The module-name part of this transform's stored matrix (``v_input``)."""
         return f"{self.group}_input"
 
+    def __post_init__(self) -> None:
+        # compiled once per transform (thousands of distinct patterns would thrash the
+        # module-wide compile cache, recompiling on every layer name)
+        compiled = {t: compile_bounded(t[3:], _RE_WHERE) for t in {*self.targets, *self.ignore}
+                    if t.startswith("re:")}  # fmt: skip
+        object.__setattr__(self, "_compiled", compiled)
+
     def matches(self, name: str, classes: tuple[str, ...]) -> bool:
         """Whether the layer ``name`` (whose class and base classes are ``classes``) is a
         target and not ignored, as compressed-tensors' ``is_match`` decides."""
-        return _matches(name, classes, self.targets) and not _matches(name, classes, self.ignore)
+        rx = self._compiled  # type: ignore[attr-defined]
+        return _matches(name, classes, self.targets, rx) and not _matches(
+            name, classes, self.ignore, rx
+        )
 
 
-def _matches(name: str, classes: tuple[str, ...], targets: tuple[str, ...]) -> bool:
+def _matches(name: str, classes: tuple[str, ...], targets: tuple[str, ...], rx: Any) -> bool:
     for t in targets:
         if t.startswith("re:"):  # linear time: a downloaded config must not hang a matcher
-            if compile_bounded(t[3:], _RE_WHERE).match(name):
+            if rx[t].match(name):
                 return True
         elif t == name or t in classes:
             return True
@@ -108,6 +118,20 @@ def input_transforms(qc: Mapping[str, Any], where: str) -> list[InputTransform]:
     groups = tc.get("config_groups") if isinstance(tc, dict) else None
     if not isinstance(groups, dict):
         raise LowbitError(f"{where}: transform_config has no config_groups mapping")
+    total = sum(
+        len(t)
+        for scheme in groups.values() if isinstance(scheme, dict)
+        for a in (scheme.get("apply") if isinstance(scheme.get("apply"), list) else [])
+        if isinstance(a, dict)
+        for key in ("targets", "ignore")
+        for t in (a.get(key) if isinstance(a.get(key), list) else [a.get(key)])
+        if isinstance(t, str) and t.startswith("re:")
+    )  # fmt: skip
+    if total > MAX_PLAN_REGEX_CHARS:  # each is matched against every layer name
+        raise LowbitError(
+            f"{where}: transform_config's re: targets hold {total:,} characters; at most "
+            f"{MAX_PLAN_REGEX_CHARS:,}"
+        )
     out = []
     for gname, scheme in groups.items():
         at = f"{where}: transform_config group {gname!r}"

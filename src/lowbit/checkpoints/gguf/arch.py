@@ -210,7 +210,10 @@ GGUF_ARCHS: dict[str, Family] = {
 def gguf_family(arch: str, metadata: Mapping[str, Any]) -> Family | None:
     """The family a GGUF file is built as: its architecture's, or Mixtral for a ``llama``
     file with experts (llama.cpp stores Mixtral as llama); None for one lowbit does not build."""
-    if arch == "llama" and (metadata.get("llama.expert_count") or 0) > 0:
+    n = metadata.get("llama.expert_count")
+    if arch == "llama" and n is not None and type(n) is not int:  # llama.cpp reads one value
+        raise LowbitError(f"llama.expert_count is {str(n)[:40]}; lowbit expects an integer")
+    if arch == "llama" and type(n) is int and n > 0:
         return FAMILIES["mixtral"]
     return GGUF_ARCHS.get(arch)
 
@@ -283,6 +286,11 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _ints(*values: Any) -> bool:
+    """Whether every value is a positive integer (not an array of one per layer)."""
+    return all(type(v) is int and v > 0 for v in values)
+
+
 def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -> None:
     """Complete a config derived from a GGUF's metadata for transformers' class of its family
     (in place): ``model_type``, ``architectures`` and what llama.cpp keeps elsewhere.
@@ -324,7 +332,7 @@ def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -
     if arch in ("gemma2", "gemma3"):
         head_dim = cfg.get("head_dim")
         big = cfg.get("num_hidden_layers") in (46, 62)  # llama.cpp's 27B rule
-        if big and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+        if big and _ints(cfg.get("hidden_size"), cfg.get("num_attention_heads")):
             cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"]
         elif head_dim:
             cfg["query_pre_attn_scalar"] = head_dim
@@ -341,10 +349,11 @@ def family_config(arch: str, metadata: Mapping[str, Any], cfg: dict[str, Any]) -
         if orig is not None:
             cfg["original_max_position_embeddings"] = orig
         cfg["sliding_window"] = get("attention.sliding_window") or None
-        if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+        # per-layer arrays or zeros are left for check_config to refuse in one line
+        if _ints(cfg.get("hidden_size"), cfg.get("num_attention_heads")):
             cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
         rope_dim = get("rope.dimension_count")
-        if rope_dim and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+        if _ints(rope_dim, cfg.get("hidden_size"), cfg.get("num_attention_heads")):
             cfg["partial_rotary_factor"] = (
                 rope_dim * cfg["num_attention_heads"] / cfg["hidden_size"]
             )

@@ -38,8 +38,9 @@ from lowbit.checkpoints.gguf.card_files import check_card_files
 from lowbit.checkpoints.gguf.checks import GGUF_Q, _gguf_exact
 from lowbit.checkpoints.gguf.hf_config import converter_config
 from lowbit.checkpoints.gguf.hparams import add_hparams, phi3_rope_factors, rope_factors
-from lowbit.checkpoints.gguf.tokenizer import add_hf_vocab, check_hf_tokenizer
+from lowbit.checkpoints.gguf.tokenizer import _read_tokenizer, add_hf_vocab, check_hf_tokenizer
 from lowbit.checkpoints.gguf.writer import GGUFTensor, _Raw, gguf_from_quantized
+from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.errors import LowbitError
 from lowbit.plans.plan import AppliedPlan, TensorPlan
 from lowbit.quant.tensor import quantize
@@ -163,9 +164,8 @@ def _sources(checkpoint: Any, applied: AppliedPlan, fam: Family) -> dict[str, _S
 def _gemma3_vocab_rows(checkpoint: Any) -> int:
     """The embedding rows llama.cpp's converter keeps for Gemma 3: the tokenizer.json's
     vocabulary plus its added tokens (counted again even when in the vocabulary, as there)."""
-    import json
-
-    doc = json.loads((_folder(checkpoint) / "tokenizer.json").read_text(encoding="utf-8"))
+    # one line for a missing or broken file (tokenizers checked the vocabulary's types)
+    _, doc = _read_tokenizer(_folder(checkpoint))
     return len(doc["model"]["vocab"]) + len(doc.get("added_tokens") or [])
 
 
@@ -291,11 +291,17 @@ def check_hf_config(checkpoint: Any) -> None:
         LowbitError: the first field out of its type, range or relations.
     """
     names = checkpoint.names()
+    cfg = converter_config(checkpoint.config or {})
+    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers"):
+        if cfg.get(key) is None:  # null: transformers' class keeps it, the converter needs it
+            raise LowbitError(f"{_folder(checkpoint) / 'config.json'}: {key} is null or absent")
     check_config(
-        converter_config(checkpoint.config or {}),
+        cfg,
         f"{_folder(checkpoint) / 'config.json'}",
         tensors=((n, tuple(checkpoint.info(n).shape)) for n in names),
+        per_layer=False,
     )
+    check_checkpoint_shapes(checkpoint)
 
 
 def write_gguf_from_hf(

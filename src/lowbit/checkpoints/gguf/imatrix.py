@@ -79,7 +79,8 @@ def _read_gguf(p: Path) -> dict[str, np.ndarray]:
         for suffix in (_SUMS, _COUNTS):
             if t.name.endswith(suffix) and len(t.name) > len(suffix):
                 pairs.setdefault(t.name[: -len(suffix)], {})[suffix] = t
-    buf = np.memmap(p, dtype=np.uint8, mode="r")
+    # a plain array over the mapping: slicing a memmap costs its subclass hook per tensor
+    buf = np.memmap(p, dtype=np.uint8, mode="r").view(np.ndarray)
     out: dict[str, np.ndarray] = {}
     for name in sorted(pairs):
         sums_t, counts_t = pairs[name].get(_SUMS), pairs[name].get(_COUNTS)

@@ -6,13 +6,15 @@ stores it in a GGUF, and a GGUF's byte-level BPE vocabulary as a ``tokenizers`` 
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lowbit import _json
+from lowbit._json import short_repr
 from lowbit.checkpoints.gguf._pretokenizers import pre_tokenizer, pre_tokenizer_name
+from lowbit.checkpoints.gguf._tokenizer_exact import check_exact, check_ignore_merges
 from lowbit.errors import LowbitError
 
 __all__ = ["add_hf_vocab", "hf_vocab"]
@@ -117,7 +119,8 @@ def hf_vocab(
             f"{Path(folder) / 'tokenizer.json'}: token id {max(vocab.values())} is past "
             f"vocab_size {n}"
         )
-    pre = pre_tokenizer_name(tok)
+    pre = pre_tokenizer_name(tok)  # (check_exact ran when the file was read)
+    check_ignore_merges(doc, str(Path(folder) / "tokenizer.json"), pre)
     by_id = {i: t for t, i in vocab.items()}
     added = tok.get_added_tokens_decoder()
     tokens: list[str] = []
@@ -149,10 +152,13 @@ def check_hf_tokenizer(folder: str | os.PathLike[str]) -> str:
 
     Raises:
         LowbitError: no ``tokenizer.json``, a SentencePiece ``tokenizer.model`` beside it, a
-            tokenizer that is not BPE, or a pre-tokenizer llama.cpp does not name.
+            tokenizer that is not BPE, a pre-tokenizer llama.cpp does not name, or a feature
+            a GGUF vocabulary would drop (:func:`~lowbit.checkpoints.gguf._tokenizer_exact.check_exact`).
     """
-    tok, _ = _read_tokenizer(folder)
-    return pre_tokenizer_name(tok)
+    tok, doc = _read_tokenizer(folder)  # check_exact runs as the file is read
+    pre = pre_tokenizer_name(tok)
+    check_ignore_merges(doc, str(Path(folder) / "tokenizer.json"), pre)
+    return pre
 
 
 def _read_tokenizer(folder: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
@@ -168,8 +174,13 @@ def _read_tokenizer(folder: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]
         st = path.stat()
         tok, doc = _parsed(str(path), st.st_mtime_ns, st.st_size)
         kind = doc["model"]["type"]
-    except Exception as exc:  # tokenizers raises its own exception types
-        raise LowbitError(f"{path}: cannot read the tokenizer ({exc})") from None
+    except LowbitError:
+        raise
+    except BaseException as exc:  # tokenizers raises its own types, and panics (Rust)
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise  # KeyboardInterrupt, SystemExit
+        said = " ".join(str(exc).split())[:200]
+        raise LowbitError(f"{path}: cannot read the tokenizer ({said})") from None
     if kind != "BPE":
         raise LowbitError(f"{path}: a {kind} tokenizer; lowbit's GGUF conversion takes BPE ones")
     if (Path(folder) / "tokenizer.model").is_file():  # llama.cpp's converter reads that one
@@ -187,7 +198,31 @@ def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Any, dict[str, Any]]:
     from tokenizers import Tokenizer
 
     text = Path(path).read_text(encoding="utf-8")
-    return Tokenizer.from_str(text), json.loads(text)
+    doc = _json.loads(text, path)  # depth-bounded: 3 million nested brackets took 9 s
+    check_exact(doc, path)  # naming a feature the GGUF would drop, not its consequence
+    _check_merges(doc, path)  # before tokenizers, which panics on some (a Rust panic)
+    return Tokenizer.from_str(text), doc
+
+
+def _check_merges(doc: Any, path: str) -> None:
+    """Each BPE merge is two tokens of the vocabulary whose join is one too."""
+    model = doc.get("model") if isinstance(doc, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        return  # refused by kind later
+    vocab, merges = model.get("vocab"), model.get("merges") or []
+    if not isinstance(vocab, dict) or not isinstance(merges, list):
+        raise LowbitError(f"{path}: model.vocab is not a mapping or model.merges not a list")
+    for k, m in enumerate(merges):  # (check_exact refused word-piece prefixes and suffixes)
+        pair = m.split(" ") if isinstance(m, str) else m
+        ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+        if ok:
+            a, b = pair
+            ok = a in vocab and b in vocab and a + b in vocab
+        if not ok:
+            raise LowbitError(
+                f"{path}: merge {k} {short_repr(m)} does not fit the vocabulary (two tokens "
+                f"whose join is a token)"
+            )
 
 
 def add_hf_vocab(writer: Any, folder: str | os.PathLike[str], vocab_size: int | None) -> None:

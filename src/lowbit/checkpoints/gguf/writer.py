@@ -451,6 +451,8 @@ def encoded_fields(arch: str, typed: dict[str, Any]) -> dict[str, tuple[int, byt
     }
     for key, (value, vtype, sub) in typed.items():
         if key not in _WRITER_KEYS:
+            if not isinstance(value, _Raw):  # as write_gguf checks (a converted view's path)
+                check_value(key, value, vtype, sub)
             out[key] = (int(vtype), w._pack_val(value, vtype, False, sub_type=sub))
     return out
 

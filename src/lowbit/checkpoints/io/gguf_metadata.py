@@ -77,6 +77,12 @@ _ARCH_USED = {
     "rope.scaling.yarn_attn_factor": _NUM,
     "rope.scaling.yarn_beta_fast": _NUM,
     "rope.scaling.yarn_beta_slow": _NUM,
+    # read into the config by family_config (a list or string reached transformers' rope)
+    "rope.freq_base_swa": _NUM,
+    "attention.sliding_window": _INT,
+    "attn_logit_softcapping": _NUM,
+    "final_logit_softcapping": _NUM,
+    "expert_shared_feed_forward_length": _INT,
 }
 
 

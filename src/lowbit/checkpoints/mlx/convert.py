@@ -15,10 +15,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from lowbit.checkpoints.gguf.names import gguf_to_hf_name
 from lowbit.checkpoints.mlx.params import MLXParams
-from lowbit.checkpoints.mlx.writer import _Plan, model_dtype, write_mlx
+from lowbit.checkpoints.mlx.writer import _Plan, model_dtype, output_layout, write_mlx
 from lowbit.checkpoints.readers import Checkpoint
+from lowbit.checkpoints.shape_checks import check_checkpoint_shapes
 from lowbit.checkpoints.streaming import (
     check_unrotated,
     disk_bytes,
@@ -72,12 +72,21 @@ def mixed_recipe(
     return out
 
 
-def _modules(ckpt: Checkpoint, params: MLXParams, recipe: str | None) -> dict[str, Any]:
+def _modules(
+    ckpt: Checkpoint,
+    params: MLXParams,
+    recipe: str | None,
+    modules: Mapping[str, MLXParams | None] | None = None,
+) -> dict[str, Any]:
+    if modules is not None:
+        if recipe is not None:
+            raise LowbitError("give an MLX recipe or per-module grids, not both")
+        return dict(modules)
     if recipe is None:
         return {}
     if params.mode != "affine":
         raise LowbitError(f"MLX recipe {recipe}: mlx-lm's recipes are affine, not {params.mode}")
-    names = [gguf_to_hf_name(n, ckpt.config) if ckpt.format == "gguf" else n for n in ckpt.names()]
+    names = [n for n, _ in output_layout(ckpt)]
     return mixed_recipe(recipe, names, params.group_size)  # type: ignore[arg-type]
 
 
@@ -87,6 +96,7 @@ def gptq_targets(
     *,
     recipe: str | None = None,
     dtype: str | None = None,
+    modules: Mapping[str, MLXParams | None] | None = None,
 ) -> dict[str, MLXTarget]:
     """The weights GPTQ rounds onto MLX's affine grid: every linear layer of the transformer
     blocks the MLX output quantizes (source tensor name -> its grid; the embedding and an
@@ -98,14 +108,15 @@ def gptq_targets(
     params = params or MLXParams()
     if params.mode != "affine":
         raise LowbitError(f"GPTQ onto MLX grids is affine only, not {params.mode}")
-    plan = _Plan(ckpt, params, _modules(ckpt, params, recipe))
+    plan = _Plan(ckpt, params, _modules(ckpt, params, recipe, modules))
     dt = model_dtype(ckpt, dtype)
     name = "bfloat16" if dt.name == "bfloat16" else dt.name
     out = {}
     for hf, src, kind in plan.entries:
         if kind == "weight" and ".layers." in hf:
             p = plan.quantized[hf[: -len(".weight")]]
-            out[src] = MLXTarget(p.bits, p.group_size, name)  # type: ignore[arg-type]
+            for one in plan.stacks.get(hf, (src,)):  # each expert of a stack on its own
+                out[one] = MLXTarget(p.bits, p.group_size, name)  # type: ignore[arg-type]
     return out
 
 
@@ -122,6 +133,7 @@ def quantize_mlx(
     max_shard_size: int | None = None,
     weights: Mapping[str, Any] | None = None,
     method: Mapping[str, Any] | None = None,
+    modules: Mapping[str, MLXParams | None] | None = None,
 ) -> dict[str, Any]:
     """Quantize a model to an MLX folder that ``mlx_lm.load`` reads.
 
@@ -140,6 +152,8 @@ def quantize_mlx(
         weights: source tensor name -> weights already on their grids (GPTQ's, for the
             tensors of :func:`gptq_targets`); the others are rounded to nearest.
         method: how ``weights`` were made, returned as ``method``.
+        modules: module path -> its own params, or None (kept): per-module grids (a budget's
+            choice), written as config.json entries; not with ``recipe``.
 
     Returns:
         ``{"out", "out_format": "mlx", "source", "source_format", "quantization", "quantized"
@@ -153,16 +167,8 @@ def quantize_mlx(
     params = params or MLXParams()
     ckpt = open_model(model)
     check_unrotated(ckpt)
-    modules: dict[str, MLXParams | None] = {}
-    if recipe is not None:
-        if params.mode != "affine":
-            raise LowbitError(
-                f"MLX recipe {recipe}: mlx-lm's recipes are affine, not {params.mode}"
-            )
-        names = [
-            gguf_to_hf_name(n, ckpt.config) if ckpt.format == "gguf" else n for n in ckpt.names()
-        ]
-        modules = mixed_recipe(recipe, names, params.group_size)  # type: ignore[arg-type]
+    check_checkpoint_shapes(ckpt)
+    modules = _modules(ckpt, params, recipe, modules)
     out, files = output_and_files(ckpt, out, copy_code)
     result = write_mlx(
         ckpt, out, params, modules=modules, dtype=dtype, files=files, overwrite=overwrite,

@@ -8,7 +8,9 @@ scales' dtype exactly as ``mx.dequantize`` on the CPU (affine), or exactly (the 
 values are products of few significant bits). Everything is checked when the folder is opened:
 words that are not uint32, scales or biases whose shapes do not fit the words at the module's
 bits and group size, modes and bits MLX cannot hold, a module the config leaves unquantized
-that stores scales: each is one LowbitError naming the tensor.
+that stores scales: each is one LowbitError naming the tensor. Stacked experts (mlx-lm's
+``switch_mlp``) read as per-expert weights under the checkpoint's names
+(``lowbit.checkpoints.mlx.experts``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints.mlx.experts import switch_of
 from lowbit.checkpoints.mlx.params import MLXParams, is_mlx_config, read_quantization
 from lowbit.checkpoints.readers import (
     HuggingFaceFolder,
@@ -68,14 +71,29 @@ class MLXFolder(IndexedCheckpoint):
                         f"says it is not quantized (false)"
                     )
                 self.modules[module] = entries.get(module) or default
+        self._experts: dict[str, tuple[str, int]] = {}  # expert name -> (stacked module, e)
         for n in stored:
             module, _, part = n.rpartition(".")
+            switch = switch_of(n, cfg, str(self.path))
             if module in self.modules and part in ("scales", "biases"):
                 continue
-            if module in self.modules and part == "weight":
-                self._infos[n] = self._check(module)
-            else:
-                self._infos[n] = self._st.info(n)
+            info = self._check(module) if module in self.modules else self._st.info(n)
+            if switch is None:
+                self._infos[n] = info
+                continue
+            if len(info.shape) != 3:
+                raise LowbitError(
+                    f"{self.path}: {n} has shape {list(info.shape)}; stacked experts are "
+                    "[experts, out, in]"
+                )
+            experts = int(info.shape[0])
+            for e in range(experts):
+                name = switch[1](e)
+                self._experts[name] = (switch[0], e)
+                self._infos[name] = TensorInfo(
+                    name, tuple(info.shape[1:]), info.dtype, info.nbytes // experts, info.file,
+                    info.offset + e * (info.nbytes // experts),
+                )  # fmt: skip
 
     def _check(self, module: str) -> TensorInfo:
         """The dense weight's info, after checking its words, scales and biases fit."""
@@ -125,12 +143,19 @@ class MLXFolder(IndexedCheckpoint):
         )
 
     def get(self, name: str, dtype: Any = None) -> np.ndarray:
-        """One tensor: a quantized weight dequantized to float32, anything else as stored."""
-        module = name[: -len(".weight")] if name.endswith(".weight") else None
+        """One tensor: a quantized weight dequantized to float32, anything else as stored; an
+        expert of a stack (``switch_mlp``) is its slice of the stack."""
+        expert = None
+        if name in self._experts:
+            module, expert = self._experts[name]
+        else:
+            module = name[: -len(".weight")] if name.endswith(".weight") else None  # type: ignore[assignment]
         if module not in self.modules:
             self.info(name)
+            if expert is not None:
+                return self._st.get(f"{module}.weight", dtype)[expert]
             return self._st.get(name, dtype)
-        arr = np.ascontiguousarray(self.dequantized(module), dtype=np.float32)  # type: ignore[arg-type]
+        arr = np.ascontiguousarray(self.dequantized(module, expert), dtype=np.float32)
         arr.setflags(write=False)
         return arr if dtype is None else arr.astype(dtype)
 
@@ -140,11 +165,14 @@ class MLXFolder(IndexedCheckpoint):
         biases = get(f"{module}.biases") if self.modules[module].has_biases else None
         return get(f"{module}.weight"), get(f"{module}.scales"), biases
 
-    def dequantized(self, module: str) -> np.ndarray:
+    def dequantized(self, module: str, expert: int | None = None) -> np.ndarray:
         """One module's weight as ``mx.dequantize`` gives it (affine: in the scales' dtype;
-        FP modes: float32, where their products are exact)."""
+        FP modes: float32, where their products are exact); of a stack, one expert's slice."""
         p = self.modules[module]
         words, scales, biases = self.quantized(module)
+        if expert is not None:
+            words, scales = words[expert], scales[expert]
+            biases = None if biases is None else biases[expert]
         return Q.dequantize(
             np.asarray(words),
             np.asarray(scales),

@@ -7,8 +7,9 @@ else the source's own float dtype), then each 2-D ``<path>.weight`` whose rows a
 (the linear layers and the embedding, which a tied model also uses as its output layer) is
 quantized; ``lm_head.weight`` of a tied model and rotary ``inv_freq`` buffers are dropped. A
 GGUF source is renamed to transformers names, its q/k rows put back in transformers' order and
-its tokenizer written beside. Mixtures of experts are refused (mlx-lm stacks them into
-``switch_mlp``; not written yet).
+its tokenizer written beside. The experts of a mixture (Mixtral, Qwen2-MoE, Qwen3-MoE) are
+stacked into mlx-lm's ``switch_mlp`` tensors (``lowbit.checkpoints.mlx.experts``), one layer's
+projection at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.io import safetensors_write as st
 from lowbit.checkpoints.io.atomic import atomic_dir
 from lowbit.checkpoints.io.outputs import writer_metadata
+from lowbit.checkpoints.mlx.experts import MOE_FAMILIES, family_entry, layout
 from lowbit.checkpoints.mlx.params import MLXParams
 from lowbit.checkpoints.tokenizer import write_tokenizer
 from lowbit.errors import LowbitError
@@ -40,7 +42,7 @@ __all__ = ["MLX_DTYPES", "MLX_FAMILIES", "write_mlx"]
 #: model families whose MLX folders are checked against mlx_lm.convert's (same tensors, same
 #: config.json; tests/checkpoints/test_mlx_folders.py): mlx-lm keeps their transformers names
 #: and gives them no quantization predicate of their own
-MLX_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
+MLX_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", *MOE_FAMILIES)
 
 #: the model dtypes mlx-lm converts to (``mlx_lm.convert``'s MODEL_CONVERSION_DTYPES)
 MLX_DTYPES = ("float16", "bfloat16", "float32")
@@ -74,7 +76,8 @@ def _is_float(ckpt: Any, name: str) -> bool:
 
 
 class _Plan:
-    """The output's tensors: name -> (source name, kind, params), in source order."""
+    """The output's tensors: (out name, first source name, kind) in source order, the sources
+    of each stack of experts, and each quantized module's params."""
 
     def __init__(
         self,
@@ -94,29 +97,50 @@ class _Plan:
         self.cfg = cfg
         self.quantized: dict[str, MLXParams] = {}
         self.entries: list[tuple[str, str, str]] = []  # (out name, source name, kind)
+        self.stacks: dict[str, tuple[str, ...]] = {}  # out name -> every expert's source
+        self.config_entries: dict[str, dict[str, Any]] = {}  # a family's own entries
         tied = bool(cfg.get("tie_word_embeddings", False))
-        for n in ckpt.names():
-            hf = gguf_to_hf_name(n, cfg) if self.is_gguf else n
-            if ".experts." in hf:
-                raise LowbitError(
-                    f"{hf}: a mixture of experts; lowbit's MLX output does not yet stack experts "
-                    "into mlx-lm's switch_mlp: write lowbit, compressed-tensors or gguf"
-                )
+        for hf, srcs in output_layout(ckpt):
+            n = srcs[0]
             if "rotary_emb.inv_freq" in hf or (tied and hf == "lm_head.weight"):
                 continue
             shape = tuple(ckpt.info(n).shape)
+            stacked = len(srcs) > 1 or ".switch_mlp." in hf
+            if stacked:
+                self.stacks[hf] = srcs
             module = hf[: -len(".weight")] if hf.endswith(".weight") else None
             p = modules.get(module, params) if module is not None else None
+            own = family_entry(module, cfg) if module is not None else None
+            if own is not None and module not in modules:
+                p, self.config_entries[module] = own  # type: ignore[index]
             if (
                 p is not None
                 and len(shape) == 2
                 and _is_float(ckpt, n)
                 and shape[-1] % p.group_size == 0  # type: ignore[operator]
+                # mlx-lm's test of the default groups (a module given its own grid: its own)
+                and (module in modules or shape[-1] % params.group_size == 0)  # type: ignore[operator]
             ):
                 self.quantized[module] = p  # type: ignore[index]
                 self.entries.append((hf, n, "weight"))
             else:
                 self.entries.append((hf, n, "plain"))
+                self.config_entries.pop(module, None)  # type: ignore[arg-type]
+
+    def shape(self, ckpt: Any, hf: str, src: str) -> tuple[int, ...]:
+        """An output tensor's shape: a stack's is ``[experts, *expert shape]``."""
+        shape = tuple(int(v) for v in ckpt.info(src).shape)
+        return (len(self.stacks[hf]), *shape) if hf in self.stacks else shape
+
+
+def output_layout(ckpt: Any) -> list[tuple[str, tuple[str, ...]]]:
+    """The output's tensor names (transformers names, experts stacked as mlx-lm's
+    ``switch_mlp``) with their source tensors; see :func:`lowbit.checkpoints.mlx.experts.layout`."""
+    cfg = ckpt.config or {}
+    if ckpt.format == "gguf":
+        names = {gguf_to_hf_name(n, cfg): n for n in ckpt.names()}
+        return [(hf, tuple(names[s] for s in srcs)) for hf, srcs in layout(list(names), cfg)]
+    return layout(ckpt.names(), cfg)
 
 
 def write_mlx(
@@ -165,6 +189,7 @@ def write_mlx(
             qblock[m] = p.to_dict()  # type: ignore[union-attr]
         elif p is None:
             qblock[m] = False
+    qblock.update(plan.config_entries)
     cfg["quantization"] = qblock
     cfg["quantization_config"] = dict(qblock)
     cfg.pop("_name_or_path", None)
@@ -238,39 +263,60 @@ def _entries(ckpt: Any, plan: _Plan, dt: np.dtype, done: dict[str, Any]) -> list
             return out
         return arr
 
+    def one(module: str, hf: str, src: str) -> tuple[np.ndarray, ...]:
+        if src in done:
+            return _given(done[src], plan.quantized[module], dt, hf, plan)
+        p = plan.quantized[module]
+        try:
+            got = Q.quantize(values(hf, src), mode=p.mode, group_size=p.group_size, bits=p.bits)
+            return tuple(a for a in got if a is not None)
+        except LowbitError as exc:
+            raise LowbitError(f"tensor {hf!r}: {exc}") from None
+
+    def stacked(module: str, hf: str) -> tuple[np.ndarray, ...]:
+        """Every expert quantized in turn into the stack's arrays (one expert's floats at a
+        time; mlx-lm quantizes the stack along its last axis, which is the same)."""
+        srcs = plan.stacks[hf]
+        parts: list[np.ndarray] = []
+        for e, src in enumerate(srcs):
+            got = one(module, hf, src)
+            if not parts:
+                parts = [np.empty((len(srcs), *a.shape), a.dtype) for a in got]
+            for whole, a in zip(parts, got, strict=True):
+                whole[e] = a
+        return tuple(parts)
+
     def quantized(module: str, hf: str, src: str, part: int) -> Callable[[], np.ndarray]:
         def make() -> np.ndarray:
-            if module not in cache and src in done:
-                cache.clear()
-                cache[module] = _given(done[src], plan.quantized[module], dt, hf, plan)
             if module not in cache:
                 cache.clear()  # one module's arrays at a time
-                p = plan.quantized[module]
-                try:
-                    cache[module] = Q.quantize(
-                        values(hf, src), mode=p.mode, group_size=p.group_size, bits=p.bits
-                    )  # type: ignore[assignment]
-                except LowbitError as exc:
-                    raise LowbitError(f"tensor {hf!r}: {exc}") from None
+                cache[module] = stacked(module, hf) if hf in plan.stacks else one(module, hf, src)
             return cache[module][part]
+
+        return make
+
+    def plain_stack(hf: str) -> Callable[[], np.ndarray]:
+        def make() -> np.ndarray:
+            arrays = [values(hf, src) for src in plan.stacks[hf]]
+            return np.stack(arrays)
 
         return make
 
     out: list[st.Entry] = []
     for hf, src, kind in plan.entries:
-        info = ckpt.info(src)
-        shape = tuple(int(v) for v in info.shape)
+        shape = plan.shape(ckpt, hf, src)
         if kind == "plain":
             sdt = st_dtype(ckpt, src, dt)
-            out.append(st.Entry(hf, sdt, shape, lambda hf=hf, src=src: values(hf, src)))
+            make = plain_stack(hf) if hf in plan.stacks else lambda hf=hf, src=src: values(hf, src)
+            out.append(st.Entry(hf, sdt, shape, make))
             continue
         module = hf[: -len(".weight")]
         p = plan.quantized[module]
-        rows, n = shape
-        out.append(st.Entry(hf, np.dtype(np.uint32), (rows, n * p.bits // 32),  # type: ignore[operator]
+        *lead, n = shape
+        out.append(st.Entry(hf, np.dtype(np.uint32), (*lead, n * p.bits // 32),  # type: ignore[operator]
                             quantized(module, hf, src, 0)))  # fmt: skip
         sdt = dt if p.has_biases else np.dtype(np.uint8)
-        sshape = (rows, n // p.group_size)  # type: ignore[operator]
+        sshape = (*lead, n // p.group_size)  # type: ignore[operator]
         out.append(st.Entry(f"{module}.scales", sdt, sshape, quantized(module, hf, src, 1)))
         if p.has_biases:
             out.append(st.Entry(f"{module}.biases", dt, sshape, quantized(module, hf, src, 2)))
