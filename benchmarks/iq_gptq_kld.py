@@ -79,7 +79,8 @@ def _kld_stats(ref: np.ndarray, q: np.ndarray) -> dict:
 
 
 def _gptq_file(base: Path, mix: str, imatrix: Path, calib: Path, out: Path, a) -> dict:
-    """The mix with ffn_down GPTQ'd onto its type (every other tensor llama.cpp's rounding)."""
+    """The mix with ffn_down GPTQ'd onto its type (every other tensor llama.cpp's rounding), or
+    with ``--scope all`` every tensor GPTQ can reach onto the type the mix gives it."""
     from lowbit.calibration.data import Calibration
     from lowbit.checkpoints import open_checkpoint
     from lowbit.checkpoints.gguf.imatrix import read_imatrix
@@ -90,7 +91,8 @@ def _gptq_file(base: Path, mix: str, imatrix: Path, calib: Path, out: Path, a) -
     imat = read_imatrix(imatrix)
     cal = Calibration(source=str(calib), samples=a.calib_samples, length=a.calib_len)
     with open_checkpoint(base) as ck:
-        targets = {n: t for n, t in gptq_targets(ck, mix, imatrix=imat).items() if "ffn_down" in n}
+        targets = {n: t for n, t in gptq_targets(ck, mix, imatrix=imat).items()
+                   if a.scope == "all" or "ffn_down" in n}  # fmt: skip
         t0 = time.perf_counter()
         done, record = gptq_onto(
             ck, targets, True, gptq=GPTQ(act_order=a.act_order), calibration=cal, progress=False
@@ -118,6 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--act-order", default="static", choices=("static", "none"))
     ap.add_argument("--llamacpp", type=Path, help="llama.cpp's build/bin: also its KLD")
     ap.add_argument("--reuse", action="store_true", help="keep files of an earlier run")
+    ap.add_argument(
+        "--scope",
+        default="ffn_down",
+        choices=("ffn_down", "all"),
+        help="GPTQ ffn_down only (the i-quant tensors), or every tensor of the mix",
+    )
+    ap.add_argument(
+        "--llamacpp-only",
+        action="store_true",
+        help="measure with llama-perplexity only (skip lowbit's own, slower, KLD)",
+    )
     a = ap.parse_args(argv)
     w = a.work
     w.mkdir(parents=True, exist_ok=True)
@@ -135,20 +148,23 @@ def main(argv: list[str] | None = None) -> int:
         _run(cmd, w / "imatrix.log")
     text = ev.read_text()
     cached = w / f"f32-logprobs-{a.ctx}-{a.eval_tokens}.npy"
-    if a.reuse and cached.exists():
+    if a.llamacpp_only:
+        ref = None
+    elif a.reuse and cached.exists():
         ref = np.load(cached)
     else:
         ref = _logits(base, text, a.ctx, True)
         np.save(cached, ref)
     rows = []
     for mix in a.types.split(","):
-        rtn, gq = w / f"rtn-{mix}.gguf", w / f"gptq-{mix}.gguf"
+        scope = "" if a.scope == "ffn_down" else "all-"
+        rtn, gq = w / f"rtn-{mix}.gguf", w / f"gptq-{scope}{mix}.gguf"
         if not (a.reuse and rtn.exists()):
             args = [str(base), "--to", mix, "--imatrix", str(imatrix), "--out-format", "gguf"]
             t_rtn = lowbit([*args, "--out", str(rtn)], w / f"rtn-{mix}.log")
         else:
             t_rtn = float("nan")
-        side = w / f"gptq-{mix}.json"
+        side = w / f"gptq-{scope}{mix}.json"
         if a.reuse and gq.exists() and side.exists():
             info = json.loads(side.read_text())
         else:
@@ -156,10 +172,12 @@ def main(argv: list[str] | None = None) -> int:
             side.write_text(json.dumps(info))
         d_rtn, d_gq = tensor_digest(rtn), tensor_digest(gq)
         differ = sorted(n for n in d_rtn if d_rtn[n] != d_gq[n])
-        assert all("ffn_down" in n for n in differ), differ
+        assert a.scope == "all" or all("ffn_down" in n for n in differ), differ
+        assert rtn.stat().st_size == gq.stat().st_size
         for label, path in (("lowbit RTN (llama.cpp's bytes)", rtn), ("lowbit GPTQ", gq)):
-            row = {"mix": mix, "file": label, "bytes": path.stat().st_size}
-            row["lowbit"] = _kld_stats(ref, _logits(path, text, a.ctx, True))
+            row = {"mix": mix, "file": label, "bytes": path.stat().st_size, "path": str(path)}
+            if not a.llamacpp_only:
+                row["lowbit"] = _kld_stats(ref, _logits(path, text, a.ctx, True))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)  # partial results survive
         rows[-2]["quantize_s"] = round(t_rtn, 1)
@@ -172,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                   str(a.ctx), "--kl-divergence-base", str(base_logits), "-t", threads],
                  w / "f32-ppl.log")  # fmt: skip
         for row in rows:
-            path = w / (("rtn-" if "RTN" in row["file"] else "gptq-") + row["mix"] + ".gguf")
+            path = Path(row["path"])
             log = w / f"{path.stem}-kld.log"
             row["llamacpp"] = kld(a.llamacpp, path, base_logits, [], log)
     print(json.dumps({"cpu": cpu(), "eval_tokens": [EVAL_AT, EVAL_AT + a.eval_tokens],
