@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,15 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _machine import cpu
 from bench_gptq_memory import write_checkpoint
-from gguf_quantize_speed import smollm2_tokenizer
-
-
-def _timed(cmd: list[str]) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{cmd[0]} failed:\n" + "\n".join(proc.stdout.splitlines()[-15:]))
-    return time.perf_counter() - t0
+from gguf_quantize_speed import _timed, smollm2_tokenizer
 
 
 def _floor(src: Path, out_bytes: int, scratch: Path) -> float:
