@@ -7,6 +7,11 @@ super-blocks, so the only tensors in the i-quant type) GPTQ'd onto the same type
 tensor is as the mix puts it, the same bytes in both files. One importance matrix for both
 (``lowbit imatrix`` on the calibration slice).
 
+With ``--widen 768`` (issue 38's protocol b) the model is SmolLM2 widened with zeros to hidden
+768 (``benchmarks/pad_llama.py``: the same function, every row a whole number of 256-blocks), so
+the whole mix is in the i-quant types; use it with ``--scope all`` and the mixes ``iq2_m``,
+``iq3_xxs``, ``iq3_m``.
+
 Text (as ``benchmarks/gguf_kld.py``): the default text (``pydoc_data.topics``) tokenized by
 SmolLM2's tokenizer; evaluation on its first ``--eval-tokens`` tokens, calibration (importance
 matrix and GPTQ) from token 32,768 on: disjoint slices.
@@ -108,6 +113,27 @@ def _gptq_file(base: Path, mix: str, imatrix: Path, calib: Path, out: Path, a) -
     }
 
 
+def _widened_base(w: Path, hidden: int, base: Path) -> None:
+    """SmolLM2 as float32 Hugging Face weights, widened with zeros to ``hidden``, as an F32 GGUF."""
+    import shutil
+
+    import pad_llama
+
+    src, wide = w / "smollm2-f32", w / f"smollm2-f32-{hidden}"
+    plan = w / "f32-plan.json"
+    plan.write_text(json.dumps({"rules": [{"match": "*", "format": "fp32"}]}))
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.rmtree(wide, ignore_errors=True)
+    lowbit(["smollm2", "--plan", str(plan), "--out-format", "compressed-tensors", "--out",
+            str(src)], w / "f32-hf.log")  # fmt: skip
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop("quantization_config", None)  # plain float32 weights: a plain folder
+    (src / "config.json").write_text(json.dumps(cfg))
+    pad_llama.main([str(src), str(wide), "--hidden", str(hidden)])
+    lowbit([str(wide), "--plan", str(plan), "--out-format", "gguf", "--out", str(base)],
+           w / "f32.log")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True)
@@ -131,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure with llama-perplexity only (skip lowbit's own, slower, KLD)",
     )
+    ap.add_argument("--widen", type=int, help="SmolLM2 widened to this hidden size (768)")
     a = ap.parse_args(argv)
     w = a.work
     w.mkdir(parents=True, exist_ok=True)
     ev, ca = texts(w, a.eval_tokens, a.calib_tokens)
     base, imatrix = w / "f32.gguf", w / "imatrix.gguf"
-    if not (a.reuse and base.exists()):
+    if a.widen and not (a.reuse and base.exists()):
+        _widened_base(w, a.widen, base)
+    elif not (a.reuse and base.exists()):
         plan = w / "f32-plan.json"
         plan.write_text(json.dumps({"rules": [{"match": "*", "format": "fp32"}]}))
         lowbit(["smollm2", "--plan", str(plan), "--out-format", "gguf", "--out", str(base)],
@@ -171,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
             info = _gptq_file(base, mix, imatrix, ca, gq, a)
             side.write_text(json.dumps(info))
         d_rtn, d_gq = tensor_digest(rtn), tensor_digest(gq)
+        same_as_llama = None
+        if a.llamacpp is not None:  # llama-quantize's own file of the mix: lowbit's RTN bytes?
+            llq = w / f"llama-quantize-{mix}.gguf"
+            if not (a.reuse and llq.exists()):
+                _run([str(a.llamacpp / "llama-quantize"), "--imatrix", str(imatrix), str(base),
+                      str(llq), mix.upper(), "2"], w / f"llama-quantize-{mix}.log")  # fmt: skip
+            same_as_llama = tensor_digest(llq) == d_rtn
         differ = sorted(n for n in d_rtn if d_rtn[n] != d_gq[n])
         assert a.scope == "all" or all("ffn_down" in n for n in differ), differ
         assert rtn.stat().st_size == gq.stat().st_size
@@ -180,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["lowbit"] = _kld_stats(ref, _logits(path, text, a.ctx, True))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)  # partial results survive
-        rows[-2]["quantize_s"] = round(t_rtn, 1)
+        rows[-2].update(quantize_s=round(t_rtn, 1), equals_llama_quantize=same_as_llama)
         rows[-1].update(quantize_s=info["seconds"], gptq=info, differ=len(differ))
     if a.llamacpp is not None:
         base_logits = w / "f32.kld"

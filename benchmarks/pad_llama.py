@@ -81,12 +81,12 @@ def pad(t: dict[str, np.ndarray], cfg: dict, hidden: int) -> tuple[dict[str, np.
     return out, new
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("src", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--hidden", type=int, default=768)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     from safetensors.numpy import load_file, save_file
 
     cfg = json.loads((a.src / "config.json").read_text())
