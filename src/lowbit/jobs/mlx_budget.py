@@ -2,9 +2,9 @@
 
 Each module the MLX output quantizes is tried on every candidate grid (MLX's rounding in the
 model dtype, the rest of the model in float; the damage is the mean KL of the next-token
-distributions over the scan windows, as the GGUF budget measures), the damages and the exact
-bytes of each grid are solved for the budget (:mod:`lowbit.checkpoints.mlx.budget`), and the
-folder is written with one config.json entry per module, rounded to nearest or, with
+distributions over the scan windows or, with ``measure="block"``, its block-local estimate,
+as the GGUF budget measures), the damages and the exact bytes of each grid are solved for the
+budget (:mod:`lowbit.checkpoints.mlx.budget`), and the folder is written with one config.json entry per module, rounded to nearest or, with
 ``method``, GPTQ'd or AWQ'd onto the chosen grids.
 
 >>> mlx_budget("smollm2", "smol-4.5", bits_per_weight=4.5)        # doctest: +SKIP
@@ -34,7 +34,7 @@ from lowbit.checkpoints.mlx.writer import model_dtype
 from lowbit.checkpoints.streaming import check_unrotated, open_model
 from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
-from lowbit.evaluation.gguf_sensitivity import gguf_sensitivity
+from lowbit.evaluation.gguf_sensitivity import gguf_block_sensitivity, gguf_sensitivity
 from lowbit.evaluation.scan_samples import scan_samples
 from lowbit.jobs.mlx import quantize_to_mlx
 from lowbit.jobs.results import QuantizeResult
@@ -74,6 +74,7 @@ def mlx_budget(
     compute: str = "fp32",
     progress: bool | None = None,
     dry_run: bool = False,
+    measure: str = "exact",
 ) -> QuantizeResult:
     """Write ``model`` as an MLX folder whose every quantized module has the affine grid of
     least measured damage that keeps the folder within the budget.
@@ -93,6 +94,11 @@ def mlx_budget(
             window.
         overwrite, threads, compute, progress: as :func:`lowbit.quantize_model`.
         dry_run: solve and report, write nothing.
+        measure: ``exact`` (default): each trial runs the model from the module's block to
+            the logits (mean KL); ``block``: each trial runs the module's block alone, its
+            output error weighted by the next-token Fisher at that block's output
+            (:mod:`lowbit.evaluation.block_sensitivity`: one block forward per trial, memory
+            of one block), as :func:`lowbit.jobs.gguf.gguf_budget` measures.
 
     Returns:
         A :class:`~lowbit.jobs.results.QuantizeResult`; ``details["plan"]`` holds the chosen
@@ -100,11 +106,14 @@ def mlx_budget(
 
     Raises:
         LowbitError: both or neither budget, bad candidates, a budget below the smallest
-            choice, a mixture of experts, an existing output (without ``overwrite``).
+            choice, a mixture of experts, an unknown measure, an existing output (without
+            ``overwrite``).
     """
     start = time.perf_counter()
     if (size is None) == (bits_per_weight is None):
         raise LowbitError("give size (bytes) or bits_per_weight, one of them")
+    if measure not in ("exact", "block"):
+        raise LowbitError(f"measure must be 'exact' or 'block', got {measure!r}")
     cands = parse_candidates(candidates or DEFAULT_CANDIDATES)
     ckpt = open_model(model)
     check_unrotated(ckpt)
@@ -119,11 +128,11 @@ def mlx_budget(
     )
     trials = {n: {t: None for t in opts} for n, opts in options.items()}
     total = sum(len(v) for v in trials.values())
-    with progress_bar(total, progress, "MLX trials", "trial") as bar:
+    label = "MLX block trials" if measure == "block" else "MLX trials"
+    measured = gguf_block_sensitivity if measure == "block" else gguf_sensitivity
+    with progress_bar(total, progress, label, "trial") as bar:
         tick: Callable[[int, int], None] = lambda done, _total: bar.update(done - bar.n)  # noqa: E731
-        sens = gguf_sensitivity(
-            ckpt, trials, calib, progress=tick, compute=compute, rounder=_rounder(dt)
-        )
+        sens = measured(ckpt, trials, calib, progress=tick, compute=compute, rounder=_rounder(dt))
     t0 = time.perf_counter()
     plan = solve_mlx(ckpt, options, sens.damages, dt, size=size, bits_per_weight=bits_per_weight)
     seconds = {**sens.seconds, "solve": time.perf_counter() - t0}
@@ -132,6 +141,7 @@ def mlx_budget(
         "candidates": [f"{p.bits}bit-g{p.group_size}" for p in cands],
         "calibration": sens.calibration,
         "metric": sens.metric,
+        "measure": measure,
         "trials": total,
         "plan": plan.to_dict(),
         "damages": sens.damages,
