@@ -4,6 +4,7 @@ mx.quantize rounds) and --budget / --size with MLX candidates priced in exact fi
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,31 @@ def test_budget_loads_in_mlx_lm(budgeted: Any) -> None:
     with torch.no_grad():
         ours = load_model(out)(torch.tensor(ids)).logits.float().numpy()
     assert np.max(np.abs(theirs - ours)) <= 2e-4 * float(theirs.max() - theirs.min())
+
+
+def test_quantize_model_routes_mlx_budgets(budgeted: Any, salient: Any, tmp_path: Path) -> None:
+    """lowbit.quantize_model(model, None, out, out_format="mlx", size=...) is mlx_budget: the
+    same folder, byte for byte; lowbit.mlx_budget is that job; a budget with to=/bits=, or a
+    dry run without one, is refused."""
+    from lowbit.jobs import mlx_budget as job
+
+    _, src, calib = salient
+    res, out = budgeted
+    got = lowbit.quantize_model(src, None, tmp_path / "q", out_format="mlx", size=60_000,
+                                candidates=CANDS, calibration=str(calib), scan_samples=2,
+                                scan_length=32, progress=False)  # fmt: skip
+    assert got.details["plan"] == res.details["plan"]
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "q" / name).read_bytes() == (out / name).read_bytes(), name
+    assert lowbit.mlx_budget is job.mlx_budget
+    for kw, msg in [
+        ({"to": "mixed_3_6", "budget": 4.0}, "drop to=/bits=/group_size="),
+        ({"bits": 3, "size": 60_000}, "drop to=/bits=/group_size="),
+        ({"dry_run": True}, "dry_run with out_format='mlx' shows a budget's plan"),
+    ]:
+        with pytest.raises(lowbit.LowbitError, match=re.escape(msg)):
+            lowbit.quantize_model(src, out=tmp_path / "r", out_format="mlx", **kw)
+    assert not (tmp_path / "r").exists()
 
 
 def test_cli_budget_bits_per_weight(

@@ -162,7 +162,7 @@ def _budget(args: argparse.Namespace, method: str) -> int:
         scan_text=args.calib, scan_samples_count=samples, scan_length=length,
         overwrite=args.overwrite, threads=args.threads,
         compute=_common.compute_option(args.compute), progress=progress, dry_run=args.dry_run,
-        measure=measure,
+        measure=measure, copy_code=args.copy_code,
     )  # fmt: skip
     doc = res.details
     if args.json:
