@@ -20,7 +20,7 @@ and editors see them through the ``TYPE_CHECKING`` imports of this file):
   ``"smollm2"``, ``"minilm"``);
 - one call per job of the command line (docs/python.md): ``quantize_model`` (``lowbit
   quantize``: any source, method and output; returns a ``QuantizeResult``), ``gguf_mix`` and
-  ``gguf_budget`` (its llama.cpp routes), ``evaluate`` (``lowbit eval``), ``scan``
+  ``gguf_budget`` (its llama.cpp routes), ``mlx_budget`` (its MLX budgets), ``evaluate`` (``lowbit eval``), ``scan``
   (``lowbit sensitivity``) and ``mixed_plan`` (``--budget``), ``sensitivity`` (a scan on an
   open checkpoint), ``imatrix``, ``report``, ``verify``, ``convert_hf_to_gguf``;
 - ``Calibration`` (texts, token arrays, datasets, files), ``GPTQ``, ``AWQ``, ``SmoothQuant``;
@@ -70,6 +70,7 @@ _LAZY = {
     "convert_hf_to_gguf": "lowbit.jobs.tasks",
     "gguf_mix": "lowbit.jobs.gguf",
     "gguf_budget": "lowbit.jobs.gguf",
+    "mlx_budget": "lowbit.jobs.mlx_budget",
     "sensitivity": "lowbit.evaluation.sensitivity",
     "QuantizeResult": "lowbit.jobs.results",
     "mixed_plan": "lowbit.jobs.budget",
@@ -90,6 +91,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors (not
     from lowbit.jobs.compare import compare as compare
     from lowbit.jobs.gguf import gguf_budget as gguf_budget
     from lowbit.jobs.gguf import gguf_mix as gguf_mix
+    from lowbit.jobs.mlx_budget import mlx_budget as mlx_budget
     from lowbit.jobs.quantize import quantize_model as quantize_model
     from lowbit.jobs.results import QuantizeResult as QuantizeResult
     from lowbit.jobs.tasks import convert_hf_to_gguf as convert_hf_to_gguf
@@ -170,6 +172,7 @@ __all__ = [
     "load",
     "load_model",
     "mixed_plan",
+    "mlx_budget",
     "open_checkpoint",
     "p3109",
     "pack",

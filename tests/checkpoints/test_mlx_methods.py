@@ -4,6 +4,7 @@ mx.quantize rounds) and --budget / --size with MLX candidates priced in exact fi
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,31 @@ def test_budget_loads_in_mlx_lm(budgeted: Any) -> None:
     assert np.max(np.abs(theirs - ours)) <= 2e-4 * float(theirs.max() - theirs.min())
 
 
+def test_quantize_model_routes_mlx_budgets(budgeted: Any, salient: Any, tmp_path: Path) -> None:
+    """lowbit.quantize_model(model, None, out, out_format="mlx", size=...) is mlx_budget: the
+    same folder, byte for byte; lowbit.mlx_budget is that job; a budget with to=/bits=, or a
+    dry run without one, is refused."""
+    from lowbit.jobs import mlx_budget as job
+
+    _, src, calib = salient
+    res, out = budgeted
+    got = lowbit.quantize_model(src, None, tmp_path / "q", out_format="mlx", size=60_000,
+                                candidates=CANDS, calibration=str(calib), scan_samples=2,
+                                scan_length=32, progress=False)  # fmt: skip
+    assert got.details["plan"] == res.details["plan"]
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "q" / name).read_bytes() == (out / name).read_bytes(), name
+    assert lowbit.mlx_budget is job.mlx_budget
+    for kw, msg in [
+        ({"to": "mixed_3_6", "budget": 4.0}, "drop to=/bits=/group_size="),
+        ({"bits": 3, "size": 60_000}, "drop to=/bits=/group_size="),
+        ({"dry_run": True}, "dry_run with out_format='mlx' shows a budget's plan"),
+    ]:
+        with pytest.raises(lowbit.LowbitError, match=re.escape(msg)):
+            lowbit.quantize_model(src, out=tmp_path / "r", out_format="mlx", **kw)
+    assert not (tmp_path / "r").exists()
+
+
 def test_cli_budget_bits_per_weight(
     salient: tuple[Any, Path, Path], tmp_path: Path, capsys
 ) -> None:
@@ -201,6 +227,52 @@ def test_cli_budget_bits_per_weight(
     assert not out.exists()
 
 
+def test_cli_budget_block_measure(salient: tuple[Any, Path, Path], tmp_path: Path, capsys) -> None:
+    """--measure block with --out-format mlx: a block-local damage for every candidate of every
+    module, finite and >= 0, and a plan within the budget."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.mlx.budget import budget_options, parse_candidates
+    from lowbit.evaluation.block_sensitivity import BLOCK_METRIC
+
+    _, src, calib = salient
+    argv = ["quantize", str(src), "--out-format", "mlx", "--budget", "3.5", "--candidates",
+            ",".join(CANDS), "--calib", str(calib), "--scan-samples", "2", "--scan-len", "32",
+            "--measure", "block", "--out", str(tmp_path / "b"), "--dry-run", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["measure"], doc["metric"]) == ("block", BLOCK_METRIC)
+    options = budget_options(open_checkpoint(src), parse_candidates(CANDS))
+    assert {n: sorted(d) for n, d in doc["damages"].items()} == {
+        n: sorted(o) for n, o in options.items()
+    }
+    values = [v for d in doc["damages"].values() for v in d.values()]
+    assert all(np.isfinite(v) and v >= 0 for v in values)
+    assert 3.0 < doc["plan"]["bits_per_weight"] <= 3.5
+
+
+def test_block_measure_uses_the_rounder(salient: tuple[Any, Path, Path]) -> None:
+    """gguf_block_sensitivity's rounder is what a trial stores: one that keeps the weight gives
+    no damage at all, MLX's grids damage every module, 2 bits more than 8."""
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.mlx.budget import budget_options, parse_candidates
+    from lowbit.checkpoints.mlx.writer import model_dtype
+    from lowbit.checkpoints.tokenizer import build_tokenizer
+    from lowbit.evaluation.gguf_sensitivity import gguf_block_sensitivity
+    from lowbit.evaluation.scan_samples import scan_samples
+    from lowbit.jobs.mlx_budget import _rounder
+
+    _, src, calib = salient
+    ckpt = open_checkpoint(src)
+    options = budget_options(ckpt, parse_candidates(["2bit-g64", "8bit-g64"]))
+    windows = scan_samples("causal", build_tokenizer(ckpt), str(calib), samples=2, length=32)
+    kept = gguf_block_sensitivity(ckpt, options, windows, rounder=lambda w, _t, _v: w)
+    mlx = gguf_block_sensitivity(ckpt, options, windows, rounder=_rounder(model_dtype(ckpt, None)))
+    assert set(kept.damages) == set(mlx.damages) == set(options) and len(options) > 1
+    assert all(v == 0.0 for d in kept.damages.values() for v in d.values())
+    for d in mlx.damages.values():
+        assert d["2bit-g64"] > d["8bit-g64"] > 0
+
+
 @pytest.mark.parametrize(
     ("extra", "msg"),
     [
@@ -209,6 +281,7 @@ def test_cli_budget_bits_per_weight(
         (["--budget", "3.5", "--q-bits", "3"], "drop --to/--q-bits"),
         (["--budget", "lots"], "stored bits per quantized weight"),
         (["--size", "1KB", "--candidates", "2bit-g64"], "below the smallest candidates"),
+        (["--budget", "3.5", "--measure", "proxy"], "--measure block); no proxy"),
     ],
 )
 def test_cli_budget_bad_input(

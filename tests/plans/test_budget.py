@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowbit.errors import LowbitError
-from lowbit.plans.budget import lagrangian_bound, solve
+from lowbit.plans.budget import lagrangian_bound, solve, solve_budget
 
 
 @st.composite
@@ -107,3 +107,40 @@ def test_bad_inputs(costs: list[list[int]], damages: list[list[float]]) -> None:
     """Mismatched, empty, negative or NaN inputs are refused."""
     with pytest.raises(LowbitError):
         solve(costs, damages, 10)
+
+
+def test_solve_budget_by_name() -> None:
+    """Named options: a size budget counts the fixed bits, a bits-per-weight one does not;
+    the choice is returned by option name and equals solve's on the same numbers."""
+    costs = {"a": {"lo": 16, "hi": 32}, "b": {"lo": 8, "hi": 24}}
+    damages = {"a": {"lo": 5.0, "hi": 1.0}, "b": {"lo": 3.0, "hi": 0.0}, "c": {"x": 9.0}}
+    # 10 bytes = 80 bits, 40 of them fixed: 40 left, room for one upgrade (a: saves more)
+    by_size = solve_budget(costs, damages, weights=8, fixed=40, size=10)
+    assert by_size.chosen == {"a": "hi", "b": "lo"}
+    assert by_size.budget == {"kind": "size", "value": 10}
+    assert by_size.allocation.choice == solve([[16, 32], [8, 24]], [[5, 1], [3, 0]], 40).choice
+    # 7 bits per weight x 8 weights = 56 bits; the fixed 40 bits do not count
+    by_bits = solve_budget(costs, damages, weights=8, fixed=40, bits_per_weight=7.0)
+    assert by_bits.chosen == {"a": "hi", "b": "hi"}
+    assert by_bits.budget == {"kind": "bits_per_weight", "value": 7.0}
+
+
+def test_solve_budget_refusals() -> None:
+    """One budget, bits per weight in range, a budget below the smallest options (saying what
+    they need, in the caller's words), every damage measured."""
+    costs = {"a": {"lo": 16, "hi": 32}}
+    damages = {"a": {"lo": 5.0, "hi": 1.0}}
+    with pytest.raises(LowbitError, match=r"^give one budget: bits per weight \(--budget\)"):
+        solve_budget(costs, damages, weights=8)
+    with pytest.raises(LowbitError, match=r"^give one budget"):
+        solve_budget(costs, damages, weights=8, size=10, bits_per_weight=4.0)
+    with pytest.raises(LowbitError, match=r"^bits per weight must be between 0 and 64, got 64"):
+        solve_budget(costs, damages, weights=8, bits_per_weight=64)
+    with pytest.raises(LowbitError, match=r"needs 1,002 bytes \(all at their least\)$"):
+        solve_budget(
+            costs, damages, weights=8, fixed=8000, size=1001, needs="bytes (all at their least)"
+        )
+    with pytest.raises(LowbitError, match=r"^the budget is below .*: needs 2\.0000 bits/weight$"):
+        solve_budget(costs, damages, weights=8, bits_per_weight=1.9)
+    with pytest.raises(LowbitError, match=r"^no measured damage for 'hi'$"):
+        solve_budget(costs, {"a": {"lo": 5.0}}, weights=8, bits_per_weight=4.0)

@@ -4,7 +4,8 @@ The options are ``mlx_lm.convert``'s: ``--q-bits``, ``--q-group-size``, ``--q-mo
 nvfp4; alone: affine, 4 bits, groups of 64, ``mlx_lm.convert -q``'s default), ``--dtype``, and
 ``--to`` one of mlx-lm's mixed recipes (``mixed_2_6``, ``mixed_3_4``, ``mixed_3_6``,
 ``mixed_4_6``) or an MLX mode name; or ``--budget BPW`` / ``--size BYTES`` with ``--candidates``
-grids (``lowbit.jobs.mlx_budget``).
+grids, each trial measured by the model or (``--measure block``) by its block
+(``lowbit.jobs.mlx_budget``).
 """
 
 from __future__ import annotations
@@ -130,6 +131,12 @@ def _budget(args: argparse.Namespace, method: str) -> int:
             "--candidates, e.g. 3bit-g64,4bit-g64,6bit-g64); drop --to/--q-bits/--q-group-size/"
             "--q-mode"
         )
+    measure = getattr(args, "measure", None) or "exact"
+    if measure not in ("exact", "block"):
+        raise LowbitError(
+            "an MLX budget measures each trial by the model (--measure exact, the default) or "
+            "by its block (--measure block); no proxy"
+        )
     size = parse_size(args.size) if args.size else None
     bpw = None
     if args.budget:
@@ -155,6 +162,7 @@ def _budget(args: argparse.Namespace, method: str) -> int:
         scan_text=args.calib, scan_samples_count=samples, scan_length=length,
         overwrite=args.overwrite, threads=args.threads,
         compute=_common.compute_option(args.compute), progress=progress, dry_run=args.dry_run,
+        measure=measure, copy_code=args.copy_code,
     )  # fmt: skip
     doc = res.details
     if args.json:

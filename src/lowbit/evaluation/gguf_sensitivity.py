@@ -146,7 +146,7 @@ def gguf_sensitivity(
         compute: precision of the model's matrix products (``fp32``, ``bf16``, ``auto``).
         rounder: ``rounder(w, type, vector)``: the tensor stored as ``type`` and read back,
             instead of llama.cpp's :func:`roundtrip` (the MLX budget's grids,
-            ``lowbit.jobs.mlx``).
+            :mod:`lowbit.jobs.mlx_budget`).
 
     Raises:
         LowbitError: a model lowbit cannot build, no windows, a tensor that fills no parameter.
@@ -232,19 +232,21 @@ def gguf_block_sensitivity(
     batch: int = 4,
     progress: Progress = None,
     compute: str = "fp32",
+    rounder: Callable[[np.ndarray, str, np.ndarray | None], np.ndarray] | None = None,
 ) -> GgufSensitivity:
     """:func:`gguf_sensitivity`'s damages measured block by block: each trial runs the
     tensor's block alone on that block's calibrated inputs, its output error weighted by the
     next-token Fisher at the last block (:mod:`lowbit.evaluation.block_sensitivity`: the
-    measure, what it leaves out, its memory). Same arguments and result.
+    measure, what it leaves out, its memory). Same arguments (``rounder`` included) and result.
     """
     vectors = dict(vectors or {})
+    rnd = rounder or roundtrip
     report, close = step_reporter(progress, "GGUF block trials", "trial")
     try:
         got = block_damages(
             checkpoint,
             {n: list(types) for n, types in options.items()},
-            lambda name, w, t: roundtrip(w, t, vectors.get(name)),
+            lambda name, w, t: rnd(w, t, vectors.get(name)),
             calibration,
             batch=batch,
             progress=report,

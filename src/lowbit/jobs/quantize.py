@@ -8,12 +8,14 @@ one call: what ``lowbit quantize`` does, with the same bytes.
 >>> lowbit.quantize_model("smollm2", "q4_k_m", "smol.Q4_K_M.gguf", out_format="gguf",
 ...                       imatrix="imatrix.gguf")
 >>> lowbit.quantize_model("smollm2", None, "smol.gguf", out_format="gguf", size=90_000_000)
+>>> lowbit.quantize_model("smollm2", None, "smol-mlx", out_format="mlx", budget=4.5)
 
 The routes: a llama.cpp mix name with ``out_format="gguf"`` goes to
 :func:`lowbit.jobs.gguf.gguf_mix`; ``size``/``budget`` with GGUF output to
-:func:`lowbit.jobs.gguf.gguf_budget`; everything else through a precision plan (a scheme
-string, a :class:`~lowbit.plans.plan.PrecisionPlan`, or one solved from a sensitivity scan for
-``budget``/``size``), the method (round to nearest, GPTQ, AWQ, SmoothQuant with or without GPTQ,
+:func:`lowbit.jobs.gguf.gguf_budget`; MLX output to :func:`lowbit.jobs.mlx_budget.mlx_job`
+(a budget to :func:`lowbit.jobs.mlx_budget.mlx_budget`); everything else through a precision
+plan (a scheme string, a :class:`~lowbit.plans.plan.PrecisionPlan`, or one solved from a
+sensitivity scan for ``budget``/``size``), the method (round to nearest, GPTQ, AWQ, SmoothQuant with or without GPTQ,
 the Hadamard rotations and folds), NVFP4 input scales, and the writer
 (:func:`lowbit.checkpoints.streaming.quantize_model`).
 """
@@ -46,7 +48,7 @@ from lowbit.errors import LowbitError
 from lowbit.ggml import mixes
 from lowbit.jobs import rotation
 from lowbit.jobs.gguf import gguf_budget, gguf_mix
-from lowbit.jobs.mlx import mlx_params, quantize_to_mlx
+from lowbit.jobs.mlx_budget import mlx_job
 from lowbit.jobs.results import QuantizeResult
 from lowbit.jobs.sources import open_source
 from lowbit.jobs.stopwatch import Stopwatch
@@ -170,7 +172,7 @@ def quantize_model(
         to: a scheme string (``"int4:g128"``, ``"nvfp4"``, ``"fp8_e4m3:ch"``, ``"q4_0"``), a
             llama.cpp mix with ``out_format="gguf"`` (``"q4_k_m"``, ``"iq4_xs"``), or a
             :class:`~lowbit.plans.plan.PrecisionPlan`; None with ``size``/``budget`` and GGUF
-            output (a GGUF budget).
+            or MLX output (a GGUF or MLX budget).
         out: the folder (``lowbit``, ``compressed-tensors``) or ``.gguf`` file to write.
         method: ``"rtn"`` (default; plan rules may name their own method), ``"gptq"``,
             ``"awq"``, ``"smoothquant"``, ``"smoothquant+gptq"``, ``"hadamard"``,
@@ -184,7 +186,8 @@ def quantize_model(
         out_format: ``"lowbit"`` (default), ``"compressed-tensors"``, ``"gguf"`` or ``"mlx"``
             (mlx-lm's folder: ``to`` an MLX mode (``affine`` by default, ``mxfp4``, ``mxfp8``,
             ``nvfp4``) or mixed recipe (``mixed_3_6``), ``bits`` and ``group_size`` as
-            ``mlx_lm.convert``'s ``--q-bits``/``--q-group-size``; rtn, gptq or awq).
+            ``mlx_lm.convert``'s ``--q-bits``/``--q-group-size``; rtn, gptq or awq; or
+            ``size``/``budget``).
         calibration: a :class:`~lowbit.calibration.data.Calibration` or what it takes as a
             source (``"default"``, a ``.txt``/``.jsonl`` path); None: the default text from
             token 32,768 (disjoint from what ``lowbit eval`` scores).
@@ -198,9 +201,9 @@ def quantize_model(
         imatrix: llama.cpp importance matrix for a GGUF mix or budget.
         tensor_types, output_tensor_type, token_embedding_type, pure, leave_output_tensor:
             llama-quantize's overrides of a mix.
-        size, budget: a GGUF budget (bytes, or bits per quantized weight), chosen from
-            ``candidates`` (GGUF types) by measured damage on ``scan_samples`` windows of
-            ``scan_length`` tokens.
+        size, budget: a GGUF or MLX budget (bytes, or bits per quantized weight), chosen from
+            ``candidates`` (GGUF types; MLX grids ``"3bit-g64"``) by measured damage on
+            ``scan_samples`` windows of ``scan_length`` tokens.
         tokenizer: an in-memory model's tokenizer.
         threads, compute, workers, ray: calibrated methods' torch threads, forward precision
             (``fp32``, ``bf16``, ``auto``), worker processes and Ray cluster.
@@ -224,19 +227,15 @@ def quantize_model(
         LowbitError: a bad argument or combination, an unreadable source, an output that would
             replace an input or something lowbit did not write.
     """
-    if out_format == "mlx":
-        if out is None:
-            raise LowbitError("say where to write the MLX folder: out='model-mlx'")
-        if not (to is None or isinstance(to, str)):
-            raise LowbitError("to= with out_format='mlx': an MLX mode or mlx-lm mixed recipe")
-        params, recipe = mlx_params(to, bits=bits, group_size=group_size)
-        with open_source(model, tokenizer=tokenizer, near=Path(out)) as ckpt:
-            return quantize_to_mlx(
-                ckpt, out, params, recipe=recipe,
-                method=(awq if method == "awq" else gptq) or method,  # type: ignore[arg-type]
-                calibration=_calibration(calibration), threads=threads, compute=compute,
-                overwrite=overwrite, copy_code=copy_code, progress=progress,
-            )  # fmt: skip
+    if out_format == "mlx":  # a budget to mlx_budget, else quantize_to_mlx
+        calib = _calibration(calibration)
+        return mlx_job(
+            model, to, out, method=(awq if method == "awq" else gptq) or method,
+            calibration=calib, scan_text=_text_of(calib), bits=bits, group_size=group_size,
+            size=size, budget=budget, candidates=candidates, scan_samples=scan_samples,
+            scan_length=scan_length, tokenizer=tokenizer, threads=threads, compute=compute,
+            overwrite=overwrite, copy_code=copy_code, progress=progress, dry_run=dry_run,
+        )  # fmt: skip
     if out_format not in OUT_FORMATS:
         formats = ", ".join((*OUT_FORMATS, "mlx"))
         raise LowbitError(f"out_format {out_format!r}: one of {formats}")

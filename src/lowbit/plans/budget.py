@@ -17,19 +17,25 @@ cost optimality, and by how much is stated: the Lagrangian dual
 ``max_λ>=0 sum_i min_j (d_ij + λ c_ij) - λ·budget`` is a lower bound on the true optimum, and
 ``gap = damage - bound`` is reported with every solution. When ``budget / g <= resolution``
 the unit is ``g`` and the solution is exactly optimal.
+
+:func:`solve_budget` is the front the file formats' budgets share (GGUF types per tensor, MLX
+grids per module): a budget in bytes (``size``) or in bits per weight, the refusal of a budget
+below the smallest candidates that says what they need, and the measured damages looked up by
+tensor and option name.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from lowbit.errors import LowbitError
 
-__all__ = ["Allocation", "lagrangian_bound", "solve"]
+__all__ = ["Allocation", "Budgeted", "lagrangian_bound", "solve", "solve_budget"]
 
 
 @dataclass(frozen=True)
@@ -196,3 +202,77 @@ def solve(
     assert cost <= budget, (cost, budget)
     bound = lagrangian_bound(costs, damages, budget)
     return Allocation(tuple(choice), cost, damage, budget, min(bound, damage), unit)
+
+
+@dataclass(frozen=True)
+class Budgeted:
+    """What :func:`solve_budget` chose.
+
+    Attributes:
+        chosen: item -> the name of its chosen option.
+        allocation: the solver's result (its ``choice`` indexes each item's options in order).
+        budget: ``{"kind": "size" | "bits_per_weight", "value"}``.
+    """
+
+    chosen: dict[str, str]
+    allocation: Allocation
+    budget: dict[str, Any]
+
+
+def solve_budget(
+    costs: Mapping[str, Mapping[str, int]],
+    damages: Mapping[str, Mapping[str, float]],
+    *,
+    weights: int,
+    fixed: int = 0,
+    size: int | None = None,
+    bits_per_weight: float | None = None,
+    needs: str = "bytes",
+    resolution: int = 8192,
+) -> Budgeted:
+    """The least summed damage choice of one named option per item within a byte or bits
+    per weight budget.
+
+    Args:
+        costs: ``{item: {option: bits}}``: what each option of each item stores, in order.
+        damages: ``{item: {option: damage}}`` for every option of ``costs`` (more is ignored).
+        weights: the items' weights (a ``bits_per_weight`` budget is ``bits_per_weight x
+            weights`` bits).
+        fixed: bits stored whatever is chosen (the rest of the file), counted against a
+            ``size`` budget only.
+        size: the bytes at most (the options' and ``fixed``); or
+        bits_per_weight: the items' stored bits per weight at most.
+        needs: what a ``size`` budget below the smallest choice is told it needs, after the
+            byte count (``"bytes (the file with every tensor at its smallest candidate)"``).
+        resolution: :func:`solve`'s budget units.
+
+    Raises:
+        LowbitError: not exactly one budget, bits per weight outside (0, 64), a budget below
+            the smallest options' total (the message gives what they need), a damage missing.
+    """
+    if (size is None) == (bits_per_weight is None):
+        raise LowbitError("give one budget: bits per weight (--budget) or a size (--size)")
+    if size is not None:
+        total = 8 * int(size)
+        budget: dict[str, Any] = {"kind": "size", "value": int(size)}
+    else:
+        if not 0 < bits_per_weight < 64:  # type: ignore[operator]
+            raise LowbitError(f"bits per weight must be between 0 and 64, got {bits_per_weight}")
+        fixed = 0
+        total = math.floor(bits_per_weight * weights)  # type: ignore[operator]
+        budget = {"kind": "bits_per_weight", "value": bits_per_weight}
+    items = list(costs)
+    labels = [list(costs[n]) for n in items]
+    bits = [[int(costs[n][t]) for t in ts] for n, ts in zip(items, labels, strict=True)]
+    cheapest = fixed + sum(min(c) for c in bits)
+    if cheapest > total:
+        need = (f"{cheapest // 8:,} {needs}"
+                if size is not None else f"{cheapest / weights:.4f} bits/weight")  # fmt: skip
+        raise LowbitError(f"the budget is below the smallest candidates' total: needs {need}")
+    try:
+        dmg = [[float(damages[n][t]) for t in ts] for n, ts in zip(items, labels, strict=True)]
+    except KeyError as exc:
+        raise LowbitError(f"no measured damage for {exc.args[0]!r}") from None
+    alloc = solve(bits, dmg, total - fixed, resolution=resolution)
+    chosen = {n: ts[j] for n, ts, j in zip(items, labels, alloc.choice, strict=True)}
+    return Budgeted(chosen, alloc, budget)

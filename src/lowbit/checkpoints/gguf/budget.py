@@ -49,7 +49,7 @@ from lowbit.checkpoints.gguf.writer import (
 )
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, mixes
-from lowbit.plans.budget import Allocation, solve
+from lowbit.plans.budget import Allocation, solve_budget
 
 __all__ = [
     "ALIGNMENT",
@@ -305,43 +305,27 @@ def solve_gguf(
         LowbitError: not exactly one budget, or a budget below the cheapest choice (the
             message gives the least bytes or bits per weight possible).
     """
-    if (size is None) == (bits_per_weight is None):
-        raise LowbitError("give one budget: bits per weight (--budget) or a size (--size)")
     names = list(ckpt.names())
     shapes = {n: tuple(int(s) for s in ckpt.info(n).shape) for n in names}
     free = [n for n in names if n in options]
     probe_ft = 15
-    if size is not None and overhead is None:
+    if size is not None and overhead is None and bits_per_weight is None:
         overhead = file_overhead(ckpt, probe_ft)
     overhead = overhead or 0
     kept = {n: ckpt.info(n).nbytes for n in names if n not in options}
-    labels = [list(options[n]) for n in free]
-    if size is not None:
-        costs = [[8 * _aligned(type_bytes(shapes[n], t)) for t in ts]
-                 for n, ts in zip(free, labels, strict=True)]  # fmt: skip
-        fixed = 8 * (overhead + sum(_aligned(b) for b in kept.values()))
-        total = 8 * int(size)
-        budget = {"kind": "size", "value": int(size)}
-    else:
-        if not 0 < bits_per_weight < 64:  # type: ignore[operator]
-            raise LowbitError(f"bits per weight must be between 0 and 64, got {bits_per_weight}")
-        costs = [[8 * type_bytes(shapes[n], t) for t in ts]
-                 for n, ts in zip(free, labels, strict=True)]  # fmt: skip
-        weights = sum(math.prod(shapes[n]) for n in free)
-        fixed = 0
-        total = math.floor(bits_per_weight * weights)  # type: ignore[operator]
-        budget = {"kind": "bits_per_weight", "value": bits_per_weight}
-    cheapest = fixed + sum(min(c) for c in costs)
-    if cheapest > total:
-        need = (f"{cheapest // 8:,} bytes (the file with every tensor at its smallest candidate)"
-                if size is not None else f"{cheapest / weights:.4f} bits/weight")  # fmt: skip
-        raise LowbitError(f"the budget is below the smallest candidates' total: needs {need}")
-    try:
-        dmg = [[float(damages[n][t]) for t in ts] for n, ts in zip(free, labels, strict=True)]
-    except KeyError as exc:
-        raise LowbitError(f"no measured damage for {exc.args[0]!r}") from None
-    alloc = solve(costs, dmg, total - fixed, resolution=resolution)
-    chosen = {n: labels[i][j] for i, (n, j) in enumerate(zip(free, alloc.choice, strict=True))}
+    # a size budget counts each tensor padded to the file's alignment; bits per weight do not
+    pad = _aligned if size is not None else int
+    solved = solve_budget(
+        {n: {t: 8 * pad(type_bytes(shapes[n], t)) for t in options[n]} for n in free},
+        damages,
+        weights=sum(math.prod(shapes[n]) for n in free),
+        fixed=8 * (overhead + sum(_aligned(b) for b in kept.values())),
+        size=size,
+        bits_per_weight=bits_per_weight,
+        needs="bytes (the file with every tensor at its smallest candidate)",
+        resolution=resolution,
+    )
+    alloc, budget, chosen = solved.allocation, solved.budget, solved.chosen
     rows = []
     for n in names:
         numel = math.prod(shapes[n])

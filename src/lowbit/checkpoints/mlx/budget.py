@@ -29,7 +29,7 @@ import numpy as np
 from lowbit.checkpoints.mlx.params import MLXParams
 from lowbit.checkpoints.mlx.writer import _entries, _is_float, _Plan
 from lowbit.errors import LowbitError
-from lowbit.plans.budget import Allocation, solve
+from lowbit.plans.budget import Allocation, solve_budget
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -194,50 +194,37 @@ def solve_mlx(
         LowbitError: not exactly one budget, or one below the cheapest choice (the message says
             what the cheapest needs), a damage missing.
     """
-    if (size is None) == (bits_per_weight is None):
-        raise LowbitError("give one budget: bits per weight (--budget) or a size (--size)")
     if not options:
         raise LowbitError("the MLX output quantizes no module of this model: nothing to budget")
-    free = list(options)
-    labels = [list(options[n]) for n in free]
-    shapes = {n: tuple(int(v) for v in ckpt.info(n).shape) for n in free}
-    costs = [[8 * module_bytes(shapes[n], options[n][t][1], dt) for t in ts]
-             for n, ts in zip(free, labels, strict=True)]  # fmt: skip
-    weights = sum(math.prod(shapes[n]) for n in free)
-    first = {options[n][ts[0]][0]: options[n][ts[0]][1] for n, ts in zip(free, labels, strict=True)}
-    fixed = 8 * tensor_bytes(ckpt, next(iter(first.values())), first, dt) - sum(c[0] for c in costs)
-    if size is not None:
-        total = 8 * int(size)
-        budget: dict[str, Any] = {"kind": "size", "value": int(size)}
-    else:
-        if not 0 < bits_per_weight < 64:  # type: ignore[operator]
-            raise LowbitError(f"bits per weight must be between 0 and 64, got {bits_per_weight}")
-        fixed = 0
-        total = math.floor(bits_per_weight * weights)  # type: ignore[operator]
-        budget = {"kind": "bits_per_weight", "value": bits_per_weight}
-    cheapest = fixed + sum(min(c) for c in costs)
-    if cheapest > total:
-        need = (f"{cheapest // 8:,} tensor bytes (every module at its smallest candidate)"
-                if size is not None else f"{cheapest / weights:.4f} bits/weight")  # fmt: skip
-        raise LowbitError(f"the budget is below the smallest candidates' total: needs {need}")
-    try:
-        dmg = [[float(damages[n][t]) for t in ts] for n, ts in zip(free, labels, strict=True)]
-    except KeyError as exc:
-        raise LowbitError(f"no measured damage for {exc.args[0]!r}") from None
-    alloc = solve(costs, dmg, total - fixed, resolution=resolution)
-    modules = {}
-    for n, ts, j in zip(free, labels, alloc.choice, strict=True):
-        module, p = options[n][ts[j]]
-        modules[module] = p
+    shapes = {n: tuple(int(v) for v in ckpt.info(n).shape) for n in options}
+    costs = {n: {t: 8 * module_bytes(shapes[n], p, dt) for t, (_, p) in opts.items()}
+             for n, opts in options.items()}  # fmt: skip
+    weights = sum(math.prod(shapes[n]) for n in options)
+    fixed = 0
+    if size is not None:  # what the folder stores beside the modules (kept tensors)
+        first = dict(next(iter(opts.values())) for opts in options.values())
+        whole = tensor_bytes(ckpt, next(iter(first.values())), first, dt)
+        fixed = 8 * whole - sum(next(iter(c.values())) for c in costs.values())
+    solved = solve_budget(
+        costs,
+        damages,
+        weights=weights,
+        fixed=fixed,
+        size=size,
+        bits_per_weight=bits_per_weight,
+        needs="tensor bytes (every module at its smallest candidate)",
+        resolution=resolution,
+    )
+    modules = dict(options[n][t] for n, t in solved.chosen.items())
     default = Counter(modules.values()).most_common(1)[0][0]
-    qbytes = sum(c[j] for c, j in zip(costs, alloc.choice, strict=True)) // 8
+    qbytes = sum(costs[n][t] for n, t in solved.chosen.items()) // 8
     return MLXBudgetPlan(
         modules=modules,
         default=default,
         tensor_bytes=tensor_bytes(ckpt, default, modules, dt),
         quantized_bytes=qbytes,
         weights=weights,
-        damage=float(alloc.damage),
-        allocation=alloc,
-        budget=budget,
+        damage=float(solved.allocation.damage),
+        allocation=solved.allocation,
+        budget=solved.budget,
     )
