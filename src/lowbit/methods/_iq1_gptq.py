@@ -24,11 +24,13 @@ groups) and ``delta`` per group. The walk of :mod:`lowbit.methods._iq_walk` driv
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 from lowbit.ggml import iq1
 from lowbit.ggml._search import F32, f16_bytes, read_f16
-from lowbit.methods._iq_walk import GROUP, QK_K, TOP, best_under, diag_costs, grid
+from lowbit.methods._iq_walk import GROUP, QK_K, TOP, best_under, grid
 
 __all__ = ["IQ1_TYPES", "IQ1Codec", "group_scales", "round_group_iq1"]
 
@@ -47,6 +49,36 @@ def group_scales(name: str, fit: dict[str, np.ndarray]) -> tuple[np.ndarray, np.
     per = 4 if name == "IQ1_S" else 2  # groups per block scale
     delta = np.where(fit["minus"], -_DELTA, _DELTA).astype(F32)
     return np.repeat(dl, per, axis=1), delta
+
+
+@cache
+def _g64() -> np.ndarray:
+    g = grid("IQ1_S").astype(np.float64)
+    g.setflags(write=False)
+    return g
+
+
+def _grid_terms(dv: np.ndarray) -> np.ndarray:
+    """(11, 2048): each grid point's ``sum dv g^2``, ``sum dv g``, ``-2 g`` and 1."""
+    g = _g64()
+    ones = np.ones((1, g.shape[0]))
+    return np.concatenate([((g * g) @ dv)[None], (g @ dv)[None], -2 * g.T, ones])
+
+
+def _smallest(cost: np.ndarray, c: int, chunk: int = 32) -> np.ndarray:
+    """(R, c) column indices of each row's ``c`` least costs (in no order; on ties any of
+    them), as ``argpartition`` gives, faster on long rows: the ``c`` least lie in the ``c``
+    chunks of ``chunk`` columns with the least minima, so only those are partitioned."""
+    rows, n = cost.shape
+    c = min(c, n)
+    if n % chunk or n // chunk <= c:
+        return np.argpartition(cost, c - 1, axis=1)[:, :c]
+    mins = cost.reshape(rows, n // chunk, chunk).min(axis=2)
+    ch = np.argpartition(mins, c - 1, axis=1)[:, :c]  # (R, c) chunks
+    cols = (ch[:, :, None] * chunk + np.arange(chunk)).reshape(rows, -1)
+    sub = np.take_along_axis(cost, cols, axis=1)
+    at = np.argpartition(sub, c - 1, axis=1)[:, :c]
+    return np.take_along_axis(cols, at, axis=1)
 
 
 def round_group_iq1(
@@ -79,15 +111,18 @@ def round_group_iq1(
     w = np.asarray(w, np.float64)
     dl64 = dl.astype(np.float64)
     dv = np.diag(M).astype(np.float64)
+    gm = _grid_terms(dv)
+    wdv = w * dv
     shifts = (np.full_like(delta, _DELTA), np.full_like(delta, -_DELTA)) if free_shift else (delta,)
     cost = []
     for sh in shifts:
-        # dl*(g + delta) - w = dl*g - a with a = w - dl*delta: the distance to a shifted target
-        a = w - (dl64 * sh.astype(np.float64))[:, None]
-        cost.append(diag_costs(g, a, dl64, dv) + ((a * a) @ dv)[:, None])
-    allc = np.concatenate(cost, axis=1)  # (R, P * shifts)
-    c = min(top, allc.shape[1])
-    pick = np.argpartition(allc, c - 1, axis=1)[:, :c]  # (R, C)
+        # sum_k dv_k (dl*(g_k + sh) - w_k)^2 over dl (> 0: each row's order kept), less the
+        # row's sum_k dv_k w_k^2 / dl: one matrix product over the grid
+        s64 = sh.astype(np.float64)
+        const = dl64 * s64 * s64 * dv.sum() - 2 * s64 * wdv.sum(axis=1)
+        X = np.concatenate([dl64[:, None], (2 * dl64 * s64)[:, None], wdv, const[:, None]], 1)
+        cost.append(X @ gm)
+    pick = _smallest(np.concatenate(cost, axis=1), top)  # (R, C) of (R, P * shifts)
     gi = pick % P
     sh = np.where(pick >= P, -_DELTA, _DELTA) if free_shift else delta[:, None]
     vals = (dl[:, None, None] * (g[gi] + sh[..., None])).astype(F32)  # (R, C, 8)
