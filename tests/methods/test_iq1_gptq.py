@@ -179,3 +179,17 @@ def test_refit_of_d_never_raises_the_error(qtype: str) -> None:
         data = solve_lattice(W.astype(np.float64), H, target, 0.01, True, refit)
         err.append(layer_error(W, blocks.dequantize(data, qtype).reshape(W.shape), H))
     assert err[1] <= err[0]
+
+
+@pytest.mark.parametrize("n", [2048, 4096, 100])
+def test_smallest_finds_argpartitions_set(n: int) -> None:
+    """The chunked search returns each row's 8 least costs: the set argpartition gives (no
+    ties), including rows whose least costs crowd into one chunk."""
+    from lowbit.methods._iq1_gptq import _smallest
+
+    rng = np.random.default_rng(8)
+    cost = rng.standard_normal((64, n))
+    cost[0, 64:72] = -10.0 - np.arange(8)  # all 8 in one chunk of 32
+    got = np.sort(_smallest(cost, 8), axis=1)
+    want = np.sort(np.argpartition(cost, 7, axis=1)[:, :8], axis=1)
+    assert np.array_equal(got, want)
