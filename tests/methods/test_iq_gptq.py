@@ -108,9 +108,9 @@ def test_act_order_none_also_decodes_and_improves() -> None:
 
 
 def test_refusals() -> None:
-    """IQ1 has no walk; IQ2_XXS needs an importance vector; rows must be whole 256-blocks."""
-    with pytest.raises(LowbitError, match="IQ1_S"):
-        GgmlTarget("IQ1_S")
+    """TQ2_0 has no walk; IQ2_XXS needs an importance vector; rows must be whole 256-blocks."""
+    with pytest.raises(LowbitError, match="TQ2_0"):
+        GgmlTarget("TQ2_0")
     W, H = _correlated(4, rows=4, cols=256, n=512)
     with pytest.raises(LowbitError, match="importance"):
         GPTQ().quantize(W, H, GgmlTarget("IQ2_XXS", hessian_importance=False))

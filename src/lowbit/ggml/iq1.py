@@ -243,8 +243,7 @@ def _blocks_numpy(xb: np.ndarray, w: np.ndarray, kind: str) -> tuple:
     return scale, code, gi, zero
 
 
-def quantize_iq1_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` and importance weights ``(B, 256)`` -> IQ1_S bytes ``(B, 50)``."""
+def _fit_s(xs: np.ndarray, qw: np.ndarray | None) -> dict[str, np.ndarray]:
     nb = xs.shape[0]
     with np.errstate(all="ignore"):
         w = _weights(xs, qw)
@@ -254,18 +253,14 @@ def quantize_iq1_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
         d = (max_scale / F32(15)).astype(F32)
         ident = F32(1) / d
         ls = np.clip(nearest_int(F32(0.5) * (ident[:, None] * scales - F32(1))), 0, 7)
-    gi = gi.reshape(nb, 8, 4)
-    ls = ls | np.where(code.reshape(nb, 8) == -1, 8, 0)
     empty = max_scale == 0
     ls[empty] = 0
-    h = ((gi >> 8) << (3 * np.arange(4))).sum(axis=2) | (ls << 12)
+    minus = np.repeat(code.reshape(nb, 8) == -1, 4, axis=1) & ~empty[:, None]
     dh = np.where(empty, F32(0), d * F32(1.125)).astype(F32)
-    qs = (gi & 255).reshape(nb, 32).astype(np.uint8)
-    return np.concatenate([f16_bytes(dh), qs, h.astype("<u2").view(np.uint8)], axis=1)
+    return {"d": dh, "ls": ls, "minus": minus, "gi": gi.reshape(nb, 32), "empty": empty}
 
 
-def quantize_iq1_m(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
-    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ1_M bytes ``(B, 56)``."""
+def _fit_m(xs: np.ndarray, qw: np.ndarray | None) -> dict[str, np.ndarray]:
     nb = xs.shape[0]
     with np.errstate(all="ignore"):
         w = _weights(xs, qw)
@@ -276,7 +271,6 @@ def quantize_iq1_m(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
         ident = F32(1) / d
         ls = np.clip(nearest_int(F32(0.5) * (ident[:, None] * scales - F32(1))), 0, 7)
         lat = lattice("IQ1_S")
-        gi2 = gi.reshape(nb, 16, 2)
         q = np.take_along_axis(xx, lat.levels[gi], axis=2).reshape(nb, 16, 16)
         q = q * (F32(2) * ls[..., None] + F32(1)).astype(F32)
         wv = w.reshape(nb, 16, 16)
@@ -285,15 +279,60 @@ def quantize_iq1_m(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
         sumq2 = _rowsum(((wv * q) * q).reshape(nb, 256))
         d = np.where(sumq2 > 0, sumqx / sumq2, d).astype(F32)
     empty = max_scale == 0
-    masks = np.array([0x00, 0x80, 0x08, 0x88])
+    dh = np.where(empty, F32(0), d * F32(1.1125)).astype(F32)
+    mask = np.array([0x00, 0x80, 0x08, 0x88])[code.reshape(nb, 16)]
+    minus = np.stack([mask & 0x08 != 0, mask & 0x80 != 0], axis=2).reshape(nb, 32)
+    minus &= ~empty[:, None]
+    return {"d": dh, "ls": ls, "minus": minus, "gi": gi.reshape(nb, 32), "empty": empty}
+
+
+def fit_iq1(name: str, xs: np.ndarray, qw: np.ndarray | None) -> dict[str, np.ndarray]:
+    """llama.cpp's search on super-blocks ``xs`` (B, 256), for GPTQ and the encoders.
+
+    Args:
+        name: ``"IQ1_S"`` or ``"IQ1_M"``.
+        xs: float32 values (B, 256).
+        qw: importance weights (B, 256), or None (IQ1_M only).
+
+    Returns:
+        ``d``: the float32 value stored as float16 (IQ1_S ``d*1.125``, IQ1_M its refitted
+        ``d*1.1125``; 0 on an all-zero super-block), ``ls``: the 3-bit block scales (B, 8 / 16),
+        ``minus``: each group of 8's shift is ``-IQ1S_DELTA`` (B, 32) bool, ``gi``: the search's
+        grid indices (B, 32), ``empty``: the super-blocks that decode to zero (B,).
+    """
+    return _fit_s(xs, qw) if name == "IQ1_S" else _fit_m(xs, qw)
+
+
+def pack_iq1(name: str, fit: dict[str, np.ndarray], gi: np.ndarray) -> np.ndarray:
+    """The block bytes (B, 50 / 56) of ``fit``'s scales and shifts (:func:`fit_iq1`) with grid
+    indices ``gi`` (B, 32)."""
+    nb = gi.shape[0]
+    empty, minus = fit["empty"], fit["minus"]
+    qs = (gi & 255).astype(np.uint8)
+    if name == "IQ1_S":
+        ls = np.where(empty[:, None], 0, fit["ls"] | np.where(minus[:, ::4], 8, 0))
+        h = ((gi.reshape(nb, 8, 4) >> 8) << (3 * np.arange(4))).sum(axis=2) | (ls << 12)
+        return np.concatenate([f16_bytes(fit["d"]), qs, h.astype("<u2").view(np.uint8)], axis=1)
+    gi2 = gi.reshape(nb, 16, 2)
     qh = (gi2[..., 0] >> 8) | ((gi2[..., 1] >> 8) << 4)
-    qh = qh | np.where(empty[:, None], 0, masks[code.reshape(nb, 16)])
-    sc = (ls.reshape(nb, 4, 4) << (3 * np.arange(4))).sum(axis=2)
-    s16 = f16_bytes(d * F32(1.1125)).view("<u2")[:, 0].astype(np.int64)
+    qh = qh | np.where(minus[:, 0::2], 0x08, 0) | np.where(minus[:, 1::2], 0x80, 0)
+    sc = (fit["ls"].reshape(nb, 4, 4) << (3 * np.arange(4))).sum(axis=2)
+    s16 = f16_bytes(fit["d"]).view("<u2")[:, 0].astype(np.int64)
     top = np.stack([(s16 & 0xF) << 12, (s16 & 0xF0) << 8, (s16 & 0xF00) << 4, s16 & 0xF000], axis=1)
     sc = np.where(empty[:, None], 0, sc | top)
-    qs = (gi & 255).reshape(nb, 32).astype(np.uint8)
     return np.concatenate([qs, qh.astype(np.uint8), sc.astype("<u2").view(np.uint8)], axis=1)
+
+
+def quantize_iq1_s(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` and importance weights ``(B, 256)`` -> IQ1_S bytes ``(B, 50)``."""
+    fit = _fit_s(xs, qw)
+    return pack_iq1("IQ1_S", fit, fit["gi"])
+
+
+def quantize_iq1_m(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """Super-blocks ``(B, 256)`` (and optional importance weights) -> IQ1_M bytes ``(B, 56)``."""
+    fit = _fit_m(xs, qw)
+    return pack_iq1("IQ1_M", fit, fit["gi"])
 
 
 def dequantize_iq1_s(b: np.ndarray) -> np.ndarray:

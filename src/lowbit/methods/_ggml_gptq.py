@@ -23,7 +23,7 @@ import numpy as np
 
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, grids, legacy_blocks
-from lowbit.methods._iq_gptq import LATTICE_TYPES
+from lowbit.methods._iq_gptq import IQ_TYPES
 
 __all__ = ["GgmlQuantized", "GgmlTarget"]
 
@@ -34,7 +34,7 @@ class GgmlTarget:
 
     Attributes:
         qtype: a type of :data:`lowbit.ggml.grids.GPTQ_TYPES` (``"Q4_K"``) or of
-            :data:`lowbit.methods._iq_gptq.LATTICE_TYPES` (``"IQ2_XXS"``: vector codes,
+            :data:`lowbit.methods._iq_gptq.IQ_TYPES` (``"IQ2_XXS"``, ``"IQ1_S"``: vector codes,
             quantized by :func:`lowbit.methods._iq_gptq.solve_lattice`).
         importance: the importance vector (one weight per input column), or None.
         hessian_importance: without ``importance``, use the Hessian's diagonal as one
@@ -47,9 +47,9 @@ class GgmlTarget:
 
     def __post_init__(self) -> None:
         name = blocks.ggml_type(self.qtype).name
-        if name not in grids.GPTQ_TYPES and name not in LATTICE_TYPES:
+        if name not in grids.GPTQ_TYPES and name not in IQ_TYPES:
             raise LowbitError(
-                f"GPTQ rounds onto {', '.join(grids.GPTQ_TYPES + LATTICE_TYPES)}; {name} is "
+                f"GPTQ rounds onto {', '.join(grids.GPTQ_TYPES + IQ_TYPES)}; {name} is "
                 "not one of them"
             )
         object.__setattr__(self, "qtype", name)
@@ -61,8 +61,8 @@ class GgmlTarget:
 
     @property
     def lattice(self) -> bool:
-        """Whether the type is a lattice i-quant (vector codes: :mod:`lowbit.methods._iq_gptq`)."""
-        return self.qtype in LATTICE_TYPES
+        """Whether the type is an i-quant below 4 bits (vector codes: :mod:`lowbit.methods._iq_gptq`)."""
+        return self.qtype in IQ_TYPES
 
     @property
     def block(self) -> int:

@@ -1,26 +1,22 @@
-"""GPTQ onto llama.cpp's lattice i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): vector codes.
+"""GPTQ onto llama.cpp's i-quants below 4 bits: the lattice types' codes, and the entry point.
 
-In these types 8 weights (IQ2) or 4 (IQ3) are one point of a grid
+In IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S 8 weights (IQ2) or 4 (IQ3) are one point of a grid
 (:mod:`lowbit.ggml.iq_grids`) times a sign per weight, and the signs come in groups of 8, which
 for IQ2_XXS, IQ2_XS and IQ3_XXS must hold an even number of minus signs (7 bits stored, the
-eighth their parity). A column therefore cannot be rounded alone: this walk takes the columns in
-groups of 8 (one sign group: one IQ2 point, two IQ3 points), GPTVQ-style:
+eighth their parity). A column therefore cannot be rounded alone: GPTQ takes the columns in
+groups of 8 (one sign group: one IQ2 point, two IQ3 points), GPTVQ-style, in the walk of
+:mod:`lowbit.methods._iq_walk`; IQ1_S and IQ1_M (a ternary point per group of 8, shifted) walk
+the same way with the codes of :mod:`lowbit.methods._iq1_gptq`. Here, for the lattice types:
 
 - the scales: each super-block of 256 columns gets llama.cpp's own search
   (:func:`lowbit.ggml.iq_lattice.fit_lattice`: ``d`` and the 4-bit block scales, with the
   importance matrix, else ``diag(H)``, as :class:`~lowbit.methods._ggml_gptq.GgmlTarget`
-  resolves it), on the values as GPTQ has updated them when the walk reaches the super-block
-  (``act_order="none"``: columns in order, lazy batches of 256), or on the original values up
-  front (``act_order="static"``: the groups of 8 in descending order of their ``diag(H)`` sum).
-- the rounding: with ``U`` the upper Cholesky factor of the damped inverse Hessian (as
-  :mod:`lowbit.methods.gptq`), the output error a group's choice leaves after the later columns
-  absorb it is ``e^T M e``, ``e`` the group's rounding error and ``M = (U_gg^T U_gg)^-1`` for its
-  8x8 diagonal block. Every allowed point (each grid point on the *decoded* grid, ``db*grid``,
-  with its best signs: those of the weights, or where parity forbids, one flipped at the least
-  cost) is scored under ``diag(M)`` (a matrix product over the whole grid), then the ``top``
-  best are scored again under the full ``M`` and the best is kept.
-- the error: ``err = U_gg^-T e`` moves onto the later columns as GPTQ moves it
-  (``W[later] -= U[g, later]^T err``), which the 8 one-column steps would do for the same choice.
+  resolves it), when the walk reaches it (``act_order="none"``) or up front (``"static"``).
+- the rounding (:func:`round_group`): every allowed point (each grid point on the *decoded*
+  grid, ``db*grid``, with its best signs: those of the weights, or where parity forbids, one
+  flipped at the least cost) is scored under ``diag(M)`` (a matrix product over the whole
+  grid), then the ``top`` best are scored again under the group's full metric ``M`` and the
+  best is kept.
 
 The chosen grid indices and signs are packed with llama.cpp's scales into the type's block bytes
 (:func:`lowbit.ggml.iq_lattice.pack_lattice`), so ggml and gguf-py decode exactly the values the
@@ -30,7 +26,6 @@ the weights under ``diag(H)`` at llama.cpp's scales: at most llama.cpp's weighte
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -38,25 +33,16 @@ import numpy as np
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, iq_lattice
 from lowbit.ggml._search import F32, f16_bytes, read_f16
-from lowbit.ggml.iq_grids import decode_grid
-from lowbit.methods._hessian_factor import _factor
+from lowbit.methods._iq1_gptq import IQ1_TYPES, IQ1Codec
+from lowbit.methods._iq_walk import GROUP, QK_K, TOP, best_under, diag_costs, grid, walk
 
-__all__ = ["LATTICE_TYPES", "block_scales", "round_group", "solve_lattice"]
+__all__ = ["IQ_TYPES", "LATTICE_TYPES", "block_scales", "round_group", "solve_lattice"]
 
 LATTICE_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
-"""The i-quant types GPTQ rounds onto as vector codes."""
+"""The lattice i-quant types: grid points times signs."""
 
-QK_K = 256
-GROUP = 8  # columns per step: one sign group
-TOP = 8  # candidates rescored under the full metric
-
-
-@cache
-def _grid(name: str) -> np.ndarray:
-    """(points, dims) float32 decoder grid, read-only."""
-    g = decode_grid(name)
-    g.setflags(write=False)
-    return g
+IQ_TYPES = LATTICE_TYPES + IQ1_TYPES
+"""The i-quant types GPTQ rounds onto as vector codes (:func:`solve_lattice`)."""
 
 
 def _parity(name: str) -> bool:
@@ -76,18 +62,6 @@ def block_scales(name: str, d: np.ndarray, ls: np.ndarray) -> np.ndarray:
         return (dh * (F32(1) + F32(2) * s)).astype(F32)
     half = F32(0.5) if name == "IQ3_XXS" else F32(0.25)
     return ((dh * (F32(0.5) + s)) * half).astype(F32)
-
-
-def _values(name: str, db: np.ndarray, gi: np.ndarray, neg: np.ndarray) -> np.ndarray:
-    """(R, 8) float32 decoded values, ``(db*grid)*sign`` as the decoders (``neg`` (R, 8) bool)."""
-    g = _grid(name)[gi].reshape(gi.shape[0], GROUP)
-    return ((db[:, None] * g) * np.where(neg, F32(-1), F32(1))).astype(F32)
-
-
-def _half_costs(g: np.ndarray, a: np.ndarray, db: np.ndarray, dv: np.ndarray) -> np.ndarray:
-    """(R, P): ``sum_k dv_k (db*g_pk - a_k)^2`` up to a per-row constant."""
-    g64 = g.astype(np.float64)
-    return (db * db)[:, None] * ((g64 * g64) @ dv)[None, :] - 2 * db[:, None] * ((a * dv) @ g64.T)
 
 
 def _flip_cost(g: np.ndarray, a: np.ndarray, db: np.ndarray, dv: np.ndarray) -> tuple:
@@ -115,7 +89,7 @@ def round_group(
         values (R, 8) float32).
     """
     top = TOP if top is None else top
-    g = _grid(name)
+    g = grid(name)
     dims = g.shape[1]
     parts = GROUP // dims
     rows = w.shape[0]
@@ -126,7 +100,7 @@ def round_group(
     db64 = db.astype(np.float64)
     odd = (neg.sum(axis=1) % 2 == 1) if _parity(name) else np.zeros(rows, bool)
     sl = [slice(h * dims, (h + 1) * dims) for h in range(parts)]
-    cost = [_half_costs(g, a[:, s], db64, dv[s]) for s in sl]
+    cost = [diag_costs(g, a[:, s], db64, dv[s]) for s in sl]
     zeros = (np.zeros((rows, g.shape[0])), np.zeros((rows, g.shape[0]), np.int64))
     flip = [_flip_cost(g, a[:, s], db64, dv[s]) if odd.any() else zeros for s in sl]
     P = g.shape[0]
@@ -170,9 +144,7 @@ def round_group(
     rr, cc = np.nonzero(fpart >= 0)
     negc[rr, cc, coord[rr, cc]] ^= True
     vals = (db[:, None, None] * g[pts].reshape(rows, C, GROUP)) * np.where(negc, F32(-1), F32(1))
-    e = w[:, None, :] - vals.astype(np.float64)
-    score = np.einsum("rci,ij,rcj->rc", e, M, e)
-    best = score.argmin(axis=1)
+    best = best_under(w, vals, M)
     gi = pts[r[:, 0], best]  # (R, parts)
     nb = negc[r[:, 0], best]  # (R, 8)
     bits = (nb.astype(np.int64) << np.arange(GROUP)).sum(axis=1)
@@ -181,12 +153,30 @@ def round_group(
     return gi.astype(np.int64), bits, vals[r[:, 0], best].astype(F32)
 
 
-def _group_order(H: np.ndarray) -> np.ndarray:
-    """Column order of static act-order for vector codes: groups of 8 kept whole, in
-    descending order of their ``diag(H)`` sum (stable)."""
-    s = np.diag(H).reshape(-1, GROUP).sum(axis=1)
-    g = np.argsort(-s, kind="stable")
-    return (g[:, None] * GROUP + np.arange(GROUP)).reshape(-1)
+class _LatticeCodec:
+    """A lattice type's codes for :func:`lowbit.methods._iq_walk.walk`: per group of 8 the
+    grid indices (one or two) and the sign bits."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.dims = grid(name).shape[1]
+        self.width = GROUP // self.dims + 1
+
+    def fit(self, xs: np.ndarray, qw: np.ndarray | None) -> dict[str, np.ndarray]:
+        return iq_lattice.fit_lattice(self.name, xs, qw)
+
+    def scales(self, fit: dict[str, np.ndarray]) -> tuple[np.ndarray, None]:
+        db = block_scales(self.name, fit["d"], fit["ls"])
+        return np.repeat(db, _block(self.name) // GROUP, axis=1), None
+
+    def round(self, db: np.ndarray, aux: None, w: np.ndarray, M: np.ndarray) -> tuple:
+        gi, bits, q = round_group(self.name, db, w, M)
+        return np.concatenate([gi, bits[:, None]], axis=1), q
+
+    def pack(self, fits: list, codes: np.ndarray) -> np.ndarray:
+        rows, groups, _ = codes.shape
+        gi = codes[..., :-1].reshape(rows, groups * GROUP // self.dims)
+        return _pack(self.name, fits, gi, codes[..., -1], rows, groups * GROUP // QK_K)
 
 
 def solve_lattice(
@@ -197,109 +187,27 @@ def solve_lattice(
     Args:
         W: the weight (written into).
         H: its inputs' Hessian ``[cols, cols]`` (float64, read only).
-        target: a :class:`~lowbit.methods._ggml_gptq.GgmlTarget` of a :data:`LATTICE_TYPES` type,
+        target: a :class:`~lowbit.methods._ggml_gptq.GgmlTarget` of an :data:`IQ_TYPES` type,
             its importance resolved.
         damp: GPTQ's dampening (fraction of the mean diagonal).
         static: groups of 8 in descending ``diag(H)`` order, scales fitted up front.
-        refit: after the walk, each super-block's ``d`` refitted to the codes (:func:`_refit_d`).
+        refit: after the walk, each super-block's ``d`` refitted to the codes.
 
     Returns:
         uint8 ``(rows, row bytes)``: the tensor's GGUF bytes.
+
+    Raises:
+        LowbitError: rows that are not whole super-blocks; no importance vector for a type
+            whose search needs one.
     """
     name = target.qtype
-    rows, cols = W.shape
-    if cols % QK_K:
-        raise LowbitError(f"{name} stores rows in blocks of {QK_K}; rows of {cols} are not")
-    nsb = cols // QK_K
-    dead = np.diag(H) == 0
-    W[:, dead] = 0.0
-    W0 = W.copy() if refit else W
-    perm = _group_order(H) if static else np.arange(cols)
-    f = _factor(H[np.ix_(perm, perm)] if static else H, damp, False)
-    U = f.U
     im = None if target.importance is None else np.asarray(target.importance, F32)
+    if W.shape[1] % QK_K:
+        raise LowbitError(f"{name} stores rows in blocks of {QK_K}; rows of {W.shape[1]} are not")
     if im is None and name in blocks.NEEDS_IMATRIX:
         raise LowbitError(f"{name} needs an importance vector (llama.cpp's search has none)")
-    fits: list[dict[str, np.ndarray] | None] = [None] * nsb
-    dbs: list[np.ndarray | None] = [None] * nsb
-
-    def fit(k: int, values: np.ndarray) -> None:
-        xs = np.ascontiguousarray(values, dtype=F32)
-        qw = None
-        if im is not None:
-            qw = np.ascontiguousarray(np.broadcast_to(im[k * QK_K : (k + 1) * QK_K], xs.shape))
-        fits[k] = iq_lattice.fit_lattice(name, xs, qw)
-        dbs[k] = block_scales(name, fits[k]["d"], fits[k]["ls"])
-
-    if static:
-        for k in range(nsb):
-            fit(k, W[:, k * QK_K : (k + 1) * QK_K])
-    dims = _grid(name).shape[1]
-    gi_all = np.zeros((rows, cols // dims), np.int64)
-    sg_all = np.zeros((rows, cols // GROUP), np.int64)
-    Wt = np.ascontiguousarray(W.T[perm])
-    step = QK_K
-    blk = _block(name)
-    for i1 in range(0, cols, step):
-        i2 = min(i1 + step, cols)
-        W1 = Wt[i1:i2].copy()
-        E1 = np.empty_like(W1)
-        U1 = U[i1:i2, i1:i2]
-        for g0 in range(0, i2 - i1, GROUP):
-            col = int(perm[i1 + g0])
-            k = col // QK_K
-            if not static and col % QK_K == 0:
-                fit(k, W1[g0 : g0 + QK_K].T)
-            db = dbs[k][:, (col % QK_K) // blk]  # type: ignore[index]
-            Ug = U1[g0 : g0 + GROUP, g0 : g0 + GROUP]
-            M = np.linalg.inv(Ug.T @ Ug)
-            M = (M + M.T) / 2
-            gi, bits, q = round_group(name, db, W1[g0 : g0 + GROUP].T, M)
-            gi_all[:, col // dims : col // dims + GROUP // dims] = gi
-            sg_all[:, col // GROUP] = bits
-            err = np.linalg.solve(Ug.T, W1[g0 : g0 + GROUP] - q.T.astype(np.float64))
-            if g0 + GROUP < i2 - i1:
-                W1[g0 + GROUP :] -= U1[g0 : g0 + GROUP, g0 + GROUP :].T @ err
-            E1[g0 : g0 + GROUP] = err
-        if i2 < cols:
-            Wt[i2:] -= U[i1:i2, i2:].T @ E1
-    data = _pack(name, fits, gi_all, sg_all, rows, nsb)
-    if refit:
-        data = _refit_d(name, W0, H, fits, gi_all, sg_all, data)
-    return data
-
-
-def _refit_d(name, W0, H, fits, gi, sg, data) -> np.ndarray:
-    """Refit each row's super-block scale ``d`` to the codes the walk chose, one super-block
-    after another, as the least-squares optimum of the layer error ``tr((W - Q) H (W - Q)^T)``
-    (a quadratic in ``d``; the codes and 4-bit block scales kept). Kept where it lowers the
-    error after ``d``'s float16 rounding, so the error never rises."""
-    rows, cols = W0.shape
-    nsb = cols // QK_K
-    Q = blocks.dequantize(data, name).reshape(rows, cols).astype(np.float64)
-    R = W0 - Q
-    HR = R @ H
-    for k in range(nsb):
-        sb = slice(k * QK_K, (k + 1) * QK_K)
-        d_old = read_f16(f16_bytes(fits[k]["d"].astype(F32)), 0).astype(np.float64)
-        live = d_old != 0
-        C = np.zeros((rows, QK_K))
-        C[live] = Q[live, sb] / d_old[live, None]
-        CH = C @ H[sb, sb]
-        den = np.einsum("ij,ij->i", CH, C)
-        num = np.einsum("ij,ij->i", C, HR[:, sb])
-        ok = live & (den > 0)
-        delta = np.where(ok, num / np.where(ok, den, 1.0), 0.0)
-        d_new = read_f16(f16_bytes((d_old + delta).astype(F32)), 0).astype(np.float64)
-        delta = d_new - d_old
-        gain = 2 * delta * num - delta * delta * den  # error decrease
-        take = ok & (d_new > 0) & (gain > 0)
-        delta = np.where(take, delta, 0.0)
-        fits[k]["d"] = np.where(take, d_new, fits[k]["d"]).astype(F32)
-        step = delta[:, None] * C
-        R[:, sb] -= step
-        HR -= step @ H[sb, :]
-    return _pack(name, fits, gi, sg, rows, nsb)
+    codec = IQ1Codec(name) if name in IQ1_TYPES else _LatticeCodec(name)
+    return walk(W, H, codec, im, damp, static, refit)
 
 
 def _pack(name: str, fits: list, gi: np.ndarray, sg: np.ndarray, rows: int, nsb: int) -> np.ndarray:

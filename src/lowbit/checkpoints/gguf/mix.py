@@ -29,7 +29,7 @@ from lowbit.checkpoints.steps import raw_bytes
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, grids, mixes
 from lowbit.methods._ggml_gptq import GgmlTarget
-from lowbit.methods._iq_gptq import LATTICE_TYPES
+from lowbit.methods._iq_gptq import IQ_TYPES
 
 __all__ = ["gguf_mix_types", "gguf_targets", "gptq_targets", "write_gguf_mix"]
 
@@ -98,8 +98,8 @@ def gptq_targets(
     **options: Any,
 ) -> dict[str, GgmlTarget]:
     """What GPTQ rounds onto for llama-quantize's mix ``mix_name``: every 2-D tensor the mix
-    requantizes to a type with per-block scales (:data:`lowbit.ggml.grids.GPTQ_TYPES`) or a
-    lattice i-quant (:data:`lowbit.methods._iq_gptq.LATTICE_TYPES`), with
+    requantizes to a type with per-block scales (:data:`lowbit.ggml.grids.GPTQ_TYPES`) or an
+    i-quant below 4 bits (:data:`lowbit.methods._iq_gptq.IQ_TYPES`), with
     the importance matrix's vector where it has one (else GPTQ uses its Hessian's diagonal).
 
     Raises:
@@ -115,21 +115,13 @@ def gguf_targets(
 ) -> dict[str, GgmlTarget]:
     """What GPTQ rounds onto when ``types`` (tensor -> GGUF type: a mix's, a solved budget's)
     are written: every 2-D tensor requantized to a type with per-block scales
-    (:data:`lowbit.ggml.grids.GPTQ_TYPES`, :data:`lowbit.methods._iq_gptq.LATTICE_TYPES`), with
+    (:data:`lowbit.ggml.grids.GPTQ_TYPES`, :data:`lowbit.methods._iq_gptq.IQ_TYPES`), with
     its importance vector where ``vectors`` has one (else GPTQ uses its Hessian's diagonal).
-
-    Raises:
-        LowbitError: a tensor requantized to IQ1_S or IQ1_M (GPTQ has no walk for them).
     """
     out = {}
     for name, t in types.items():
         info = ckpt.info(name)
-        gptq = t in grids.GPTQ_TYPES or t in LATTICE_TYPES
-        if len(info.shape) == 2 and t in ("IQ1_S", "IQ1_M") and t != info.dtype.upper():
-            raise LowbitError(
-                f"{name}: GPTQ does not round onto {t} (it does IQ2_XXS ... IQ3_S and the "
-                "K-quants); use --method rtn for it"
-            )
+        gptq = t in grids.GPTQ_TYPES or t in IQ_TYPES
         if len(info.shape) == 2 and gptq and t != info.dtype.upper():
             out[name] = GgmlTarget(t, (vectors or {}).get(name))
     return out
