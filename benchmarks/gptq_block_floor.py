@@ -147,22 +147,28 @@ def memory_phases(args: argparse.Namespace, samples: int) -> dict[str, float]:
       sample's MLP temporaries (about ``4 L f``);
     - down_proj's solve: the inputs, the stash unless parked (``_Stash.PARK_BYTES``), ``H``
       and the factor (one more ``f^2`` float64 from ``_BLOCKED_FROM`` inputs, three before),
-      the weight's float64 copies (the caller's, GPTQ's, the transposed one the loop walks);
+      the weight's float64 copies (the caller's, GPTQ's, the transposed one the loop walks)
+      and the loop's update temporary (one chunk of ``_UPDATE_VALUES``);
     - gate/up's solve: the inputs, o_proj's stash (``N L d``), ``H`` and its factor
-      (``d^2``), four float64 copies of the stacked ``2 f x d`` weights.
+      (``d^2``), four float64 copies of the stacked ``2 f x d`` weights, the update chunk.
+
+    Not counted: the allocator's slack and smaller temporaries (the 4-sample run measured
+    0.3 GB above this sum).
     """
     from lowbit.calibration._layer_walk import _Stash
     from lowbit.methods._hessian_factor import _BLOCKED_FROM
+    from lowbit.methods.gptq import _UPDATE_VALUES
 
     d, f, L = args.hidden, args.inter, args.length
     act = samples * L * d * 4
     stash = samples * L * f * 4
     held = 0 if stash > _Stash.PARK_BYTES else stash
     factor = 1 if f >= _BLOCKED_FROM else 3
+    chunk = _UPDATE_VALUES * 8
     return {
         "down_proj collect": act + stash + f * f * 12 + 4 * L * f * 4,
-        "down_proj solve": act + held + (1 + factor) * f * f * 8 + 3 * d * f * 8,
-        "gate/up solve": act + samples * L * d * 4 + 2 * d * d * 8 + 4 * 2 * f * d * 8,
+        "down_proj solve": act + held + (1 + factor) * f * f * 8 + 3 * d * f * 8 + chunk,
+        "gate/up solve": act + samples * L * d * 4 + 2 * d * d * 8 + 4 * 2 * f * d * 8 + chunk,
     }
 
 

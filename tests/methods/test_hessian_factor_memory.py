@@ -144,3 +144,23 @@ def test_blocked_factor_holds_one_matrix_besides_h(rng: np.random.Generator) -> 
         tracemalloc.stop()
     assert blocked < 1.3 * matrix, blocked / matrix
     assert old > 1.9 * matrix, old / matrix  # the measure sees the old way's copies
+
+
+def test_lazy_update_by_row_chunks_is_the_whole_product(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From _BLOCKED_FROM columns the column loop's update after each lazy batch runs by row
+    chunks (its temporary a chunk, not the rest of the weight): the same codes and scales."""
+    from lowbit.methods import gptq
+
+    n, rows = 600, 16
+    X = rng.standard_normal((2 * n, n)) * np.exp(rng.standard_normal(n))
+    H = X.T @ X / n
+    W = rng.standard_normal((rows, n)) * 0.02
+    want = gptq.gptq_quantize(W, H, "int4:g32")
+    monkeypatch.setattr(gptq, "_BLOCKED_FROM", 64)  # the loop only: the factor as before
+    monkeypatch.setattr(gptq, "_UPDATE_VALUES", rows * 64)  # chunks of 64 rows of Wt
+    got = gptq.gptq_quantize(W, H, "int4:g32")
+    assert got.scale.tobytes() == want.scale.tobytes()
+    assert got.codes.tobytes() == want.codes.tobytes()
+    np.testing.assert_allclose(got.dequantize(), want.dequantize(), rtol=0, atol=0)
