@@ -369,7 +369,7 @@ class _Stash:
         try:
             f = tempfile.TemporaryFile()
             for a in range(0, raw.size, _CHUNK):
-                f.write(memoryview(raw[a : a + _CHUNK]))
+                f.write(raw[a : a + _CHUNK].data)
             f.flush()
         except OSError as exc:
             if f is not None:
@@ -401,7 +401,7 @@ class _Stash:
             for a in range(0, raw.size, _CHUNK):
                 want = raw[a : a + _CHUNK]
                 try:
-                    got = f.readinto(memoryview(want))
+                    got = f.readinto(want.data)
                 except OSError as exc:
                     raise LowbitError(
                         f"could not read back the parked layer inputs: {exc}"
