@@ -21,6 +21,11 @@ memory. Counting (multiply-add = 2 operations, per token ``t``):
 - factor: per distinct input one Cholesky and one triangular inverse, ``2 in^3 / 3``;
 - updates: GPTQ's column loop, ``rows x in^2`` per layer (q/k/v and gate/up stacked).
 
+Memory: the measured peak RSS (``ru_maxrss``, in 10^9 bytes and GiB), and the peak by
+arithmetic (:func:`memory_phases`: the walk's large buffers at its three highest points, on
+the RSS measured before the walk) for this run's samples and for 64, which a 64-sample run
+(hours on two cores) would measure.
+
 Usage: ``python benchmarks/gptq_block_floor.py [--samples 8] [--length 512] [--threads N]
 [--solve-threads N] [--scheme int4:g128] [--hidden 4096 --inter 14336 --heads 32 --kv 8]
 [--json FILE]``. ``--samples 64`` is the 32,768 tokens of the 8B targets.
@@ -122,6 +127,65 @@ def flops(args: argparse.Namespace, tokens: int) -> dict[str, float]:
     }
 
 
+def _rss_now() -> int:
+    """The process's resident bytes now (Linux ``/proc/self/statm``; 0 elsewhere)."""
+    import os
+
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_phases(args: argparse.Namespace, samples: int) -> dict[str, float]:
+    """Bytes of the large buffers the walk holds at each of its three highest points, by
+    arithmetic on what the code keeps (beyond the block's weights and torch, measured):
+
+    - down_proj's collection: the block's inputs (``N L d`` float32), down_proj's stashed
+      inputs (``N L f``), its float32 window sum (``f^2``) and float64 total (``f^2``), one
+      sample's MLP temporaries (about ``4 L f``);
+    - down_proj's solve: the inputs, the stash unless parked (``_Stash.PARK_BYTES``), ``H``
+      and the factor (one more ``f^2`` float64 from ``_BLOCKED_FROM`` inputs, three before),
+      the weight's float64 copies (the caller's, GPTQ's, the transposed one the loop walks)
+      and the loop's update temporary (one chunk of ``_UPDATE_VALUES``);
+    - gate/up's solve: the inputs, o_proj's stash (``N L d``), ``H`` and its factor
+      (``d^2``), four float64 copies of the stacked ``2 f x d`` weights, the update chunk.
+
+    Not counted: the allocator's slack and smaller temporaries (the 4-sample run measured
+    0.3 GB above this sum).
+    """
+    from lowbit.calibration._layer_walk import _Stash
+    from lowbit.methods._hessian_factor import _BLOCKED_FROM
+    from lowbit.methods.gptq import _UPDATE_VALUES
+
+    d, f, L = args.hidden, args.inter, args.length
+    act = samples * L * d * 4
+    stash = samples * L * f * 4
+    held = 0 if stash > _Stash.PARK_BYTES else stash
+    factor = 1 if f >= _BLOCKED_FROM else 3
+    chunk = _UPDATE_VALUES * 8
+    return {
+        "down_proj collect": act + stash + f * f * 12 + 4 * L * f * 4,
+        "down_proj solve": act + held + (1 + factor) * f * f * 8 + 3 * d * f * 8 + chunk,
+        "gate/up solve": act + samples * L * d * 4 + 2 * d * d * 8 + 4 * 2 * f * d * 8 + chunk,
+    }
+
+
+def memory_estimates(args: argparse.Namespace, rss_before_walk: int) -> dict[str, Any]:
+    """The peak by :func:`memory_phases` for this run's samples and for 64 (the 8B targets'
+    64 x 512 tokens): the RSS before the walk less its inputs, plus the highest phase."""
+    base = rss_before_walk - args.samples * args.length * args.hidden * 4
+    out: dict[str, Any] = {"base_gb": base / 1e9}
+    for n in sorted({args.samples, 64}):
+        phases = memory_phases(args, n)
+        out[str(n)] = {
+            "phases_gb": {k: v / 1e9 for k, v in phases.items()},
+            "peak_gb": (base + max(phases.values())) / 1e9,
+        }
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -151,6 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with _timed(times, "plain forward (reference)"):
                 for h, a, k in states:
                     block(h, *a, **k)
+            rss_before_walk = _rss_now()  # torch, the block's weights, its inputs
             linears = {n: m for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)}
             walk = LayerWalk.of(block, states, method)
             assert walk is not None, "the walk could not decompose the block"
@@ -218,7 +283,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "block_wall_s": w_all, "block_cpu_s": c_all, "block_floor_s": total_floor,
         "block_ratio": w_all / total_floor, "block_cpu_floor_s": cpu_floor,
         "block_cpu_ratio": c_all / cpu_floor,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+        "memory": memory_estimates(args, rss_before_walk),
     }  # fmt: skip
 
 
@@ -245,7 +311,16 @@ def show(res: dict[str, Any]) -> None:
           f"{res['block_floor_s']:8.1f} {res['block_wall_s']:7.1f} {ratio(res['block_ratio'])} "
           f"{res['block_cpu_floor_s']:9.1f} {res['block_cpu_s']:7.1f} "
           f"{ratio(res['block_cpu_ratio'])}")  # fmt: skip
-    print(f"peak RSS {res['peak_rss_gb']:.2f} GB (model build {res['build_s']:.1f} s)")
+    print(f"peak RSS {res['peak_rss_gb']:.2f} GB = {res['peak_rss_gb'] / 1.073741824:.2f} GiB "
+          f"(model build {res['build_s']:.1f} s)")  # fmt: skip
+    mem = res["memory"]
+    print(f"memory by arithmetic (memory_phases), GB: torch + the block's weights "
+          f"{mem['base_gb']:.2f} (measured before the walk) plus")  # fmt: skip
+    for n, got in mem.items():
+        if n == "base_gb":
+            continue
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in got["phases_gb"].items())
+        print(f"  N = {n}: {phases}; peak {got['peak_gb']:.2f} GB")
 
 
 def main(argv: list[str] | None = None) -> int:

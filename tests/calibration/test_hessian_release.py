@@ -1,12 +1,15 @@
 """HessianCollector.hessian(release=True): the Hessian built in the collector's own sum is the
-copied one bit for bit (signed zeros included), and the sum is dropped."""
+copied one bit for bit (signed zeros included), and the sum is dropped; a window's float32 sum
+is added to the float64 total without a float64 copy, bit for bit."""
 
 from __future__ import annotations
+
+import tracemalloc
 
 import numpy as np
 import pytest
 
-from lowbit.calibration.hessians import HessianCollector, _symmetric_in_place
+from lowbit.calibration.hessians import HessianCollector, _add_window, _symmetric_in_place
 from lowbit.errors import LowbitError
 
 
@@ -54,3 +57,50 @@ def test_release_of_read_only_sums(rng: np.random.Generator) -> None:
                 total.flags.writeable = False
         kept.append(col.hessian("l", release=True))
     assert kept[0].tobytes() == kept[1].tobytes()
+
+
+def test_window_added_without_a_float64_copy(rng: np.random.Generator) -> None:
+    """The float32 window widened inside the addition: the very sum of ``astype`` then ``+=``,
+    with no ``n x n`` float64 temporary (numpy's arrays are traced by tracemalloc)."""
+    n = 700
+    total = rng.standard_normal((n, n)) * 1e3
+    part = (rng.standard_normal((n, n)) * 1e5).astype(np.float32)
+    want = total + part.astype(np.float64)
+    totals = {"g": total.copy()}
+    tracemalloc.start()
+    try:
+        _add_window(totals, "g", part)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert totals["g"].tobytes() == want.tobytes()
+    assert peak < n * n * 8 / 4, peak
+    first: dict[str, np.ndarray] = {}
+    _add_window(first, "g", part)
+    assert (
+        first["g"].dtype == np.float64 and first["g"].tobytes() == part.astype(np.float64).tobytes()
+    )
+
+
+def test_many_windows_sum_as_float64_additions(rng: np.random.Generator) -> None:
+    """Passes past FLUSH: each window's float32 sum added to the float64 total in order."""
+    torch = pytest.importorskip("torch")
+    lin = torch.nn.Linear(16, 4)
+    x = torch.from_numpy(
+        rng.standard_normal((HessianCollector.FLUSH * 2 + 3, 5, 16)).astype(np.float32)
+    )
+    with HessianCollector({"l": lin}) as col, torch.inference_mode():
+        for i in range(x.shape[0]):
+            col.next_sample(None)
+            col.run(lin, x[i : i + 1])
+    S = col.hessian("l", release=True)
+    want = None
+    for w0 in range(0, x.shape[0], HessianCollector.FLUSH):
+        acc = torch.zeros((16, 16))
+        for i in range(w0, min(w0 + HessianCollector.FLUSH, x.shape[0])):
+            xi = x[i]
+            for a in range(0, 16, 4):
+                acc[a : a + 4, a:].addmm_(xi[:, a : a + 4].T, xi[:, a:])
+        w = acc.numpy().astype(np.float64)
+        want = w if want is None else want + w
+    assert S.tobytes() == _symmetric_in_place(want, 2.0 / (5 * x.shape[0])).tobytes()

@@ -31,13 +31,14 @@ get their own walk (:meth:`LayerWalk.fits`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from lowbit.calibration._group_walk import walk_groups
 from lowbit.calibration.hessians import HessianCollector
+from lowbit.errors import LowbitError
 from lowbit.methods.gptq import GPTQ, Sequential
 
 __all__ = ["LayerWalk", "Part", "block_signature"]
@@ -251,6 +252,10 @@ class LayerWalk:
                         col.run(_call, block, part, h, k)
             finally:
                 cap.remove()
+            if not outputs and final_part:
+                zs.drop()  # never read: not held through the solve
+            else:
+                zs.park()  # a large stash waits out the solve on disk (_Stash)
             solve(col)
             if not outputs and final_part:
                 return
@@ -295,17 +300,30 @@ class _Stash:
     the same memory (one buffer, not a tensor per sample, so the allocator keeps no freed
     pages between sublayers). Written to a temporary file instead, they cost about 2.5 s of
     page-cache copies per block on 2 cores, a fifth of a block's time.
+
+    A stash larger than :attr:`PARK_BYTES` is another matter: Llama-3.1-8B's down_proj inputs
+    for 64 x 512 tokens are 1.9 GB, held while the layer's 14,336-wide Hessian is factored
+    (3.3 GB). :meth:`park` writes such a stash to an unnamed temporary file (gone with the
+    process, however it ends) and frees its buffer for the solve; :meth:`kept` reads it back
+    one tensor at a time, the same bytes. A few seconds a block where the block takes minutes.
     """
+
+    #: stashes larger than this wait out the solve on disk (SmolLM2's 403 MB stay in memory)
+    PARK_BYTES = 1 << 30
 
     def __init__(self) -> None:
         self._buf: Any = None
         self._views: list[Any] = []
         self._used = 0
         self._count = 0
+        self._apart = False
+        self._file: Any = None
+        self._parked: list[tuple[Any, Any]] = []  # (shape, dtype) of each tensor parked
 
     def start(self, count: int) -> _Stash:
         """Forget what was kept (the buffer stays); ``count`` tensors of one shape follow."""
-        self._views, self._used, self._count = [], 0, int(count)
+        self._unpark()
+        self._views, self._used, self._count, self._apart = [], 0, int(count), False
         return self
 
     def add(self, t: Any) -> None:
@@ -324,8 +342,80 @@ class _Stash:
             self._used += n
         else:  # another shape or dtype than the first: rare, kept apart
             view = t.detach().clone()
+            self._apart = True
         self._views.append(view)
 
-    def kept(self) -> list[Any]:
-        """The tensors added since :meth:`start`, in order (views into the buffer)."""
-        return list(self._views)
+    def drop(self) -> None:
+        """Forget what was kept and free the buffer."""
+        self._unpark()
+        self._views, self._buf, self._used = [], None, 0
+
+    def park(self) -> None:
+        """A stash over :attr:`PARK_BYTES`, all in the buffer: written to a temporary file and
+        the buffer freed until :meth:`kept`. Where the file cannot be written (a full disk) the
+        stash stays in memory, with a warning: the same results, the higher peak."""
+        import tempfile
+        import warnings
+
+        import torch
+
+        if self._buf is None or self._apart or not self._views:
+            return
+        size = self._used * self._buf.element_size()
+        if size <= self.PARK_BYTES:
+            return
+        raw = self._buf[: self._used].view(torch.uint8).numpy()
+        f = None
+        try:
+            f = tempfile.TemporaryFile()
+            for a in range(0, raw.size, _CHUNK):
+                f.write(raw[a : a + _CHUNK].data)
+            f.flush()
+        except OSError as exc:
+            if f is not None:
+                f.close()
+            warnings.warn(
+                f"the last layer's inputs ({size / 1e9:.1f} GB) stay in memory during the "
+                f"solve: a temporary file in {tempfile.gettempdir()} could not hold them ({exc})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        self._file = f
+        self._parked = [(v.shape, v.dtype) for v in self._views]
+        self._views, self._buf, self._used = [], None, 0
+
+    def kept(self) -> Iterator[Any]:
+        """The tensors added since :meth:`start`, in order (views into the buffer, or, when
+        parked, each read back from the file into its own tensor)."""
+        if self._file is None:
+            yield from list(self._views)
+            return
+        import torch
+
+        f = self._file
+        f.seek(0)
+        for shape, dtype in self._parked:
+            t = torch.empty(shape, dtype=dtype)
+            raw = t.view(-1).view(torch.uint8).numpy()
+            for a in range(0, raw.size, _CHUNK):
+                want = raw[a : a + _CHUNK]
+                try:
+                    got = f.readinto(want.data)
+                except OSError as exc:
+                    raise LowbitError(
+                        f"could not read back the parked layer inputs: {exc}"
+                    ) from None
+                if got != want.size:
+                    raise LowbitError("the parked layer inputs came back short (temporary file)")
+            yield t
+        self._unpark()
+
+    def _unpark(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file, self._parked = None, []
+
+
+#: bytes per read or write of a parked stash (a single read is capped near 2 GiB on Linux)
+_CHUNK = 1 << 26

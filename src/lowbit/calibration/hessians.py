@@ -195,11 +195,7 @@ class HessianCollector:
         if self._keep:
             self._windows.setdefault(group, []).append(part)
             return
-        part = part.astype(np.float64)
-        if group in self._total:
-            self._total[group] += part
-        else:
-            self._total[group] = part
+        _add_window(self._total, group, part)
 
     def _more(self, group: str, x2: Any) -> None:
         import torch
@@ -348,10 +344,7 @@ def add_parts(sums: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any]:
         acc = groups.setdefault(group, {"total": None, "count": 0, "abs": None, "max": None})
         acc["count"] += got["count"]
         for w in got["windows"]:  # as _flush: the float32 window made float64, then added
-            if acc["total"] is None:
-                acc["total"] = w.astype(np.float64)
-            else:
-                acc["total"] += w.astype(np.float64)
+            _add_window(acc, "total", w)
         for a in got["abs"]:
             if acc["abs"] is None:
                 acc["abs"] = a.copy()
@@ -361,6 +354,19 @@ def add_parts(sums: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any]:
             m = got["max"]
             acc["max"] = m.copy() if acc["max"] is None else np.maximum(acc["max"], m)
     return sums
+
+
+def _add_window(totals: dict[str, Any], key: str, part: np.ndarray) -> None:
+    """``totals[key] += part.astype(float64)`` (or set to it) without the float64 copy of the
+    window: numpy widens the float32 values chunk by chunk inside the addition, exactly, so
+    the sum is bitwise the same. The copy was one more ``in x in`` float64 matrix at every
+    window after the first (1.64 GB at Llama-3.1-8B's down_proj, beside the total and the
+    float32 sum)."""
+    total = totals.get(key)
+    if total is None:
+        totals[key] = part.astype(np.float64)
+    else:
+        np.add(total, part, out=total)
 
 
 def _symmetric_in_place(S: np.ndarray, scale: float) -> np.ndarray:
