@@ -11,10 +11,11 @@ mixture's):
    reading every source shard and writing as many bytes as the output holds, in 16 MiB
    pieces, in this process (no ``fsync``, as lowbit does none). Target: <= 1.5x the floor.
 
-Every command is a child process: its wall time, its peak RSS (``ru_maxrss`` of
+Every command is a child process: its wall time, its CPU seconds (user + system, from
+``os.wait4``: what the machine's other work moves least), its peak RSS (``ru_maxrss`` of
 ``os.wait4``: resident memory, including pages of memory-mapped files that are resident;
-for llama.cpp, the larger of its two steps) and the peak bytes in its scratch folder (polled
-every 10 ms by bench_hf_direct's ``_measured``) beyond its final output. Each output's tensors
+llama.cpp's two steps each) and the peak bytes in its scratch folder (polled every 10 ms by
+bench_hf_direct's ``_measured``) beyond its final output. Each output's tensors
 are compared: the two Q4_K_M files tensor by tensor (type and SHA-256 of the bytes). Outputs
 are removed after each run, so the disk needed is the source plus the largest run's peak
 (at 8B: the 16 GB bf16 GGUF and the 4.9 GB Q4_K_M of llama.cpp's route).
@@ -89,9 +90,13 @@ def io_floor(folder: Path, out: Path, nbytes: int) -> None:
             written += k
 
 
-def _child(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
-    """Run ``cmd``; its (seconds, peak RSS in bytes). A failure ends the benchmark with the
-    end of its log."""
+#: one step's wall seconds, peak RSS in bytes (None: not measured) and CPU seconds
+Step = tuple[float, int | None, float]
+
+
+def _child(cmd: list[str], env: dict[str, str], log: Path) -> Step:
+    """Run ``cmd``; its (seconds, peak RSS in bytes, CPU seconds). A failure ends the benchmark
+    with the end of its log."""
     t0 = time.perf_counter()
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -101,14 +106,14 @@ def _child(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
     if proc.returncode:
         tail = log.read_text(errors="replace").splitlines()[-15:]
         raise SystemExit(f"{cmd[0]} {' '.join(cmd[1:4])} ... failed:\n" + "\n".join(tail))
-    return seconds, usage.ru_maxrss * 1024  # KiB on Linux
+    return seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime  # KiB on Linux
 
 
-def run(label: str, scratch: Path, steps: list[Callable[[], tuple[float, int | None]]],
+def run(label: str, scratch: Path, steps: list[Callable[[], Step]],
         output: Path, cleanup: list[Path]) -> dict[str, Any]:  # fmt: skip
-    """Time ``steps`` (each returns its seconds and peak RSS, None if not measured) with
-    ``scratch``'s disk polled; remove ``cleanup`` (intermediates) after, and measure ``output``."""
-    parts: list[tuple[float, int | None]] = []
+    """Time ``steps`` (each returns its :data:`Step`) with ``scratch``'s disk polled; remove
+    ``cleanup`` (intermediates) after, and measure ``output``."""
+    parts: list[Step] = []
 
     def go() -> None:
         for step in steps:
@@ -118,10 +123,11 @@ def run(label: str, scratch: Path, steps: list[Callable[[], tuple[float, int | N
     for p in cleanup:
         p.unlink(missing_ok=True)
     out_bytes = _disk(output) if output.is_dir() else output.stat().st_size
-    rss = [r for _, r in parts if r is not None]
+    rss = [r for _, r, _ in parts if r is not None]
     return {"run": label, "seconds": round(seconds, 2),
-            "step_seconds": [round(s, 2) for s, _ in parts],
-            "peak_rss": max(rss) if rss else None, "step_peak_rss": [r for _, r in parts],
+            "step_seconds": [round(s, 2) for s, _, _ in parts],
+            "cpu_seconds": round(sum(c for _, _, c in parts), 2),
+            "peak_rss": max(rss) if rss else None, "step_peak_rss": [r for _, r, _ in parts],
             "output_bytes": out_bytes, "peak_disk": peak, "extra_disk": peak - out_bytes}  # fmt: skip
 
 
@@ -244,10 +250,11 @@ def main(argv: list[str] | None = None) -> int:
             d = scratch(f"floor-{name}")
             out = d / "out.bin"
 
-            def step() -> tuple[float, int | None]:
-                t = time.perf_counter()
+            def step() -> Step:
+                t, c = time.perf_counter(), time.thread_time()
                 io_floor(a.folder, out, sizes[name])
-                return time.perf_counter() - t, None  # in this process: not measured
+                # in this process: its RSS not measured, its CPU this thread's
+                return time.perf_counter() - t, None, time.thread_time() - c
 
             row = run("read + write", d, [step], out, [])
             _remove(d)
@@ -306,13 +313,14 @@ def _print(r: dict[str, Any], parts: list[str]) -> None:
         e = r[part]
         title, base = _TITLES[part]
         print(f"\n{title}: lowbit against {base}")
-        print(f"  {'':14}{'wall s':>9}{'steps s':>18}{'peak RSS GB':>13}{'output GB':>11}"
-              f"{'extra disk GB':>15}")  # fmt: skip
+        print(f"  {'':14}{'wall s':>9}{'steps s':>16}{'CPU s':>9}{'peak RSS GB':>16}"
+              f"{'output GB':>11}{'extra disk GB':>15}")  # fmt: skip
         for label, row in (("lowbit", e["lowbit"]), (e["baseline"]["run"], e["baseline"])):
             steps = " + ".join(f"{s:.1f}" for s in row["step_seconds"])
-            rss = f"{row['peak_rss'] / gb:.2f}" if row["peak_rss"] else "-"
-            print(f"  {label:14}{row['seconds']:9.1f}{steps:>18}{rss:>13}"
-                  f"{row['output_bytes'] / gb:11.3f}{row['extra_disk'] / gb:15.3f}")  # fmt: skip
+            rss = " / ".join(f"{r / gb:.2f}" for r in row["step_peak_rss"] if r is not None)
+            print(f"  {label:14}{row['seconds']:9.1f}{steps:>16}{row['cpu_seconds']:9.1f}"
+                  f"{rss or '-':>16}{row['output_bytes'] / gb:11.3f}"
+                  f"{row['extra_disk'] / gb:15.3f}")  # fmt: skip
         line = f"  ratio lowbit / baseline: {e['ratio']:.2f}"
         if part == "gguf":
             line += f"; tensors with the same type and bytes: {e['same_tensors']} of {e['tensors']}"
