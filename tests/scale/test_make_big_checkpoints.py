@@ -1,6 +1,6 @@
 """benchmarks/make_big_checkpoints.py: the real architectures' folders at tiny widths build in
 transformers, their tensors are the shapes the configs name, and one seed gives the same bytes
-(a different seed other bytes)."""
+(a different seed other bytes); with SmolLM2's padded tokenizer they become GGUF."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.torch
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "make_big_checkpoints.py"
 TINY = ["--layers", "2", "--hidden", "64", "--intermediate", "96", "--heads", "4",
         "--kv-heads", "2", "--head-dim", "16", "--vocab", "600", "--experts", "4",
-        "--expert-intermediate", "32", "--top-k", "2"]  # fmt: skip
+        "--expert-intermediate", "32", "--top-k", "2", "--tokenizer", "random"]  # fmt: skip
 
 
 def _script() -> Any:
@@ -93,3 +93,62 @@ def test_tiny_folder_builds_and_is_deterministic(tmp_path: Path, model: str) -> 
     assert logits.shape == (1, ids.shape[1], 600) and torch.isfinite(logits).all()
     names = json.loads((a / "config.json").read_text())
     assert names["model_type"] == ("llama" if model == "llama-8b" else "qwen3_moe")
+
+
+@pytest.mark.parametrize("model", ["llama-8b", "qwen3-moe-7b"])
+def test_smollm2_tokenizer_padded_converts_to_gguf(tmp_path: Path, model: str) -> None:
+    """The default tokenizer is SmolLM2's, padded with special reserved tokens to the
+    vocabulary: texts get SmolLM2's ids, the pre-tokenizer check names it ``smollm`` (so
+    ``--out-format gguf`` takes the folder), bos/eos agree in every file, and the GGUF
+    lowbit writes holds the whole vocabulary with the padding as control tokens."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    import lowbit.cli
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.gguf.tokenizer import check_hf_tokenizer, gguf_bpe
+    from lowbit.checkpoints.shipped import default_model_path
+
+    m = _script()
+    vocab = 49152 + 40
+    tiny = [a for a in TINY if a not in ("--tokenizer", "random")]
+    i = tiny.index("--vocab")
+    tiny[i + 1] = str(vocab)
+    with pytest.raises(SystemExit, match="--tokenizer random"):
+        m.main([str(tmp_path / "small"), *TINY[:-2], "--model", model])
+    assert not (tmp_path / "small" / model).exists()
+    assert m.main([str(tmp_path / "a"), *tiny, "--model", model]) == 0
+    assert m.main([str(tmp_path / "b"), *tiny, "--model", model]) == 0
+    a = tmp_path / "a" / model
+    assert _digest(a) == _digest(tmp_path / "b" / model)
+
+    assert check_hf_tokenizer(a) == "smollm"
+    tok = Tokenizer.from_file(str(a / "tokenizer.json"))
+    with open_checkpoint(default_model_path("smollm2")) as ckpt:
+        ref = gguf_bpe(ckpt.metadata)[0]
+    text = "The quick brown fox, 3.14159 <|im_start|>user\nwhy?<|im_end|> naïve"
+    assert tok.encode(text).ids == ref.encode(text).ids
+    assert tok.get_vocab_size(with_added_tokens=True) == vocab
+    last = "<|reserved_special_token_39|>"
+    assert tok.token_to_id(last) == vocab - 1
+    assert tok.encode(f"a{last}b").ids == [*ref.encode("a").ids, vocab - 1, *ref.encode("b").ids]
+
+    cfg = json.loads((a / "config.json").read_text())
+    gen = json.loads((a / "generation_config.json").read_text())
+    hf = AutoTokenizer.from_pretrained(a)
+    assert len(hf) == vocab
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
+    assert (gen["bos_token_id"], gen["eos_token_id"]) == (1, 2)
+    assert (hf.bos_token_id, hf.eos_token_id) == (1, 2)
+
+    out = tmp_path / "m.gguf"
+    argv = ["quantize", str(a), "--to", "q8_0", "--out-format", "gguf", "--out", str(out),
+            "--no-progress"]  # fmt: skip
+    assert lowbit.cli.main(argv) == 0
+    with open_checkpoint(out) as g:
+        md = g.metadata
+    assert md["tokenizer.ggml.pre"] == "smollm"
+    assert len(md["tokenizer.ggml.tokens"]) == vocab
+    assert md["tokenizer.ggml.tokens"][-1] == last
+    assert list(md["tokenizer.ggml.token_type"][49152:]) == [3] * 40  # CONTROL
+    assert (md["tokenizer.ggml.bos_token_id"], md["tokenizer.ggml.eos_token_id"]) == (1, 2)
