@@ -147,7 +147,7 @@ class _Tensors(Mapping[str, GGUFTensor]):
             return GGUFTensor(self.done[name].data, new, raw=True)
         if new == info.dtype.upper():
             return GGUFTensor(raw_bytes(self.ckpt, name), info.dtype, raw=True)
-        data = np.asarray(self.ckpt.get(name), dtype=np.float32)
+        data = np.asarray(self.ckpt.get(name))  # the block quantizer casts row chunks
         return GGUFTensor(data, new, imatrix=self.vectors.get(name))
 
     def __iter__(self) -> Iterator[str]:

@@ -195,6 +195,8 @@ def _plan(name: str, value: Any) -> _Planned:
         nbytes = int(np.prod(shape, dtype=np.int64)) * 2
 
         def make_bf16() -> np.ndarray:
+            if arr.dtype == bfloat16():  # stored as it is: no float32 copy of a bf16 source
+                return np.ascontiguousarray(arr).view(np.uint16)
             # round to nearest even, as llama.cpp's converter does
             bf = np.ascontiguousarray(arr.astype(np.float32).astype(bfloat16()))
             return bf.view(np.uint16)
