@@ -68,3 +68,16 @@ def assert_groups_match_alone(
         for name, qt in ref.weights.items():
             np.testing.assert_array_equal(qt.codes, run.weights[name].codes, err_msg=name)
             np.testing.assert_array_equal(qt.scale, run.weights[name].scale, err_msg=name)
+
+
+def correlated(
+    seed: int, rows: int = 24, cols: int = 512, n: int = 2048
+) -> tuple[np.ndarray, np.ndarray]:
+    """A weight, and the Hessian ``2 X^T X / n`` of inputs whose columns are correlated and
+    of unequal scale (as a layer's activations): the i-quant GPTQ tests' layer."""
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((rows, cols)).astype(np.float32)
+    mix = rng.standard_normal((cols, cols)) / np.sqrt(cols)
+    X = rng.standard_normal((n, cols)) @ (np.eye(cols) + 0.9 * mix)
+    X *= rng.uniform(0.3, 3.0, cols)
+    return W, 2 * X.T @ X / n

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from layer_inputs import correlated as _correlated
 from lowbit.errors import LowbitError
 from lowbit.ggml import blocks, iq1
 from lowbit.methods import _iq_walk
@@ -14,17 +15,6 @@ from lowbit.methods._ggml_gptq import GgmlTarget
 from lowbit.methods._iq1_gptq import IQ1_TYPES, IQ1Codec, group_scales, round_group_iq1
 from lowbit.methods._iq_gptq import solve_lattice
 from lowbit.methods.gptq import GPTQ, layer_error
-
-
-def _correlated(seed: int, rows: int = 24, cols: int = 512, n: int = 2048):
-    """A weight, and the Hessian ``2 X^T X / n`` of inputs whose columns are correlated and
-    of unequal scale (as a layer's activations)."""
-    rng = np.random.default_rng(seed)
-    W = rng.standard_normal((rows, cols)).astype(np.float32)
-    mix = rng.standard_normal((cols, cols)) / np.sqrt(cols)
-    X = rng.standard_normal((n, cols)) @ (np.eye(cols) + 0.9 * mix)
-    X *= rng.uniform(0.3, 3.0, cols)
-    return W, 2 * X.T @ X / n
 
 
 def _rtn(W: np.ndarray, qtype: str, im: np.ndarray) -> np.ndarray:
