@@ -281,8 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                 ours.append(mine_run())
                 theirs.append(base_run())
         mine, base = _best(ours), _best(theirs)
-        entry: dict[str, Any] = {"lowbit": mine, "baseline": base,
-                                 "ratio": round(mine["seconds"] / base["seconds"], 3)}  # fmt: skip
+        # a tiny folder's floor can round to 0 s: no ratio then, rather than a division by zero
+        ratio = round(mine["seconds"] / base["seconds"], 3) if base["seconds"] > 0 else None
+        entry: dict[str, Any] = {"lowbit": mine, "baseline": base, "ratio": ratio}
         if part == "gguf":
             ta, tb = mine.pop("tensors"), base.pop("tensors")
             for r in (*ours, *theirs):
@@ -321,7 +322,8 @@ def _print(r: dict[str, Any], parts: list[str]) -> None:
             print(f"  {label:14}{row['seconds']:9.1f}{steps:>16}{row['cpu_seconds']:9.1f}"
                   f"{rss or '-':>16}{row['output_bytes'] / gb:11.3f}"
                   f"{row['extra_disk'] / gb:15.3f}")  # fmt: skip
-        line = f"  ratio lowbit / baseline: {e['ratio']:.2f}"
+        ratio = "-" if e["ratio"] is None else f"{e['ratio']:.2f}"
+        line = f"  ratio lowbit / baseline: {ratio}"
         if part == "gguf":
             line += f"; tensors with the same type and bytes: {e['same_tensors']} of {e['tensors']}"
         print(line)
