@@ -108,7 +108,7 @@ def test_refusals() -> None:
         GPTQ().quantize(W[:, :128], H[:128, :128], GgmlTarget("IQ3_S"))
 
 
-@pytest.mark.parametrize("qtype", ["IQ2_XXS", "IQ3_S"])
+@pytest.mark.parametrize("qtype", ["IQ2_XXS", "IQ3_S", "IQ1_S", "IQ1_M"])
 def test_refit_of_d_never_raises_the_error(qtype: str) -> None:
     """The super-block scales refitted to the chosen codes: layer error at most the walk's."""
     W, H = _correlated(5, rows=16, cols=512, n=1024)
