@@ -22,6 +22,12 @@ protocol (``--ctx``-token chunks, each chunk's second half scored): mean KL dive
 file's next-token distribution from the reference's, its 99.9th percentile, how often the top
 token agrees. With ``--llamacpp BIN`` also by ``llama-perplexity --kl-divergence``.
 
+``--walk``: what the tensors GPTQ does not round hold while it calibrates: ``file`` (the
+default: llama.cpp's rounding, as the written file holds them, so every target sees the inputs
+it will get) or ``float`` (the source's values, as before 2026-12-07); ``--walk file,float``
+writes both (``gptq-...`` and ``gptq-float-...``). Only ``ffn_down``'s scope has such tensors in
+blocks; with ``--scope all`` it is the token embedding.
+
     python benchmarks/iq_gptq_kld.py --work /tmp/iqg [--llamacpp .../build/bin]
 """
 
@@ -83,13 +89,16 @@ def _kld_stats(ref: np.ndarray, q: np.ndarray) -> dict:
     }
 
 
-def _gptq_file(base: Path, mix: str, imatrix: Path, calib: Path, out: Path, a) -> dict:
+def _gptq_file(
+    base: Path, mix: str, imatrix: Path, calib: Path, out: Path, a, walk: str = "file"
+) -> dict:
     """The mix with ffn_down GPTQ'd onto its type (every other tensor llama.cpp's rounding), or
-    with ``--scope all`` every tensor GPTQ can reach onto the type the mix gives it."""
+    with ``--scope all`` every tensor GPTQ can reach onto the type the mix gives it; ``walk``
+    ``file``: the other tensors rounded as the file holds them while GPTQ calibrates."""
     from lowbit.calibration.data import Calibration
     from lowbit.checkpoints import open_checkpoint
     from lowbit.checkpoints.gguf.imatrix import read_imatrix
-    from lowbit.checkpoints.gguf.mix import gptq_targets, write_gguf_mix
+    from lowbit.checkpoints.gguf.mix import gptq_targets, mix_rounded, write_gguf_mix
     from lowbit.jobs.gguf import gptq_onto
     from lowbit.methods.gptq import GPTQ
 
@@ -99,8 +108,10 @@ def _gptq_file(base: Path, mix: str, imatrix: Path, calib: Path, out: Path, a) -
         targets = {n: t for n, t in gptq_targets(ck, mix, imatrix=imat).items()
                    if a.scope == "all" or "ffn_down" in n}  # fmt: skip
         t0 = time.perf_counter()
+        rounded = mix_rounded(ck, mix, imatrix=imat, skip=targets) if walk == "file" else None
+        gptq = GPTQ(act_order=a.act_order)
         done, record = gptq_onto(
-            ck, targets, True, gptq=GPTQ(act_order=a.act_order), calibration=cal, progress=False
+            ck, targets, True, gptq=gptq, calibration=cal, progress=False, rounded=rounded
         )
         seconds = time.perf_counter() - t0
         write_gguf_mix(ck, out, mix, imatrix=imat, overwrite=True, progress=False, weights=done)
@@ -110,6 +121,7 @@ def _gptq_file(base: Path, mix: str, imatrix: Path, calib: Path, out: Path, a) -
         "types": types,
         "seconds": round(seconds, 1),
         "layer_error": record["mean_error"],
+        "walk": walk,
     }
 
 
@@ -157,8 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure with llama-perplexity only (skip lowbit's own, slower, KLD)",
     )
+    ap.add_argument(
+        "--walk",
+        default="file",
+        help="file, float or file,float: the other tensors while GPTQ calibrates (above)",
+    )
     ap.add_argument("--widen", type=int, help="SmolLM2 widened to this hidden size (768)")
     a = ap.parse_args(argv)
+    walks = a.walk.split(",")
+    if not walks or set(walks) - {"file", "float"}:
+        ap.error("--walk: file, float or file,float")
     w = a.work
     w.mkdir(parents=True, exist_ok=True)
     ev, ca = texts(w, a.eval_tokens, a.calib_tokens)
@@ -193,13 +213,17 @@ def main(argv: list[str] | None = None) -> int:
             t_rtn = lowbit([*args, "--out", str(rtn)], w / f"rtn-{mix}.log")
         else:
             t_rtn = float("nan")
-        side = w / f"gptq-{scope}{mix}.json"
-        if a.reuse and gq.exists() and side.exists():
-            info = json.loads(side.read_text())
-        else:
-            info = _gptq_file(base, mix, imatrix, ca, gq, a)
-            side.write_text(json.dumps(info))
-        d_rtn, d_gq = tensor_digest(rtn), tensor_digest(gq)
+        infos, files = {}, {}
+        for walk in walks:
+            tag = scope + ("float-" if walk == "float" else "")
+            files[walk] = gq = w / f"gptq-{tag}{mix}.gguf"
+            side = w / f"gptq-{tag}{mix}.json"
+            if a.reuse and gq.exists() and side.exists():
+                infos[walk] = json.loads(side.read_text())
+            else:
+                infos[walk] = _gptq_file(base, mix, imatrix, ca, gq, a, walk)
+                side.write_text(json.dumps(infos[walk]))
+        d_rtn = tensor_digest(rtn)
         same_as_llama = None
         if a.llamacpp is not None:  # llama-quantize's own file of the mix: lowbit's RTN bytes?
             llq = w / f"llama-quantize-{mix}.gguf"
@@ -207,17 +231,25 @@ def main(argv: list[str] | None = None) -> int:
                 _run([str(a.llamacpp / "llama-quantize"), "--imatrix", str(imatrix), str(base),
                       str(llq), mix.upper(), "2"], w / f"llama-quantize-{mix}.log")  # fmt: skip
             same_as_llama = tensor_digest(llq) == d_rtn
-        differ = sorted(n for n in d_rtn if d_rtn[n] != d_gq[n])
-        assert a.scope == "all" or all("ffn_down" in n for n in differ), differ
-        assert rtn.stat().st_size == gq.stat().st_size
-        for label, path in (("lowbit RTN (llama.cpp's bytes)", rtn), ("lowbit GPTQ", gq)):
+        differ = {}
+        for walk, gq in files.items():
+            d_gq = tensor_digest(gq)
+            differ[walk] = sorted(n for n in d_rtn if d_rtn[n] != d_gq[n])
+            assert a.scope == "all" or all("ffn_down" in n for n in differ[walk]), differ
+            assert rtn.stat().st_size == gq.stat().st_size
+        labelled = [("lowbit RTN (llama.cpp's bytes)", rtn, None)]
+        labelled += [(f"lowbit GPTQ, walk {k}", p, k) for k, p in files.items()]
+        for label, path, walk in labelled:
             row = {"mix": mix, "file": label, "bytes": path.stat().st_size, "path": str(path)}
+            if walk is None:
+                row.update(quantize_s=round(t_rtn, 1), equals_llama_quantize=same_as_llama)
+            else:
+                info = infos[walk]
+                row.update(quantize_s=info["seconds"], gptq=info, differ=len(differ[walk]))
             if not a.llamacpp_only:
                 row["lowbit"] = _kld_stats(ref, _logits(path, text, a.ctx, True))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)  # partial results survive
-        rows[-2].update(quantize_s=round(t_rtn, 1), equals_llama_quantize=same_as_llama)
-        rows[-1].update(quantize_s=info["seconds"], gptq=info, differ=len(differ))
     if a.llamacpp is not None:
         base_logits = w / "f32.kld"
         threads = "2"

@@ -286,3 +286,99 @@ def test_compressed_tensors_and_bf16_compute_resume_to_the_same_bytes(
     got = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".json"}
     assert want and got == want
     assert not resume_folder(out).exists()
+
+
+@pytest.fixture(scope="module")
+def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-block Llama folder with SmolLM2's tokenizer (llama.cpp's conversion fixture), which
+    the direct route reads as its converted GGUF."""
+    pytest.importorskip("gguf")
+    from tiny_models import llamacpp_tiny_models
+
+    return llamacpp_tiny_models(tmp_path_factory.mktemp("hf")) / "tiny-llama"
+
+
+def _gguf(model: Path, out: Path, **kw: Any) -> None:
+    """GPTQ onto llama.cpp's Q4_K_M mix, from the Hugging Face folder (the direct route)."""
+    lowbit.quantize_model(model, "q4_k_m", out, out_format="gguf", method="gptq", progress=False,
+                          threads=1, calibration=lowbit.Calibration(**CALIB), **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize("block", [0, 1])
+def test_gguf_mix_stopped_after_a_block_resumes_to_the_same_bytes(
+    hf_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    """GPTQ into a GGUF mix keeps the record too: stopped after block 0 or 1 (the last, before
+    the file is written) and run again, only the blocks after it are calibrated, and the file
+    is the uninterrupted run's, byte for byte; the record is gone once it is written."""
+    model = hf_llama
+    _gguf(model, tmp_path / "ref.gguf")
+    out = tmp_path / "q.gguf"
+    with monkeypatch.context() as m:
+        _stop_after(m, block)
+        with pytest.raises(_Killed):
+            _gguf(model, out)
+    assert not out.exists()
+    assert json.loads((resume_folder(out) / "record.json").read_text())["block"] == block
+    calibrated: list[int] = []
+    save = Resume.save
+    monkeypatch.setattr(
+        Resume, "save", lambda self, i, *a: (calibrated.append(i), save(self, i, *a))
+    )
+    _gguf(model, out, resume=True)
+    assert calibrated == list(range(block + 1, 2))
+    assert out.read_bytes() == (tmp_path / "ref.gguf").read_bytes()
+    assert not resume_folder(out).exists()
+
+
+def test_gguf_record_of_another_importance_matrix_is_not_used(
+    hf_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The importance vectors GPTQ rounds with are part of the record's fingerprint: a record
+    made with another importance matrix is refused with --resume, replaced without it."""
+    import numpy as np
+
+    from lowbit.checkpoints import open_checkpoint
+    from lowbit.checkpoints.gguf.hf_view import ConvertedView
+
+    model = hf_llama
+    with open_checkpoint(model) as hf:
+        view = ConvertedView(hf)
+        names = [n for n in view.names() if len(view.info(n).shape) == 2 and "blk." in n]
+        cols = {n: view.info(n).shape[-1] for n in names}
+    ones = {n: np.ones(c, np.float32) for n, c in cols.items()}
+    twos = {n: np.linspace(0.5, 2.0, c, dtype=np.float32) for n, c in cols.items()}
+    out = tmp_path / "q.gguf"
+    with monkeypatch.context() as m:
+        _stop_after(m, 0)
+        with pytest.raises(_Killed):
+            _gguf(model, out, imatrix=ones)
+    with pytest.raises(LowbitError, match=r"cannot resume .*plan"):
+        _gguf(model, out, imatrix=twos, resume=True)
+    with pytest.warns(UserWarning, match="not resuming"):
+        _gguf(model, out, imatrix=twos)
+    _gguf(model, tmp_path / "ref.gguf", imatrix=twos)
+    assert out.read_bytes() == (tmp_path / "ref.gguf").read_bytes()
+
+
+def test_gguf_resume_without_gptq_is_refused(hf_llama: Path, tmp_path: Path) -> None:
+    with pytest.raises(LowbitError, match="--resume continues a GPTQ run"):
+        lowbit.quantize_model(hf_llama, "q4_k_m", tmp_path / "q.gguf", out_format="gguf",
+                              resume=True, progress=False)  # fmt: skip
+    assert not (tmp_path / "q.gguf").exists()
+
+
+def test_cli_gguf_resume_with_no_record(
+    hf_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--resume`` into a GGUF mix with nothing to resume: one line, exit 2, nothing written."""
+    from lowbit.cli import main
+
+    out = tmp_path / "q.gguf"
+    argv = ["quantize", str(hf_llama), "--to", "q4_k_m", "--out-format", "gguf", "--method",
+            "gptq", "--calib-samples", "4", "--calib-len", "32", "--threads", "1",
+            "--no-progress", "--resume", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search("cannot resume .*no record yet", err), err
+    assert not out.exists() and not resume_folder(out).exists()

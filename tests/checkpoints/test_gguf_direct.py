@@ -142,3 +142,33 @@ def test_gptq_onto_a_mix_from_a_folder(tiny: Path, tmp_path: Path) -> None:
     assert a.method is not None and a.method["gptq_tensors"] > 0
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
     np.testing.assert_equal(a.method["mean_error"]["gptq"] > 0, True)
+
+
+@pytest.mark.torch
+def test_gptq_walk_sees_the_files_other_tensors(tiny: Path, tmp_path: Path) -> None:
+    """GPTQ of ffn_down alone with the other tensors ``rounded`` as the mix writes them equals
+    GPTQ on a source whose other tensors already hold those values: the walk feeds each target
+    the inputs the file gives it. Without ``rounded`` it feeds the float model's (other bytes)."""
+    from lowbit.calibration.data import Calibration
+    from lowbit.checkpoints.gguf.mix import gptq_targets, mix_rounded
+    from lowbit.jobs.gguf import gptq_onto
+
+    pytest.importorskip("torch")
+    conv = _converted(tiny / "tiny-llama", tmp_path / "c.gguf")
+    cal = Calibration(samples=2, length=16)
+    with open_checkpoint(conv) as ck:
+        targets = {n: t for n, t in gptq_targets(ck, "q2_k").items() if "ffn_down" in n}
+        rounded = mix_rounded(ck, "q2_k", skip=targets)
+        assert "token_embd.weight" in rounded and "blk.0.ffn_up.weight" in rounded
+        assert not set(rounded) & set(targets)
+        as_file = {n: rounded[n]() if n in rounded else np.asarray(ck.get(n)) for n in ck.names()}
+        gguf_writer.write_gguf(tmp_path / "s.gguf", as_file, source=conv, progress=False)
+        walked, _ = gptq_onto(ck, targets, False, calibration=cal, progress=False,
+                              rounded=rounded)  # fmt: skip
+        floats, _ = gptq_onto(ck, targets, False, calibration=cal, progress=False)
+    with open_checkpoint(tmp_path / "s.gguf") as ck:
+        direct, _ = gptq_onto(ck, targets, False, calibration=cal, progress=False)
+    assert set(walked) == set(targets) == set(direct)
+    for n in targets:
+        assert bytes(walked[n].data) == bytes(direct[n].data), n
+    assert any(bytes(walked[n].data) != bytes(floats[n].data) for n in targets)

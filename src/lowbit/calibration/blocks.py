@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,34 @@ def _locate(net: Any, ckpt: Any, todo: dict[str, Any], prefix: str) -> dict[int,
         index = int(path[len(lead) :].split(".", 1)[0])
         per_block.setdefault(index, {})[path] = name
     return per_block
+
+
+def _locate_rounded(
+    net: Any, ckpt: Any, names: Collection[str], prefix: str
+) -> tuple[dict[str, str], dict[int, dict[str, str]]]:
+    """Where the tensors an output rounds without GPTQ live in the model: module path ->
+    checkpoint name of those before the blocks (the token embedding), and per block index of
+    the linear layers inside them. Tensors the calibration never runs (the output head) and
+    those of another shape are left out."""
+    import torch
+
+    before: dict[str, str] = {}
+    lead = prefix + "."
+    todo = {n: SimpleNamespace(shape=tuple(ckpt.info(n).shape)) for n in names}
+    for name in todo:
+        path = _module_name(net, ckpt, name)
+        if path is None or path.startswith(lead):
+            continue
+        try:
+            mod = net.get_submodule(path)
+        except AttributeError:
+            continue
+        out = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
+        if not isinstance(mod, torch.nn.Embedding) or mod is out:
+            continue
+        if param_shape(net, path + ".weight") == todo[name].shape:
+            before[path] = name
+    return before, _locate(net, ckpt, todo, prefix)
 
 
 def _samples(

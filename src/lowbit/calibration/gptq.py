@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Collection, Mapping, MutableMapping
+from collections.abc import Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,7 @@ from lowbit.calibration.blocks import (
     _errors,
     _find_blocks,
     _locate,
+    _locate_rounded,
     _model_layout,
     _out,
     _samples,
@@ -158,6 +159,7 @@ def gptq_weights(
     default_method: str = "gptq",
     compute: str = "fp32",
     targets: Mapping[str, Any] | None = None,
+    rounded: Mapping[str, Callable[[], np.ndarray]] | None = None,
     resume: Resume | None = None,
     _worker: Any = None,
 ) -> GPTQRun:
@@ -190,6 +192,14 @@ def gptq_weights(
             tensor, as a mix chose it); the linear layers among them are GPTQ'd onto their
             block type (:class:`~lowbit.methods._ggml_gptq.GgmlQuantized` weights), the
             others left out of ``weights`` (the caller rounds them as llama.cpp does).
+        rounded: tensors the output rounds without GPTQ: checkpoint name -> a function
+            returning their rounded values (dequantized, in the checkpoint's layout). The
+            token embedding's are set before the first block runs and a block's linear layers'
+            before it is calibrated, so every layer GPTQ rounds sees the inputs the written
+            file will give it rather than the float model's (tensors the calibration never
+            runs, such as the output head, and the targets themselves are ignored). Each is
+            read when its block's turn comes. Not with ``resume`` (a record could not check
+            what the functions return).
         resume: a :class:`~lowbit.calibration._resume.Resume` (``lowbit quantize`` makes one
             beside its output): a record after every block, and a run that finds a matching
             record continues after its last finished block, with the same result as a run
@@ -215,6 +225,8 @@ def gptq_weights(
     if not isinstance(method, GPTQ):
         raise LowbitError(f"method must be a lowbit.methods.gptq.GPTQ, got {type(method).__name__}")
     calib = _calibration(calibration, Calibration)
+    if rounded and resume is not None:
+        raise LowbitError("a GPTQ run with rounded tensors cannot resume: give one or the other")
     ckpt = open_model(model)
     if targets is not None:
         todo: dict[str, Any] = {
@@ -232,6 +244,8 @@ def gptq_weights(
     prefix, blocks = _find_blocks(net)
     deferred = _Deferred(net, ckpt, prefix)
     per_block = _locate(net, ckpt, {n: t for n, t in todo.items() if n in wanted}, prefix)
+    as_written = {n: f for n, f in (rounded or {}).items() if n not in wanted}
+    before, rounded_blocks = _locate_rounded(net, ckpt, as_written, prefix)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 1 << 30)
     samples = _samples(tokenizer, calib, causal, avoid_tokens, exclude, limit)
     everything = samples
@@ -267,6 +281,8 @@ def gptq_weights(
         )
         if start:
             saved = resume.restore(weights, methods, layers)  # type: ignore[union-attr]
+        for path, name in before.items():  # the embedding as the file holds it
+            _set_weight(net.get_submodule(path), _model_layout(ckpt, name, as_written[name](), net))
         if last >= start:
             states = _capture(net, blocks[0], samples, causal)
             if saved:  # the resumed block's inputs: the hidden states the record kept
@@ -332,6 +348,9 @@ def gptq_weights(
                     _drop(_own(blocks, block))
                     continue
                 deferred.restore(i)  # this block's weights, read now
+                for path, name in rounded_blocks.get(i, {}).items():  # the file's, not GPTQ's
+                    arr = _model_layout(ckpt, name, as_written[name](), net)
+                    _set_weight(net.get_submodule(path), arr)
                 _release_heap()
                 if own_args is not None:  # this block's mask and rotary tables (layer types)
                     states = with_block_args(states, own_args[i])
@@ -406,7 +425,11 @@ def _fingerprint(
     import torch
 
     def scheme(s: Any) -> Any:
-        return s.to_dict() if hasattr(s, "to_dict") else repr(s)
+        if hasattr(s, "to_dict"):
+            return s.to_dict()
+        if hasattr(s, "key"):  # a llama.cpp block type: its importance vector's bytes too
+            return hashlib.sha256(repr(s.key()).encode()).hexdigest()
+        return repr(s)
 
     plan = {n: [scheme(t.scheme), t.method] for n, t in sorted(todo.items())}
     plan_json = json.dumps(plan, sort_keys=True, default=repr).encode()

@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         scan_samples_count=samples, scan_length=length, overwrite=args.overwrite,
         threads=args.threads, compute=_common.compute_option(getattr(args, "compute", "fp32")),
         progress=progress, dry_run=args.dry_run, measure=getattr(args, "measure", None) or "block",
+        resume=True if getattr(args, "resume", False) else None,
     )  # fmt: skip
     if args.json:
         _common.print_json(res.details)

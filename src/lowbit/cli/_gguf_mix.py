@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         token_embedding_type=args.token_embedding_type, pure=args.pure,
         leave_output_tensor=args.leave_output_tensor, overwrite=args.overwrite,
         threads=args.threads, compute=_common.compute_option(args.compute), progress=progress,
-        dry_run=args.dry_run,
+        dry_run=args.dry_run, resume=True if getattr(args, "resume", False) else None,
     )  # fmt: skip
     if args.dry_run:
         return _print_types(args, res)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._progress import progress_bar
+from lowbit.calibration._resume import Resume, resume_folder
 from lowbit.calibration.data import Calibration
 from lowbit.calibration.gptq import gptq_weights
 from lowbit.checkpoints.gguf.budget import (
@@ -121,13 +122,18 @@ def gptq_onto(
     threads: int | None = None,
     compute: str = "fp32",
     progress: bool | None = None,
+    rounded: Mapping[str, Callable[[], np.ndarray]] | None = None,
+    resume: Resume | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """GPTQ of ``targets`` (tensor -> :class:`~lowbit.methods._ggml_gptq.GgmlTarget`): the
-    GGUF blocks of the tensors it rounded, and its record."""
+    GGUF blocks of the tensors it rounded, and its record. ``rounded``: the other tensors'
+    values as the file will hold them (:func:`~lowbit.checkpoints.gguf.mix.mix_rounded`), set
+    into the model the calibration runs. ``resume``: a record kept after every block
+    (:mod:`lowbit.calibration._resume`; the blocks then live in its folder until written)."""
     cfg = gptq or GPTQ()
     run = gptq_weights(
         ckpt, None, calibration or Calibration(), cfg, threads=threads, progress=progress,
-        compute=compute, targets=targets,
+        compute=compute, targets=targets, rounded=rounded, resume=resume,
     )  # fmt: skip
     done = {n: w for n, w in run.weights.items() if run.methods.get(n) == "gptq"}
     errs = [run.layers[n] for n in done if n in run.layers]
@@ -142,6 +148,15 @@ def gptq_onto(
         "seconds": run.seconds,
     }
     return done, record
+
+
+def _resume_record(out: Path, cfg: GPTQ | None, resume: bool | None) -> Resume | None:
+    """The resume record a GPTQ run keeps beside ``out`` (None: no GPTQ, or ``resume=False``)."""
+    if resume and cfg is None:
+        raise LowbitError("--resume continues a GPTQ run (--method gptq); this run has no GPTQ")
+    if cfg is None or resume is False:
+        return None
+    return Resume(resume_folder(out), require=resume is True)
 
 
 def _imatrix(imatrix: Path_ | Vectors | None) -> tuple[Vectors | None, str | None]:
@@ -188,6 +203,7 @@ def gguf_mix(
     compute: str = "fp32",
     progress: bool | None = None,
     dry_run: bool = False,
+    resume: bool | None = None,
 ) -> GGUFResult:
     """Write ``model`` as llama-quantize writes its mix ``mix`` (``"Q4_K_M"``, ``"q5_k_s"``,
     ``"iq4_xs"``, ...): every tensor's type by llama-quantize's rules, llama.cpp's bytes.
@@ -213,6 +229,11 @@ def gguf_mix(
         threads, compute: GPTQ's torch threads and forward precision.
         progress: bars (None: on a terminal or in Jupyter; False: never).
         dry_run: choose the types and write nothing.
+        resume: GPTQ keeps a resume record beside ``out`` after every block
+            (``.OUT.lowbit-resume``, :mod:`lowbit.calibration._resume`): None (default)
+            continues from a matching record and starts over (with a warning) from one that
+            does not match; True requires one (``--resume``); False keeps none. A run killed
+            at any moment and started again writes the same bytes.
 
     Returns:
         A :class:`~lowbit.jobs.results.GGUFResult`; ``types`` holds every tensor's type.
@@ -241,20 +262,27 @@ def gguf_mix(
             return _dry_mix(source, m, types, start)
         done = record = None
         seconds: dict[str, float] = {}
-        if cfg is not None:
-            if out_path.exists() and not overwrite:  # fail before minutes of calibration
-                raise LowbitError(f"{out_path} exists; pass overwrite=True to replace it")
-            t0 = time.perf_counter()
-            targets = gptq_targets(source, m.name, imatrix=imat, **options)
-            done, record = gptq_onto(
-                source, targets, imat is not None, gptq=cfg, calibration=calibration,
-                threads=threads, compute=compute, progress=progress,
+        if cfg is not None and out_path.exists() and not overwrite:  # before the calibration
+            raise LowbitError(f"{out_path} exists; pass overwrite=True to replace it")
+        kept = _resume_record(out_path, cfg, resume)
+        try:
+            if cfg is not None:
+                t0 = time.perf_counter()
+                targets = gptq_targets(source, m.name, imatrix=imat, **options)
+                done, record = gptq_onto(
+                    source, targets, imat is not None, gptq=cfg, calibration=calibration,
+                    threads=threads, compute=compute, progress=progress, resume=kept,
+                )  # fmt: skip
+                seconds["calibration"] = time.perf_counter() - t0
+            result = write_gguf_mix(
+                source, out_path, m.name, imatrix=imat, overwrite=overwrite, progress=progress,
+                weights=done, **options,
             )  # fmt: skip
-            seconds["calibration"] = time.perf_counter() - t0
-        result = write_gguf_mix(
-            source, out_path, m.name, imatrix=imat, overwrite=overwrite, progress=progress,
-            weights=done, **options,
-        )  # fmt: skip
+        finally:
+            if kept is not None:
+                kept.close()  # the lock (a kill leaves the record for the next run)
+        if kept is not None:
+            kept.remove()  # the output is whole: nothing to resume
     seconds["write"] = result["seconds"]
     if record is not None:
         result["method"] = record
@@ -325,6 +353,7 @@ def gguf_budget(
     progress: bool | None = None,
     dry_run: bool = False,
     measure: str = "block",
+    resume: bool | None = None,
 ) -> GGUFResult:
     """Write ``model`` as a GGUF whose every quantized tensor has the llama.cpp type of least
     measured damage that keeps the file within ``size`` bytes (or ``bits_per_weight``).
@@ -352,6 +381,8 @@ def gguf_budget(
             of one block); ``exact``: each trial runs the model from the tensor's block to the
             logits (mean KL). On SmolLM2 at Q4_K_M's bytes the two files' mean KL differ by
             2 % (docs/scale.md).
+        resume: as :func:`gguf_mix`'s, for the GPTQ after the trials (a resumed run measures
+            the trials again: they are deterministic, so it continues the same GPTQ).
 
     Returns:
         A :class:`~lowbit.jobs.results.GGUFResult` (``details`` holds the plan, every measured
@@ -406,18 +437,25 @@ def gguf_budget(
         nbytes = plan.file_bytes
         if not dry_run:
             done = None
-            if cfg is not None:  # onto the types the trials chose
-                targets = gguf_targets(source, plan.types, vectors)
-                done, doc["method"] = gptq_onto(
-                    source, targets, imat is not None, gptq=cfg, calibration=calibration,
-                    threads=threads, compute=compute, progress=progress,
+            kept = _resume_record(out_path, cfg, resume)
+            try:
+                if cfg is not None:  # onto the types the trials chose
+                    targets = gguf_targets(source, plan.types, vectors)
+                    done, doc["method"] = gptq_onto(
+                        source, targets, imat is not None, gptq=cfg, calibration=calibration,
+                        threads=threads, compute=compute, progress=progress, resume=kept,
+                    )  # fmt: skip
+                    sec = doc["method"]["seconds"]
+                    seconds["gptq"] = sec.get("total", sum(sec.values()))
+                written = write_gguf_types(
+                    source, out_path, plan, vectors=vectors, overwrite=overwrite,
+                    progress=progress, weights=done,
                 )  # fmt: skip
-                sec = doc["method"]["seconds"]
-                seconds["gptq"] = sec.get("total", sum(sec.values()))
-            written = write_gguf_types(
-                source, out_path, plan, vectors=vectors, overwrite=overwrite, progress=progress,
-                weights=done,
-            )  # fmt: skip
+            finally:
+                if kept is not None:
+                    kept.close()
+            if kept is not None:
+                kept.remove()
             seconds["write"] = written["seconds"]
             doc = {"path": written["path"], "bytes": written["bytes"], **doc}
             nbytes = int(written["bytes"])

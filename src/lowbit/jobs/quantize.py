@@ -273,6 +273,7 @@ def quantize_model(
                     token_embedding_type=token_embedding_type, pure=pure,
                     leave_output_tensor=leave_output_tensor, overwrite=overwrite,
                     threads=threads, compute=compute, progress=progress, dry_run=dry_run,
+                    resume=resume,
                 )  # fmt: skip
             return gguf_budget(
                 ckpt, out_path, size=size, bits_per_weight=budget, candidates=candidates,
@@ -280,7 +281,7 @@ def quantize_model(
                 calibration=_calibration(calibration),
                 scan_text=_text_of(_calibration(calibration)), scan_samples_count=scan_samples,
                 scan_length=scan_length, overwrite=overwrite, threads=threads,
-                compute=compute, progress=progress, dry_run=dry_run,
+                compute=compute, progress=progress, dry_run=dry_run, resume=resume,
             )  # fmt: skip
     if (
         isinstance(to, str)

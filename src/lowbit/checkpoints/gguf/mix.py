@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,14 @@ from lowbit.ggml import blocks, grids, mixes
 from lowbit.methods._ggml_gptq import GgmlTarget
 from lowbit.methods._iq_gptq import IQ_TYPES
 
-__all__ = ["gguf_mix_types", "gguf_targets", "gptq_targets", "write_gguf_mix"]
+__all__ = [
+    "gguf_mix_types",
+    "gguf_rounded",
+    "gguf_targets",
+    "gptq_targets",
+    "mix_rounded",
+    "write_gguf_mix",
+]
 
 _FLOATS = {"F32", "F16", "BF16"}
 
@@ -124,6 +131,51 @@ def gguf_targets(
         gptq = t in grids.GPTQ_TYPES or t in IQ_TYPES
         if len(info.shape) == 2 and gptq and t != info.dtype.upper():
             out[name] = GgmlTarget(t, (vectors or {}).get(name))
+    return out
+
+
+def mix_rounded(
+    ckpt: Any,
+    mix_name: str,
+    *,
+    imatrix: Mapping[str, np.ndarray] | None = None,
+    skip: Iterable[str] = (),
+    **options: Any,
+) -> dict[str, Callable[[], np.ndarray]]:
+    """What llama-quantize's mix ``mix_name`` writes for each tensor it quantizes, but those
+    in ``skip`` (GPTQ's targets): for GPTQ's walk
+    (:func:`lowbit.calibration.gptq.gptq_weights`'s ``rounded``), so the tensors it rounds see
+    the inputs the file will give them.
+
+    Raises:
+        LowbitError: as :func:`write_gguf_mix` for the types and the importance matrix.
+    """
+    m = mixes.mix(mix_name)
+    types = gguf_mix_types(ckpt, m.name, has_imatrix=imatrix is not None, **options)
+    return gguf_rounded(ckpt, types, _vectors(ckpt, types, imatrix, m.name), skip)
+
+
+def gguf_rounded(
+    ckpt: Any,
+    types: Mapping[str, str],
+    vectors: Mapping[str, np.ndarray] | None = None,
+    skip: Iterable[str] = (),
+) -> dict[str, Callable[[], np.ndarray]]:
+    """Tensor -> a function returning the float32 values a file of ``types`` holds for it
+    (llama.cpp's rounding with its importance vector, decoded), for every 2-D tensor rounded
+    to a block type, but those in ``skip``; each is computed when called."""
+    left = set(skip)
+    out: dict[str, Callable[[], np.ndarray]] = {}
+    for name, t in types.items():
+        info = ckpt.info(name)
+        if name in left or len(info.shape) != 2 or t == info.dtype.upper() or t in _FLOATS:
+            continue
+        vec = (vectors or {}).get(name)
+
+        def values(name: str = name, t: str = t, vec: Any = vec) -> np.ndarray:
+            return blocks.dequantize(blocks.quantize(ckpt.get(name), t, imatrix=vec), t)
+
+        out[name] = values
     return out
 
 
