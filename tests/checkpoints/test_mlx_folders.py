@@ -260,6 +260,9 @@ def test_cli_out_format_mlx(sources: dict[str, Path], tmp_path: Path, capsys) ->
         (["--dry-run"], "shows a budget's plan"),
         (["--group", "64"], "--group (use --q-group-size) does not apply"),
         (["--to", "mixed_3_6", "--q-mode", "mxfp4"], "recipes are affine"),
+        (["--scale-method", "percentile"], "--scale-method percentile does not apply"),
+        (["--scale-method", "mse"], "--scale-method chooses GPTQ's MLX group scales"),
+        (["--method", "awq", "--scale-method", "absmax"], "round as mx.quantize does"),
     ],
 )
 def test_cli_bad_options(
@@ -423,6 +426,23 @@ def test_cli_gptq_onto_mlx(sources: dict[str, Path], tmp_path: Path, source: str
     # q/k rows un-permuted: the error is a 3-bit grid's, not that of rows out of place
     assert np.abs(q - ref).mean() < 0.5 * np.abs(ref).mean()
     assert verify_checkpoint(out)["kind"] == "mlx"
+
+
+def test_cli_gptq_scale_methods(sources: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """GPTQ's MLX group scales: searched by default (less layer error than with MLX's edge
+    rule, ``--scale-method absmax``, on the same calibration), other bytes, both loadable."""
+    argv = ["quantize", str(sources["untied"]), "--out-format", "mlx", "--q-bits", "3",
+            "--method", "gptq", "--calib-samples", "4", "--calib-len", "64", "--threads", "1",
+            "--json", "--out"]  # fmt: skip
+    errors = {}
+    for label, extra in (("mse", []), ("absmax", ["--scale-method", "absmax"])):
+        assert main([*argv, str(tmp_path / label), *extra]) == 0
+        errors[label] = json.loads(capsys.readouterr().out)["method"]["mean_error"]["gptq"]
+        assert verify_checkpoint(tmp_path / label)["kind"] == "mlx"
+    assert errors["mse"] < errors["absmax"]
+    a, b = open_checkpoint(tmp_path / "mse"), open_checkpoint(tmp_path / "absmax")
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert not np.array_equal(a.get(name), b.get(name))
 
 
 def test_gptq_mlx_refuses_fp_modes(sources: dict[str, Path], tmp_path: Path, capsys) -> None:

@@ -103,7 +103,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--scale-method",
         choices=["absmax", "percentile", "meanstd", "mse"],
-        help="how each group's clipping range is chosen (default absmax)",
+        help="how each group's clipping range is chosen (default absmax; with --out-format mlx "
+        "--method gptq: mse, the default, searches each group's scale and bias for the least "
+        "Hessian-weighted error, absmax takes MLX's edge rule)",
     )
     p.add_argument(
         "--asym", action="store_true", help="integer formats: add a zero point (floats: error)"

@@ -76,6 +76,7 @@ def quantize_to_mlx(
     copy_code: bool = False,
     progress: bool | None = None,
     modules: Mapping[str, MLXParams | None] | None = None,
+    scale_method: str | None = None,
 ) -> QuantizeResult:
     """Write ``model`` as an MLX folder, the same bytes as ``lowbit quantize --out-format mlx``.
 
@@ -95,6 +96,10 @@ def quantize_to_mlx(
             precision of GPTQ or AWQ.
         overwrite, copy_code, progress: as :func:`lowbit.quantize_model`.
         modules: module path -> its own params (a budget's grids, :func:`lowbit.jobs.mlx_budget.mlx_budget`).
+        scale_method: GPTQ's group scales and biases: ``"mse"`` (default for GPTQ) searched
+            for the least Hessian-weighted error, ``"absmax"`` MLX's edge rule (from the
+            group's largest magnitude, as ``mx.quantize``). Round to nearest and AWQ use the
+            edge rule (``mx.quantize``'s bytes).
 
     Raises:
         LowbitError: a method other than rtn/gptq/awq, a family mlx-lm's loader is not
@@ -106,6 +111,16 @@ def quantize_to_mlx(
             f"--method {method}: lowbit's MLX output rounds to nearest as mlx_lm.convert does, "
             "or with --method gptq or awq onto the same affine grids"
         )
+    if scale_method not in (None, "mse", "absmax"):
+        raise LowbitError(
+            f"scale method {scale_method!r}: MLX's GPTQ searches its group scales (mse) or "
+            "takes MLX's edge rule (absmax)"
+        )
+    if scale_method is not None and (isinstance(method, AWQ) or method in ("rtn", "awq")):
+        raise LowbitError(
+            "--scale-method chooses GPTQ's MLX group scales (--method gptq); round to nearest "
+            "and AWQ round as mx.quantize does"
+        )
     params = params or MLXParams()
     out_path = Path(out)
     done = record = None
@@ -115,7 +130,10 @@ def quantize_to_mlx(
             raise LowbitError(f"{out_path} exists; pass --overwrite to replace it")
         t0 = time.perf_counter()
         ckpt = open_model(model)
-        targets = gptq_targets(ckpt, params, recipe=recipe, dtype=dtype, modules=modules)
+        search = not (isinstance(method, AWQ) or method == "awq") and scale_method != "absmax"
+        targets = gptq_targets(
+            ckpt, params, recipe=recipe, dtype=dtype, modules=modules, search=search
+        )
         if isinstance(method, AWQ) or method == "awq":
             awq = method if isinstance(method, AWQ) else AWQ()
             done, record, ckpt = _awq_onto(ckpt, targets, awq, calibration, threads, compute,

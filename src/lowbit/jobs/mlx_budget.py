@@ -81,6 +81,7 @@ def mlx_budget(
     dry_run: bool = False,
     measure: str = "exact",
     copy_code: bool = False,
+    scale_method: str | None = None,
 ) -> QuantizeResult:
     """Write ``model`` as an MLX folder whose every quantized module has the affine grid of
     least measured damage that keeps the folder within the budget.
@@ -98,6 +99,7 @@ def mlx_budget(
         calibration: GPTQ's or AWQ's data.
         scan_text, scan_samples_count, scan_length: the trials' text, windows and tokens per
             window.
+        scale_method: GPTQ's group scales, as :func:`~lowbit.jobs.mlx.quantize_to_mlx`'s.
         overwrite, threads, compute, progress, copy_code: as :func:`lowbit.quantize_model`.
         dry_run: solve and report, write nothing.
         measure: ``exact`` (default): each trial runs the model from the module's block to
@@ -161,7 +163,7 @@ def mlx_budget(
     res = quantize_to_mlx(
         ckpt, Path(out), plan.default, dtype=dtype, method=method,  # type: ignore[arg-type]
         calibration=calibration, threads=threads, compute=compute, overwrite=overwrite,
-        copy_code=copy_code, progress=progress, modules=modules,
+        copy_code=copy_code, progress=progress, modules=modules, scale_method=scale_method,
     )  # fmt: skip
     seconds.update({k: v for k, v in res.seconds.items() if k != "total"})
     seconds["total"] = time.perf_counter() - start
@@ -194,6 +196,7 @@ def mlx_job(
     copy_code: bool,
     progress: bool | None,
     dry_run: bool,
+    scale_method: str | None = None,
 ) -> QuantizeResult:
     """:func:`lowbit.quantize_model` with ``out_format="mlx"`` (its arguments, ``budget`` the
     bits per weight): a budget to :func:`mlx_budget`, otherwise ``to`` (an MLX mode or mlx-lm
@@ -223,11 +226,11 @@ def mlx_job(
                 method=method, calibration=calibration, scan_text=scan_text,
                 scan_samples_count=scan_samples, scan_length=scan_length, overwrite=overwrite,
                 threads=threads, compute=compute, progress=progress, dry_run=dry_run,
-                copy_code=copy_code,
+                copy_code=copy_code, scale_method=scale_method,
             )  # fmt: skip
         assert out is not None  # refused above
         return quantize_to_mlx(
             ckpt, out, params, recipe=recipe, method=method, calibration=calibration,
             threads=threads, compute=compute, overwrite=overwrite, copy_code=copy_code,
-            progress=progress,
+            progress=progress, scale_method=scale_method,
         )  # fmt: skip

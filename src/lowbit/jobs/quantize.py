@@ -228,6 +228,9 @@ def quantize_model(
             replace an input or something lowbit did not write.
     """
     if out_format == "mlx":  # a budget to mlx_budget, else quantize_to_mlx
+        if asym or scale_format is not None:
+            raise LowbitError("asym/scale_format do not apply to out_format='mlx' (MLX's affine "
+                              "grid has its bias; scales are in the model dtype)")  # fmt: skip
         calib = _calibration(calibration)
         return mlx_job(
             model, to, out, method=(awq if method == "awq" else gptq) or method,
@@ -235,6 +238,7 @@ def quantize_model(
             size=size, budget=budget, candidates=candidates, scan_samples=scan_samples,
             scan_length=scan_length, tokenizer=tokenizer, threads=threads, compute=compute,
             overwrite=overwrite, copy_code=copy_code, progress=progress, dry_run=dry_run,
+            scale_method=scale_method,
         )  # fmt: skip
     if out_format not in OUT_FORMATS:
         formats = ", ".join((*OUT_FORMATS, "mlx"))

@@ -9,11 +9,18 @@ column is then coded as MLX codes it (``rint((w - bias) / scale)`` with the floa
 and its error against the value MLX will decode (``q * scale + bias`` in the model dtype)
 moves on as GPTQ moves it. With a diagonal Hessian nothing moves, and the bytes are
 ``mx.quantize``'s.
+
+With ``search`` (``--scale-method mse``), each group's scale and bias are searched instead:
+from the edge rule's, then for inverse scales around ``(2^bits - 1) / (max - min)`` (21
+candidates) the codes of the group, and for each the weighted least-squares scale and bias
+of those codes (weights: the importance, by default the Hessian's diagonal, the input
+energy of each column), keeping the pair of least weighted error once cast to the model
+dtype. MLX decodes any scale and bias; only the choice differs from ``mx.quantize``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,11 +48,17 @@ class MLXTarget:
         group_size: 32, 64 or 128.
         dtype: the model dtype scales and biases are stored in (``float16``, ``bfloat16``,
             ``float32``).
+        search: search each group's scale and bias for the least importance-weighted error
+            (module docstring) instead of MLX's edge rule.
+        importance: with ``search``, one weight per input column (default: the Hessian's
+            diagonal).
     """
 
     bits: int = 4
     group_size: int = 64
     dtype: str = "float16"
+    search: bool = False
+    importance: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         Q.check_params("affine", self.group_size, self.bits)
@@ -54,7 +67,7 @@ class MLXTarget:
 
     @property
     def label(self) -> str:
-        return f"mlx affine {self.bits}-bit g{self.group_size}"
+        return f"mlx affine {self.bits}-bit g{self.group_size}" + (" mse" if self.search else "")
 
     @property
     def block(self) -> int:
@@ -62,10 +75,14 @@ class MLXTarget:
 
     def key(self) -> tuple[Any, ...]:
         """Equal for targets one loop can quantize together (stacked rows)."""
-        return ("mlx", self.bits, self.group_size, self.dtype)
+        im = None if self.importance is None else np.asarray(self.importance).tobytes()
+        return ("mlx", self.bits, self.group_size, self.dtype, self.search, im)
 
     def resolved(self, H: np.ndarray) -> MLXTarget:
-        return self
+        """This target with the importance its search uses on a layer of Hessian ``H``."""
+        if not self.search or self.importance is not None:
+            return self
+        return replace(self, importance=np.diagonal(H).astype(np.float32))
 
     def check(self, cols: int) -> None:
         if cols % self.group_size:
@@ -158,9 +175,56 @@ class _MLXQuantizer:
 
     def fit_group(self, k: int, values: np.ndarray) -> None:
         """Fix group ``k``'s grid from its current values ``[rows, group]``."""
-        s, b = Q.affine_params(self._t32(values), self.target.bits)
+        x = self._t32(values)
+        s, b = Q.affine_params(x, self.target.bits)
+        if self.target.search:
+            imp = self.target.importance
+            a, z = self.span(k)
+            w = np.ones(self.group, np.float32) if imp is None else np.asarray(imp)[a:z]
+            s, b = self._search(x, np.asarray(w, np.float32), s, b)
         self.scale32[:, k] = s
         self.bias32[:, k] = b
+
+    def _error(self, x: np.ndarray, w: np.ndarray, s: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Each row's weighted squared error of MLX's coding and decoding on grid (s, b)."""
+        dt = self.dt
+        safe = np.where(s == 0, np.float32(1), s)
+        q = Q.affine_codes(x, safe[:, None], b[:, None], self.target.bits).astype(dt)
+        v = ((q * s.astype(dt)[:, None]).astype(dt) + b.astype(dt)[:, None]).astype(np.float32)
+        return ((v - x) ** 2 * w).sum(axis=1)
+
+    def _search(
+        self, x: np.ndarray, w: np.ndarray, s0: np.ndarray, b0: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The least weighted-error (scale, bias) of each row of ``x [rows, group]``, from the
+        edge rule's ``(s0, b0)`` and 21 least-squares refits (module docstring)."""
+        n = float(2**self.target.bits - 1)
+        w = np.maximum(w, 0).astype(np.float32)
+        if not np.any(w > 0):
+            w = np.ones_like(w)
+        best_s, best_b = s0.copy(), b0.copy()
+        best = self._error(x, w, best_s, best_b)
+        lo = x.min(axis=1, keepdims=True)
+        span = np.maximum(x.max(axis=1, keepdims=True) - lo, np.float32(1e-12))
+        sw = w.sum()
+        sx = (x * w).sum(axis=1)
+        for i in range(21):
+            inv = (n - 1.0 + 0.1 * i) / span  # from one level narrower to one wider
+            q = np.clip(np.rint((x - lo) * inv), 0, n)
+            sq, sqq, sqx = (q * w).sum(axis=1), (q * q * w).sum(axis=1), (q * x * w).sum(axis=1)
+            det = sw * sqq - sq * sq
+            ok = det > 0
+            det = np.where(ok, det, 1)
+            s = np.where(ok, (sw * sqx - sq * sx) / det, 0).astype(np.float32)
+            b = np.where(ok, (sx - s * sq) / sw, 0).astype(np.float32)
+            s, b = self._t32(s), self._t32(b)  # as stored
+            ok &= s != 0
+            err = np.where(ok, self._error(x, w, s, b), np.inf)
+            better = err < best
+            best = np.where(better, err, best)
+            best_s = np.where(better, s, best_s)
+            best_b = np.where(better, b, best_b)
+        return best_s.astype(np.float32), best_b.astype(np.float32)
 
     def round(self, w: np.ndarray, k: int, col: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(codes, decoded float64 values) of one column ``w [rows]`` of group ``k``."""

@@ -97,10 +97,13 @@ def gptq_targets(
     recipe: str | None = None,
     dtype: str | None = None,
     modules: Mapping[str, MLXParams | None] | None = None,
+    search: bool = False,
 ) -> dict[str, MLXTarget]:
     """The weights GPTQ rounds onto MLX's affine grid: every linear layer of the transformer
     blocks the MLX output quantizes (source tensor name -> its grid; the embedding and an
     output layer stay round to nearest, as GPTQ sees no inputs of theirs in the blocks).
+    ``search``: each group's scale and bias searched for the least Hessian-weighted error
+    (:class:`~lowbit.methods._mlx_gptq.MLXTarget`) instead of MLX's edge rule.
 
     Raises:
         LowbitError: a mode other than affine.
@@ -116,7 +119,7 @@ def gptq_targets(
         if kind == "weight" and ".layers." in hf:
             p = plan.quantized[hf[: -len(".weight")]]
             for one in plan.stacks.get(hf, (src,)):  # each expert of a stack on its own
-                out[one] = MLXTarget(p.bits, p.group_size, name)  # type: ignore[arg-type]
+                out[one] = MLXTarget(p.bits, p.group_size, name, search)  # type: ignore[arg-type]
     return out
 
 
