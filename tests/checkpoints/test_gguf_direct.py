@@ -129,14 +129,16 @@ def test_budget_from_a_folder_equals_the_converted_files(
 
 
 @pytest.mark.torch
-def test_gptq_onto_a_mix_from_a_folder(tiny: Path, tmp_path: Path) -> None:
-    """--method gptq onto Q4_K_M from a folder writes what it writes from the converted GGUF."""
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3moe"])
+def test_gptq_onto_a_mix_from_a_folder(tiny: Path, tmp_path: Path, name: str) -> None:
+    """--method gptq onto Q4_K_M from a folder writes what it writes from the converted GGUF
+    (a mixture of experts' stacks split into experts alike from both)."""
     from lowbit.calibration.data import Calibration
 
     pytest.importorskip("torch")
-    conv = _converted(tiny / "tiny-llama", tmp_path / "c.gguf")
+    conv = _converted(tiny / name, tmp_path / "c.gguf")
     cal = Calibration(samples=2, length=16)
-    a = gguf_mix(tiny / "tiny-llama", "q4_k_m", tmp_path / "a.gguf", method="gptq",
+    a = gguf_mix(tiny / name, "q4_k_m", tmp_path / "a.gguf", method="gptq",
                  calibration=cal, progress=False)  # fmt: skip
     gguf_mix(conv, "q4_k_m", tmp_path / "b.gguf", method="gptq", calibration=cal, progress=False)
     assert a.method is not None and a.method["gptq_tensors"] > 0
@@ -172,3 +174,61 @@ def test_gptq_walk_sees_the_files_other_tensors(tiny: Path, tmp_path: Path) -> N
     for n in targets:
         assert bytes(walked[n].data) == bytes(direct[n].data), n
     assert any(bytes(walked[n].data) != bytes(floats[n].data) for n in targets)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen2moe", "tiny-mixtral"])
+def test_gptq_reaches_every_expert_of_a_gguf_stack(tiny: Path, tmp_path: Path, name: str) -> None:
+    """--method gptq into a GGUF mix of a mixture of experts GPTQs each expert of every
+    ``ffn_*_exps`` stack on its own (less layer error than llama.cpp's rounding on its routed
+    tokens), and the stack holds each expert's result at its own index: expert e's slice
+    decodes nearest to the source's expert e."""
+    from lowbit.calibration.data import Calibration
+
+    pytest.importorskip("torch")
+    cal = Calibration(samples=4, length=32, experts="all")
+    out = tmp_path / "q.gguf"
+    res = gguf_mix(tiny / name, "q8_0", out, method="gptq", calibration=cal, progress=False)
+    assert res.method is not None
+    layers = res.method["layers"]
+    experts = [n for n in layers if ".experts." in n]
+    with open_checkpoint(tiny / name) as hf:
+        n_exp = int(hf.config.get("num_local_experts") or hf.config["num_experts"])
+        n_layers = int(hf.config["num_hidden_layers"])
+    assert len(experts) == 3 * n_exp * n_layers
+    assert res.method["gptq_tensors"] >= len(experts)
+    assert all(layers[n]["gptq"] <= layers[n]["rtn"] for n in experts)
+    with open_checkpoint(out) as q, open_checkpoint(tiny / name) as hf:
+        view = ConvertedView(hf)
+        stacks = [n for n in q.names() if "_exps" in n]
+        assert stacks and all(q.info(n).dtype == "Q8_0" for n in stacks)
+        for s in stacks:
+            got, src = np.asarray(q.get(s), np.float32), np.asarray(view.get(s), np.float32)
+            assert got.shape == src.shape
+            err = np.abs(got[:, None] - src[None]).mean(axis=(2, 3))  # [decoded e, source e']
+            assert np.array_equal(err.argmin(axis=1), np.arange(len(err))), (s, err)
+
+
+def test_expert_without_a_result_is_rounded_as_llama_cpp(tiny: Path, tmp_path: Path) -> None:
+    """A stack's expert GPTQ did not reach (no routed tokens) is llama.cpp's rounding of it,
+    with its slice of the stack's importance vector; the others are GPTQ's bytes as they are."""
+    from lowbit.checkpoints.gguf.expert_split import Stacks, expert_stacks
+    from lowbit.ggml import blocks
+    from lowbit.methods._ggml_gptq import GgmlQuantized, GgmlTarget
+
+    with open_checkpoint(tiny / "tiny-qwen3moe") as hf:
+        view = ConvertedView(hf)
+        stack = "blk.0.ffn_up_exps.weight"
+        names = expert_stacks(view, [stack])[stack]
+        W = np.asarray(view.get(stack), np.float32)
+        vec = np.linspace(0.5, 2.0, W.shape[0] * W.shape[2]).astype(np.float32)
+        fake = np.full((W.shape[1], blocks.row_bytes("Q8_0", W.shape[2])), 7, np.uint8)
+        done = {names[0]: GgmlQuantized("Q8_0", fake, W.shape[1:])}
+        st = Stacks(done, view, {stack: names}, {stack: GgmlTarget("Q8_0", vec)})
+        assert set(st) == {stack}
+        got = np.asarray(st[stack].data)
+    assert got.shape == (W.shape[0], *fake.shape)
+    assert got[0].tobytes() == fake.tobytes()
+    per = vec.reshape(W.shape[0], -1)
+    for e in range(1, W.shape[0]):
+        assert got[e].tobytes() == blocks.quantize(W[e], "Q8_0", imatrix=per[e]).tobytes()

@@ -17,6 +17,7 @@ from lowbit.checkpoints.gguf.names import gguf_to_hf_array, gguf_to_hf_name
 from lowbit.checkpoints.streaming import checkpoint_tensors
 from lowbit.errors import LowbitError
 from lowbit.models.build import _prefix_fix, param_shape
+from lowbit.models.moe import expert_of
 from lowbit.quant.tensor import quantize
 
 
@@ -63,7 +64,9 @@ def _find_blocks(net: Any) -> tuple[str, Any]:
 def _module_name(net: Any, ckpt: Any, name: str) -> str | None:
     """The model's module path of a checkpoint weight (None: no such module weight)."""
 
-    if ckpt.format == "gguf":
+    if ckpt.format == "gguf" and expert_of(name) is not None:  # a stack's expert, split out
+        key = _prefix_fix(net, ckpt)(name)  # (lowbit.checkpoints.gguf.expert_split)
+    elif ckpt.format == "gguf":
         try:
             key = gguf_to_hf_name(name, ckpt.config)
         except LowbitError:
@@ -210,7 +213,7 @@ def _out(result: Any) -> Any:
 
 def _model_layout(ckpt: Any, name: str, arr: np.ndarray, net: Any) -> np.ndarray:
     """A checkpoint-layout weight as the model holds it (GGUF q/k rows un-permuted)."""
-    if ckpt.format != "gguf":
+    if ckpt.format != "gguf" or expert_of(name) is not None:  # experts: never permuted
         return arr
 
     return gguf_to_hf_array(gguf_to_hf_name(name, ckpt.config), arr, ckpt.config)

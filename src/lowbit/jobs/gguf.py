@@ -34,6 +34,7 @@ from lowbit.checkpoints.gguf.budget import (
     write_gguf_types,
 )
 from lowbit.checkpoints.gguf.convert import check_hf_source
+from lowbit.checkpoints.gguf.expert_split import ExpertSplit, Stacks, expert_stacks, split_targets
 from lowbit.checkpoints.gguf.hf_view import ConvertedView
 from lowbit.checkpoints.gguf.imatrix import read_imatrix
 from lowbit.checkpoints.gguf.mix import gguf_mix_types, gguf_targets, gptq_targets, write_gguf_mix
@@ -124,23 +125,31 @@ def gptq_onto(
     progress: bool | None = None,
     rounded: Mapping[str, Callable[[], np.ndarray]] | None = None,
     resume: Resume | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[Mapping[str, Any], dict[str, Any]]:
     """GPTQ of ``targets`` (tensor -> :class:`~lowbit.methods._ggml_gptq.GgmlTarget`): the
     GGUF blocks of the tensors it rounded, and its record. ``rounded``: the other tensors'
     values as the file will hold them (:func:`~lowbit.checkpoints.gguf.mix.mix_rounded`), set
     into the model the calibration runs. ``resume``: a record kept after every block
     (:mod:`lowbit.calibration._resume`; the blocks then live in its folder until written)."""
     cfg = gptq or GPTQ()
+    stacks = expert_stacks(ckpt, [n for n in targets if len(ckpt.info(n).shape) == 3])
+    source = ExpertSplit(ckpt, stacks) if stacks else ckpt  # each expert on its own
     run = gptq_weights(
-        ckpt, None, calibration or Calibration(), cfg, threads=threads, progress=progress,
-        compute=compute, targets=targets, rounded=rounded, resume=resume,
+        source, None, calibration or Calibration(), cfg, threads=threads, progress=progress,
+        compute=compute, targets=split_targets(targets, stacks), rounded=rounded,
+        resume=resume,
     )  # fmt: skip
-    done = {n: w for n, w in run.weights.items() if run.methods.get(n) == "gptq"}
+    # GPTQ's tensors, read one at a time when written (run.weights keeps them on disk)
+    done: Mapping[str, Any] = _Subset(run.weights, [n for n in run.weights
+                                                    if run.methods.get(n) == "gptq"])  # fmt: skip
     errs = [run.layers[n] for n in done if n in run.layers]
     mean = {k: float(np.mean([e[k] for e in errs])) if errs else 0.0 for k in ("rtn", "gptq")}
+    gptq_tensors = len(done)
+    if stacks:  # the experts' bytes as the stacks the GGUF stores
+        done = Stacks(done, ckpt, stacks, targets)
     record = {
         **cfg.to_dict(),
-        "gptq_tensors": len(done),
+        "gptq_tensors": gptq_tensors,
         "importance": "importance matrix" if importance else "diag(H)",
         "mean_error": mean,
         "layers": run.layers,
@@ -148,6 +157,25 @@ def gptq_onto(
         "seconds": run.seconds,
     }
     return done, record
+
+
+class _Subset(Mapping[str, Any]):
+    """The named entries of a mapping, each read from it when asked for."""
+
+    def __init__(self, base: Mapping[str, Any], names: Sequence[str]) -> None:
+        self._base, self._names = base, list(names)
+        self._set = set(self._names)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._set:
+            raise KeyError(name)
+        return self._base[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def _resume_record(out: Path, cfg: GPTQ | None, resume: bool | None) -> Resume | None:

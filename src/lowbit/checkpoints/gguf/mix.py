@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit.checkpoints.gguf.expert_split import expert_stacks
 from lowbit.checkpoints.gguf.writer import GGUFTensor, metadata_source, write_gguf
 from lowbit.checkpoints.steps import raw_bytes
 from lowbit.errors import LowbitError
@@ -121,15 +122,18 @@ def gguf_targets(
     ckpt: Any, types: Mapping[str, str], vectors: Mapping[str, np.ndarray] | None = None
 ) -> dict[str, GgmlTarget]:
     """What GPTQ rounds onto when ``types`` (tensor -> GGUF type: a mix's, a solved budget's)
-    are written: every 2-D tensor requantized to a type with per-block scales
-    (:data:`lowbit.ggml.grids.GPTQ_TYPES`, :data:`lowbit.methods._iq_gptq.IQ_TYPES`), with
-    its importance vector where ``vectors`` has one (else GPTQ uses its Hessian's diagonal).
+    are written: every 2-D tensor and every expert stack (``blk.L.ffn_up_exps.weight``, each
+    expert GPTQ'd on its own: :mod:`lowbit.checkpoints.gguf.expert_split`) requantized to a
+    type with per-block scales (:data:`lowbit.ggml.grids.GPTQ_TYPES`,
+    :data:`lowbit.methods._iq_gptq.IQ_TYPES`), with its importance vector where ``vectors``
+    has one (else GPTQ uses its Hessian's diagonal).
     """
     out = {}
+    stacks = expert_stacks(ckpt, [n for n in types if len(ckpt.info(n).shape) == 3])
     for name, t in types.items():
         info = ckpt.info(name)
         gptq = t in grids.GPTQ_TYPES or t in IQ_TYPES
-        if len(info.shape) == 2 and gptq and t != info.dtype.upper():
+        if (len(info.shape) == 2 or name in stacks) and gptq and t != info.dtype.upper():
             out[name] = GgmlTarget(t, (vectors or {}).get(name))
     return out
 
