@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "lowbit gptq": [py, "-m", "lowbit.cli", "quantize", str(src), "--out-format", "mlx",
             "--q-bits", b, "--q-group-size", g, "--method", "gptq", "--calib-samples", n,
             "--calib-len", L, "--no-progress", "--overwrite", "--out"],
-        "lowbit gptq, edge rule": [py, "-m", "lowbit.cli", "quantize", str(src), "--out-format",
+        "lowbit gptq (edge rule)": [py, "-m", "lowbit.cli", "quantize", str(src), "--out-format",
             "mlx", "--q-bits", b, "--q-group-size", g, "--method", "gptq", "--scale-method",
             "absmax", "--calib-samples", n, "--calib-len", L, "--no-progress", "--overwrite",
             "--out"],
