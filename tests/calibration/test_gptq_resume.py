@@ -92,6 +92,16 @@ def _stop_after(monkeypatch: pytest.MonkeyPatch, block: int) -> None:
     monkeypatch.setattr(Resume, "save", save_then_die)
 
 
+def _blocks_saved(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The blocks whose records are saved from now on, in order (the ones calibrated)."""
+    calibrated: list[int] = []
+    save = Resume.save
+    monkeypatch.setattr(
+        Resume, "save", lambda self, i, *a: (calibrated.append(i), save(self, i, *a))
+    )
+    return calibrated
+
+
 @pytest.mark.parametrize("block", [0, 2, 3])
 def test_stopped_after_a_block_resumes_to_the_same_bytes(
     model: Path, reference: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -107,11 +117,7 @@ def test_stopped_after_a_block_resumes_to_the_same_bytes(
     assert not out.exists()
     rec = json.loads((resume_folder(out) / "record.json").read_text())
     assert rec["block"] == block
-    calibrated: list[int] = []
-    save = Resume.save
-    monkeypatch.setattr(
-        Resume, "save", lambda self, i, *a: (calibrated.append(i), save(self, i, *a))
-    )
+    calibrated = _blocks_saved(monkeypatch)
     _quantize(model, out, resume=True)
     assert calibrated == list(range(block + 1, 4))
     assert _files(out) == reference
@@ -320,11 +326,7 @@ def test_gguf_mix_stopped_after_a_block_resumes_to_the_same_bytes(
             _gguf(model, out)
     assert not out.exists()
     assert json.loads((resume_folder(out) / "record.json").read_text())["block"] == block
-    calibrated: list[int] = []
-    save = Resume.save
-    monkeypatch.setattr(
-        Resume, "save", lambda self, i, *a: (calibrated.append(i), save(self, i, *a))
-    )
+    calibrated = _blocks_saved(monkeypatch)
     _gguf(model, out, resume=True)
     assert calibrated == list(range(block + 1, 2))
     assert out.read_bytes() == (tmp_path / "ref.gguf").read_bytes()

@@ -282,6 +282,8 @@ def test_block_measure_uses_the_rounder(salient: tuple[Any, Path, Path]) -> None
         (["--budget", "lots"], "stored bits per quantized weight"),
         (["--size", "1KB", "--candidates", "2bit-g64"], "below the smallest candidates"),
         (["--budget", "3.5", "--measure", "proxy"], "--measure block); no proxy"),
+        (["--budget", "3.5", "--scale-method", "percentile"], "does not apply to --out-format"),
+        (["--budget", "3.5", "--scale-method", "mse"], "chooses GPTQ's MLX group scales"),
     ],
 )
 def test_cli_budget_bad_input(

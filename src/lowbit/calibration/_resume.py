@@ -312,6 +312,17 @@ class Resume:
         self.close()
         remove_record(self.folder)
 
+    def __enter__(self) -> Resume:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """The run's end: an error (or an interrupt) keeps the record for the next run and
+        releases the lock; a run whose output is whole removes the record."""
+        if exc_type is None:
+            self.remove()
+        else:
+            self.close()
+
 
 def remove_record(folder: str | os.PathLike[str]) -> None:
     """Delete a resume folder lowbit marked (anything else is left alone)."""

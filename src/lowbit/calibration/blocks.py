@@ -111,6 +111,7 @@ def _locate_rounded(
     before: dict[str, str] = {}
     lead = prefix + "."
     todo = {n: SimpleNamespace(shape=tuple(ckpt.info(n).shape)) for n in names}
+    head = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
     for name in todo:
         path = _module_name(net, ckpt, name)
         if path is None or path.startswith(lead):
@@ -119,8 +120,7 @@ def _locate_rounded(
             mod = net.get_submodule(path)
         except AttributeError:
             continue
-        out = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
-        if not isinstance(mod, torch.nn.Embedding) or mod is out:
+        if not isinstance(mod, torch.nn.Embedding) or mod is head:
             continue
         if param_shape(net, path + ".weight") == todo[name].shape:
             before[path] = name

@@ -427,8 +427,12 @@ def _fingerprint(
     def scheme(s: Any) -> Any:
         if hasattr(s, "to_dict"):
             return s.to_dict()
-        if hasattr(s, "key"):  # a llama.cpp block type: its importance vector's bytes too
-            return hashlib.sha256(repr(s.key()).encode()).hexdigest()
+        if hasattr(s, "key"):  # a llama.cpp or MLX grid: its importance vector's bytes too
+            h = hashlib.sha256()
+            for part in s.key():
+                h.update(part if isinstance(part, bytes) else repr(part).encode())
+                h.update(b"\0")
+            return h.hexdigest()
         return repr(s)
 
     plan = {n: [scheme(t.scheme), t.method] for n, t in sorted(todo.items())}

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         method=_method(args, method),
         calibration=calibration_of(args) if method != "rtn" else None, threads=args.threads,
         compute=_common.compute_option(args.compute), overwrite=args.overwrite,
-        copy_code=args.copy_code, progress=progress, scale_method=_scale_method(args),
+        copy_code=args.copy_code, progress=progress, scale_method=args.scale_method,
     )  # fmt: skip
     result, record = res.details, res.method
     if args.json:
@@ -111,16 +111,6 @@ def run(args: argparse.Namespace) -> int:
         f"  load: mlx_lm.load({str(out)!r})    evaluate: lowbit eval {args.model or 'smollm2'} {out}"
     )
     return 0
-
-
-def _scale_method(args: argparse.Namespace) -> str | None:
-    sm = getattr(args, "scale_method", None)
-    if sm not in (None, "mse", "absmax"):
-        raise LowbitError(
-            f"--scale-method {sm} does not apply to --out-format mlx: GPTQ's group scales are "
-            "searched (mse, the default) or MLX's edge rule (absmax)"
-        )
-    return sm
 
 
 def _method(args: argparse.Namespace, method: str) -> str | GPTQ | AWQ:
@@ -172,7 +162,7 @@ def _budget(args: argparse.Namespace, method: str) -> int:
         scan_text=args.calib, scan_samples_count=samples, scan_length=length,
         overwrite=args.overwrite, threads=args.threads,
         compute=_common.compute_option(args.compute), progress=progress, dry_run=args.dry_run,
-        measure=measure, copy_code=args.copy_code, scale_method=_scale_method(args),
+        measure=measure, copy_code=args.copy_code, scale_method=args.scale_method,
     )  # fmt: skip
     doc = res.details
     if args.json:

@@ -178,13 +178,17 @@ class _Subset(Mapping[str, Any]):
         return len(self._names)
 
 
-def _resume_record(out: Path, cfg: GPTQ | None, resume: bool | None) -> Resume | None:
-    """The resume record a GPTQ run keeps beside ``out`` (None: no GPTQ, or ``resume=False``)."""
+@contextlib.contextmanager
+def _resume_record(out: Path, cfg: GPTQ | None, resume: bool | None) -> Iterator[Resume | None]:
+    """The resume record a GPTQ run keeps beside ``out`` while it runs (None: no GPTQ, or
+    ``resume=False``): kept if the run fails or is stopped, removed once the output is whole."""
     if resume and cfg is None:
         raise LowbitError("--resume continues a GPTQ run (--method gptq); this run has no GPTQ")
     if cfg is None or resume is False:
-        return None
-    return Resume(resume_folder(out), require=resume is True)
+        yield None
+        return
+    with Resume(resume_folder(out), require=resume is True) as kept:
+        yield kept
 
 
 def _imatrix(imatrix: Path_ | Vectors | None) -> tuple[Vectors | None, str | None]:
@@ -292,8 +296,7 @@ def gguf_mix(
         seconds: dict[str, float] = {}
         if cfg is not None and out_path.exists() and not overwrite:  # before the calibration
             raise LowbitError(f"{out_path} exists; pass overwrite=True to replace it")
-        kept = _resume_record(out_path, cfg, resume)
-        try:
+        with _resume_record(out_path, cfg, resume) as kept:
             if cfg is not None:
                 t0 = time.perf_counter()
                 targets = gptq_targets(source, m.name, imatrix=imat, **options)
@@ -306,11 +309,6 @@ def gguf_mix(
                 source, out_path, m.name, imatrix=imat, overwrite=overwrite, progress=progress,
                 weights=done, **options,
             )  # fmt: skip
-        finally:
-            if kept is not None:
-                kept.close()  # the lock (a kill leaves the record for the next run)
-        if kept is not None:
-            kept.remove()  # the output is whole: nothing to resume
     seconds["write"] = result["seconds"]
     if record is not None:
         result["method"] = record
@@ -465,8 +463,7 @@ def gguf_budget(
         nbytes = plan.file_bytes
         if not dry_run:
             done = None
-            kept = _resume_record(out_path, cfg, resume)
-            try:
+            with _resume_record(out_path, cfg, resume) as kept:
                 if cfg is not None:  # onto the types the trials chose
                     targets = gguf_targets(source, plan.types, vectors)
                     done, doc["method"] = gptq_onto(
@@ -479,11 +476,6 @@ def gguf_budget(
                     source, out_path, plan, vectors=vectors, overwrite=overwrite,
                     progress=progress, weights=done,
                 )  # fmt: skip
-            finally:
-                if kept is not None:
-                    kept.close()
-            if kept is not None:
-                kept.remove()
             seconds["write"] = written["seconds"]
             doc = {"path": written["path"], "bytes": written["bytes"], **doc}
             nbytes = int(written["bytes"])

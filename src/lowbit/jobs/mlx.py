@@ -61,6 +61,24 @@ def mlx_params(
     return MLXParams(mode=mode or "affine", bits=bits, group_size=group_size), recipe
 
 
+def check_scale_method(scale_method: str | None, method: Any) -> None:
+    """``scale_method`` as the MLX output takes it: ``mse`` or ``absmax``, for GPTQ only.
+
+    Raises:
+        LowbitError: another scale method, or one beside round to nearest or AWQ.
+    """
+    if scale_method not in (None, "mse", "absmax"):
+        raise LowbitError(
+            f"--scale-method {scale_method} does not apply to --out-format mlx: GPTQ's group "
+            "scales are searched (mse, the default) or MLX's edge rule (absmax)"
+        )
+    if scale_method is not None and (isinstance(method, AWQ) or method in ("rtn", "awq")):
+        raise LowbitError(
+            "--scale-method chooses GPTQ's MLX group scales (--method gptq); round to nearest "
+            "and AWQ round as mx.quantize does"
+        )
+
+
 def quantize_to_mlx(
     model: Any,
     out: str | os.PathLike[str],
@@ -111,16 +129,7 @@ def quantize_to_mlx(
             f"--method {method}: lowbit's MLX output rounds to nearest as mlx_lm.convert does, "
             "or with --method gptq or awq onto the same affine grids"
         )
-    if scale_method not in (None, "mse", "absmax"):
-        raise LowbitError(
-            f"scale method {scale_method!r}: MLX's GPTQ searches its group scales (mse) or "
-            "takes MLX's edge rule (absmax)"
-        )
-    if scale_method is not None and (isinstance(method, AWQ) or method in ("rtn", "awq")):
-        raise LowbitError(
-            "--scale-method chooses GPTQ's MLX group scales (--method gptq); round to nearest "
-            "and AWQ round as mx.quantize does"
-        )
+    check_scale_method(scale_method, method)
     params = params or MLXParams()
     out_path = Path(out)
     done = record = None

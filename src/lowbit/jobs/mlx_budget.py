@@ -40,7 +40,7 @@ from lowbit.checkpoints.tokenizer import build_tokenizer
 from lowbit.errors import LowbitError
 from lowbit.evaluation.gguf_sensitivity import gguf_block_sensitivity, gguf_sensitivity
 from lowbit.evaluation.scan_samples import scan_samples
-from lowbit.jobs.mlx import mlx_params, quantize_to_mlx
+from lowbit.jobs.mlx import check_scale_method, mlx_params, quantize_to_mlx
 from lowbit.jobs.results import QuantizeResult
 from lowbit.jobs.sources import open_source
 from lowbit.methods.awq import AWQ
@@ -122,6 +122,7 @@ def mlx_budget(
         raise LowbitError("give size (bytes) or bits_per_weight, one of them")
     if measure not in ("exact", "block"):
         raise LowbitError(f"measure must be 'exact' or 'block', got {measure!r}")
+    check_scale_method(scale_method, method)  # before the trials, not after
     cands = parse_candidates(candidates or DEFAULT_CANDIDATES)
     ckpt = open_model(model)
     check_unrotated(ckpt)
