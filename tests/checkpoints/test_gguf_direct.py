@@ -186,7 +186,7 @@ def test_gptq_reaches_every_expert_of_a_gguf_stack(tiny: Path, tmp_path: Path, n
     from lowbit.calibration.data import Calibration
 
     pytest.importorskip("torch")
-    cal = Calibration(samples=4, length=32, experts="all")
+    cal = Calibration(samples=2, length=16, experts="all")
     out = tmp_path / "q.gguf"
     res = gguf_mix(tiny / name, "q8_0", out, method="gptq", calibration=cal, progress=False)
     assert res.method is not None
