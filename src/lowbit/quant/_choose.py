@@ -49,6 +49,37 @@ def round_scale(s64: np.ndarray, scale_format: str) -> np.ndarray:
     return np.where((s == 0) & (s64 > 0), tiny, s).astype(np.float32)
 
 
+#: IEEE binary formats as unsigned words: (word type, magnitude mask, +inf's word)
+_WORDS = {
+    "float64": (np.uint64, 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+    "float32": (np.uint32, 0x7FFF_FFFF, 0x7F80_0000),
+    "float16": (np.uint16, 0x7FFF, 0x7C00),
+    "bfloat16": (np.uint16, 0x7FFF, 0x7F80),
+}
+_AMAX_CHUNK = 1 << 22  # elements per step: a few MB of temporaries
+
+
+def finite_amax(arr: np.ndarray) -> np.float32:
+    """The largest finite ``|value|`` of ``arr`` as float32 (0 when there is none), exactly
+    ``float32(max(abs(arr[isfinite(arr)])))``, read in place from the stored words: with the
+    sign bit cleared an IEEE float's word orders as its magnitude and the non-finite ones are
+    those from +inf's word up. No float copy of the tensor is made (NVFP4's tensor scale of a
+    bfloat16 ``gate_proj`` read 235 MB of float32 temporaries three times over before)."""
+    words = _WORDS.get(arr.dtype.name) if arr.dtype.isnative else None
+    if words is None:  # another dtype: the float32/float64 route
+        a = np.asarray(arr, dtype=np.float64)
+        finite = a[np.isfinite(a)]
+        return np.float32(np.max(np.abs(finite))) if finite.size else np.float32(0)
+    utype, mask, inf = words
+    flat = arr.reshape(-1).view(utype)
+    best = 0
+    for i in range(0, flat.size, _AMAX_CHUNK):
+        w = flat[i : i + _AMAX_CHUNK] & utype(mask)
+        w[w >= utype(inf)] = 0
+        best = max(best, int(w.max(initial=0)))
+    return np.float32(np.array([best], dtype=utype).view(arr.dtype)[0])
+
+
 def own_tensor_scale(arr: np.ndarray, scheme: Scheme) -> np.float32:
     """The float32 tensor scale of a two-level scheme (NVFP4): ``scale_max * element_max /
     amax`` computed in float32 as compressed-tensors' ``generate_gparam`` does, i.e.
@@ -58,8 +89,7 @@ def own_tensor_scale(arr: np.ndarray, scheme: Scheme) -> np.float32:
     Raises:
         LowbitError: a nonzero tensor so small that the tensor scale overflows float32.
     """
-    finite = arr[np.isfinite(arr)] if not np.isfinite(arr).all() else arr
-    amax = np.float32(np.max(np.abs(finite))) if finite.size else np.float32(0)
+    amax = finite_amax(arr)
     top = np.float32(lookup(scheme.scale_format).max * scheme.element_format.max)
     if amax == 0:
         return np.float32(1.0)

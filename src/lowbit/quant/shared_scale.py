@@ -25,7 +25,13 @@ def tensor_scale_of(x: Any, scheme: Scheme) -> np.float32:
     """
     if not isinstance(scheme, Scheme) or not scheme.tensor_scale:
         raise LowbitError("tensor_scale_of needs a two-level scheme such as nvfp4")
+    if isinstance(x, np.ndarray) and x.dtype.name in _STORED:  # read in place: no copy
+        return own_tensor_scale(x, scheme)
     return own_tensor_scale(_as_input(x)[0], scheme)
+
+
+#: dtypes whose largest magnitude :func:`~lowbit.quant._choose.finite_amax` reads in place
+_STORED = ("float64", "float32", "float16", "bfloat16")
 
 
 def quantize_shared_tensor_scale(xs: Any, scheme: Scheme, **kw: Any) -> list[QuantizedTensor]:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from lowbit._arrays import ml_dtype
 from lowbit.checkpoints.io.arrays import as_numpy
 from lowbit.errors import LowbitError
 
@@ -100,6 +99,25 @@ def _scalar(v: Any) -> np.float32 | None:
     return np.float32(a[0]) if a.size == 1 and np.isfinite(a[0]) and a[0] > 0 else None
 
 
+def e4m3_values(scale: np.ndarray) -> bool:
+    """Whether every one of ``scale`` (float32) is a finite float8_e4m3fn value,
+    from its bits, without a round trip through float8 (ml_dtypes' cast: 37 ns a value, a
+    second for an 8B layer's gate/up scales): a normal one (2^-6 .. 448) keeps 3 of float32's
+    23 mantissa bits, a subnormal one is a multiple of 2^-9 below 2^-6."""
+    s = np.ascontiguousarray(scale, dtype=np.float32).reshape(-1)
+    for i in range(0, s.size, 1 << 22):
+        c = np.abs(s[i : i + (1 << 22)])
+        if not bool(np.all(c <= np.float32(448.0))):
+            return False
+        normal = c >= np.float32(2.0**-6)
+        if np.any((c.view(np.uint32) & np.uint32(0xFFFFF))[normal]):
+            return False
+        sub = c[~normal] * np.float32(512.0)  # exact: a power of two
+        if np.any(sub != np.floor(sub)):
+            return False
+    return True
+
+
 def checked_fp4(
     t: Any, codes: np.ndarray, strategy: str, bad: Callable[[str], LowbitError]
 ) -> tuple[np.ndarray, np.ndarray, None]:
@@ -131,8 +149,7 @@ def checked_fp4(
     if nv:
         if _scalar(t.global_scale) is None:
             raise bad("the global scale must be one positive finite float32")
-        fp8 = ml_dtype("float8_e4m3fn")
-        if not np.array_equal(scale.astype(fp8).astype(np.float32), scale):
+        if not e4m3_values(scale):
             raise bad("NVFP4 group scales must be float8_e4m3fn values")
     elif not np.array_equal(e8m0_scales(e8m0_bytes(scale)), scale):
         raise bad("MXFP4 scales must be powers of two in 2**-127..2**127 (E8M0)")
