@@ -78,7 +78,8 @@ def _run(cmd: list[str], log: Path, kill_after: float | None) -> dict:
     seconds (None: never). Peak RSS and CPU seconds are sampled from /proc every 0.2 s, so a
     killed process counts too."""
     t0 = time.monotonic()
-    line = " ".join(shlex.quote(c) for c in cmd)
+    # a terminal of 0 columns (script's, without one of its own) would hide tqdm's bars
+    line = "stty cols 160 rows 50; exec " + " ".join(shlex.quote(c) for c in cmd)
     proc = subprocess.Popen(
         ["script", "-qfec", line, str(log)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
