@@ -59,8 +59,10 @@ def _tree(root: int) -> list[int]:
     return tree
 
 
-def _sample(pids: list[int], seen: dict[int, tuple[float, float]]) -> None:
-    """Each process's peak RSS (VmHWM, GB) and CPU seconds so far, into ``seen``."""
+def _sample(pids: list[int], seen: dict[int, tuple[float, float, float]]) -> None:
+    """Each process's peak RSS (VmHWM, GB), CPU seconds so far and the largest anonymous RSS
+    sampled (RssAnon, GB: RSS without the pages of memory-mapped files, which the source's
+    safetensors are), into ``seen``."""
     tick = os.sysconf("SC_CLK_TCK")
     for pid in pids:
         try:
@@ -68,8 +70,10 @@ def _sample(pids: list[int], seen: dict[int, tuple[float, float]]) -> None:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        hwm = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("VmHWM")), "0")
-        seen[pid] = (int(hwm) * 1024 / 1e9, (int(fields[11]) + int(fields[12])) / tick)
+        kb = {ln.split(":")[0]: ln.split()[1] for ln in status.splitlines() if "kB" in ln}
+        anon = max(int(kb.get("RssAnon", 0)) * 1024 / 1e9, seen.get(pid, (0, 0, 0))[2])
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        seen[pid] = (int(kb.get("VmHWM", 0)) * 1024 / 1e9, cpu, anon)
 
 
 def _run(cmd: list[str], log: Path, kill_after: float | None) -> dict:
@@ -84,7 +88,7 @@ def _run(cmd: list[str], log: Path, kill_after: float | None) -> dict:
         ["script", "-qfec", line, str(log)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    seen: dict[int, tuple[float, float]] = {}
+    seen: dict[int, tuple[float, float, float]] = {}
     killed = False
     while proc.poll() is None:
         tree = _tree(proc.pid)
@@ -102,8 +106,9 @@ def _run(cmd: list[str], log: Path, kill_after: float | None) -> dict:
     tail = log.read_bytes()[-2000:].decode("utf-8", "replace").replace("\r", "\n")
     return {
         "wall_s": round(time.monotonic() - t0, 1),
-        "cpu_s": round(sum(c for _, c in seen.values()), 1),
-        "peak_rss_gb": round(max((r for r, _ in seen.values()), default=0.0), 2),
+        "cpu_s": round(sum(c for _, c, _ in seen.values()), 1),
+        "peak_rss_gb": round(max((r for r, _, _ in seen.values()), default=0.0), 2),
+        "peak_anon_gb": round(max((a for _, _, a in seen.values()), default=0.0), 2),
         "killed": killed,
         "returncode": None if killed else proc.returncode,
         "log": str(log),
@@ -150,6 +155,7 @@ def main() -> None:
         "wall_s": round(time.monotonic() - t0, 1),
         "cpu_s": round(sum(r["cpu_s"] for r in runs), 1),
         "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
+        "peak_anon_gb": max(r["peak_anon_gb"] for r in runs),
         "returncode": runs[-1]["returncode"],
     }
     if out.exists() and out.is_file():

@@ -50,7 +50,7 @@ def test_a_killed_job_is_gone_with_its_children(
     time.sleep(0.5)
     stat = Path(f"/proc/{pid}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX"
-    assert run["peak_rss_gb"] >= 0.3
+    assert run["peak_rss_gb"] >= 0.3 and run["peak_anon_gb"] >= 0.3
     assert run["cpu_s"] > 0
 
 
