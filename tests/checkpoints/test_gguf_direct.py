@@ -232,3 +232,36 @@ def test_expert_without_a_result_is_rounded_as_llama_cpp(tiny: Path, tmp_path: P
     per = vec.reshape(W.shape[0], -1)
     for e in range(1, W.shape[0]):
         assert got[e].tobytes() == blocks.quantize(W[e], "Q8_0", imatrix=per[e]).tobytes()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-mixtral"])
+def test_later_blocks_expert_stacks_wait_their_turn(tiny: Path, tmp_path: Path, name: str) -> None:
+    """GPTQ's model build defers every block after the first, expert stacks included (a GGUF
+    stack fills all of its block's experts: before, the stacks were read at once, 26 GB of
+    float32 for the generated 64-expert 7B model); each block's experts come back with the
+    block, equal to an eager build's."""
+    torch = pytest.importorskip("torch")
+    from lowbit.calibration._memory import _Deferred, _later_block
+    from lowbit.calibration.gptq import _find_blocks
+    from lowbit.models.build import build_model
+
+    path = _converted(tiny / name, tmp_path / "m.gguf")
+    with open_checkpoint(path) as ckpt:
+        want = build_model(ckpt, progress=False).state_dict()
+        model = build_model(ckpt, progress=False, defer=_later_block)
+        prefix, blocks = _find_blocks(model)
+        later = [k for k in model.lowbit_deferred if ".experts." in k]
+        n_later = len(blocks) - 1
+        assert n_later >= 1
+        per_block = [k for k in want if ".experts." in k and ".layers.1." in k]
+        assert per_block and len(later) == n_later * len(per_block)
+        assert all(p.numel() == 0 for n, p in blocks[1].named_parameters() if "experts" in n)
+        deferred = _Deferred(model, ckpt, prefix)
+        with torch.inference_mode():
+            for i in range(1, len(blocks)):
+                deferred.restore(i)
+        for k, v in model.state_dict().items():
+            if k == "lm_head.weight":
+                continue
+            assert torch.equal(v, want[k]), k
