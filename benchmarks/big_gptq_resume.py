@@ -71,9 +71,11 @@ def _sample(pids: list[int], seen: dict[int, tuple[float, float, float]]) -> Non
         except OSError:
             continue
         kb = {ln.split(":")[0]: ln.split()[1] for ln in status.splitlines() if "kB" in ln}
-        anon = max(int(kb.get("RssAnon", 0)) * 1024 / 1e9, seen.get(pid, (0, 0, 0))[2])
-        cpu = (int(fields[11]) + int(fields[12])) / tick
-        seen[pid] = (int(kb.get("VmHWM", 0)) * 1024 / 1e9, cpu, anon)
+        # the largest of each seen (an exiting process's status has no memory lines left)
+        old = seen.get(pid, (0.0, 0.0, 0.0))
+        hwm = max(int(kb.get("VmHWM", 0)) * 1024 / 1e9, old[0])
+        cpu = max((int(fields[11]) + int(fields[12])) / tick, old[1])
+        seen[pid] = (hwm, cpu, max(int(kb.get("RssAnon", 0)) * 1024 / 1e9, old[2]))
 
 
 def _run(cmd: list[str], log: Path, kill_after: float | None) -> dict:
