@@ -265,3 +265,37 @@ def test_later_blocks_expert_stacks_wait_their_turn(tiny: Path, tmp_path: Path, 
             if k == "lm_head.weight":
                 continue
             assert torch.equal(v, want[k]), k
+
+
+@pytest.mark.torch
+def test_experts_sharing_a_hessian_solve_in_parts_to_the_same_bytes(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every token through every expert all experts of a block share one Hessian; GPTQ
+    solves them in parts of whole experts (bounded memory: one stacked solve of a 64-expert
+    block's gate/up took 13 GB) and writes the bytes of one stacked solve."""
+    import lowbit.calibration.gptq as cg
+    from lowbit.calibration.data import Calibration
+
+    pytest.importorskip("torch")
+    cal = Calibration(samples=2, length=16, experts="all")
+    seen: list[int] = []
+    parts = cg._expert_parts
+
+    def spy(group: list[str], mine: dict[str, str], ckpt: object) -> list[list[str]]:
+        out = parts(group, mine, ckpt)
+        seen.append(len(out))
+        return out
+
+    monkeypatch.setattr(cg, "_expert_parts", spy)
+    gguf_mix(tiny / "tiny-qwen3moe", "q8_0", tmp_path / "whole.gguf", method="gptq",
+             calibration=cal, progress=False)  # fmt: skip
+    assert max(seen) == 1  # the tiny experts fit one part
+    seen.clear()
+    monkeypatch.setattr(cg, "_EXPERT_PART_BYTES", 1)  # one expert per part
+    gguf_mix(tiny / "tiny-qwen3moe", "q8_0", tmp_path / "parts.gguf", method="gptq",
+             calibration=cal, progress=False)  # fmt: skip
+    with open_checkpoint(tiny / "tiny-qwen3moe") as hf:
+        n_exp = int(hf.config["num_experts"])
+    assert max(seen) == n_exp
+    assert (tmp_path / "whole.gguf").read_bytes() == (tmp_path / "parts.gguf").read_bytes()

@@ -40,11 +40,15 @@ def expert_stacks(ckpt: Any, names: Any) -> dict[str, list[str]]:
     return out
 
 
+#: expert stacks an :class:`ExpertSplit` keeps in float32 (gate and up)
+_HELD = 2
+
+
 class ExpertSplit(Checkpoint):
     """A GGUF checkpoint whose expert stacks can also be read expert by expert, under the
     transformers checkpoint's per-expert names (every other name and attribute is the base's).
-    The last stack read is kept (GPTQ reads a stack's experts one after another): memory of
-    one stack in float32."""
+    The last two stacks read are kept (GPTQ reads a block's gate and up experts in turn):
+    memory of two stacks in float32 (0.5 GB each for a 64-expert block of width 2,048)."""
 
     def __init__(self, base: Any, stacks: Mapping[str, list[str]]) -> None:
         super().__init__()
@@ -52,7 +56,7 @@ class ExpertSplit(Checkpoint):
         self.path, self.format = base.path, base.format
         self.metadata, self.config = base.metadata, base.config
         self._where = {n: (s, e) for s, experts in stacks.items() for e, n in enumerate(experts)}
-        self._held: tuple[str, np.ndarray] | None = None
+        self._held: dict[str, np.ndarray] = {}  # the last stacks read, at most _HELD
 
     def __getattr__(self, attr: str) -> Any:  # the base's readers (tokenizer fields ...)
         if attr == "base":
@@ -75,16 +79,19 @@ class ExpertSplit(Checkpoint):
         if name not in self._where:
             return self.base.get(name, dtype)
         stack, e = self._where[name]
-        if self._held is None or self._held[0] != stack:
-            self._held = None  # one stack at a time
-            self._held = (stack, np.asarray(self.base.get(stack, np.float32)))
-        arr = self._held[1][e]
+        if stack not in self._held:
+            # gate and up alternate expert by expert (one Hessian): two stacks held, or each
+            # read would convert a whole stack again (128 times a block at 64 experts)
+            while len(self._held) >= _HELD:
+                del self._held[next(iter(self._held))]
+            self._held[stack] = np.asarray(self.base.get(stack, np.float32))
+        arr = self._held[stack][e]
         return arr if dtype is None else arr.astype(dtype)
 
     def close(self) -> None:
         """Drop the held stack and the base's memory maps (GPTQ closes the checkpoint between
         blocks so that pages it read stop counting as resident; it reopens them on use)."""
-        self._held = None
+        self._held = {}
         self.base.close()
         super().close()
 
