@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu
+from lowbit.calibration._resume import resume_folder
 
 
 def _sha256(path: Path) -> str:
@@ -146,7 +147,7 @@ def main() -> None:
         run = _run(cmd, Path(f"{out}.log{len(runs)}"), kill_after)
         runs.append(run)
         print(json.dumps({k: run[k] for k in run if k != "log"}), flush=True)
-        record = out.parent / f".{out.name}.lowbit-resume"
+        record = resume_folder(out)
         if not run["killed"] or (out.exists() and not record.exists()):
             break  # done (a kill that came after the output was whole ends the job too)
     res: dict = {

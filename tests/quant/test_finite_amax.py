@@ -72,10 +72,10 @@ def test_tensor_scale_of_stored_bf16_is_the_float32_ones() -> None:
     assert tensor_scale_of(w.astype(np.float32), scheme).tobytes() == want.tobytes()
 
 
-def test_e4m3_values_is_the_float8_round_trip() -> None:
+def test_all_e4m3_is_the_float8_round_trip() -> None:
     """Every float8_e4m3fn value and its float32 neighbours, and random float32 words: the
     bit test says what the round trip through ml_dtypes' float8 says."""
-    from lowbit.checkpoints.compressed_tensors.fp4 import e4m3_values
+    from lowbit.checkpoints.compressed_tensors.fp4 import all_e4m3
 
     fp8 = ml_dtypes.float8_e4m3fn
     every = np.arange(256, dtype=np.uint8).view(fp8).astype(np.float32)
@@ -89,7 +89,7 @@ def test_e4m3_values_is_the_float8_round_trip() -> None:
     cases = np.concatenate([cases, np.float32([np.nan, np.inf, -np.inf, 480.0, 464.0, 2.0**-10])])
     with np.errstate(invalid="ignore", over="ignore"):
         want = cases.astype(fp8).astype(np.float32) == cases
-    got = np.array([e4m3_values(c.reshape(1)) for c in cases])
+    got = np.array([all_e4m3(c.reshape(1)) for c in cases])
     assert np.array_equal(got, want)
     assert want.sum() > 1000 and (~want).sum() > 1000  # both kinds are exercised
-    assert e4m3_values(every) and not e4m3_values(np.append(every, np.float32(0.3)))
+    assert all_e4m3(every) and not all_e4m3(np.append(every, np.float32(0.3)))

@@ -432,14 +432,14 @@ def _expert_parts(group: list[str], mine: dict[str, str], ckpt: Any) -> list[lis
     the codes are the same; before, the 64 gate/up pairs of a 64-expert block were one
     stacked solve of 2.1 GB of float64 weights, held four times over (a one-block folder of
     the generated 7B-class model peaked at 14.9 GB of anonymous memory; 5.1 GB in parts)."""
-    experts = [m for m in group if expert_of(mine[m])]
-    if len(experts) <= 2:
-        return [group]
+    which = {m: expert_of(mine[m]) for m in group}
     by_expert: dict[int, list[str]] = {}
-    for m in experts:
-        by_expert.setdefault(expert_of(mine[m])[0], []).append(m)  # type: ignore[index]
-    rest = set(experts)
-    parts: list[list[str]] = [[m for m in group if m not in rest]]
+    for m, ex in which.items():
+        if ex is not None:
+            by_expert.setdefault(ex[0], []).append(m)
+    if len(by_expert) <= 1:
+        return [group]
+    parts: list[list[str]] = [[m for m in group if which[m] is None]]  # not an expert: a shared one
     size = 0
     for members in by_expert.values():
         nbytes = sum(8 * int(np.prod(ckpt.info(mine[m]).shape)) for m in members)

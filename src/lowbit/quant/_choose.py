@@ -57,6 +57,8 @@ _WORDS = {
     "bfloat16": (np.uint16, 0x7FFF, 0x7F80),
 }
 _AMAX_CHUNK = 1 << 22  # elements per step: a few MB of temporaries
+#: dtypes whose words :func:`finite_amax` reads as stored (no float copy)
+IN_PLACE_DTYPES = frozenset(_WORDS)
 
 
 def finite_amax(arr: np.ndarray) -> np.float32:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from lowbit.errors import LowbitError
-from lowbit.quant._choose import own_tensor_scale
+from lowbit.quant._choose import IN_PLACE_DTYPES, own_tensor_scale
 from lowbit.quant.quantized_tensor import QuantizedTensor
 from lowbit.quant.scheme import Scheme
 from lowbit.quant.tensor import _as_input, quantize
@@ -25,13 +25,9 @@ def tensor_scale_of(x: Any, scheme: Scheme) -> np.float32:
     """
     if not isinstance(scheme, Scheme) or not scheme.tensor_scale:
         raise LowbitError("tensor_scale_of needs a two-level scheme such as nvfp4")
-    if isinstance(x, np.ndarray) and x.dtype.name in _STORED:  # read in place: no copy
+    if isinstance(x, np.ndarray) and x.dtype.name in IN_PLACE_DTYPES:  # read as stored
         return own_tensor_scale(x, scheme)
     return own_tensor_scale(_as_input(x)[0], scheme)
-
-
-#: dtypes whose largest magnitude :func:`~lowbit.quant._choose.finite_amax` reads in place
-_STORED = ("float64", "float32", "float16", "bfloat16")
 
 
 def quantize_shared_tensor_scale(xs: Any, scheme: Scheme, **kw: Any) -> list[QuantizedTensor]:
@@ -44,6 +40,5 @@ def quantize_shared_tensor_scale(xs: Any, scheme: Scheme, **kw: Any) -> list[Qua
     """
     if not isinstance(scheme, Scheme) or not scheme.tensor_scale:
         raise LowbitError("quantize_shared_tensor_scale needs a two-level scheme such as nvfp4")
-    arrs = [_as_input(x)[0] for x in xs]
-    g = min(own_tensor_scale(a, scheme) for a in arrs)
+    g = min(tensor_scale_of(x, scheme) for x in xs)
     return [quantize(x, scheme, tensor_scale=g, **kw) for x in xs]

@@ -89,7 +89,7 @@ class ExpertSplit(Checkpoint):
         return arr if dtype is None else arr.astype(dtype)
 
     def close(self) -> None:
-        """Drop the held stack and the base's memory maps (GPTQ closes the checkpoint between
+        """Drop the held stacks and the base's memory maps (GPTQ closes the checkpoint between
         blocks so that pages it read stop counting as resident; it reopens them on use)."""
         self._held = {}
         self.base.close()
