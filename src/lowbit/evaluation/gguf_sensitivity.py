@@ -207,8 +207,7 @@ def _gguf_sensitivity(
                     w_hat = rounder(w, t, vectors.get(name))
                 except LowbitError as exc:
                     raise LowbitError(f"tensor {name!r} as {t}: {exc}") from None
-                with torch.no_grad():
-                    p.copy_(torch.from_numpy(weights.model_layout(name, w_hat).copy()))
+                weights.fill(p, name, w_hat)
                 with compute_context(compute):
                     d = head_trial() if is_head else runner.trial(start)  # type: ignore[misc]
                 damages[name][t] = max(0.0, float(d))

@@ -306,8 +306,7 @@ class _Scan:
 
         p = self.weights.param(t.name)
         saved = p.detach().clone()
-        with torch.no_grad():
-            p.copy_(torch.from_numpy(self.weights.model_layout(t.name, w_hat).copy()))
+        self.weights.fill(p, t.name, w_hat)
         try:
             with compute_context(self.compute):
                 return self.runner.trial(self.start_of[t.name] if cached else -1)

@@ -310,11 +310,20 @@ def dequantize(data: Any, qtype: Any) -> np.ndarray:
             f"{t.name} rows must be whole blocks of {t.size} bytes, got byte shape {raw.shape}"
         )
     blocks = np.ascontiguousarray(raw).reshape(-1, t.size)
-    with np.errstate(all="ignore"):
-        if t.name in legacy_blocks.BLOCK_BYTES:
-            vals = legacy_blocks.dequantize_legacy(blocks, t.name)
-        else:
-            vals = _DECODERS[t.name](blocks)
-    return vals.astype(np.float32, copy=False).reshape(
-        *raw.shape[:-1], raw.shape[-1] // t.size * t.block
+    decode = (
+        (lambda b: legacy_blocks.dequantize_legacy(b, t.name))
+        if t.name in legacy_blocks.BLOCK_BYTES
+        else _DECODERS[t.name]
     )
+    out = np.empty((blocks.shape[0], t.block), dtype=np.float32)
+    # blocks decode independently: in chunks of at most _CHUNK values written into ``out``
+    # (a decoder's temporaries stay tens of MB, not several times a 2 GB output head), on
+    # several threads where there are enough (lowbit._parallel)
+    step = max(1, min(_CHUNK // t.block, -(-blocks.shape[0] // threads())))
+
+    def chunk(start: int) -> None:
+        out[start : start + step] = decode(blocks[start : start + step]).reshape(-1, t.block)
+
+    with np.errstate(all="ignore"):
+        map_chunks(chunk, range(0, blocks.shape[0], step))
+    return out.reshape(*raw.shape[:-1], raw.shape[-1] // t.size * t.block)
