@@ -66,3 +66,27 @@ def test_bf16_stored_as_is() -> None:
     got = np.asarray(planned.produce())
     assert got.dtype == np.uint16
     assert np.array_equal(got, x.astype(np.float32).astype(bfloat16()).view(np.uint16))
+
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q3_K", "Q4_0", "Q5_1", "IQ4_XS", "TQ2_0"])
+def test_dequantize_in_chunks_is_one_pass(monkeypatch: pytest.MonkeyPatch, qtype: str) -> None:
+    """Decoding in chunks on the chunk threads (issue 39: an 8B head's decoders held several
+    times its 2.1 GB in temporaries) gives the values of one decoder call over every block."""
+    x = _bf16((37, 512)).astype(np.float32)
+    q = blocks.quantize(x, qtype)
+    t = blocks.ggml_type(qtype)
+    flat = q.reshape(-1, t.size)
+    if qtype in blocks.legacy_blocks.BLOCK_BYTES:
+        whole = blocks.legacy_blocks.dequantize_legacy(flat, qtype)
+    else:
+        whole = blocks._DECODERS[qtype](flat)
+    want = np.asarray(whole, dtype=np.float32).reshape(x.shape)
+    monkeypatch.setattr(blocks, "_CHUNK", 3 * t.block)  # many chunks, the last a partial one
+    got = blocks.dequantize(q, qtype)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert got.tobytes() == want.tobytes()
+    from lowbit import _parallel
+
+    with _parallel.serial():
+        assert blocks.dequantize(q, qtype).tobytes() == want.tobytes()
+    assert blocks.dequantize(q[:0], qtype).shape == (0, 512)
