@@ -17,6 +17,7 @@ deals in. The tests check this reader against ``safetensors``' own.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -124,6 +125,18 @@ class Checkpoint(ABC):
             A read-only array, memory-mapped where the stored type allows it.
         """
 
+    def prefetch(self, name: str) -> None:
+        """Ask the operating system to start reading one tensor's stored bytes now, and return
+        at once: a hint (``posix_fadvise`` WILLNEED) that reads nothing into Python, changes
+        no result, and does nothing for an unknown name, a tensor without a span of its own
+        or where the platform has no such hint. The writers give it the next tensor while
+        they round the current one, so the disk and the rounding overlap."""
+        try:
+            info = self.info(name)
+        except LowbitError:
+            return
+        _will_need(info.file, info.offset, info.nbytes)
+
     def shape(self, name: str) -> tuple[int, ...]:
         """Shape of one tensor, numpy order."""
         return self.info(name).shape
@@ -194,6 +207,23 @@ class Checkpoint(ABC):
         close = difflib.get_close_matches(str(name), self.names(), n=3, cutoff=0.6)
         hint = f"; close names: {', '.join(close)}" if close else ""
         return LowbitError(f"{self.path}: no tensor named {name!r}{hint}")
+
+
+def _will_need(file: Path, offset: int, nbytes: int) -> None:
+    """``posix_fadvise(WILLNEED)`` on a span of ``file`` (nothing where there is none)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None or offset < 0 or nbytes <= 0:
+        return
+    try:
+        fd = os.open(file, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        advise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def as_dtype(arr: np.ndarray, dtype: Any) -> np.ndarray:

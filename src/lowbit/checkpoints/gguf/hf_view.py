@@ -103,6 +103,13 @@ class ConvertedView(Checkpoint):
         arr = data.reshape(-1).view(np.uint8).view(want).reshape(info.shape)
         return readonly(as_dtype(arr, dtype))
 
+    def prefetch(self, name: str) -> None:
+        """The source tensors a converted tensor is made of, hinted to the operating system
+        (:meth:`Checkpoint.prefetch`)."""
+        source = self._sources.get(name)
+        for member in source.members if source is not None else ():
+            self.hf.prefetch(member.name)
+
     def gguf_fields(self) -> dict[str, tuple[int, bytes]]:
         """Every metadata key of the converted file as (value type, encoded value), in order."""
         return dict(self._fields)

@@ -74,6 +74,10 @@ def write_lowbit(
     }
     if method is not None:
         manifest["method"] = method
+    # read ahead: each unit, when made, hints the next unit's source tensor to the disk
+    for unit, after in zip(units, [*applied.tensors[1:], None], strict=True):
+        if after is not None and (done is None or after.name not in done):
+            unit.produce = _ahead(ckpt, after.name, unit.produce)
     lf.write_lowbit_checkpoint(
         out,
         units,
@@ -89,6 +93,17 @@ def write_lowbit(
 
 def _bind(fn: Any, *args: Any) -> Any:
     return lambda: fn(*args)
+
+
+def _ahead(ckpt: Any, name: str, produce: Any) -> Any:
+    """``produce``, which first asks the disk for tensor ``name`` (:meth:`Checkpoint.prefetch`):
+    it is read while this unit is rounded."""
+
+    def run() -> Any:
+        ckpt.prefetch(name)
+        return produce()
+
+    return run
 
 
 def _cast_dtype(name: str) -> np.dtype:
