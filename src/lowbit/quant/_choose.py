@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from lowbit._parallel import map_chunks
 from lowbit.errors import LowbitError
 from lowbit.formats.base import Format
 from lowbit.formats.catalog import format as lookup
@@ -74,11 +75,14 @@ def finite_amax(arr: np.ndarray) -> np.float32:
         return np.float32(np.max(np.abs(finite))) if finite.size else np.float32(0)
     utype, mask, inf = words
     flat = arr.reshape(-1).view(utype)
-    best = 0
-    for i in range(0, flat.size, _AMAX_CHUNK):
+
+    def chunk(i: int) -> int:
         w = flat[i : i + _AMAX_CHUNK] & utype(mask)
         w[w >= utype(inf)] = 0
-        best = max(best, int(w.max(initial=0)))
+        return int(w.max(initial=0))
+
+    # chunks on the chunk threads: a tensor read from a memory-mapped file is read here first
+    best = max(map_chunks(chunk, range(0, flat.size, _AMAX_CHUNK)), default=0)
     return np.float32(np.array([best], dtype=utype).view(arr.dtype)[0])
 
 

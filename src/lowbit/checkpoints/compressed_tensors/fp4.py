@@ -71,7 +71,7 @@ def pack_fp4(codes: np.ndarray) -> np.ndarray:
     """``[out, in]`` nibbles -> ``[out, in/2]`` bytes, even column in the low nibble
     (compressed-tensors' ``pack_fp4_to_uint8``; codes ``[1, 2]`` make byte ``0x21``)."""
     c = np.ascontiguousarray(codes, dtype=np.uint8)
-    return (c[:, 0::2] | (c[:, 1::2] << 4)).astype(np.uint8)
+    return c[:, 0::2] | (c[:, 1::2] << 4)  # uint8 throughout
 
 
 def unpack_fp4(packed: np.ndarray) -> np.ndarray:

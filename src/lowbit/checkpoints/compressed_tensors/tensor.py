@@ -8,6 +8,7 @@ The files these end up in are described in :mod:`lowbit.checkpoints.compressed_t
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,9 @@ class CTTensor:
 
     Dequantized value: ``(codes - zero_point) * scale`` for ``kind="int"``, ``codes * scale``
     for ``kind="float"``, in float32.
+
+    The arrays are held, not copied, and an fp4 weight is validated once: change a weight
+    by making a new CTTensor, not by writing into its arrays.
 
     Attributes:
         codes: ``kind="int"``: signed integer codes in ``[-2^(b-1), 2^(b-1) - 1]``, shape
@@ -159,9 +163,26 @@ def _layout(
     return (out, cols // group_size)
 
 
+#: fp4 weights already validated (a CTTensor is frozen): the writer asks three times per
+#: weight (from_quantized, planning its entries, producing them), and each check reads every
+#: code and scale. Only fp4's, whose checked codes are the tensor's own array (no copy held).
+_VALID_FP4: weakref.WeakKeyDictionary[CTTensor, tuple[np.ndarray, np.ndarray, None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _checked(t: CTTensor, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Validate ``t``; return (codes: int8/uint8 fp8 bits, scale in CT layout, zp in CT layout)."""
+    got = _VALID_FP4.get(t)
+    if got is not None:
+        return got
+    checked = _check(t, name)
+    if t.kind == "fp4":
+        _VALID_FP4[t] = checked  # type: ignore[assignment]
+    return checked
 
+
+def _check(t: CTTensor, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     def bad(msg: str) -> LowbitError:
         return LowbitError(f"compressed-tensors weight {name!r}: {msg}")
 
@@ -324,7 +345,7 @@ def _served(
                 f"compressed-tensors stores blocks of float8_e4m3fn weights with float scales; "
                 f"got {label}"
             )
-        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8), scale=np.asarray(qt.scale),
+        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8, copy=False), scale=np.asarray(qt.scale),
                      kind="float", num_bits=8, strategy="block", activations=activations,
                      block_structure=tuple(scheme.block_shape))  # fmt: skip
     elif name == "float4_e2m1fn" and getattr(scheme, "tensor_scale", False):
@@ -332,7 +353,7 @@ def _served(
             raise LowbitError(
                 f"compressed-tensors' NVFP4 is groups of 16 along the rows; got {label}"
             )
-        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8), scale=qt.group_scale,
+        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8, copy=False), scale=qt.group_scale,
                      kind="fp4", num_bits=4, group_size=16, activations=activations,
                      global_scale=np.array([qt.tensor_scale], np.float32),
                      input_global_scale=igs)  # fmt: skip
@@ -341,7 +362,7 @@ def _served(
             raise LowbitError(
                 f"compressed-tensors' MXFP4 is blocks of 32 along the rows; got {label}"
             )
-        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8), scale=np.asarray(qt.scale),
+        t = CTTensor(codes=np.asarray(qt.unpack()).astype(np.uint8, copy=False), scale=np.asarray(qt.scale),
                      kind="fp4", num_bits=4, group_size=32, activations=activations)  # fmt: skip
     else:
         return None
