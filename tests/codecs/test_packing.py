@@ -107,3 +107,30 @@ def test_pack_rejects_bad_widths_and_dtypes() -> None:
         unpack(np.zeros(1, np.uint8), 4, 3)
     with pytest.raises(LowbitError, match="uint8"):
         unpack(np.zeros(2, np.int16), 4, 3)
+
+
+@pytest.mark.parametrize("count", [0, 1, 9, 64, 65])
+def test_four_bit_unpack_in_chunks_is_one_pass(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """The 4-bit unpack splits the bytes into chunks on the chunk threads (an 8B layer's codes
+    are tens of MB); every split, the last a partial one, gives the codes back."""
+    from lowbit import _parallel
+    from lowbit.codecs import packing
+
+    monkeypatch.setattr(packing, "_SPLIT", 3)  # 3 bytes a chunk
+    codes = np.random.default_rng(count).integers(0, 16, size=count).astype(np.uint8)
+    packed = pack(codes, 4)
+    assert np.array_equal(unpack(packed, 4, count), codes)
+    with _parallel.serial():
+        assert np.array_equal(unpack(packed, 4, count), codes)
+
+
+def test_fp4_nibbles_pack_in_chunks_of_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compressed-tensors' FP4 packing (even column in the low nibble) over chunks of rows."""
+    from lowbit.checkpoints.compressed_tensors import fp4
+
+    monkeypatch.setattr(fp4, "_PACK_BYTES", 40)  # two rows of 16 a chunk
+    codes = np.random.default_rng(5).integers(0, 16, size=(7, 16)).astype(np.uint8)
+    got = fp4.pack_fp4(codes)
+    want = np.array([[int(r[i]) | int(r[i + 1]) << 4 for i in range(0, 16, 2)] for r in codes])
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    assert np.array_equal(fp4.unpack_fp4(got), codes)

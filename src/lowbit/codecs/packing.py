@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from lowbit._arrays import code_dtype
+from lowbit._parallel import map_chunks
 from lowbit.codecs import _numba as _fast
 from lowbit.errors import CodeRangeError, LowbitError
 
@@ -105,6 +106,9 @@ def _pack_unchecked(flat: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(out).reshape(-1)[: packed_nbytes(n, bits)]
 
 
+_SPLIT = 1 << 22  # packed bytes per chunk of the 4-bit unpack
+
+
 def unpack(packed: Any, bits: int, count: int) -> np.ndarray:
     """Inverse of :func:`pack`: ``count`` codes of ``bits`` bits from packed bytes.
 
@@ -138,8 +142,14 @@ def unpack(packed: Any, bits: int, count: int) -> np.ndarray:
         return flat.view(f"<u{bits // 8}").astype(dt)
     if bits == 4:
         out = np.empty(2 * need, dtype=np.uint8)
-        np.bitwise_and(flat, 0x0F, out=out[0::2])
-        np.right_shift(flat, 4, out=out[1::2])
+
+        def nibbles(i: int) -> None:  # bytes [i, i + _SPLIT): a few MB, on the chunk threads
+            part = flat[i : i + _SPLIT]
+            o = out[2 * i : 2 * (i + part.size)]
+            np.bitwise_and(part, 0x0F, out=o[0::2])
+            np.right_shift(part, 4, out=o[1::2])
+
+        map_chunks(nibbles, range(0, need, _SPLIT))
         return out[:count]
     groups = (count + 7) // 8
     raw = np.zeros((groups, 8), dtype=np.uint8)

@@ -175,6 +175,15 @@ def _scales_for(
     return s32, zp, thresh, mask, V
 
 
+def _all_finite(arr: np.ndarray) -> bool:
+    """``np.isfinite(arr).all()`` in chunks of a few MB on the chunk threads (one pass over an
+    8B layer, not a whole-tensor boolean array on one core)."""
+    flat = arr.reshape(-1)
+    step = 1 << 22
+    return all(map_chunks(lambda i: bool(np.isfinite(flat[i : i + step]).all()),
+                          range(0, flat.size, step)))  # fmt: skip
+
+
 def encode_tensor(
     arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str, tensor_scale: Any = None
 ) -> Encoded:
@@ -203,7 +212,7 @@ def encode_tensor(
     parts = layout.parts
     g = None
     if scheme.tensor_scale:
-        if nan == "raise" and not np.isfinite(arr).all():
+        if nan == "raise" and not _all_finite(arr):
             raise LowbitError(
                 f"input contains {int(np.isnan(arr).sum())} NaN and "
                 f"{int(np.isinf(arr).sum())} infinite values; pass nan='propagate' to keep "
