@@ -159,3 +159,47 @@ def test_ggml_kernels_wait_for_a_large_tensor_or_a_loaded_numba(
         assert _ggmlfast._ggml_kernels(small)
     with _fast.numpy_only():
         assert not _ggmlfast._ggml_kernels(large)
+
+
+KQUANTS = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+_HEAD = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def _kquant_bytes(qtype: str, rng: np.random.Generator, n: int = 96) -> np.ndarray:
+    """Random super-blocks of ``qtype`` (every code, scale and high bit drawn), their float16
+    scale and minimum drawn from every finite pattern (subnormals, zeros of both signs, the
+    largest); a few real blocks of llama.cpp's rounding too."""
+    from lowbit.ggml import blocks
+
+    raw = rng.integers(0, 256, size=(n, KQUANTS[qtype]), dtype=np.uint8)
+    for off in _HEAD[qtype]:
+        h = rng.integers(0, 1 << 16, size=n, dtype=np.uint32).astype(np.uint16)
+        h[(h & 0x7C00) == 0x7C00] &= 0xBBFF  # no inf/NaN: clear one exponent bit
+        h[:4] = [0x0000, 0x8000, 0x0001, 0x7BFF]
+        raw[:, off : off + 2] = h.view(np.uint8).reshape(n, 2)
+    x = (rng.standard_t(4, size=(8, 256)) * 0.03).astype(np.float32)
+    return np.concatenate([raw, blocks.quantize(x, qtype).reshape(8, -1)])
+
+
+@pytest.mark.parametrize("qtype", sorted(KQUANTS))
+def test_kquant_decode_kernel_is_the_numpy_decoders_bits(qtype: str) -> None:
+    """Q2_K..Q6_K decoded by the compiled kernel: the bits of ``lowbit.ggml.kquants``' numpy
+    decoders over random super-blocks; a block with a non-finite scale is left to numpy
+    (False), and ``blocks.dequantize`` gives the same values either way."""
+    from lowbit.ggml import blocks, kquants
+
+    rng = np.random.default_rng(zlib.crc32(qtype.encode()))
+    raw = _kquant_bytes(qtype, rng)
+    want = getattr(kquants, f"dequantize_{qtype.lower()}")(raw).astype(np.float32)
+    out = np.empty((raw.shape[0], 256), dtype=np.float32)
+    assert _ggmlfast.kquant_decode(raw, out, qtype, raw.shape[0] * 256)
+    assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    assert blocks.dequantize(raw, qtype).tobytes() == want.tobytes()
+    bad = raw.copy()
+    bad[5, _HEAD[qtype][-1] : _HEAD[qtype][-1] + 2] = [0x00, 0x7C]  # +inf
+    assert not _ggmlfast.kquant_decode(bad, out, qtype, raw.shape[0] * 256)
+    with np.errstate(all="ignore"):
+        ref = getattr(kquants, f"dequantize_{qtype.lower()}")(bad).astype(np.float32)
+    assert blocks.dequantize(bad, qtype).view(np.uint32).tobytes() == ref.view(np.uint32).tobytes()
+    with _fast.numpy_only():
+        assert blocks.dequantize(raw, qtype).tobytes() == want.tobytes()

@@ -77,6 +77,32 @@ def ggml_decode(blocks: np.ndarray, out: np.ndarray, qtype: str, numel: int) -> 
     return bool(_k()._ggml_decode_kernel(blocks, _half_table(), out, code))
 
 
+#: The K-quant types with a compiled decoder (``lowbit.ggml.blocks.dequantize``), by name:
+#: (kernel code, bytes per super-block of 256 values).
+KQUANT_DECODED = {"Q2_K": (2, 84), "Q3_K": (3, 110), "Q4_K": (4, 144), "Q5_K": (5, 176),
+                  "Q6_K": (6, 210)}  # fmt: skip
+
+
+def kquant_decode(blocks: np.ndarray, out: np.ndarray, qtype: str, numel: int) -> bool:
+    """Decode K-quant super-blocks ``blocks`` (uint8 rows of one block each; a chunk of a
+    tensor of ``numel`` values) into ``out`` (float32 rows of 256), the bits of
+    ``lowbit.ggml.kquants``' numpy decoders; False (``out`` unusable: the caller's numpy
+    path) when numba is missing or off, the tensor is small, a layout does not fit, or a
+    block's scale or minimum is not finite."""
+    code, size = KQUANT_DECODED[qtype]
+    if (
+        not _ggml_kernels(numel)
+        or blocks.ndim != 2
+        or blocks.shape[-1] != size
+        or out.shape != (blocks.shape[0], 256)
+        or out.dtype != np.float32
+        or not blocks.flags.c_contiguous
+        or not out.flags.c_contiguous
+    ):
+        return False
+    return bool(_k()._kquant_decode_kernel(blocks, _half_table(), out, code))
+
+
 _ENCODE_BAND = 1 << 13  # blocks per thread's band (256 Ki values)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from lowbit._arrays import _is_ml_float
 from lowbit._parallel import map_chunks, threads
 from lowbit.errors import LowbitError
+from lowbit.ggml import _numba as _ggml_numba
 from lowbit.ggml import fp4, iq1, iq_lattice, iquants, kquants, legacy_blocks, ternary
 
 __all__ = [
@@ -321,8 +322,13 @@ def dequantize(data: Any, qtype: Any) -> np.ndarray:
     # several threads where there are enough (lowbit._parallel)
     step = max(1, min(_CHUNK // t.block, -(-blocks.shape[0] // threads())))
 
+    compiled = t.name in _ggml_numba.KQUANT_DECODED
+
     def chunk(start: int) -> None:
-        out[start : start + step] = decode(blocks[start : start + step]).reshape(-1, t.block)
+        part, dst = blocks[start : start + step], out[start : start + step]
+        if compiled and _ggml_numba.kquant_decode(part, dst, t.name, out.size):
+            return
+        dst[:] = decode(part).reshape(-1, t.block)
 
     with np.errstate(all="ignore"):
         map_chunks(chunk, range(0, blocks.shape[0], step))
