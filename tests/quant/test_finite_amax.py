@@ -93,3 +93,31 @@ def test_all_e4m3_is_the_float8_round_trip() -> None:
     assert np.array_equal(got, want)
     assert want.sum() > 1000 and (~want).sum() > 1000  # both kinds are exercised
     assert all_e4m3(every) and not all_e4m3(np.append(every, np.float32(0.3)))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"])
+def test_narrow_floats_widen_to_their_float32_bits(
+    monkeypatch: pytest.MonkeyPatch, dtype: str
+) -> None:
+    """quantize's input widening (in chunks on the chunk threads; bfloat16 by its bits) gives
+    ml_dtypes' float32 of every bit pattern, NaNs' bits included, in any chunking."""
+    import ml_dtypes
+
+    from lowbit.quant import tensor
+
+    dt = np.dtype(getattr(ml_dtypes, dtype)) if dtype != "float16" else np.dtype(np.float16)
+    words = np.arange(1 << (8 * dt.itemsize), dtype=f"u{dt.itemsize}")
+    x = words.view(dt).reshape(-1, 16)
+    with np.errstate(invalid="ignore"):
+        want = x.astype(np.float32)
+    monkeypatch.setattr(tensor, "_WIDEN_CHUNK", 100)  # many chunks, the last a partial one
+    got, _ = tensor._as_input(x)
+    assert got.dtype == np.float32 and got.shape == x.shape and got.flags.c_contiguous
+    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    got, _ = tensor._as_input(x[:, ::2])  # not contiguous
+    assert (
+        got.view(np.uint32).tobytes()
+        == np.ascontiguousarray(want[:, ::2]).view(np.uint32).tobytes()
+    )
+    scalar, _ = tensor._as_input(x[3, 5:6].reshape(()))  # a 0-d array stays 0-d
+    assert scalar.shape == () and scalar.view(np.uint32) == want[3, 5].view(np.uint32)
