@@ -65,16 +65,24 @@ def ggml_decode(blocks: np.ndarray, out: np.ndarray, qtype: str, numel: int) -> 
     is missing or off, the tensor is small (:data:`GGML_ALONE`), a layout does not fit, or
     a block has a scale or minimum that is not finite."""
     code, size = GGML_DECODED[qtype]
-    if (
-        not _ggml_kernels(numel)
-        or blocks.shape[-1] != size
-        or out.shape != (blocks.shape[0], 32)
-        or out.dtype != np.float32
-        or not blocks.flags.c_contiguous
-        or not out.flags.c_contiguous
-    ):
+    if not _decodable(blocks, out, size, 32, numel):
         return False
     return bool(_k()._ggml_decode_kernel(blocks, _half_table(), out, code))
+
+
+def _decodable(blocks: np.ndarray, out: np.ndarray, size: int, values: int, numel: int) -> bool:
+    """Whether a decoding kernel takes these arrays: the kernels are on for a tensor of
+    ``numel`` values, ``blocks`` are C-contiguous rows of ``size`` bytes and ``out`` their
+    C-contiguous float32 rows of ``values``."""
+    return (
+        _ggml_kernels(numel)
+        and blocks.ndim == 2
+        and blocks.shape[-1] == size
+        and out.shape == (blocks.shape[0], values)
+        and out.dtype == np.float32
+        and blocks.flags.c_contiguous
+        and out.flags.c_contiguous
+    )
 
 
 #: The K-quant types with a compiled decoder (``lowbit.ggml.blocks.dequantize``), by name:
@@ -90,15 +98,7 @@ def kquant_decode(blocks: np.ndarray, out: np.ndarray, qtype: str, numel: int) -
     path) when numba is missing or off, the tensor is small, a layout does not fit, or a
     block's scale or minimum is not finite."""
     code, size = KQUANT_DECODED[qtype]
-    if (
-        not _ggml_kernels(numel)
-        or blocks.ndim != 2
-        or blocks.shape[-1] != size
-        or out.shape != (blocks.shape[0], 256)
-        or out.dtype != np.float32
-        or not blocks.flags.c_contiguous
-        or not out.flags.c_contiguous
-    ):
+    if not _decodable(blocks, out, size, 256, numel):
         return False
     return bool(_k()._kquant_decode_kernel(blocks, _half_table(), out, code))
 

@@ -321,7 +321,6 @@ def dequantize(data: Any, qtype: Any) -> np.ndarray:
     # (a decoder's temporaries stay tens of MB, not several times a 2 GB output head), on
     # several threads where there are enough (lowbit._parallel)
     step = max(1, min(_CHUNK // t.block, -(-blocks.shape[0] // threads())))
-
     compiled = t.name in _ggml_numba.KQUANT_DECODED
 
     def chunk(start: int) -> None:
