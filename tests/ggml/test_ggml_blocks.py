@@ -206,23 +206,57 @@ def test_fixtures_on_both_paths(path: str) -> None:
     tail=st.sampled_from([1.5, 4.0, 50.0]),
     zeros=st.booleans(),
     use_imatrix=st.booleans(),
+    rows=st.sampled_from([1, 4, 9]),
 )
 def test_kernels_equal_numpy(
-    qtype: str, seed: int, tail: float, zeros: bool, use_imatrix: bool
+    qtype: str, seed: int, tail: float, zeros: bool, use_imatrix: bool, rows: int
 ) -> None:
-    """The compiled searches give the numpy path's bytes on random and degenerate rows."""
+    """The compiled searches give the numpy path's bytes on random and degenerate rows, for
+    group counts below, at and past a multiple of the kernels' lanes (a row of 512 holds 16
+    to 32 groups), and on scales whose inverses leave nearest_int's exact range."""
     pytest.importorskip("numba")
     from lowbit.codecs import _numba
 
     rng = np.random.default_rng(seed)
-    x = rng.standard_t(tail, size=(4, 512)).astype(np.float32)
-    if zeros:
+    x = rng.standard_t(tail, size=(rows, 512)).astype(np.float32)
+    if zeros and rows >= 4:
         x[0] = 0
         x[1, :300] = 3.0
         x[2, ::3] = 0
+        x[3, :256] *= np.float32(1e-37)  # near the float32 floor: 1/scale near overflow
+        x[3, 256:320] = np.float32(1e-30) * np.arange(64)  # steps far below the group's max
     im = rng.uniform(0, 5, size=512).astype(np.float32) if use_imatrix else None
     with _numba.numpy_only():
         want = blocks.quantize(x, qtype, imatrix=im)
     with _numba.kernels_always():
         got = blocks.quantize(x, qtype, imatrix=im)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_first_absmax_ignores_nan_as_c_does() -> None:
+    """first_absmax keeps C's ``if (ax > amax)`` from 0: NaN never wins, an all-NaN column
+    gives 0 and 0, ties go to the first value."""
+    from lowbit.ggml._search import first_absmax
+
+    x = np.array([[np.nan, np.nan, 0.0], [-3.0, np.nan, -2.0], [3.0, np.nan, 2.0]], np.float32)
+    amax, vmax = first_absmax(x)
+    assert amax.tolist() == [3.0, 0.0, 2.0]
+    assert vmax.tolist() == [-3.0, 0.0, -2.0]
+
+
+def test_overflowing_sums_agree_on_both_paths() -> None:
+    """Values near 1e19 overflow Q3_K's weighted sums into NaN scales: the numpy search and the
+    compiled one still give the same bytes (found by a sweep: they once differed)."""
+    pytest.importorskip("numba")
+    from lowbit.codecs import _numba
+
+    rng = np.random.default_rng(559)
+    rows = int(rng.integers(1, 7))
+    x = rng.standard_t(3, size=(rows, 512)).astype(np.float32)
+    x *= np.float32(10.0 ** rng.integers(-38, 30))  # 1e18: the largest |x| is 7.7e18
+    im = rng.uniform(0, 5, 512).astype(np.float32)
+    with _numba.numpy_only():
+        want = blocks.quantize(x, "Q3_K", imatrix=im)
+    with _numba.kernels_always():
+        got = blocks.quantize(x, "Q3_K", imatrix=im)
     assert got.tobytes() == want.tobytes()

@@ -86,11 +86,17 @@ def seqsum(a: np.ndarray) -> np.ndarray:
 
 
 def first_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(largest ``|x|`` of each column, the value with its sign): the first one on ties."""
-    idx = np.abs(x).argmax(axis=0)
+    """(largest ``|x|`` of each column, the value with its sign): the first one on ties.
+
+    As C's ``if (ax > amax) { amax = ax; max = x[i]; }`` from ``amax = max = 0``: NaN never
+    wins (a column of NaN, from sums that overflowed, gives 0 and 0, as in llama.cpp).
+    """
+    a = np.abs(x)
+    a = np.where(a == a, a, F32(0))
+    idx = a.argmax(axis=0)
     cols = np.arange(x.shape[1])
-    v = x[idx, cols]
-    return np.abs(v), v
+    amax = a[idx, cols]
+    return amax, np.where(amax > 0, x[idx, cols], F32(0)).astype(x.dtype)
 
 
 def to_f16(v: np.ndarray) -> np.ndarray:
@@ -125,10 +131,9 @@ def make_qx_quants(
     is ``clamp(nearest_int(iscale * x), -nmax, nmax-1) + nmax`` (0 in groups whose scale is 0).
     """
     if not rule and _use_kernels(x.size):
-        xc = np.ascontiguousarray(x.T, dtype=F32)
-        qc = xc if qw is None else np.ascontiguousarray(qw.T, dtype=F32)
-        scale, codes = _k().qx_quants(xc, nmax, qc, qw is not None)
-        return scale, codes.T
+        xc = np.ascontiguousarray(x, dtype=F32)
+        qc = xc if qw is None else np.ascontiguousarray(qw, dtype=F32)
+        return _k().qx_quants(xc, nmax, qc, qw is not None)
     amax, vmax = first_absmax(x)
     zero = amax < GROUP_MAX_EPS
     w = qw if qw is not None else x * x
@@ -165,6 +170,8 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
 
     Returns ``(scale (G,), L (n, G) int32 in 0..2*nmax-1)``.
     """
+    if _use_kernels(x.size):
+        return _k().q3_quants(np.ascontiguousarray(x, dtype=F32), nmax)
     amax, vmax = first_absmax(x)
     zero = amax < GROUP_MAX_EPS
     w = x * x
@@ -222,10 +229,9 @@ def make_qkx_quants(
     0, nmax)`` (0 in flat groups, whose scale is 0).
     """
     if not rule and _use_kernels(x.size):
-        xc = np.ascontiguousarray(x.T, dtype=F32)
-        wc = np.ascontiguousarray(weights.T, dtype=F32)
-        scale, codes, the_min = _k().qkx_quants(xc, wc, nmax, rmin, rdelta, nstep, use_mad, x3)
-        return scale, codes.T, the_min
+        xc = np.ascontiguousarray(x, dtype=F32)
+        wc = np.ascontiguousarray(weights, dtype=F32)
+        return _k().qkx_quants(xc, wc, nmax, rmin, rdelta, nstep, use_mad, x3)
     lo = x.min(axis=0)
     hi = x.max(axis=0)
     sum_w = seqsum(weights)

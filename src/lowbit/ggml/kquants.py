@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lowbit.ggml import _search
 from lowbit.ggml._search import (
     F32,
     GROUP_MAX_EPS,
@@ -153,6 +154,19 @@ def round_symmetric(
     return q, d * (q - half).astype(F32)
 
 
+def _codes(fit: dict, n: int, k: int, xs: np.ndarray, affine: bool) -> np.ndarray:
+    """The codes of :func:`round_affine` (``k`` = nmax) or :func:`round_symmetric` (``k`` =
+    half) on whole super-blocks, compiled where the searches are (the same bits)."""
+    if _search._use_kernels(xs.size):
+        dm = fit["dm"] if affine else fit["dd"]
+        lo = 0 if affine else -k
+        hi = k if affine else k - 1
+        return _search._k().grid_codes(
+            np.ascontiguousarray(xs, dtype=F32), fit["dd"], dm, fit["codes"], n, lo, hi, affine
+        )
+    return (round_affine if affine else round_symmetric)(fit, n, k, 0, xs)[0]
+
+
 # ---------------------------------------------------------------------------- Q2_K
 
 
@@ -197,7 +211,7 @@ def _pack_q2_k(fit: dict, q: np.ndarray) -> np.ndarray:
 def quantize_q2_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` -> Q2_K bytes ``(B, 84)``."""
     fit = _fit_q2_k(xs, qw)
-    return _pack_q2_k(fit, round_affine(fit, 16, 3, 0, xs)[0])
+    return _pack_q2_k(fit, _codes(fit, 16, 3, xs, True))
 
 
 def dequantize_q2_k(b: np.ndarray) -> np.ndarray:
@@ -246,7 +260,7 @@ def _fit_q3_k(xs: np.ndarray, qw: np.ndarray | None) -> dict:
 def quantize_q3_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` -> Q3_K bytes ``(B, 110)``."""
     fit = _fit_q3_k(xs, qw)
-    return _pack_q3_k(fit, round_symmetric(fit, 16, 4, 0, xs)[0])
+    return _pack_q3_k(fit, _codes(fit, 16, 4, xs, False))
 
 
 def _pack_q3_k(fit: dict, q: np.ndarray) -> np.ndarray:
@@ -330,13 +344,13 @@ def _pack_q4_k(fit: dict, q: np.ndarray) -> np.ndarray:
 def quantize_q4_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` -> Q4_K bytes ``(B, 144)``."""
     fit = _qk45(xs, qw, 15)
-    return _pack_q4_k(fit, round_affine(fit, 32, 15, 0, xs)[0])
+    return _pack_q4_k(fit, _codes(fit, 32, 15, xs, True))
 
 
 def quantize_q5_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` -> Q5_K bytes ``(B, 176)``."""
     fit = _qk45(xs, qw, 31)
-    return _pack_q5_k(fit, round_affine(fit, 32, 31, 0, xs)[0])
+    return _pack_q5_k(fit, _codes(fit, 32, 31, xs, True))
 
 
 def _pack_q5_k(fit: dict, q: np.ndarray) -> np.ndarray:
@@ -402,7 +416,7 @@ def _fit_q6_k(xs: np.ndarray, qw: np.ndarray | None) -> dict:
 def quantize_q6_k(xs: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """Super-blocks ``(B, 256)`` -> Q6_K bytes ``(B, 210)``."""
     fit = _fit_q6_k(xs, qw)
-    return _pack_q6_k(fit, round_symmetric(fit, 16, 32, 0, xs)[0])
+    return _pack_q6_k(fit, _codes(fit, 16, 32, xs, False))
 
 
 def _pack_q6_k(fit: dict, q: np.ndarray) -> np.ndarray:
