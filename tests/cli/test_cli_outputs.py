@@ -10,6 +10,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -298,6 +299,75 @@ def test_kill_9_at_random_moments_never_loses_the_output(hf: Path, tmp_path: Pat
         f.close()  # type: ignore[union-attr]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["X", "hf"]
     assert _complete(out) == "bf16"
+
+
+def test_sigterm_while_writing_cleans_up(hf: Path, tmp_path: Path) -> None:
+    """SIGTERM while `lowbit quantize` writes: exit 143 with one line, and neither the
+    temporary output nor the lock is left behind (kill -9 leaves them for the next run)."""
+    out = tmp_path / "q"
+    code, err = None, ""
+    for _ in range(10):
+        proc = _lowbit("quantize", str(hf), "--to", "int8", "--out", str(out), "--no-progress")
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(".tmp-" in p.name for p in tmp_path.iterdir()):
+                break  # the run is writing its temporary output
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read()  # type: ignore[union-attr]
+        for f in (proc.stdout, proc.stderr):
+            f.close()  # type: ignore[union-attr]
+        if code != 0:
+            break
+        shutil.rmtree(out)  # it finished before the signal: try again
+    assert code == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["lowbit quantize: terminated (SIGTERM)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_sigterm_handler_is_the_callers_again_after_main() -> None:
+    """main() puts SIGTERM's handler back when it returns, and leaves a caller's own alone."""
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    seen: list[Any] = []
+
+    def track(*_: Any) -> None:
+        seen.append(signal.getsignal(signal.SIGTERM))
+
+    with _patched_formats(track):
+        assert _run("formats")[0] == 0
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert seen and seen[0] is not signal.SIG_DFL  # lowbit's, while the command ran
+
+    def own(*_: Any) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        seen.clear()
+        with _patched_formats(track):
+            assert _run("formats")[0] == 0
+        assert seen == [own] and signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _patched_formats(hook: Any) -> Any:
+    """`lowbit formats` with ``hook`` called first."""
+    from lowbit.cli import cmd_formats
+
+    real = cmd_formats.run
+
+    def run(args: Any) -> int:
+        hook()
+        return real(args)
+
+    cmd_formats.run = run
+    try:
+        yield
+    finally:
+        cmd_formats.run = real
 
 
 # ------------------------------------------------------------------------ plots

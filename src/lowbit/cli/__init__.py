@@ -8,12 +8,16 @@ adds its parser to the argparse sub-parsers and sets ``func=run`` with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import os
 import pkgutil
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from lowbit._optional import install_hint
 from lowbit._version import __version__
@@ -83,6 +87,33 @@ _PATH_ERRNOS = {
 _VALUE_MESSAGES = ("embedded null", "surrogates not allowed", "integer string conversion")
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: what the run was writing is cleaned up as after
+    Ctrl-C (its temporary output and lock removed, a calibration's resume records kept)."""
+
+
+@contextlib.contextmanager
+def _sigterm_cleans_up() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`_Terminated` instead of ending the process
+    at once (which, like kill -9, left ``OUT.tmp-*`` and the lock for the next run to clear).
+    Only where the handler is still the default and this is the main thread: a program that
+    calls :func:`main` and handles SIGTERM itself keeps its handler."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def terminate(_signum: int, _frame: Any) -> None:
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for bad input, with a one-line message)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -98,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         _common.check_args(args)
-        with _common.warnings_as_lines(args.command):
+        with _sigterm_cleans_up(), _common.warnings_as_lines(args.command):
             return int(args.func(args) or 0)
     except LowbitError as exc:
         print(f"lowbit {args.command}: error: {exc}", file=sys.stderr)
@@ -130,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = str(exc.name).split(".", 1)[0]
         print(f"lowbit {args.command}: error: this needs {name}: {hint}", file=sys.stderr)
         return 2
+    except _Terminated:
+        print(f"lowbit {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"lowbit {args.command}: interrupted", file=sys.stderr)
         return 130
