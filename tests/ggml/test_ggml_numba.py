@@ -203,3 +203,37 @@ def test_kquant_decode_kernel_is_the_numpy_decoders_bits(qtype: str) -> None:
     assert blocks.dequantize(bad, qtype).view(np.uint32).tobytes() == ref.view(np.uint32).tobytes()
     with _fast.numpy_only():
         assert blocks.dequantize(raw, qtype).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("qtype", sorted(KQUANTS))
+def test_gguf_reader_decodes_kquants_as_gguf_does(
+    qtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GGUF file's Q2_K..Q6_K tensors decode through the compiled kernel to gguf's own
+    ``dequantize_rows`` bits (every band, and with a non-finite scale, which goes to gguf's)."""
+    import gguf
+
+    from lowbit.checkpoints.io import gguf_file as _gguf
+
+    kind = getattr(gguf.quants, qtype)
+    kind.init_grid()
+    rng = np.random.default_rng(zlib.crc32(qtype.encode()) + 1)
+    raw = _kquant_bytes(qtype, rng, n=120)[:128]
+    with np.errstate(all="ignore"):
+        want = kind.dequantize_rows(raw).reshape(-1).astype(np.float32)
+    out = np.empty((raw.shape[0], 256), dtype=np.float32)
+    assert _ggmlfast.kquant_decode(raw, out, qtype, out.size)  # every block: the kernel
+    assert out.reshape(-1).view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    calls: list[int] = []
+    real = kind.dequantize_rows
+    monkeypatch.setattr(kind, "dequantize_rows", lambda b: calls.append(1) or real(b))
+    got = _gguf._dequantize_rows(kind, raw.reshape(32, -1), want.size)
+    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes() and not calls
+    raw[7, _HEAD[qtype][0] : _HEAD[qtype][0] + 2] = [0x01, 0x7E]  # a NaN scale
+    with np.errstate(all="ignore"):
+        want = kind.dequantize_rows(raw).reshape(-1).astype(np.float32)
+    for per_band in (1 << 18, 4 * 256):
+        monkeypatch.setattr(_gguf, "_DEQUANT_VALUES", per_band)
+        got = _gguf._dequantize_rows(kind, raw.reshape(32, -1), want.size)
+        assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    assert calls  # the band with the NaN scale went to gguf's decoder

@@ -435,7 +435,10 @@ _DEQUANT_VALUES = 1 << 18  # values per call of gguf's block decoder
 # scales give the same bits), the nibbles split in uint8 and converted in one pass (twice
 # as fast as looking them up in a float32 table, four times gguf's own). Q4_0, Q4_1 and
 # Q8_0 take a compiled kernel (``lowbit.ggml._numba.ggml_decode``, the same bits, ten
-# times faster again) where numba is in use; other types use gguf's decoder.
+# times faster again) where numba is in use, and so do Q2_K..Q6_K
+# (``lowbit.ggml._numba.kquant_decode``: gguf's bits on every finite float16 scale, tested
+# against ``dequantize_rows``); a band with a non-finite scale, and other types, use gguf's
+# decoder.
 
 
 def _decode_q4(blocks: np.ndarray, out: np.ndarray, offset: bool) -> None:
@@ -474,12 +477,15 @@ def _dequantize_rows(kind: Any, rows: np.ndarray, numel: int) -> np.ndarray:
     name = kind.__name__
     decode = _DECODERS.get(name)
     compiled = name in _numba.GGML_DECODED
+    kquant = name in _numba.KQUANT_DECODED
 
     def band(a: int) -> None:
         part = rows[a : a + step]
         dst = out[a * per_row : (a + part.shape[0]) * per_row]
         blocks, values = part.reshape(-1, kind.type_size), dst.reshape(-1, kind.block_size)
         if compiled and _numba.ggml_decode(blocks, values, name, numel):
+            return
+        if kquant and _numba.kquant_decode(blocks, values, name, numel):
             return
         if decode is not None:
             decode(blocks, values)
