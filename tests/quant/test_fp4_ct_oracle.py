@@ -92,11 +92,18 @@ def _all_cases() -> dict[str, np.ndarray]:
     return cases
 
 
+@pytest.mark.parametrize("path", ["numpy", "kernels"])
 @pytest.mark.parametrize("case", list(_all_cases()))
-def test_nvfp4_bytes_equal_compressed_tensors(case: str) -> None:
-    """Packed nibbles, E4M3 scale bytes and the float32 tensor scale equal compressed-tensors'."""
+def test_nvfp4_bytes_equal_compressed_tensors(case: str, path: str) -> None:
+    """Packed nibbles, E4M3 scale bytes and the float32 tensor scale equal compressed-tensors',
+    on the numpy path and the one-pass compiled kernel."""
+    from lowbit.codecs import _numba
+
+    if path == "kernels":
+        pytest.importorskip("numba")
     x = _all_cases()[case]
-    qt = lowbit.quantize(x, parse_scheme("nvfp4"), underflow="ignore")
+    with _numba.numpy_only() if path == "numpy" else _numba.kernels_always():
+        qt = lowbit.quantize(x, parse_scheme("nvfp4"), underflow="ignore")
     want = ct_nvfp4(x)
     arrays, _ = qt.to_arrays()
     assert np.array_equal(arrays["codes"].reshape(want["packed"].shape), want["packed"])

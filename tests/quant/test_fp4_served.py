@@ -73,11 +73,18 @@ def _cases() -> dict[str, np.ndarray]:
     }
 
 
+@pytest.mark.parametrize("path", ["numpy", "kernels"])
 @pytest.mark.parametrize("case", list(_cases()))
-def test_nvfp4_equals_the_reference(case: str) -> None:
-    """Codes, E4M3 group scales and the tensor scale equal the definition's, value by value."""
+def test_nvfp4_equals_the_reference(case: str, path: str) -> None:
+    """Codes, E4M3 group scales and the tensor scale equal the definition's, value by value,
+    on the numpy path and the one-pass compiled kernel (``_numba.nvfp4_encode``)."""
+    from lowbit.codecs import _numba
+
+    if path == "kernels":
+        pytest.importorskip("numba")
     x = _cases()[case]
-    qt = lowbit.quantize(x, "nvfp4" if False else parse_scheme("nvfp4"), underflow="ignore")
+    with _numba.numpy_only() if path == "numpy" else _numba.kernels_always():
+        qt = lowbit.quantize(x, parse_scheme("nvfp4"), underflow="ignore")
     codes, scales, g = reference_nvfp4(x)
     assert qt.tensor_scale == g
     np.testing.assert_array_equal(qt.group_scale, scales)

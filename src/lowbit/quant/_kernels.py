@@ -311,4 +311,79 @@ def _row_absmax_kernel(u, offs, m, mask, out):  # type: ignore[no-untyped-def]
         out[r] = acc
 
 
+# ---- NVFP4 in one pass (``lowbit.quant._numba.nvfp4_encode``)
+
+_F6 = np.float32(6.0)
+_E4M3_MAX = np.float32(448.0)
+_E4M3_MIN_NORMAL = np.float32(2.0**-6)
+_E4M3_SUB_STEPS = np.float32(512.0)  # 2**9: E4M3's subnormal quantum is 2**-9
+_MAGIC23 = np.float32(8388608.0)  # 2**23: adding and subtracting it rounds half to even
+
+
+@njit(cache=True, inline="always")
+def _e4m3_rne(v, word, bits):  # type: ignore[no-untyped-def]
+    """``v`` (float32 in [0, 448]) rounded to E4M3 half to even, as a float32 value; ``word``
+    a one-element float32 scratch and ``bits`` its uint32 view."""
+    if v < _E4M3_MIN_NORMAL:  # subnormal steps of 2**-9: scaled exactly, rounded, scaled back
+        return ((v * _E4M3_SUB_STEPS + _MAGIC23) - _MAGIC23) / _E4M3_SUB_STEPS
+    word[0] = v
+    b = bits[0]
+    bits[0] = (b + np.uint32(0x7FFFF) + ((b >> np.uint32(20)) & np.uint32(1))) & np.uint32(
+        0xFFF00000
+    )
+    return word[0]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _nvfp4_kernel(x, g, packed, s_out, e_out):  # type: ignore[no-untyped-def]
+    """NVFP4 of finite float32 rows ``x`` (R, C; C a multiple of 16) under tensor scale ``g``:
+    each group's E4M3 scale ``RNE(min(float32(amax / 6) * g, 448))`` (0 made 0.125) into
+    ``s_out``, what the codes multiply ``float32(s / g)`` into ``e_out`` (R, C // 16), and the
+    codes of ``float32(x / e)`` two to a byte, the even element in the low nibble, into
+    ``packed`` (R, C // 2). A code counts the E2M1 midpoints below ``|t|`` (ties to the even
+    code: 0.25, 1.25, 2.5 and 5 round down, 0.75, 1.75 and 3.5 up; past 6 it saturates; either
+    zero gives 0), with the sign bit where ``t < 0`` (served_codes' rule). Each row runs in
+    passes whose loops vectorise: the groups' largest magnitudes as integer maxima of the
+    words (finite floats order as their magnitude's bits), the scales, the codes, the bytes."""
+    word = np.zeros(1, np.float32)
+    bits = word.view(np.uint32)
+    rows, cols = x.shape
+    groups = cols // 16
+    u = x.view(np.uint32)
+    amax = np.zeros(groups, np.uint32)
+    amax_f = amax.view(np.float32)
+    e = np.zeros(groups, np.float32)
+    codes = np.zeros(cols, np.uint8)
+    for r in range(rows):
+        for k in range(groups):
+            m = np.uint32(0)
+            for i in range(16):
+                m = max(m, u[r, 16 * k + i] & np.uint32(0x7FFFFFFF))
+            amax[k] = m
+        for k in range(groups):
+            v = min((amax_f[k] / _F6) * g, _E4M3_MAX)
+            s = _e4m3_rne(v, word, bits)
+            s = np.float32(0.125) if s == 0 else s
+            s_out[r, k] = s
+            e[k] = s / g
+            e_out[r, k] = e[k]
+        for k in range(groups):
+            ek = e[k]
+            for i in range(16):
+                t = x[r, 16 * k + i] / ek
+                m = abs(t)
+                c = (
+                    np.uint8(m > 0.25)
+                    + np.uint8(m >= 0.75)
+                    + np.uint8(m > 1.25)
+                    + np.uint8(m >= 1.75)
+                    + np.uint8(m > 2.5)
+                    + np.uint8(m >= 3.5)
+                    + np.uint8(m > 5.0)
+                )
+                codes[16 * k + i] = c | (np.uint8(8) * np.uint8(t < 0))
+        for j in range(cols // 2):
+            packed[r, j] = codes[2 * j] | (codes[2 * j + 1] << np.uint8(4))
+
+
 # ---- llama.cpp's Q4_0 / Q4_1 / Q8_0 blocks (``lowbit.quant._numba.ggml_decode`` / ``ggml_encode``)

@@ -333,3 +333,36 @@ def row_absmax(V: np.ndarray) -> np.ndarray | None:
     else:
         _k()._row_absmax_kernel(u, offs, m, mask, bits)
     return bits.view(V.dtype).astype(np.float64).reshape(*V.shape[:-1], 1)
+
+
+_NVFP4_ROWS_VALUES = 1 << 20  # values per thread's band of rows
+
+
+def nvfp4_encode(
+    arr: np.ndarray, g: np.float32
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """NVFP4 (E2M1 in groups of 16 along the last axis, E4M3 group scales under the float32
+    tensor scale ``g``, compressed-tensors' served rounding) of a finite, C-contiguous float32
+    array whose last axis is a multiple of 16, in one compiled pass: (packed codes as the
+    engine's ``_pack_unchecked`` packs them, E4M3 group scales, what the codes multiply), the
+    scales shaped ``(*arr.shape[:-1], groups)``; or None (the engine's chunked numpy path, the
+    same bits)."""
+    if not _fast.use_kernels(arr.size) or arr.dtype != np.float32 or arr.ndim < 1:
+        return None
+    cols = int(arr.shape[-1])
+    if cols % 16 or not arr.flags.c_contiguous:
+        return None
+    x = arr.reshape(-1, cols)
+    packed = np.empty((x.shape[0], cols // 2), dtype=np.uint8)
+    s = np.empty((x.shape[0], cols // 16), dtype=np.float32)
+    e = np.empty_like(s)
+    step = max(1, _NVFP4_ROWS_VALUES // cols)
+    kernel = _k()._nvfp4_kernel
+
+    def band(a: int) -> None:
+        b = a + step
+        kernel(x[a:b], np.float32(g), packed[a:b], s[a:b], e[a:b])
+
+    map_chunks(band, range(0, x.shape[0], step))
+    shape = (*arr.shape[:-1], cols // 16)
+    return packed.reshape(-1), s.reshape(shape), e.reshape(shape)
