@@ -326,16 +326,20 @@ def test_sigterm_while_writing_cleans_up(hf: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
-def test_sigterm_handler_is_the_callers_again_after_main() -> None:
+def test_sigterm_handler_is_the_callers_again_after_main(monkeypatch: pytest.MonkeyPatch) -> None:
     """main() puts SIGTERM's handler back when it returns, and leaves a caller's own alone."""
+    from lowbit.cli import cmd_formats
+
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     seen: list[Any] = []
+    real = cmd_formats.run
 
-    def track(*_: Any) -> None:
+    def run(args: Any) -> int:
         seen.append(signal.getsignal(signal.SIGTERM))
+        return real(args)
 
-    with _patched_formats(track):
-        assert _run("formats")[0] == 0
+    monkeypatch.setattr(cmd_formats, "run", run)
+    assert _run("formats")[0] == 0
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert seen and seen[0] is not signal.SIG_DFL  # lowbit's, while the command ran
 
@@ -345,29 +349,10 @@ def test_sigterm_handler_is_the_callers_again_after_main() -> None:
     previous = signal.signal(signal.SIGTERM, own)
     try:
         seen.clear()
-        with _patched_formats(track):
-            assert _run("formats")[0] == 0
+        assert _run("formats")[0] == 0
         assert seen == [own] and signal.getsignal(signal.SIGTERM) is own
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def _patched_formats(hook: Any) -> Any:
-    """`lowbit formats` with ``hook`` called first."""
-    from lowbit.cli import cmd_formats
-
-    real = cmd_formats.run
-
-    def run(args: Any) -> int:
-        hook()
-        return real(args)
-
-    cmd_formats.run = run
-    try:
-        yield
-    finally:
-        cmd_formats.run = real
 
 
 # ------------------------------------------------------------------------ plots

@@ -184,25 +184,6 @@ def _all_finite(arr: np.ndarray) -> bool:
                           range(0, flat.size, step)))  # fmt: skip
 
 
-def _nvfp4_layout(scheme: Scheme, mode: Rounding) -> bool:
-    """Whether ``scheme`` is NVFP4 as compressed-tensors serves it (E2M1 groups of 16 along
-    the last axis, absmax E4M3 scales under a tensor scale, nearest-even codes of the float32
-    quotient): ``lowbit.quant._numba.nvfp4_encode`` computes it in one pass."""
-    return (
-        scheme.served_rounding
-        and scheme.tensor_scale
-        and scheme.format == "float4_e2m1fn"
-        and scheme.scale_format == "float8_e4m3fn"
-        and scheme.granularity is Granularity.GROUP
-        and scheme.group_size == 16
-        and scheme.axis == -1
-        and scheme.symmetric
-        and scheme.scale_method is ScaleMethod.ABSMAX
-        and not scheme.double_quant
-        and mode is Rounding.NEAREST_EVEN
-    )
-
-
 def encode_tensor(
     arr: np.ndarray, scheme: Scheme, *, seed: Any, nan: str, tensor_scale: Any = None
 ) -> Encoded:
@@ -238,7 +219,9 @@ def encode_tensor(
                 "them (NaN group scales)"
             )
         g = tensor_scale if tensor_scale is not None else own_tensor_scale(arr, scheme)
-        if nan == "raise" and _nvfp4_layout(scheme, mode):  # the input is finite (above)
+        # NVFP4 itself (the label's scheme, nearest-even and all): one compiled pass; the
+        # input is finite (checked above)
+        if nan == "raise" and scheme.label == "nvfp4":
             fast = _fastquant.nvfp4_encode(arr, np.float32(g))
             if fast is not None:
                 packed, s, e = fast
